@@ -1,0 +1,1 @@
+//! kiln-backend: kiln: the Backend trait, Linear<B> and op parameters

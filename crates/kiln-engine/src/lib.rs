@@ -1,0 +1,1 @@
+//! kiln-engine: kiln: generation, sampling, scoring

@@ -1,0 +1,1 @@
+//! kiln-formats: kiln: memory-mapped GGUF (and later safetensors) readers

@@ -1,0 +1,1 @@
+//! kiln-hub: kiln: fetching and verifying model files into the local cache

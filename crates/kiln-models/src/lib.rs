@@ -1,0 +1,1 @@
+//! kiln-models: kiln: model architectures generic over Backend

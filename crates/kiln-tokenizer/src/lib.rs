@@ -1,0 +1,1 @@
+//! kiln-tokenizer: kiln: tokenizers from GGUF metadata
