@@ -1,1 +1,123 @@
-//! kiln-backend: kiln: the Backend trait, Linear<B> and op parameters
+//! kiln-backend: the `Backend` trait every device implements, and the weight types model code
+//! holds.
+//!
+//! Model code (kiln-models) is generic over `B: Backend` and calls only these primitives; it never
+//! names a device. The trait names math, not models: an op that only one architecture needs is
+//! composed from primitives in the model, not added here.
+//!
+//! Shapes: activations are 2-D, row-major `[rows, cols]` where a row is one token. Weights keep
+//! the GGUF convention: a matrix of `dims = [k, n]` has `n` rows of `k` contiguous elements, and
+//! `matmul` computes `y[m, n] = x[m, k] · Wᵀ`.
+//!
+//! Errors: ops return `Result` because devices can fail (out of memory, a launch error); shape
+//! mismatches are programming errors of the caller but are still reported as
+//! [`BackendError::Shape`] rather than panics, so a malformed model file can never crash a server.
+
+mod ops;
+mod weight;
+
+pub use ops::{Activation, AttentionParams, RopeParams, RopeStyle};
+pub use weight::{Linear, WeightData};
+
+use std::ops::Range;
+
+/// Errors of backend operations.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("shape mismatch in {op}: {detail}")]
+    Shape { op: &'static str, detail: String },
+    #[error("weight {name}: {detail}")]
+    Weight { name: String, detail: String },
+    #[error("{backend} backend: {detail}")]
+    Device { backend: &'static str, detail: String },
+}
+
+pub type Result<T> = std::result::Result<T, BackendError>;
+
+/// Build a [`BackendError::Shape`] (helper for backends).
+pub fn shape_err(op: &'static str, detail: impl Into<String>) -> BackendError {
+    BackendError::Shape { op, detail: detail.into() }
+}
+
+/// A compute device: primitives over its own tensors and weights.
+///
+/// Implementations must be deterministic for a given thread count and, for the ops marked so,
+/// independent of it (the CPU backend computes every output element with the same instruction
+/// sequence whatever the split).
+pub trait Backend: Send + Sync + Sized + 'static {
+    /// A 2-D f32 activation tensor resident on the device.
+    type Tensor: Send + Sync;
+    /// An immutable weight resident on the device (quantized blocks stay quantized).
+    type Weight: Send + Sync;
+
+    /// Short name for logs ("cpu", "cuda:0").
+    fn name(&self) -> String;
+
+    /// Make a weight usable by this device. The CPU keeps a zero-copy view of the file; a GPU
+    /// copies it once. Fails with [`BackendError::Weight`] for a type the device cannot compute.
+    fn upload_weight(&self, data: &WeightData) -> Result<Self::Weight>;
+
+    // ---- tensors -------------------------------------------------------------------------
+    /// A `[rows, cols]` tensor of zeros.
+    fn zeros(&self, rows: usize, cols: usize) -> Result<Self::Tensor>;
+    /// Copy host data (`rows * cols` values, row-major) to the device.
+    fn tensor_from_f32(&self, data: &[f32], rows: usize, cols: usize) -> Result<Self::Tensor>;
+    /// Copy a tensor back to the host, row-major.
+    fn to_f32(&self, x: &Self::Tensor) -> Result<Vec<f32>>;
+    /// `(rows, cols)`.
+    fn shape(&self, x: &Self::Tensor) -> (usize, usize);
+    /// A copy of rows `range` of `x`.
+    fn rows(&self, x: &Self::Tensor, range: Range<usize>) -> Result<Self::Tensor>;
+    /// Overwrite rows `dst_row..dst_row + src.rows` of `dst` with `src` (KV-cache append).
+    fn write_rows(&self, dst: &mut Self::Tensor, dst_row: usize, src: &Self::Tensor) -> Result<()>;
+
+    // ---- primitives ----------------------------------------------------------------------
+    /// Rows of an embedding table `[vocab, d]` (any supported weight type), dequantized to f32.
+    fn embedding(&self, table: &Self::Weight, ids: &[u32]) -> Result<Self::Tensor>;
+    /// `y[m, n] = x[m, k] · Wᵀ (+ bias)`.
+    fn matmul(&self, x: &Self::Tensor, w: &Linear<Self>) -> Result<Self::Tensor>;
+    /// RMS norm over every group of `weight.len()` consecutive elements of each row:
+    /// `y = x / sqrt(mean(x²) + eps) * weight`. With the group equal to the row this is the usual
+    /// norm; with a group of `head_dim` it is a per-head (QK) norm.
+    fn rms_norm(&self, x: &Self::Tensor, weight: &Self::Weight, eps: f32) -> Result<Self::Tensor>;
+    /// Rotary position embedding on every head of every row; row `i` is at `positions[i]`.
+    fn rope(&self, x: &Self::Tensor, positions: &[u32], params: &RopeParams) -> Result<Self::Tensor>;
+    /// Causal attention of `q` (`[n, n_heads * head_dim]`, row `i` at position `q_pos + i`)
+    /// over the first `n_kv` rows of the caches (`[capacity, n_kv_heads * head_dim]`, row `j`
+    /// at position `j`), with grouped-query heads, optional sliding window and soft-capping.
+    fn attention(
+        &self,
+        q: &Self::Tensor,
+        k_cache: &Self::Tensor,
+        v_cache: &Self::Tensor,
+        q_pos: usize,
+        n_kv: usize,
+        params: &AttentionParams,
+    ) -> Result<Self::Tensor>;
+    /// Element-wise activation.
+    fn activation(&self, x: &Self::Tensor, act: Activation) -> Result<Self::Tensor>;
+    /// Element-wise `a + b`.
+    fn add(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor>;
+    /// Element-wise `a * b`.
+    fn mul(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor>;
+    /// `x * s`.
+    fn scale(&self, x: &Self::Tensor, s: f32) -> Result<Self::Tensor>;
+
+    // ---- fused ops (defaults built from primitives; override only with a real kernel) ---
+    /// `act(gate) * up`, the gated FFN non-linearity.
+    fn gated_activation(&self, gate: &Self::Tensor, up: &Self::Tensor, act: Activation) -> Result<Self::Tensor> {
+        let g = self.activation(gate, act)?;
+        self.mul(&g, up)
+    }
+    /// `residual + rms_norm(x, weight)`: Gemma's post-norms feeding the residual stream.
+    fn add_rms_norm(
+        &self,
+        residual: &Self::Tensor,
+        x: &Self::Tensor,
+        weight: &Self::Weight,
+        eps: f32,
+    ) -> Result<Self::Tensor> {
+        let n = self.rms_norm(x, weight, eps)?;
+        self.add(residual, &n)
+    }
+}

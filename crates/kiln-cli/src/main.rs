@@ -1,1 +1,54 @@
-fn main() {}
+//! `kiln`: run, inspect, tokenize, score and measure GGUF models from the command line.
+//!
+//! This is the edge of the program: arguments are parsed and validated here, errors get their
+//! context here (anyhow), and this is the only crate that names a concrete backend.
+
+mod commands;
+mod load;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// kiln — a Rust-native inference engine for transformer models.
+#[derive(Parser)]
+#[command(name = "kiln", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt, streaming it to the terminal.
+    Run(commands::run::RunArgs),
+    /// Download, verify and cache a known model (e.g. gemma3-270m).
+    Pull(commands::pull::PullArgs),
+    /// Print a GGUF file's metadata and tensor table.
+    Inspect(commands::inspect::InspectArgs),
+    /// Tokenize text (JSON lines on stdin with --jsonl, or the arguments).
+    Tokenize(commands::tokenize::TokenizeArgs),
+    /// Teacher-forced log-probabilities of texts or token ids (JSON lines).
+    Score(commands::score::ScoreArgs),
+    /// Perplexity of a text file, computed as llama.cpp's llama-perplexity does.
+    Perplexity(commands::perplexity::PerplexityArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(a) => commands::run::run(a),
+        Command::Pull(a) => commands::pull::run(a),
+        Command::Inspect(a) => commands::inspect::run(a),
+        Command::Tokenize(a) => commands::tokenize::run(a),
+        Command::Score(a) => commands::score::run(a),
+        Command::Perplexity(a) => commands::perplexity::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -151,7 +151,7 @@ impl GgmlType {
     /// size overflows.
     pub fn row_bytes(self, n: u64) -> Option<u64> {
         let bs = self.block_size() as u64;
-        if n % bs != 0 {
+        if !n.is_multiple_of(bs) {
             return None;
         }
         (n / bs).checked_mul(self.type_size() as u64)

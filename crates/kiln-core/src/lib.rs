@@ -3,8 +3,10 @@
 //! - [`GgmlType`]: the tensor element types of the GGUF format (type ids, block sizes, byte sizes).
 //! - [`SharedBytes`]: a cheap, clonable view into an owned byte buffer (usually a memory map), so that
 //!   weights travel from the file to a backend without a copy.
+//! - [`config`]: typed model configurations.
 
 mod bytes;
+pub mod config;
 mod dtype;
 
 pub use bytes::SharedBytes;

@@ -1,1 +1,20 @@
-//! kiln-engine: kiln: generation, sampling, scoring
+//! kiln-engine: what runs a loaded model for a user — sampling, generation, teacher-forced
+//! scoring and perplexity. (The paged KV cache and the continuous-batching scheduler of the
+//! server will live here too.)
+
+mod error;
+mod generate;
+mod perplexity;
+mod rng;
+mod sampler;
+mod score;
+
+pub use error::EngineError;
+pub use generate::{generate, GenerateOptions, Generation, StopReason};
+pub use perplexity::{perplexity, Perplexity};
+pub use rng::Rng;
+pub use sampler::{Sampler, SamplingParams};
+pub use score::{log_softmax, score, PositionScore};
+
+/// Prompt tokens evaluated per forward call (as llama.cpp's default `n_batch`/`n_ubatch` of 512).
+pub const PREFILL_CHUNK: usize = 512;

@@ -1,0 +1,102 @@
+//! Parameters of the backend primitives. Plain data, so every backend reads them the same way.
+
+/// Element-wise activation functions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))` (Gemma's `gelu_pytorch_tanh`).
+    GeluTanh,
+    /// `0.5·x·(1 + erf(x/√2))`.
+    Gelu,
+    /// `x·σ(x)`.
+    Silu,
+}
+
+impl Activation {
+    /// The scalar definition; backends' kernels are tested against it.
+    pub fn apply(self, x: f32) -> f32 {
+        match self {
+            Activation::GeluTanh => {
+                const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+                0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh())
+            }
+            Activation::Gelu => 0.5 * x * (1.0 + erf(x / std::f32::consts::SQRT_2)),
+            Activation::Silu => x / (1.0 + (-x).exp()),
+        }
+    }
+}
+
+/// erf with |error| < 1.2e-7 (Numerical Recipes' erfc Chebyshev fit), in f64 for accuracy.
+fn erf(x: f32) -> f32 {
+    let x = x as f64;
+    let z = x.abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let r = t
+        * (-z * z - 1.265_512_23
+            + t * (1.000_023_68
+                + t * (0.374_091_96
+                    + t * (0.096_784_18
+                        + t * (-0.186_288_06
+                            + t * (0.278_868_07
+                                + t * (-1.135_203_98
+                                    + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77)))))))))
+            .exp();
+    (if x >= 0.0 { 1.0 - r } else { r - 1.0 }) as f32
+}
+
+/// Which element pairs a rotation mixes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs `(x[2i], x[2i+1])` (original Llama / GPT-J layout; llama.cpp "normal").
+    Normal,
+    /// Halves `(x[i], x[i + d/2])` (GPT-NeoX layout; Gemma, Qwen, Phi-3).
+    Neox,
+}
+
+/// Rotary embedding of each head: pair `i` of `rope_dim / 2` turns by
+/// `position · freq_scale · base^(-2i / rope_dim)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeParams {
+    pub n_heads: usize,
+    pub head_dim: usize,
+    /// Leading elements of each head that rotate (`== head_dim` for full rotary).
+    pub rope_dim: usize,
+    pub base: f32,
+    /// Linear position scaling (1.0 = none).
+    pub freq_scale: f32,
+    pub style: RopeStyle,
+}
+
+/// Attention over a KV cache.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionParams {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Multiplies `q·k` before the softmax (usually `1/√head_dim`).
+    pub scale: f32,
+    /// A query at position `p` sees keys at positions `> p - window` (and `≤ p`).
+    pub sliding_window: Option<usize>,
+    /// `s = cap · tanh(s / cap)` before the softmax (Gemma 2).
+    pub softcap: Option<f32>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn erf_matches_known_values() {
+        for (x, want) in [(0.0f32, 0.0f32), (0.5, 0.520_499_9), (1.0, 0.842_700_8), (-2.0, -0.995_322_3)] {
+            assert!((erf(x) - want).abs() < 1e-6, "erf({x}) = {} want {want}", erf(x));
+        }
+    }
+
+    #[test]
+    fn activations_at_reference_points() {
+        // Values from PyTorch: gelu(x, approximate="tanh"), gelu(x), silu(x).
+        let x = 1.5f32;
+        assert!((Activation::GeluTanh.apply(x) - 1.399_572_5).abs() < 1e-6);
+        assert!((Activation::Gelu.apply(x) - 1.399_789_5).abs() < 1e-6);
+        assert!((Activation::Silu.apply(x) - 1.226_361_6).abs() < 1e-6);
+    }
+}

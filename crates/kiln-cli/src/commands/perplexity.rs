@@ -1,0 +1,39 @@
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use serde_json::json;
+
+use crate::load::{load, ModelArg, ThreadsArg};
+
+#[derive(clap::Args)]
+pub struct PerplexityArgs {
+    #[command(flatten)]
+    model: ModelArg,
+    #[command(flatten)]
+    threads: ThreadsArg,
+    /// The text file to score.
+    #[arg(short = 'f', long)]
+    file: PathBuf,
+    /// Context (chunk) size in tokens.
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 512)]
+    ctx: usize,
+    /// Print {"ppl": X, "chunks": N} instead of the running values.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: PerplexityArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
+    let m = load(&a.model.model, a.threads.threads)?;
+    let ids = m.tokenizer.encode(&text, true, false);
+    eprintln!("{} tokens, {} chunks of {}", ids.len(), ids.len() / a.ctx.max(1), a.ctx);
+    let result = kiln_engine::perplexity(&m.backend, &m.model, &ids, m.tokenizer.bos(), a.ctx, |i, n, ppl| {
+        eprintln!("[{i}/{n}] running ppl {ppl:.4}");
+    })?;
+    if a.json {
+        println!("{}", json!({ "ppl": result.ppl, "chunks": result.chunks, "running": result.running }));
+    } else {
+        println!("PPL = {:.4} over {} chunks ({} scored tokens)", result.ppl, result.chunks, result.scored_tokens);
+    }
+    Ok(())
+}

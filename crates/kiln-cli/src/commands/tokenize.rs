@@ -1,0 +1,45 @@
+use anyhow::{bail, Result};
+use serde_json::json;
+
+use super::{for_each_jsonl, text_field};
+use crate::load::{open_gguf, tokenizer, ModelArg};
+
+#[derive(clap::Args)]
+pub struct TokenizeArgs {
+    #[command(flatten)]
+    model: ModelArg,
+    /// Parse control tokens written in the text (e.g. `<start_of_turn>`).
+    #[arg(long)]
+    special: bool,
+    /// Add BOS/EOS as the model's metadata says (off by default).
+    #[arg(long)]
+    add_special: bool,
+    /// Read `{"text": ...}` lines on stdin; write `{"text": ..., "ids": [...]}` lines.
+    #[arg(long)]
+    jsonl: bool,
+    /// Texts to tokenize (without --jsonl): prints one line of ids per text.
+    texts: Vec<String>,
+}
+
+pub fn run(a: TokenizeArgs) -> Result<()> {
+    let file = open_gguf(&a.model.model)?;
+    let tok = tokenizer(&file)?;
+    if a.jsonl {
+        return for_each_jsonl(|line_no, obj, out| {
+            let text = text_field(line_no, obj)?;
+            let ids = tok.encode(text, a.add_special, a.special);
+            writeln!(out, "{}", json!({ "text": text, "ids": ids }))?;
+            Ok(())
+        });
+    }
+    if a.texts.is_empty() {
+        bail!("give texts to tokenize, or --jsonl to read JSON lines from stdin");
+    }
+    for text in &a.texts {
+        let ids = tok.encode(text, a.add_special, a.special);
+        let pieces: Vec<String> =
+            ids.iter().map(|&id| String::from_utf8_lossy(&tok.token_to_piece(id, true)).into_owned()).collect();
+        println!("{}", json!({ "ids": ids, "pieces": pieces }));
+    }
+    Ok(())
+}

@@ -1,0 +1,63 @@
+//! Resolving a model name and loading it onto the CPU backend.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use kiln_cpu::CpuBackend;
+use kiln_formats::GgufFile;
+use kiln_hub::Hub;
+use kiln_models::Decoder;
+use kiln_tokenizer::Tokenizer;
+
+/// The model every command uses when `-m` is not given.
+pub const DEFAULT_MODEL: &str = "gemma3-270m";
+
+/// `-m MODEL`: an alias known to `kiln pull` or a path to a GGUF file.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ModelArg {
+    /// Model: a known alias (fetched on first use; see `kiln pull --list`) or a GGUF file path.
+    #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
+    pub model: String,
+}
+
+/// `--threads N`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ThreadsArg {
+    /// Worker threads (default: one per core).
+    #[arg(short = 't', long = "threads", default_value_t = 0)]
+    pub threads: usize,
+}
+
+pub fn resolve(model: &str) -> Result<PathBuf> {
+    Ok(Hub::from_env().resolve(model)?)
+}
+
+pub fn open_gguf(model: &str) -> Result<GgufFile> {
+    let path = resolve(model)?;
+    GgufFile::open(&path).with_context(|| format!("reading {}", path.display()))
+}
+
+pub fn tokenizer(file: &GgufFile) -> Result<Tokenizer> {
+    Tokenizer::from_gguf(file).context("building the tokenizer from the GGUF metadata")
+}
+
+/// A model ready to run.
+pub struct Loaded {
+    pub backend: CpuBackend,
+    pub model: Decoder<CpuBackend>,
+    pub tokenizer: Tokenizer,
+    pub load_ms: f64,
+    /// Keeps the memory map alive for as long as the weights point into it (the weights also
+    /// hold it; this is for metadata access).
+    pub file: GgufFile,
+}
+
+pub fn load(model: &str, threads: usize) -> Result<Loaded> {
+    let t0 = Instant::now();
+    let file = open_gguf(model)?;
+    let tokenizer = tokenizer(&file)?;
+    let backend = CpuBackend::new(threads)?;
+    let model = kiln_models::load_gguf_decoder(&backend, &file).context("loading the model")?;
+    Ok(Loaded { backend, model, tokenizer, load_ms: t0.elapsed().as_secs_f64() * 1e3, file })
+}

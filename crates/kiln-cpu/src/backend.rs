@@ -1,0 +1,239 @@
+use std::ops::Range;
+
+use kiln_backend::{
+    shape_err, Activation, AttentionParams, Backend, BackendError, Linear, Result, RopeParams, WeightData,
+};
+use kiln_core::{GgmlType, SharedBytes};
+
+use crate::kernels::{self, SimdLevel};
+
+/// A row-major `[rows, cols]` f32 tensor in host memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CpuTensor {
+    pub(crate) data: Vec<f32>,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+}
+
+impl CpuTensor {
+    pub fn new(data: Vec<f32>, rows: usize, cols: usize) -> Result<Self> {
+        if data.len() != rows * cols {
+            return Err(shape_err("tensor", format!("{} values for [{rows}, {cols}]", data.len())));
+        }
+        Ok(CpuTensor { data, rows, cols })
+    }
+    pub fn data(&self) -> &[f32] {
+        &self.data
+    }
+    pub(crate) fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.cols..(i + 1) * self.cols]
+    }
+}
+
+/// A weight on the CPU: a zero-copy view of the file's bytes (quantized blocks stay quantized).
+/// One-dimensional f32 weights (norms, biases) are also decoded once into `values`.
+#[derive(Clone, Debug)]
+pub struct CpuWeight {
+    pub(crate) ty: GgmlType,
+    pub(crate) row_len: usize,
+    pub(crate) n_rows: usize,
+    pub(crate) row_bytes: usize,
+    pub(crate) bytes: SharedBytes,
+    pub(crate) values: Option<Vec<f32>>,
+}
+
+impl CpuWeight {
+    pub(crate) fn row_bytes_of(&self, r: usize) -> &[u8] {
+        &self.bytes[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+    /// f32 values of a small vector weight.
+    pub(crate) fn vector(&self, op: &'static str) -> Result<&[f32]> {
+        self.values.as_deref().ok_or_else(|| shape_err(op, "expected a one-dimensional weight"))
+    }
+}
+
+/// The CPU backend: kernels chosen once for this machine, a private thread pool.
+pub struct CpuBackend {
+    pub(crate) pool: rayon::ThreadPool,
+    pub(crate) threads: usize,
+    pub(crate) simd: SimdLevel,
+}
+
+impl CpuBackend {
+    /// A backend using `threads` threads (0 = one per available core) and the best SIMD level
+    /// this CPU supports.
+    pub fn new(threads: usize) -> Result<Self> {
+        Self::with_simd(threads, kernels::simd_level())
+    }
+
+    /// As [`CpuBackend::new`] at a given SIMD level (tests pin `Scalar` to compare paths).
+    pub fn with_simd(threads: usize, simd: SimdLevel) -> Result<Self> {
+        let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("kiln-cpu-{i}"))
+            .build()
+            .map_err(|e| BackendError::Device { backend: "cpu", detail: format!("thread pool: {e}") })?;
+        Ok(CpuBackend { pool, threads, simd })
+    }
+
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    pub fn simd(&self) -> SimdLevel {
+        self.simd
+    }
+
+    fn check_same(op: &'static str, a: &CpuTensor, b: &CpuTensor) -> Result<()> {
+        if (a.rows, a.cols) != (b.rows, b.cols) {
+            return Err(shape_err(op, format!("[{}, {}] vs [{}, {}]", a.rows, a.cols, b.rows, b.cols)));
+        }
+        Ok(())
+    }
+
+    fn map(&self, x: &CpuTensor, f: impl Fn(f32) -> f32 + Sync) -> CpuTensor {
+        CpuTensor { data: x.data.iter().map(|&v| f(v)).collect(), rows: x.rows, cols: x.cols }
+    }
+
+    fn zip(&self, op: &'static str, a: &CpuTensor, b: &CpuTensor, f: impl Fn(f32, f32) -> f32) -> Result<CpuTensor> {
+        Self::check_same(op, a, b)?;
+        Ok(CpuTensor { data: a.data.iter().zip(&b.data).map(|(&x, &y)| f(x, y)).collect(), rows: a.rows, cols: a.cols })
+    }
+}
+
+impl Backend for CpuBackend {
+    type Tensor = CpuTensor;
+    type Weight = CpuWeight;
+
+    fn name(&self) -> String {
+        format!("cpu ({} threads, {:?})", self.threads, self.simd)
+    }
+
+    fn upload_weight(&self, data: &WeightData) -> Result<CpuWeight> {
+        let werr = |detail: String| BackendError::Weight { name: data.name.clone(), detail };
+        if !data.ty.is_supported() {
+            return Err(werr(format!("type {} is not supported", data.ty)));
+        }
+        let row_len = data.row_len();
+        let n_rows = data.n_rows();
+        let row_bytes = data
+            .ty
+            .row_bytes(row_len as u64)
+            .ok_or_else(|| werr(format!("row of {row_len} is not a whole number of {} blocks", data.ty)))?
+            as usize;
+        if row_bytes.checked_mul(n_rows) != Some(data.bytes.len()) {
+            return Err(werr(format!("{} bytes for {n_rows} rows of {row_bytes}", data.bytes.len())));
+        }
+        let values = if data.dims.len() == 1 {
+            let mut v = vec![0.0; row_len];
+            kiln_quant::dequantize(data.ty, &data.bytes, &mut v).map_err(|e| werr(e.to_string()))?;
+            Some(v)
+        } else {
+            None
+        };
+        Ok(CpuWeight { ty: data.ty, row_len, n_rows, row_bytes, bytes: data.bytes.clone(), values })
+    }
+
+    fn zeros(&self, rows: usize, cols: usize) -> Result<CpuTensor> {
+        // vec! of zeros allocates with calloc: pages of a large KV cache are only touched when used.
+        Ok(CpuTensor { data: vec![0.0; rows * cols], rows, cols })
+    }
+
+    fn tensor_from_f32(&self, data: &[f32], rows: usize, cols: usize) -> Result<CpuTensor> {
+        CpuTensor::new(data.to_vec(), rows, cols)
+    }
+
+    fn to_f32(&self, x: &CpuTensor) -> Result<Vec<f32>> {
+        Ok(x.data.clone())
+    }
+
+    fn shape(&self, x: &CpuTensor) -> (usize, usize) {
+        (x.rows, x.cols)
+    }
+
+    fn rows(&self, x: &CpuTensor, range: Range<usize>) -> Result<CpuTensor> {
+        if range.start > range.end || range.end > x.rows {
+            return Err(shape_err("rows", format!("rows {range:?} of {}", x.rows)));
+        }
+        Ok(CpuTensor {
+            data: x.data[range.start * x.cols..range.end * x.cols].to_vec(),
+            rows: range.len(),
+            cols: x.cols,
+        })
+    }
+
+    fn write_rows(&self, dst: &mut CpuTensor, dst_row: usize, src: &CpuTensor) -> Result<()> {
+        if src.cols != dst.cols || dst_row + src.rows > dst.rows {
+            return Err(shape_err(
+                "write_rows",
+                format!("[{}, {}] at row {dst_row} into [{}, {}]", src.rows, src.cols, dst.rows, dst.cols),
+            ));
+        }
+        dst.data[dst_row * dst.cols..(dst_row + src.rows) * dst.cols].copy_from_slice(&src.data);
+        Ok(())
+    }
+
+    fn embedding(&self, table: &CpuWeight, ids: &[u32]) -> Result<CpuTensor> {
+        let d = table.row_len;
+        let mut data = vec![0.0; ids.len() * d];
+        for (out, &id) in data.chunks_mut(d.max(1)).zip(ids) {
+            let id = id as usize;
+            if id >= table.n_rows {
+                return Err(shape_err("embedding", format!("token {id} outside a table of {} rows", table.n_rows)));
+            }
+            kiln_quant::dequantize(table.ty, table.row_bytes_of(id), out)
+                .map_err(|e| shape_err("embedding", e.to_string()))?;
+        }
+        Ok(CpuTensor { data, rows: ids.len(), cols: d })
+    }
+
+    fn matmul(&self, x: &CpuTensor, w: &Linear<Self>) -> Result<CpuTensor> {
+        crate::matmul::matmul(self, x, w)
+    }
+
+    fn rms_norm(&self, x: &CpuTensor, weight: &CpuWeight, eps: f32) -> Result<CpuTensor> {
+        crate::ops::rms_norm(self, x, weight.vector("rms_norm")?, eps, None)
+    }
+
+    fn rope(&self, x: &CpuTensor, positions: &[u32], params: &RopeParams) -> Result<CpuTensor> {
+        crate::ops::rope(self, x, positions, params)
+    }
+
+    fn attention(
+        &self,
+        q: &CpuTensor,
+        k_cache: &CpuTensor,
+        v_cache: &CpuTensor,
+        q_pos: usize,
+        n_kv: usize,
+        params: &AttentionParams,
+    ) -> Result<CpuTensor> {
+        crate::attention::attention(self, q, k_cache, v_cache, q_pos, n_kv, params)
+    }
+
+    fn activation(&self, x: &CpuTensor, act: Activation) -> Result<CpuTensor> {
+        Ok(self.map(x, |v| act.apply(v)))
+    }
+
+    fn add(&self, a: &CpuTensor, b: &CpuTensor) -> Result<CpuTensor> {
+        self.zip("add", a, b, |x, y| x + y)
+    }
+
+    fn mul(&self, a: &CpuTensor, b: &CpuTensor) -> Result<CpuTensor> {
+        self.zip("mul", a, b, |x, y| x * y)
+    }
+
+    fn scale(&self, x: &CpuTensor, s: f32) -> Result<CpuTensor> {
+        Ok(self.map(x, |v| v * s))
+    }
+
+    fn gated_activation(&self, gate: &CpuTensor, up: &CpuTensor, act: Activation) -> Result<CpuTensor> {
+        self.zip("gated_activation", gate, up, |g, u| act.apply(g) * u)
+    }
+
+    fn add_rms_norm(&self, residual: &CpuTensor, x: &CpuTensor, weight: &CpuWeight, eps: f32) -> Result<CpuTensor> {
+        Self::check_same("add_rms_norm", residual, x)?;
+        crate::ops::rms_norm(self, x, weight.vector("add_rms_norm")?, eps, Some(residual))
+    }
+}

@@ -1,0 +1,103 @@
+//! Row-dot kernels of quantized weights against quantized activations, and the activation
+//! quantizers, chosen once at run time (AVX2+FMA+F16C on x86-64, the scalar reference of
+//! kiln-quant everywhere else).
+//!
+//! The matmul driver asks for a kernel once per op ([`vec_dot_fn`], [`quantize_fn`]) and calls the
+//! returned plain `fn` in its hottest loop, so the kernels allocate nothing, return no `Result` and
+//! dispatch on nothing. Invariants:
+//!
+//! - **Same value as the reference.** Every kernel computes what `kiln_quant::vec_dot` computes:
+//!   the integer products of a block are exact in both, only the order (and fusing) of the f32
+//!   additions of the per-block terms differs. The quantizers are bit-identical to
+//!   `kiln_quant::quantize_activations` (rounding ties and all-zero blocks included) for finite
+//!   inputs.
+//! - **Lengths are the caller's contract, checked once per call.** A kernel for `n` elements needs
+//!   exactly `ty.row_bytes(n)` weight bytes and `activation_bytes(vec_dot_type(ty), n)` activation
+//!   bytes, `n` a whole number of blocks; a quantizer needs exactly the activation bytes of
+//!   `x.len()`. Anything else panics (a bug in the caller), never reads out of bounds.
+//! - **No alignment assumed.** Blocks are read with unaligned loads (an 18-byte Q4_0 block puts
+//!   every other block at an odd-ish address).
+//! - **Activations come from the quantizers.** The AVX2 integer dots use the `maddubs` sign trick,
+//!   exact for activation quants in -127..=127 and Q8_K `bsums` that match their quants: what the
+//!   quantizers produce. Weight bytes may be anything.
+//! - **The SIMD level never exceeds the CPU.** Asking for [`SimdLevel::Avx2`] on a CPU without
+//!   AVX2+FMA+F16C (or off x86-64) gives the scalar kernel, so every returned `fn` is safe to call.
+
+use std::sync::OnceLock;
+
+use kiln_core::GgmlType;
+use kiln_quant::QuantError;
+
+mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+/// The instruction sets a kernel may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SimdLevel {
+    /// Portable Rust: kiln-quant's reference.
+    Scalar,
+    /// x86-64 with AVX2, FMA and F16C.
+    Avx2,
+}
+
+/// The best level this CPU supports, detected once.
+pub fn simd_level() -> SimdLevel {
+    static LEVEL: OnceLock<SimdLevel> = OnceLock::new();
+    *LEVEL.get_or_init(detect)
+}
+
+fn detect() -> SimdLevel {
+    #[cfg(target_arch = "x86_64")]
+    if x86::cpu_has_avx2_fma_f16c() {
+        return SimdLevel::Avx2;
+    }
+    SimdLevel::Scalar
+}
+
+/// `level`, lowered to what this CPU really has: handing out an AVX2 kernel on a CPU without AVX2
+/// would be undefined behaviour.
+fn usable(level: SimdLevel) -> SimdLevel {
+    match level {
+        SimdLevel::Avx2 if simd_level() == SimdLevel::Avx2 => SimdLevel::Avx2,
+        _ => SimdLevel::Scalar,
+    }
+}
+
+/// Signature of a row-dot kernel: (n elements, weight row bytes, activation row bytes) -> dot.
+///
+/// The activation row is quantized to `kiln_quant::vec_dot_type(ty)`. Panics when the slice
+/// lengths do not match `n` (see the module invariants).
+pub type VecDotFn = fn(usize, &[u8], &[u8]) -> f32;
+
+/// The fastest kernel for `ty` at `level` (Scalar = a thin wrapper over `kiln_quant::vec_dot`).
+/// Err for types kiln-quant cannot dot.
+pub fn vec_dot_fn(ty: GgmlType, level: SimdLevel) -> Result<VecDotFn, QuantError> {
+    let reference = scalar::vec_dot_fn(ty)?;
+    Ok(match usable(level) {
+        SimdLevel::Scalar => reference,
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 => x86::vec_dot_fn(ty).unwrap_or(reference),
+        #[cfg(not(target_arch = "x86_64"))]
+        SimdLevel::Avx2 => reference,
+    })
+}
+
+/// Signature of an activation quantizer: (f32 activations, output bytes).
+///
+/// Panics when `x.len()` is not a whole number of blocks or the output is not exactly
+/// `kiln_quant::activation_bytes(act_ty, x.len())` long.
+pub type QuantizeFn = fn(&[f32], &mut [u8]);
+
+/// Activation quantizer for `act_ty` (Q8_0, Q8_1, Q8_K, F32) at `level`; its output is
+/// bit-identical to `kiln_quant::quantize_activations`.
+pub fn quantize_fn(act_ty: GgmlType, level: SimdLevel) -> Result<QuantizeFn, QuantError> {
+    let reference = scalar::quantize_fn(act_ty)?;
+    Ok(match usable(level) {
+        SimdLevel::Scalar => reference,
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 => x86::quantize_fn(act_ty).unwrap_or(reference),
+        #[cfg(not(target_arch = "x86_64"))]
+        SimdLevel::Avx2 => reference,
+    })
+}

@@ -1,0 +1,390 @@
+//! AVX2 dots of the k-quants (Q2_K..Q6_K, Q8_K) against Q8_K activations.
+//!
+//! A super-block of 256 weights is 8 or 16 sub-blocks, each with an integer scale. Per 32
+//! weights: unpack to bytes, `maddubs` against the activations (16 i16 lanes), `madd` against the
+//! sub-block scales broadcast to those lanes (8 i32 lanes); one f32 multiply-add per super-block.
+//! Constant offsets of the quants (Q3_K's -4, Q6_K's -32) and the minimums of Q2_K/Q4_K/Q5_K are
+//! folded in through the activation block's `bsums` (sums of 16 activation quants), which the
+//! quantizer writes and keeps consistent with the quants.
+
+use std::arch::x86_64::*;
+use std::mem::{offset_of, size_of};
+
+use kiln_quant::blocks::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
+
+use super::{dot_i8_i8, hsum_epi32_128, hsum_ps, load16, load32, read_f16, read_f32, read_u32, row_dot};
+
+const Q2K: usize = size_of::<BlockQ2K>();
+const Q3K: usize = size_of::<BlockQ3K>();
+const Q4K: usize = size_of::<BlockQ4K>();
+const Q5K: usize = size_of::<BlockQ5K>();
+const Q6K: usize = size_of::<BlockQ6K>();
+const Q8K: usize = size_of::<BlockQ8K>();
+
+const Q8K_QS: usize = offset_of!(BlockQ8K, qs);
+const Q8K_BSUMS: usize = offset_of!(BlockQ8K, bsums);
+
+/// Shuffle that broadcasts i16 lane `2k` of each 128-bit half to the low half and lane `2k + 1` to
+/// the high half: the scales of the two 16-element sub-blocks of one 32-element chunk, when both
+/// halves of the source hold the same 8 scales.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn pair_scale_shuffle(k: usize) -> __m256i {
+    let lo = (4 * k) as i16 | (((4 * k + 1) as i16) << 8);
+    let hi = (4 * k + 2) as i16 | (((4 * k + 3) as i16) << 8);
+    _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo))
+}
+
+/// Shuffle that broadcasts i16 lane `k` of each 128-bit half to all lanes of that half.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scale_shuffle(k: usize) -> __m256i {
+    _mm256_set1_epi16((2 * k) as i16 | (((2 * k + 1) as i16) << 8))
+}
+
+/// The 8 six-bit scales and 8 six-bit minimums of a Q4_K/Q5_K super-block (12 packed bytes at
+/// `p`), as i16 lanes: scales in 0..8, minimums in 8..16.
+///
+/// # Safety
+/// `p..p + 12` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k4_scales_mins(p: *const u8) -> __m256i {
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const LOW2: u32 = 0x0303_0303;
+    let (a, b, c) = (read_u32(p), read_u32(p.add(4)), read_u32(p.add(8)));
+    // Sub-blocks 0..4 keep their 6 bits in bytes 0..4 (scales) and 4..8 (mins); sub-blocks 4..8
+    // have their low 4 bits in bytes 8..12 and their top 2 bits in the top bits of bytes 0..8.
+    let scales_lo = a & LOW6;
+    let scales_hi = (c & LOW4) | (((a >> 6) & LOW2) << 4);
+    let mins_lo = b & LOW6;
+    let mins_hi = ((c >> 4) & LOW4) | (((b >> 6) & LOW2) << 4);
+    _mm256_cvtepu8_epi16(_mm_set_epi32(
+        mins_hi as i32,
+        mins_lo as i32,
+        scales_hi as i32,
+        scales_lo as i32,
+    ))
+}
+
+/// Sum of `mins[j] * (sum of the 32 activation quants of sub-block j)` over the 8 sub-blocks of a
+/// Q4_K/Q5_K super-block, `mins` in the high half of `scales_mins`, `bsums` at `bsums_at`.
+///
+/// # Safety
+/// `bsums_at..bsums_at + 32` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k4_min_dot(scales_mins: __m256i, bsums_at: *const u8) -> i32 {
+    let bsums = load32(bsums_at);
+    let sums32 = _mm_hadd_epi16(
+        _mm256_castsi256_si128(bsums),
+        _mm256_extracti128_si256(bsums, 1),
+    );
+    hsum_epi32_128(_mm_madd_epi16(
+        _mm256_extracti128_si256(scales_mins, 1),
+        sums32,
+    ))
+}
+
+row_dot!(
+    /// Q4_K weights . Q8_K activations.
+    q4_k_q8_k => q4_k_q8_k_avx2, QK_K, Q4K, Q8K
+);
+
+/// # Safety
+/// AVX2+FMA+F16C; `w` points at `blocks` readable Q4_K blocks, `a` at as many Q8_K blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
+    let low4 = _mm256_set1_epi8(0x0f);
+    let mut acc = _mm256_setzero_ps();
+    let mut mins = 0.0f32;
+    for i in 0..blocks {
+        let (x, y) = (w.add(i * Q4K), a.add(i * Q8K));
+        let dy = read_f32(y);
+        let d = dy * read_f16(x.add(offset_of!(BlockQ4K, d)));
+        let dmin = dy * read_f16(x.add(offset_of!(BlockQ4K, dmin)));
+
+        let scales_mins = k4_scales_mins(x.add(offset_of!(BlockQ4K, scales)));
+        mins += dmin * k4_min_dot(scales_mins, y.add(Q8K_BSUMS)) as f32;
+        let scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(scales_mins));
+
+        let qs = x.add(offset_of!(BlockQ4K, qs));
+        let q8 = y.add(Q8K_QS);
+        let mut sum = _mm256_setzero_si256();
+        for j in 0..QK_K / 64 {
+            // 32 bytes hold 64 weights: the low nibbles are sub-block 2j, the high ones 2j + 1.
+            let bits = load32(qs.add(32 * j));
+            let lo = _mm256_and_si256(bits, low4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4);
+            let p_lo = _mm256_maddubs_epi16(lo, load32(q8.add(64 * j)));
+            let p_hi = _mm256_maddubs_epi16(hi, load32(q8.add(64 * j + 32)));
+            let p_lo = _mm256_madd_epi16(_mm256_shuffle_epi8(scales, scale_shuffle(2 * j)), p_lo);
+            let p_hi =
+                _mm256_madd_epi16(_mm256_shuffle_epi8(scales, scale_shuffle(2 * j + 1)), p_hi);
+            sum = _mm256_add_epi32(sum, _mm256_add_epi32(p_lo, p_hi));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum), acc);
+    }
+    hsum_ps(acc) - mins
+}
+
+row_dot!(
+    /// Q5_K weights . Q8_K activations.
+    q5_k_q8_k => q5_k_q8_k_avx2, QK_K, Q5K, Q8K
+);
+
+/// # Safety
+/// AVX2+FMA+F16C; `w` points at `blocks` readable Q5_K blocks, `a` at as many Q8_K blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
+    let low4 = _mm256_set1_epi8(0x0f);
+    let one = _mm256_set1_epi8(1);
+    let mut acc = _mm256_setzero_ps();
+    let mut mins = 0.0f32;
+    for i in 0..blocks {
+        let (x, y) = (w.add(i * Q5K), a.add(i * Q8K));
+        let dy = read_f32(y);
+        let d = dy * read_f16(x.add(offset_of!(BlockQ5K, d)));
+        let dmin = dy * read_f16(x.add(offset_of!(BlockQ5K, dmin)));
+
+        let scales_mins = k4_scales_mins(x.add(offset_of!(BlockQ5K, scales)));
+        mins += dmin * k4_min_dot(scales_mins, y.add(Q8K_BSUMS)) as f32;
+        let scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(scales_mins));
+
+        let qs = x.add(offset_of!(BlockQ5K, qs));
+        let q8 = y.add(Q8K_QS);
+        // Bit 2j of qh[l] is the 5th bit of weight l of sub-block 2j, bit 2j + 1 of sub-block
+        // 2j + 1; shifting whole 16-bit lanes right is safe because only bit 0 of each byte is
+        // kept, and at most 7 bits of the neighbouring byte ever move in above it.
+        let mut high = load32(x.add(offset_of!(BlockQ5K, qh)));
+        let mut sum = _mm256_setzero_si256();
+        for j in 0..QK_K / 64 {
+            let bits = load32(qs.add(32 * j));
+            let h_lo = _mm256_slli_epi16(_mm256_and_si256(high, one), 4);
+            let h_hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, 1), one), 4);
+            high = _mm256_srli_epi16(high, 2);
+            let lo = _mm256_or_si256(_mm256_and_si256(bits, low4), h_lo);
+            let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), low4), h_hi);
+            let p_lo = _mm256_maddubs_epi16(lo, load32(q8.add(64 * j)));
+            let p_hi = _mm256_maddubs_epi16(hi, load32(q8.add(64 * j + 32)));
+            let p_lo = _mm256_madd_epi16(_mm256_shuffle_epi8(scales, scale_shuffle(2 * j)), p_lo);
+            let p_hi =
+                _mm256_madd_epi16(_mm256_shuffle_epi8(scales, scale_shuffle(2 * j + 1)), p_hi);
+            sum = _mm256_add_epi32(sum, _mm256_add_epi32(p_lo, p_hi));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum), acc);
+    }
+    hsum_ps(acc) - mins
+}
+
+row_dot!(
+    /// Q6_K weights . Q8_K activations.
+    q6_k_q8_k => q6_k_q8_k_avx2, QK_K, Q6K, Q8K
+);
+
+/// # Safety
+/// AVX2+FMA+F16C; `w` points at `blocks` readable Q6_K blocks, `a` at as many Q8_K blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
+    let low4 = _mm256_set1_epi8(0x0f);
+    let low2 = _mm256_set1_epi8(0x03);
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..blocks {
+        let (x, y) = (w.add(i * Q6K), a.add(i * Q8K));
+        let d = read_f32(y) * read_f16(x.add(offset_of!(BlockQ6K, d)));
+
+        // 16 signed 8-bit scales, one per 16 weights, widened to i16.
+        let scales16 = _mm256_cvtepi8_epi16(load16(x.add(offset_of!(BlockQ6K, scales))));
+        // The quants are stored as q + 32 (0..64): dot the unsigned values, then take away
+        // 32 * sum(scale * bsum), the offset's share.
+        let offset = _mm256_slli_epi32(
+            _mm256_madd_epi16(scales16, load32(y.add(Q8K_BSUMS))),
+            5,
+        );
+        let mut sum = _mm256_sub_epi32(_mm256_setzero_si256(), offset);
+
+        let ql = x.add(offset_of!(BlockQ6K, ql));
+        let qh = x.add(offset_of!(BlockQ6K, qh));
+        let q8 = y.add(Q8K_QS);
+        for half in 0..QK_K / 128 {
+            let scales = if half == 0 {
+                _mm256_permute2x128_si256(scales16, scales16, 0x00)
+            } else {
+                _mm256_permute2x128_si256(scales16, scales16, 0x11)
+            };
+            let l0 = load32(ql.add(64 * half));
+            let l1 = load32(ql.add(64 * half + 32));
+            let h = load32(qh.add(32 * half));
+            // Weight l + 32k of this half: 4 low bits from ql (nibble k / 2 of byte l + 32 (k % 2)),
+            // 2 high bits from bits 2k..2k+2 of qh[l].
+            let q = [
+                _mm256_or_si256(
+                    _mm256_and_si256(l0, low4),
+                    _mm256_slli_epi16(_mm256_and_si256(h, low2), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(l1, low4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), low2), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), low2), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), low2), 4),
+                ),
+            ];
+            for (k, qk) in q.into_iter().enumerate() {
+                let p = _mm256_maddubs_epi16(qk, load32(q8.add(128 * half + 32 * k)));
+                let p = _mm256_madd_epi16(_mm256_shuffle_epi8(scales, pair_scale_shuffle(k)), p);
+                sum = _mm256_add_epi32(sum, p);
+            }
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum), acc);
+    }
+    hsum_ps(acc)
+}
+
+row_dot!(
+    /// Q3_K weights . Q8_K activations.
+    q3_k_q8_k => q3_k_q8_k_avx2, QK_K, Q3K, Q8K
+);
+
+/// # Safety
+/// AVX2+FMA+F16C; `w` points at `blocks` readable Q3_K blocks, `a` at as many Q8_K blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q3_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const LOW2: u32 = 0x0303_0303;
+    let low2 = _mm256_set1_epi8(0x03);
+    let one = _mm256_set1_epi8(1);
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..blocks {
+        let (x, y) = (w.add(i * Q3K), a.add(i * Q8K));
+        let d = read_f32(y) * read_f16(x.add(offset_of!(BlockQ3K, d)));
+
+        // 16 six-bit scales (stored + 32): low 4 bits in the nibbles of bytes 0..8, top 2 bits in
+        // bytes 8..12, two bits per scale.
+        let sp = x.add(offset_of!(BlockQ3K, scales));
+        let (a0, a1, a2) = (read_u32(sp), read_u32(sp.add(4)), read_u32(sp.add(8)));
+        let packed = _mm_set_epi32(
+            (((a1 >> 4) & LOW4) | (((a2 >> 6) & LOW2) << 4)) as i32,
+            (((a0 >> 4) & LOW4) | (((a2 >> 4) & LOW2) << 4)) as i32,
+            ((a1 & LOW4) | (((a2 >> 2) & LOW2) << 4)) as i32,
+            ((a0 & LOW4) | ((a2 & LOW2) << 4)) as i32,
+        );
+        let scales16 = _mm256_cvtepi8_epi16(_mm_sub_epi8(packed, _mm_set1_epi8(32)));
+        // A weight is (2 low bits) + 4 * (high bit) - 4: dot the unsigned 0..8 value and take away
+        // 4 * sum(scale * bsum), the offset's share.
+        let offset = _mm256_slli_epi32(
+            _mm256_madd_epi16(scales16, load32(y.add(Q8K_BSUMS))),
+            2,
+        );
+        let mut sum = _mm256_sub_epi32(_mm256_setzero_si256(), offset);
+
+        let qs = x.add(offset_of!(BlockQ3K, qs));
+        let q8 = y.add(Q8K_QS);
+        // Bit b of hmask[l] is the high bit of weight 32b + l.
+        let mut high = load32(x.add(offset_of!(BlockQ3K, hmask)));
+        for half in 0..QK_K / 128 {
+            let scales = if half == 0 {
+                _mm256_permute2x128_si256(scales16, scales16, 0x00)
+            } else {
+                _mm256_permute2x128_si256(scales16, scales16, 0x11)
+            };
+            let mut bits = load32(qs.add(32 * half));
+            for k in 0..4 {
+                // Shifting whole 16-bit lanes is safe: only the low bits of each byte are kept,
+                // and never more than 7 bits of the neighbouring byte move in above them.
+                let h = _mm256_slli_epi16(_mm256_and_si256(high, one), 2);
+                let q = _mm256_or_si256(_mm256_and_si256(bits, low2), h);
+                high = _mm256_srli_epi16(high, 1);
+                bits = _mm256_srli_epi16(bits, 2);
+                let p = _mm256_maddubs_epi16(q, load32(q8.add(128 * half + 32 * k)));
+                let p = _mm256_madd_epi16(_mm256_shuffle_epi8(scales, pair_scale_shuffle(k)), p);
+                sum = _mm256_add_epi32(sum, p);
+            }
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum), acc);
+    }
+    hsum_ps(acc)
+}
+
+row_dot!(
+    /// Q2_K weights . Q8_K activations.
+    q2_k_q8_k => q2_k_q8_k_avx2, QK_K, Q2K, Q8K
+);
+
+/// # Safety
+/// AVX2+FMA+F16C; `w` points at `blocks` readable Q2_K blocks, `a` at as many Q8_K blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q2_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
+    let low4 = _mm_set1_epi8(0x0f);
+    let low2 = _mm256_set1_epi8(0x03);
+    let mut acc = _mm256_setzero_ps();
+    let mut mins = 0.0f32;
+    for i in 0..blocks {
+        let (x, y) = (w.add(i * Q2K), a.add(i * Q8K));
+        let dy = read_f32(y);
+        let d = dy * read_f16(x.add(offset_of!(BlockQ2K, d)));
+        let dmin = dy * read_f16(x.add(offset_of!(BlockQ2K, dmin)));
+
+        // One byte per 16 weights: scale in the low nibble, minimum in the high one.
+        let packed = load16(x.add(offset_of!(BlockQ2K, scales)));
+        let scales16 = _mm256_cvtepu8_epi16(_mm_and_si128(packed, low4));
+        let mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), low4));
+        let min_dot = _mm256_madd_epi16(mins16, load32(y.add(Q8K_BSUMS)));
+        mins += dmin
+            * hsum_epi32_128(_mm_add_epi32(
+                _mm256_castsi256_si128(min_dot),
+                _mm256_extracti128_si256(min_dot, 1),
+            )) as f32;
+
+        let qs = x.add(offset_of!(BlockQ2K, qs));
+        let q8 = y.add(Q8K_QS);
+        let mut sum = _mm256_setzero_si256();
+        for half in 0..QK_K / 128 {
+            let scales = if half == 0 {
+                _mm256_permute2x128_si256(scales16, scales16, 0x00)
+            } else {
+                _mm256_permute2x128_si256(scales16, scales16, 0x11)
+            };
+            // Bits 2k..2k+2 of byte l are weight 32k + l of this half.
+            let mut bits = load32(qs.add(32 * half));
+            for k in 0..4 {
+                let q = _mm256_and_si256(bits, low2);
+                bits = _mm256_srli_epi16(bits, 2);
+                let p = _mm256_maddubs_epi16(q, load32(q8.add(128 * half + 32 * k)));
+                let p = _mm256_madd_epi16(_mm256_shuffle_epi8(scales, pair_scale_shuffle(k)), p);
+                sum = _mm256_add_epi32(sum, p);
+            }
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum), acc);
+    }
+    hsum_ps(acc) - mins
+}
+
+row_dot!(
+    /// Q8_K weights . Q8_K activations.
+    q8_k_q8_k => q8_k_q8_k_avx2, QK_K, Q8K, Q8K
+);
+
+/// # Safety
+/// AVX2+FMA+F16C; `w` and `a` point at `blocks` readable Q8_K blocks each.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..blocks {
+        let (x, y) = (w.add(i * Q8K), a.add(i * Q8K));
+        let d = read_f32(x) * read_f32(y);
+        let mut sum = _mm256_setzero_si256();
+        for k in 0..QK_K / 32 {
+            let q = dot_i8_i8(load32(x.add(Q8K_QS + 32 * k)), load32(y.add(Q8K_QS + 32 * k)));
+            sum = _mm256_add_epi32(sum, q);
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum), acc);
+    }
+    hsum_ps(acc)
+}

@@ -1,0 +1,220 @@
+//! AVX2+FMA+F16C kernels for x86-64.
+//!
+//! Soundness rests on two invariants:
+//!
+//! - **The CPU has AVX2, FMA and F16C.** The safe wrappers defined here execute those
+//!   instructions; they are private to `kernels` and handed out only by `super::vec_dot_fn` and
+//!   `super::quantize_fn`, which check [`cpu_has_avx2_fma_f16c`] (cached) first.
+//! - **Every load stays inside its slice.** Each wrapper checks the slice lengths once, exactly as
+//!   the block count requires; the kernels then read through raw pointers with unaligned loads at
+//!   offsets below `blocks * block_bytes`.
+//!
+//! The integer dots follow llama.cpp's AVX2 techniques: `maddubs` (u8 x i8 -> i16 pairs) after
+//! moving the sign of the weights onto the activations, `madd` against the per-sub-block scales,
+//! and one float multiply-add per block.
+
+use std::arch::x86_64::*;
+
+use kiln_core::GgmlType;
+
+use super::{QuantizeFn, VecDotFn};
+
+mod float;
+mod kquants;
+mod legacy;
+mod quantize;
+
+/// Whether this CPU runs the kernels of this module.
+pub(super) fn cpu_has_avx2_fma_f16c() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+/// The AVX2 kernel for weights of type `ty`, if there is one.
+pub(super) fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
+    let kernel: VecDotFn = match ty {
+        GgmlType::Q4_0 => legacy::q4_0_q8_0,
+        GgmlType::Q4_1 => legacy::q4_1_q8_1,
+        GgmlType::Q5_0 => legacy::q5_0_q8_0,
+        GgmlType::Q5_1 => legacy::q5_1_q8_1,
+        GgmlType::Q8_0 => legacy::q8_0_q8_0,
+        GgmlType::Q2_K => kquants::q2_k_q8_k,
+        GgmlType::Q3_K => kquants::q3_k_q8_k,
+        GgmlType::Q4_K => kquants::q4_k_q8_k,
+        GgmlType::Q5_K => kquants::q5_k_q8_k,
+        GgmlType::Q6_K => kquants::q6_k_q8_k,
+        GgmlType::Q8_K => kquants::q8_k_q8_k,
+        GgmlType::F32 => float::f32_f32,
+        GgmlType::F16 => float::f16_f32,
+        GgmlType::BF16 => float::bf16_f32,
+        _ => return None,
+    };
+    Some(kernel)
+}
+
+/// The AVX2 quantizer of activations of type `act_ty`, if there is one.
+pub(super) fn quantize_fn(act_ty: GgmlType) -> Option<QuantizeFn> {
+    let kernel: QuantizeFn = match act_ty {
+        GgmlType::Q8_0 => quantize::q8_0,
+        GgmlType::Q8_1 => quantize::q8_1,
+        GgmlType::Q8_K => quantize::q8_k,
+        _ => return None,
+    };
+    Some(kernel)
+}
+
+/// Bytes needed by `blocks` blocks of `block_bytes`, or `None` on overflow (which no real slice
+/// can satisfy, so the length check fails instead of wrapping around).
+#[inline]
+fn bytes_of(blocks: usize, block_bytes: usize) -> Option<usize> {
+    blocks.checked_mul(block_bytes)
+}
+
+/// Defines the safe row-dot wrapper `$name(n, w, a)` around the AVX2 kernel
+/// `$kernel(blocks, w_ptr, a_ptr)`, whose blocks hold `$qk` elements in `$w_bytes` weight bytes
+/// and `$a_bytes` activation bytes.
+macro_rules! row_dot {
+    ($(#[$doc:meta])* $name:ident => $kernel:ident, $qk:expr, $w_bytes:expr, $a_bytes:expr) => {
+        $(#[$doc])*
+        pub(in crate::kernels) fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
+            let blocks = n / $qk;
+            let fits = n % $qk == 0
+                && super::bytes_of(blocks, $w_bytes) == Some(w.len())
+                && super::bytes_of(blocks, $a_bytes) == Some(a.len());
+            assert!(
+                fits,
+                "{}: {n} elements do not match {} weight and {} activation bytes",
+                stringify!($name),
+                w.len(),
+                a.len()
+            );
+            // SAFETY: the CPU has AVX2+FMA+F16C (module invariant: this fn is handed out only
+            // after detection), and the check above gives the kernel exactly `blocks` whole blocks
+            // in each slice, the only bytes it reads.
+            unsafe { $kernel(blocks, w.as_ptr(), a.as_ptr()) }
+        }
+    };
+}
+use row_dot;
+
+// ---- helpers shared by the kernels (inlined into them: same target features) ----
+
+/// 32 bytes at `p`, unaligned.
+///
+/// # Safety
+/// `p..p + 32` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load32(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p.cast())
+}
+
+/// 16 bytes at `p`, unaligned.
+///
+/// # Safety
+/// `p..p + 16` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load16(p: *const u8) -> __m128i {
+    _mm_loadu_si128(p.cast())
+}
+
+/// The little-endian `u32` at `p`, unaligned.
+///
+/// # Safety
+/// `p..p + 4` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn read_u32(p: *const u8) -> u32 {
+    u32::from_le(p.cast::<u32>().read_unaligned())
+}
+
+/// The IEEE half at `p` (unaligned), widened to f32 (exact).
+///
+/// # Safety
+/// `p..p + 2` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn read_f16(p: *const u8) -> f32 {
+    let bits = u16::from_le(p.cast::<u16>().read_unaligned());
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+/// The f32 at `p`, unaligned.
+///
+/// # Safety
+/// `p..p + 4` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn read_f32(p: *const u8) -> f32 {
+    f32::from_bits(read_u32(p))
+}
+
+/// Sum of the 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsum_ps(v: __m256) -> f32 {
+    let x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    let x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    _mm_cvtss_f32(x)
+}
+
+/// Sum of the 4 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsum_epi32_128(x: __m128i) -> i32 {
+    let x = _mm_add_epi32(x, _mm_unpackhi_epi64(x, x));
+    let x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0b10_11_00_01));
+    _mm_cvtsi128_si32(x)
+}
+
+/// `u * s` summed in adjacent pairs of 4 bytes to 8 i32 lanes (`u` unsigned, `s` signed bytes;
+/// exact while each pair sum of two products fits i16, true for `u` <= 128 and `s` in -127..=127).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_u8_i8(u: __m256i, s: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+}
+
+/// `x * y` for signed bytes, summed in groups of 4 to 8 i32 lanes. `x` may hold any byte, `y` must
+/// stay in -127..=127: the sign of `x` moves onto `y` so that `maddubs` sees `|x|` (0..=128).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_i8_i8(x: __m256i, y: __m256i) -> __m256i {
+    dot_u8_i8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
+}
+
+/// 32 nibbles (16 bytes at `p`) as 32 bytes 0..16: low nibbles first, then high nibbles, the
+/// element order of the 32-element ggml blocks.
+///
+/// # Safety
+/// `p..p + 16` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles32(p: *const u8) -> __m256i {
+    let packed = load16(p);
+    let both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
+    _mm256_and_si256(both, _mm256_set1_epi8(0x0f))
+}
+
+/// The 32 bits of the little-endian `u32` `bits` spread to 32 bytes: byte `i` is 0xff when bit `i`
+/// is set, else 0.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn bits_to_bytes32(bits: u32) -> __m256i {
+    // Byte i of the result starts as byte i/8 of `bits`; OR-ing in every bit but i%8 leaves all
+    // ones exactly when bit i%8 was set.
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits as i32),
+        _mm256_set_epi64x(
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+            0x0101_0101_0101_0101,
+            0,
+        ),
+    );
+    let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe_u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi8(-1))
+}

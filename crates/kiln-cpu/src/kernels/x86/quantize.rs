@@ -1,0 +1,243 @@
+//! AVX2 activation quantizers (Q8_0, Q8_1, Q8_K), bit-identical to kiln-quant's reference.
+//!
+//! Identity needs the same float operations in the same order wherever rounding happens: the
+//! block scale and its inverse are computed as scalars exactly as the reference does, each
+//! activation is multiplied by the inverse (one IEEE multiply, like the reference), and the
+//! product is rounded the reference's way: half away from zero for Q8_0/Q8_1 (`f32::round`),
+//! half to even for Q8_K (ggml's `nearest_int`). The maximum of absolute values is exact in any
+//! order. Non-finite activations give unspecified (but memory-safe) blocks.
+
+use std::arch::x86_64::*;
+use std::mem::{offset_of, size_of};
+
+use half::f16;
+use kiln_quant::blocks::{BlockQ8K, BlockQ8_0, BlockQ8_1, QK8_0, QK8_1, QK_K};
+
+use super::{bytes_of, hsum_epi32_128};
+
+const Q8_0: usize = size_of::<BlockQ8_0>();
+const Q8_1: usize = size_of::<BlockQ8_1>();
+const Q8K: usize = size_of::<BlockQ8K>();
+
+/// Defines the safe quantizer `$name(x, dst)` around the AVX2 kernel
+/// `$kernel(blocks, x_ptr, dst_ptr)` for blocks of `$qk` activations in `$bytes` bytes.
+macro_rules! quantizer {
+    ($(#[$doc:meta])* $name:ident => $kernel:ident, $qk:expr, $bytes:expr) => {
+        $(#[$doc])*
+        pub(super) fn $name(x: &[f32], dst: &mut [u8]) {
+            let blocks = x.len() / $qk;
+            assert!(
+                x.len() % $qk == 0 && bytes_of(blocks, $bytes) == Some(dst.len()),
+                "{}: {} activations do not fill {} output bytes",
+                stringify!($name),
+                x.len(),
+                dst.len()
+            );
+            // SAFETY: the CPU has AVX2+FMA+F16C (module invariant), and the check above gives the
+            // kernel exactly `blocks` whole blocks to read from `x` and write to `dst`.
+            unsafe { $kernel(blocks, x.as_ptr(), dst.as_mut_ptr()) }
+        }
+    };
+}
+
+/// Eight f32 at `p`, unaligned.
+///
+/// # Safety
+/// `p..p + 8` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load8(p: *const f32) -> __m256 {
+    _mm256_loadu_ps(p)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn abs(v: __m256) -> __m256 {
+    _mm256_andnot_ps(_mm256_set1_ps(-0.0), v)
+}
+
+/// The largest lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hmax_ps(v: __m256) -> f32 {
+    let x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    let x = _mm_max_ss(x, _mm_movehdup_ps(x));
+    _mm_cvtss_f32(x)
+}
+
+/// Round to nearest, ties away from zero (`f32::round`), exactly, for |v| < 2^23: the truncation
+/// and the fraction `v - trunc(v)` are both exact there, so comparing the fraction with 0.5
+/// decides the tie the way `round` does.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn round_half_away(v: __m256) -> __m256 {
+    let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(v);
+    let up = _mm256_cmp_ps::<_CMP_GE_OQ>(abs(_mm256_sub_ps(v, t)), _mm256_set1_ps(0.5));
+    let sign = _mm256_and_ps(v, _mm256_set1_ps(-0.0));
+    let step = _mm256_and_ps(up, _mm256_or_ps(sign, _mm256_set1_ps(1.0)));
+    _mm256_add_ps(t, step)
+}
+
+/// Rust's `v as i8` for an integral `v`: saturating at -128 and 127, NaN to 0. Only matters when
+/// the inverse scale overflows (a block of subnormals), where the products are infinite or NaN.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn saturating_i8(v: __m256) -> __m256i {
+    let clamped = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-128.0)), _mm256_set1_ps(127.0));
+    let not_nan = _mm256_cmp_ps::<_CMP_ORD_Q>(v, v);
+    _mm256_cvtps_epi32(_mm256_and_ps(clamped, not_nan))
+}
+
+/// Round to nearest, ties to even (ggml's `nearest_int` for |v| < 2^22), as i32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn round_half_even_i32(v: __m256) -> __m256i {
+    _mm256_cvtps_epi32(_mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v))
+}
+
+/// 32 i32 (in -128..=127) packed to 32 bytes in order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn pack_i8(q: [__m256i; 4]) -> __m256i {
+    // The packs work per 128-bit half, leaving 4-element groups in the order 0 2 4 6 1 3 5 7.
+    let lo = _mm256_packs_epi32(q[0], q[1]);
+    let hi = _mm256_packs_epi32(q[2], q[3]);
+    let bytes = _mm256_packs_epi16(lo, hi);
+    _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+}
+
+/// Writes the half of `v` at `p`, unaligned.
+///
+/// # Safety
+/// `p..p + 2` must be writable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn write_f16(p: *mut u8, v: f32) {
+    p.cast::<u16>()
+        .write_unaligned(f16::from_f32(v).to_bits().to_le());
+}
+
+/// One Q8_0/Q8_1 block: the scale `d`, and the 32 quants as i32 lanes (already written at `qs`).
+///
+/// # Safety
+/// `x..x + 32` readable, `qs..qs + 32` writable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_block32(x: *const f32, qs: *mut u8) -> (f32, [__m256i; 4]) {
+    let v = [load8(x), load8(x.add(8)), load8(x.add(16)), load8(x.add(24))];
+    let amax = hmax_ps(_mm256_max_ps(
+        _mm256_max_ps(abs(v[0]), abs(v[1])),
+        _mm256_max_ps(abs(v[2]), abs(v[3])),
+    ));
+    let d = amax / 127.0;
+    let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+    let q = v.map(|v| saturating_i8(round_half_away(_mm256_mul_ps(v, id))));
+    _mm256_storeu_si256(qs.cast(), pack_i8(q));
+    (d, q)
+}
+
+quantizer!(
+    /// Q8_0 activations.
+    q8_0 => q8_0_avx2, QK8_0, Q8_0
+);
+
+/// # Safety
+/// AVX2+FMA+F16C; `x` holds `32 * blocks` readable f32, `y` `blocks` writable Q8_0 blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_avx2(blocks: usize, x: *const f32, y: *mut u8) {
+    for i in 0..blocks {
+        let out = y.add(i * Q8_0);
+        let (d, _) = q8_block32(x.add(i * QK8_0), out.add(offset_of!(BlockQ8_0, qs)));
+        write_f16(out.add(offset_of!(BlockQ8_0, d)), d);
+    }
+}
+
+quantizer!(
+    /// Q8_1 activations.
+    q8_1 => q8_1_avx2, QK8_1, Q8_1
+);
+
+/// # Safety
+/// AVX2+FMA+F16C; `x` holds `32 * blocks` readable f32, `y` `blocks` writable Q8_1 blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_1_avx2(blocks: usize, x: *const f32, y: *mut u8) {
+    for i in 0..blocks {
+        let out = y.add(i * Q8_1);
+        let (d, q) = q8_block32(x.add(i * QK8_1), out.add(offset_of!(BlockQ8_1, qs)));
+        let total = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        let sum = hsum_epi32_128(_mm_add_epi32(
+            _mm256_castsi256_si128(total),
+            _mm256_extracti128_si256(total, 1),
+        ));
+        write_f16(out.add(offset_of!(BlockQ8_1, d)), d);
+        write_f16(out.add(offset_of!(BlockQ8_1, s)), sum as f32 * d);
+    }
+}
+
+quantizer!(
+    /// Q8_K activations.
+    q8_k => q8_k_avx2, QK_K, Q8K
+);
+
+/// # Safety
+/// AVX2+FMA+F16C; `x` holds `256 * blocks` readable f32, `y` `blocks` writable Q8_K blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_k_avx2(blocks: usize, x: *const f32, y: *mut u8) {
+    for i in 0..blocks {
+        let src = x.add(i * QK_K);
+        let out = y.add(i * Q8K);
+
+        let mut amax_v = _mm256_setzero_ps();
+        for k in 0..QK_K / 8 {
+            amax_v = _mm256_max_ps(amax_v, abs(load8(src.add(8 * k))));
+        }
+        let amax = hmax_ps(amax_v);
+
+        let mut qs = [0i8; QK_K];
+        let mut d = 0.0f32;
+        if amax != 0.0 {
+            // The scale follows the signed value of the first element of largest magnitude.
+            let target = _mm256_set1_ps(amax);
+            let mut max = amax;
+            for k in 0..QK_K / 8 {
+                let hits = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(
+                    abs(load8(src.add(8 * k))),
+                    target,
+                ));
+                if hits != 0 {
+                    max = *src.add(8 * k + hits.trailing_zeros() as usize);
+                    break;
+                }
+            }
+            let iscale = -127.0 / max;
+            let scale = _mm256_set1_ps(iscale);
+            let cap = _mm256_set1_epi32(127);
+            for (g, chunk) in qs.chunks_exact_mut(32).enumerate() {
+                let p = src.add(32 * g);
+                let q = [0, 8, 16, 24].map(|o| {
+                    _mm256_min_epi32(
+                        round_half_even_i32(_mm256_mul_ps(load8(p.add(o)), scale)),
+                        cap,
+                    )
+                });
+                _mm256_storeu_si256(chunk.as_mut_ptr().cast(), pack_i8(q));
+            }
+            d = 1.0 / iscale;
+        }
+
+        out.add(offset_of!(BlockQ8K, d))
+            .cast::<u32>()
+            .write_unaligned(d.to_bits().to_le());
+        let qs_out = out.add(offset_of!(BlockQ8K, qs));
+        qs_out.copy_from_nonoverlapping(qs.as_ptr().cast(), QK_K);
+        let bsums_out = out.add(offset_of!(BlockQ8K, bsums));
+        for (j, group) in qs.chunks_exact(16).enumerate() {
+            let sum: i16 = group.iter().map(|&q| i16::from(q)).sum();
+            bsums_out
+                .add(2 * j)
+                .cast::<i16>()
+                .write_unaligned(sum.to_le());
+        }
+    }
+}

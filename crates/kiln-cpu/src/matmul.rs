@@ -1,0 +1,96 @@
+//! `y[m, n] = x[m, k] · Wᵀ` on quantized weight rows.
+//!
+//! The activations are quantized once per call into the weight type's dot format (Q8_0, Q8_1 or
+//! Q8_K, as llama.cpp does; f32 for float weights); then weight rows are split across the pool in
+//! contiguous chunks and each weight row, once in L1, is dotted with every activation row. The
+//! weights are read once per call whatever `m` is, which is what makes batched decode and prompt
+//! processing cheaper per token than single-token decode.
+
+use kiln_backend::{shape_err, Linear, Result};
+use rayon::prelude::*;
+
+use crate::kernels;
+use crate::{CpuBackend, CpuTensor};
+
+/// Weight rows per parallel task: enough work to amortize scheduling, small enough to balance.
+fn rows_per_task(n: usize, m: usize, threads: usize) -> usize {
+    let target_tasks = threads * 8;
+    let by_balance = n.div_ceil(target_tasks);
+    // Keep each task above ~16k dot products' worth of rows when m is large.
+    by_balance.clamp(1, (16_384 / m.max(1)).max(4))
+}
+
+pub(crate) fn matmul(cpu: &CpuBackend, x: &CpuTensor, lin: &Linear<CpuBackend>) -> Result<CpuTensor> {
+    let w = &*lin.weight;
+    let (m, k, n) = (x.rows, x.cols, lin.out_features);
+    if k != lin.in_features || w.row_len != k || w.n_rows != n {
+        return Err(shape_err(
+            "matmul",
+            format!("x [{m}, {k}] · W [{}, {}] ({} declared as {n}×{})", w.n_rows, w.row_len, w.ty, lin.in_features),
+        ));
+    }
+    let qerr = |e: kiln_quant::QuantError| shape_err("matmul", e.to_string());
+    let act_ty = kiln_quant::vec_dot_type(w.ty).map_err(qerr)?;
+    let act_bytes = kiln_quant::activation_bytes(act_ty, k).map_err(qerr)?;
+    let quantize = kernels::quantize_fn(act_ty, cpu.simd).map_err(qerr)?;
+    let dot = kernels::vec_dot_fn(w.ty, cpu.simd).map_err(qerr)?;
+
+    let mut acts = vec![0u8; m * act_bytes];
+    let mut out_t = vec![0.0f32; n * m]; // [n, m]: each task owns a contiguous run of weight rows
+    let chunk = rows_per_task(n, m, cpu.threads);
+    cpu.pool.install(|| {
+        acts.par_chunks_mut(act_bytes.max(1)).zip(x.data.par_chunks(k.max(1))).for_each(|(a, xr)| quantize(xr, a));
+        out_t.par_chunks_mut(chunk * m).enumerate().for_each(|(task, out)| {
+            for (r, out_r) in out.chunks_mut(m).enumerate() {
+                let wrow = w.row_bytes_of(task * chunk + r);
+                for (o, a) in out_r.iter_mut().zip(acts.chunks(act_bytes.max(1))) {
+                    *o = dot(k, wrow, a);
+                }
+            }
+        });
+    });
+
+    let mut y = if m == 1 { out_t } else { transpose(&out_t, n, m) };
+    if let Some(bias) = &lin.bias {
+        let b = bias.vector("matmul bias")?;
+        if b.len() != n {
+            return Err(shape_err("matmul", format!("bias of {} for {n} outputs", b.len())));
+        }
+        for row in y.chunks_mut(n.max(1)) {
+            for (v, &bv) in row.iter_mut().zip(b) {
+                *v += bv;
+            }
+        }
+    }
+    Ok(CpuTensor { data: y, rows: m, cols: n })
+}
+
+/// `[rows, cols]` → `[cols, rows]`, in cache-friendly tiles.
+fn transpose(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    const T: usize = 32;
+    let mut dst = vec![0.0f32; src.len()];
+    for r0 in (0..rows).step_by(T) {
+        for c0 in (0..cols).step_by(T) {
+            for r in r0..(r0 + T).min(rows) {
+                for c in c0..(c0 + T).min(cols) {
+                    dst[c * rows + r] = src[r * cols + c];
+                }
+            }
+        }
+    }
+    dst
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transpose_round_trips() {
+        let src: Vec<f32> = (0..35 * 70).map(|v| v as f32).collect();
+        let t = transpose(&src, 35, 70);
+        assert_eq!(t[70 * 0 + 0], 0.0);
+        assert_eq!(t[1 * 35], 1.0); // src[0][1] -> dst[1][0]
+        assert_eq!(transpose(&t, 70, 35), src);
+    }
+}

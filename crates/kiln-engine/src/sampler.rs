@@ -1,0 +1,267 @@
+//! Token sampling: penalties, then the filters (top-k, top-p, min-p) on the untempered
+//! distribution, then temperature, then a draw — llama.cpp's default order. Temperature 0 is
+//! greedy (arg-max, lowest id on ties) and ignores the filters and the seed.
+
+use crate::{EngineError, Rng};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// 0 = greedy.
+    pub temperature: f32,
+    /// Keep the k most likely tokens (0 = off).
+    pub top_k: usize,
+    /// Keep the smallest set whose probability reaches p (1.0 = off).
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p ×` the most likely one (0 = off).
+    pub min_p: f32,
+    /// CTRL-style: a positive logit of a recent token is divided by it, a negative one multiplied
+    /// (1.0 = off).
+    pub repetition_penalty: f32,
+    /// Subtracted once from the logit of every recent token (0 = off).
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence of a recent token (0 = off).
+    pub frequency_penalty: f32,
+    /// How many of the latest tokens the penalties look at (0 = all).
+    pub penalty_last_n: usize,
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            penalty_last_n: 64,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding, no penalties.
+    pub fn greedy() -> Self {
+        SamplingParams { temperature: 0.0, ..Default::default() }
+    }
+
+    pub fn validate(&self) -> Result<(), EngineError> {
+        let bad = |m: &str| Err(EngineError::Sampling(m.to_string()));
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return bad("temperature must be a finite number >= 0");
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top_p must be in (0, 1]");
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p must be in [0, 1]");
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+            return bad("repetition_penalty must be > 0");
+        }
+        if !self.presence_penalty.is_finite() || !self.frequency_penalty.is_finite() {
+            return bad("presence/frequency penalties must be finite");
+        }
+        Ok(())
+    }
+}
+
+/// A sampler with its own random stream.
+pub struct Sampler {
+    params: SamplingParams,
+    rng: Rng,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Result<Self, EngineError> {
+        params.validate()?;
+        let rng = Rng::new(params.seed);
+        Ok(Sampler { params, rng })
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Pick the next token from `logits` (modified in place by the penalties); `history` is the
+    /// sequence so far (prompt and generated tokens).
+    pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        self.apply_penalties(logits, history);
+        if self.params.temperature == 0.0 {
+            return argmax(logits);
+        }
+        // Candidates sorted by logit, descending (ties: lower id first).
+        let mut cand: Vec<(u32, f32)> =
+            logits.iter().enumerate().filter(|(_, l)| l.is_finite()).map(|(i, &l)| (i as u32, l)).collect();
+        if cand.is_empty() {
+            return argmax(logits);
+        }
+        let p = &self.params;
+        if p.top_k > 0 && p.top_k < cand.len() {
+            cand.select_nth_unstable_by(p.top_k - 1, by_logit_desc);
+            cand.truncate(p.top_k);
+        }
+        cand.sort_unstable_by(by_logit_desc);
+        let probs = softmax(&cand, 1.0);
+        // top-p: the smallest prefix reaching p.
+        let mut keep = cand.len();
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            for (i, &pr) in probs.iter().enumerate() {
+                acc += pr;
+                if acc >= p.top_p as f64 {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        // min-p: relative to the most likely token.
+        if p.min_p > 0.0 {
+            let floor = probs[0] * p.min_p as f64;
+            keep = keep.min(probs.iter().take_while(|&&pr| pr >= floor).count().max(1));
+        }
+        cand.truncate(keep.max(1));
+        let probs = softmax(&cand, p.temperature);
+        let r = self.rng.next_f64();
+        let mut acc = 0.0;
+        for (&(id, _), pr) in cand.iter().zip(&probs) {
+            acc += pr;
+            if r < acc {
+                return id;
+            }
+        }
+        cand[cand.len() - 1].0
+    }
+
+    fn apply_penalties(&self, logits: &mut [f32], history: &[u32]) {
+        let p = &self.params;
+        if p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 {
+            return;
+        }
+        let window = if p.penalty_last_n == 0 { history.len() } else { p.penalty_last_n.min(history.len()) };
+        let mut counts = std::collections::HashMap::<u32, u32>::new();
+        for &t in &history[history.len() - window..] {
+            *counts.entry(t).or_default() += 1;
+        }
+        for (&t, &c) in &counts {
+            let Some(l) = logits.get_mut(t as usize) else { continue };
+            if *l > 0.0 {
+                *l /= p.repetition_penalty;
+            } else {
+                *l *= p.repetition_penalty;
+            }
+            *l -= c as f32 * p.frequency_penalty + p.presence_penalty;
+        }
+    }
+}
+
+fn by_logit_desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// Softmax of `logits / temperature` in f64.
+fn softmax(cand: &[(u32, f32)], temperature: f32) -> Vec<f64> {
+    let t = temperature as f64;
+    let max = cand.iter().map(|c| c.1 as f64 / t).fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = cand.iter().map(|c| (c.1 as f64 / t - max).exp()).collect();
+    let s: f64 = e.iter().sum();
+    e.into_iter().map(|v| v / s).collect()
+}
+
+/// Index of the largest logit; the lowest index wins ties; NaNs never win.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_v = f32::NEG_INFINITY;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > best_v {
+            best = i;
+            best_v = v;
+        }
+    }
+    best as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sampler(f: impl FnOnce(&mut SamplingParams)) -> Sampler {
+        let mut p = SamplingParams { top_k: 0, top_p: 1.0, min_p: 0.0, temperature: 1.0, ..Default::default() };
+        f(&mut p);
+        Sampler::new(p).unwrap()
+    }
+
+    #[test]
+    fn greedy_takes_the_first_maximum() {
+        let mut s = Sampler::new(SamplingParams::greedy()).unwrap();
+        assert_eq!(s.sample(&mut [1.0, 3.0, 3.0, f32::NAN], &[]), 1);
+    }
+
+    #[test]
+    fn same_seed_same_tokens_and_distribution_follows_probabilities() {
+        let logits = [0.0f32, (3.0f32).ln(), f32::NEG_INFINITY];
+        let draw = |seed| {
+            let mut s = sampler(|p| p.seed = seed);
+            (0..4000).map(|_| s.sample(&mut logits.clone(), &[])).collect::<Vec<_>>()
+        };
+        let a = draw(7);
+        assert_eq!(a, draw(7));
+        assert_ne!(a, draw(8));
+        let ones = a.iter().filter(|&&t| t == 1).count() as f64 / a.len() as f64;
+        assert!((ones - 0.75).abs() < 0.03, "{ones}");
+        assert!(!a.contains(&2));
+    }
+
+    #[test]
+    fn filters_restrict_the_candidates() {
+        let logits = [5.0f32, 4.0, 3.0, 2.0, 1.0];
+        let seen = |s: &mut Sampler| {
+            let mut v: Vec<u32> = (0..2000).map(|_| s.sample(&mut logits.clone(), &[])).collect();
+            v.sort();
+            v.dedup();
+            v
+        };
+        assert_eq!(seen(&mut sampler(|p| p.top_k = 2)), vec![0, 1]);
+        // p(0)=0.636, p(1)=0.234: top-p 0.8 keeps two.
+        assert_eq!(seen(&mut sampler(|p| p.top_p = 0.8)), vec![0, 1]);
+        // min-p 0.3: keep tokens with p >= 0.3·p(0) → 0 and 1 (0.368 ratio), not 2 (0.135).
+        assert_eq!(seen(&mut sampler(|p| p.min_p = 0.3)), vec![0, 1]);
+        assert_eq!(seen(&mut sampler(|p| p.temperature = 1e-3)), vec![0]);
+    }
+
+    #[test]
+    fn penalties_push_repeated_tokens_down() {
+        let mut s = sampler(|p| {
+            p.temperature = 0.0;
+            p.repetition_penalty = 2.0;
+        });
+        let mut l = [2.0f32, 1.5, -1.0];
+        assert_eq!(s.sample(&mut l, &[0, 2]), 1);
+        assert_eq!(l, [1.0, 1.5, -2.0]);
+        let mut s = sampler(|p| {
+            p.temperature = 0.0;
+            p.frequency_penalty = 0.5;
+            p.presence_penalty = 0.25;
+        });
+        let mut l = [2.0f32, 1.5];
+        s.sample(&mut l, &[0, 0, 1]);
+        assert_eq!(l, [2.0 - 1.0 - 0.25, 1.5 - 0.5 - 0.25]);
+    }
+
+    #[test]
+    fn bad_parameters_are_rejected() {
+        for f in [
+            (|p: &mut SamplingParams| p.temperature = -1.0) as fn(&mut SamplingParams),
+            |p| p.top_p = 0.0,
+            |p| p.min_p = 2.0,
+            |p| p.repetition_penalty = 0.0,
+        ] {
+            let mut p = SamplingParams::default();
+            f(&mut p);
+            assert!(Sampler::new(p).is_err());
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! Per-family metadata readers: GGUF metadata → [`DecoderConfig`].
+
+mod gemma3;
+
+use kiln_core::config::DecoderConfig;
+use kiln_formats::GgufFile;
+
+use crate::ModelError;
+
+/// Architectures (`general.architecture`) kiln can run.
+pub const SUPPORTED: &[&str] = &["gemma3"];
+
+/// Read the decoder configuration of architecture `arch` from a GGUF file.
+pub fn decoder_config(arch: &str, file: &GgufFile) -> Result<DecoderConfig, ModelError> {
+    match arch {
+        "gemma3" => gemma3::config(file),
+        other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
+    }
+}
+
+/// Typed access to `<arch>.<key>` metadata with errors that name the key.
+pub(crate) struct Meta<'a> {
+    file: &'a GgufFile,
+    arch: &'a str,
+}
+
+impl<'a> Meta<'a> {
+    pub(crate) fn new(file: &'a GgufFile, arch: &'a str) -> Self {
+        Meta { file, arch }
+    }
+
+    fn key(&self, key: &str) -> String {
+        format!("{}.{}", self.arch, key)
+    }
+
+    pub(crate) fn usize(&self, key: &str) -> Result<usize, ModelError> {
+        let k = self.key(key);
+        let v = self.file.get_u64(&k).map_err(|e| ModelError::Metadata { key: k.clone(), detail: e.to_string() })?;
+        usize::try_from(v)
+            .ok()
+            .filter(|&v| v > 0 && v <= 1 << 32)
+            .ok_or(ModelError::Metadata { key: k, detail: format!("value {v} is out of range") })
+    }
+
+    pub(crate) fn usize_or(&self, key: &str, default: usize) -> Result<usize, ModelError> {
+        if self.file.get(&self.key(key)).is_none() {
+            return Ok(default);
+        }
+        self.usize(key)
+    }
+
+    pub(crate) fn f32(&self, key: &str) -> Result<f32, ModelError> {
+        let k = self.key(key);
+        let v = self.file.get_f64(&k).map_err(|e| ModelError::Metadata { key: k.clone(), detail: e.to_string() })?;
+        if !v.is_finite() {
+            return Err(ModelError::Metadata { key: k, detail: format!("value {v} is not finite") });
+        }
+        Ok(v as f32)
+    }
+
+    pub(crate) fn f32_or(&self, key: &str, default: f32) -> Result<f32, ModelError> {
+        if self.file.get(&self.key(key)).is_none() {
+            return Ok(default);
+        }
+        self.f32(key)
+    }
+}

@@ -1,0 +1,32 @@
+use kiln_backend::BackendError;
+use kiln_core::GgmlType;
+
+/// Why a model could not be loaded or run.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("architecture '{0}' is not supported (supported: {supported})", supported = crate::arch::SUPPORTED.join(", "))]
+    UnsupportedArchitecture(String),
+    #[error("metadata key {key}: {detail}")]
+    Metadata { key: String, detail: String },
+    #[error("tensor {0} is missing from the model file")]
+    MissingTensor(String),
+    #[error("tensor {name} has shape {found:?}, expected {expected:?}")]
+    Shape { name: String, expected: Vec<usize>, found: Vec<usize> },
+    #[error(
+        "tensor {name} has type {ty}, which kiln cannot compute with \
+         (supported: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K Q8_K)"
+    )]
+    UnsupportedType { name: String, ty: GgmlType },
+    #[error("context full: {needed} positions needed, the KV cache holds {capacity}")]
+    ContextFull { needed: usize, capacity: usize },
+    #[error("token id {id} is outside the vocabulary of {vocab} tokens")]
+    BadToken { id: u32, vocab: usize },
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+}
+
+impl From<kiln_formats::GgufError> for ModelError {
+    fn from(e: kiln_formats::GgufError) -> Self {
+        ModelError::Metadata { key: String::new(), detail: e.to_string() }
+    }
+}
