@@ -25,20 +25,18 @@ fn gemma_header_matches_the_python_reader() {
     let started = Instant::now();
     let file = GgufFile::open(&path).unwrap();
     let first_open = started.elapsed();
-    // The header parse alone (262,144-entry vocabulary arrays), best of 5 on the mapped bytes:
-    // printed for the record, not asserted (timings belong in benchmarks).
-    let mapped = file.tensor_data(&file.tensors()[0]).slice(0..0).unwrap();
-    drop(mapped);
-    let bytes = kiln_core::SharedBytes::from_vec(std::fs::read(&path).unwrap()[..7_000_000].to_vec());
+    // Printed for the record, not asserted (timings belong in benchmarks): the page cache is
+    // warm after the first open, so the best of 5 is the cost of parsing the header
+    // (262,144-entry vocabulary arrays) and dropping the result.
     let best = (0..5)
         .map(|_| {
             let t = Instant::now();
-            let _ = GgufFile::from_bytes(bytes.clone());
+            drop(GgufFile::open(&path).unwrap());
             t.elapsed()
         })
         .min()
         .unwrap();
-    eprintln!("open + parse (first): {first_open:?}; header parse, best of 5: {best:?}");
+    eprintln!("open + parse: first {first_open:?}, best of 5 (with drop) {best:?}");
 
     assert_eq!(file.version(), 3);
     assert_eq!(file.file_size(), 253_113_024);
@@ -53,7 +51,8 @@ fn gemma_header_matches_the_python_reader() {
     assert_eq!(file.get_u64("general.file_type").unwrap(), 15);
     assert_eq!(file.get_f64("gemma3.rope.freq_base").unwrap(), 1_000_000.0);
     assert_eq!(
-        file.get_f64("gemma3.attention.layer_norm_rms_epsilon").unwrap(),
+        file.get_f64("gemma3.attention.layer_norm_rms_epsilon")
+            .unwrap(),
         1e-6f32 as f64
     );
     assert_eq!(file.get_str("tokenizer.ggml.model").unwrap(), "llama");
@@ -69,7 +68,10 @@ fn gemma_header_matches_the_python_reader() {
     let tokens = file.get_array("tokenizer.ggml.tokens").unwrap();
     assert_eq!(tokens.elem_type, MetaType::String);
     assert_eq!(tokens.len(), 262_144);
-    let first: Vec<&str> = tokens.items[..4].iter().filter_map(|v| v.as_str()).collect();
+    let first: Vec<&str> = tokens.items[..4]
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
     assert_eq!(first, ["<pad>", "<eos>", "<bos>", "<unk>"]);
     let scores = file.get_array("tokenizer.ggml.scores").unwrap();
     assert_eq!((scores.elem_type, scores.len()), (MetaType::F32, 262_144));
@@ -84,7 +86,10 @@ fn gemma_header_matches_the_python_reader() {
     assert_eq!(embd.offset, 2560);
     assert_eq!(embd.n_bytes, 178_257_920);
     let down = file.tensor("blk.0.ffn_down.weight").unwrap();
-    assert_eq!((down.ty, down.dims.as_slice()), (GgmlType::Q6_K, &[2048, 640][..]));
+    assert_eq!(
+        (down.ty, down.dims.as_slice()),
+        (GgmlType::Q6_K, &[2048, 640][..])
+    );
     assert_eq!((down.offset, down.n_bytes), (179_371_008, 1_075_200));
 
     let mut counts = std::collections::BTreeMap::new();
@@ -131,5 +136,9 @@ fn gemma_dump_shows_metadata_and_the_tensor_table() {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }
     // One line per tensor, one per kv pair: the dump of a 262k-token vocabulary stays short.
-    assert!(text.lines().count() < 33 + 236 + 30, "{} lines", text.lines().count());
+    assert!(
+        text.lines().count() < 33 + 236 + 30,
+        "{} lines",
+        text.lines().count()
+    );
 }

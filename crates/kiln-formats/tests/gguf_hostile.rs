@@ -1,5 +1,5 @@
-//! Hostile GGUF input: one test per way a file can be broken, each asserting the error variant,
-//! then a deterministic mutation fuzz over a small valid file.
+//! Hostile GGUF input: one test per way a file can be broken, each asserting the error variant
+//! (the mutation fuzz is in `gguf_fuzz.rs`).
 
 mod common;
 
@@ -25,7 +25,12 @@ fn one_tensor(dims: &[u64], type_id: u32, offset: u64, data_len: usize) -> Resul
 
 #[test]
 fn bad_magic() {
-    let err = Raw(b"GGML".to_vec()).u32(3).u64(0).u64(0).parse().unwrap_err();
+    let err = Raw(b"GGML".to_vec())
+        .u32(3)
+        .u64(0)
+        .u64(0)
+        .parse()
+        .unwrap_err();
     assert!(matches!(err, GgufError::BadMagic { found } if &found == b"GGML"));
     assert!(err.to_string().contains("byte 0"), "{err}");
 }
@@ -35,7 +40,14 @@ fn empty_and_too_short_for_magic() {
     for bytes in [&b""[..], b"GG"] {
         let err = parse(bytes.to_vec()).unwrap_err();
         assert!(
-            matches!(err, GgufError::Truncated { offset: 0, what: "magic", .. }),
+            matches!(
+                err,
+                GgufError::Truncated {
+                    offset: 0,
+                    what: "magic",
+                    ..
+                }
+            ),
             "{err}"
         );
     }
@@ -76,11 +88,22 @@ fn big_endian_is_detected() {
 
 #[test]
 fn truncated_header_counts() {
-    let err = Raw(b"GGUF".to_vec()).u32(3).u64(0).bytes(&[0; 5]).parse().unwrap_err();
+    let err = Raw(b"GGUF".to_vec())
+        .u32(3)
+        .u64(0)
+        .bytes(&[0; 5])
+        .parse()
+        .unwrap_err();
     assert!(
         matches!(
             err,
-            GgufError::Truncated { offset: 16, what: "metadata kv count", needed: 8, available: 5, .. }
+            GgufError::Truncated {
+                offset: 16,
+                what: "metadata kv count",
+                needed: 8,
+                available: 5,
+                ..
+            }
         ),
         "{err}"
     );
@@ -108,12 +131,18 @@ fn truncation_at_every_header_length_is_a_truncated_error() {
         let err = parse(full[..len].to_vec()).unwrap_err();
         if len < header_end - 16 {
             assert!(
-                matches!(err, GgufError::Truncated { .. } | GgufError::CountTooLarge { .. }),
+                matches!(
+                    err,
+                    GgufError::Truncated { .. } | GgufError::CountTooLarge { .. }
+                ),
                 "{len}: {err}"
             );
         } else {
             assert!(
-                matches!(err, GgufError::Truncated { .. } | GgufError::TensorOutOfBounds { .. }),
+                matches!(
+                    err,
+                    GgufError::Truncated { .. } | GgufError::TensorOutOfBounds { .. }
+                ),
                 "{len}: {err}"
             );
         }
@@ -133,18 +162,40 @@ fn kv_count_larger_than_the_file_could_hold() {
 
 #[test]
 fn tensor_count_larger_than_the_file_could_hold() {
-    let err = Raw::header(3, u64::MAX / 2, 0).zeros(100).parse().unwrap_err();
+    let err = Raw::header(3, u64::MAX / 2, 0)
+        .zeros(100)
+        .parse()
+        .unwrap_err();
     assert!(
-        matches!(err, GgufError::CountTooLarge { what: "tensor count", offset: 8, .. }),
+        matches!(
+            err,
+            GgufError::CountTooLarge {
+                what: "tensor count",
+                offset: 8,
+                ..
+            }
+        ),
         "{err}"
     );
 }
 
 #[test]
 fn key_length_larger_than_the_file() {
-    let err = Raw::header(3, 0, 1).u64(u64::MAX).bytes(b"abcdefghijkl").parse().unwrap_err();
+    let err = Raw::header(3, 0, 1)
+        .u64(u64::MAX)
+        .bytes(b"abcdefghijkl")
+        .parse()
+        .unwrap_err();
     assert!(
-        matches!(err, GgufError::Truncated { what: "key", needed: u64::MAX, available: 12, .. }),
+        matches!(
+            err,
+            GgufError::Truncated {
+                what: "key",
+                needed: u64::MAX,
+                available: 12,
+                ..
+            }
+        ),
         "{err}"
     );
 }
@@ -157,7 +208,16 @@ fn string_value_length_larger_than_the_file_names_the_key() {
         .bytes(b"short")
         .parse()
         .unwrap_err();
-    assert!(matches!(err, GgufError::Truncated { what: "string value", .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            GgufError::Truncated {
+                what: "string value",
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains("'general.name'"), "{err}");
 }
 
@@ -172,7 +232,16 @@ fn array_count_larger_than_the_file_could_hold() {
         .parse()
         .unwrap_err();
     assert!(
-        matches!(err, GgufError::CountTooLarge { what: "array length", count: 11, min_item_size: 1, available: 10, .. }),
+        matches!(
+            err,
+            GgufError::CountTooLarge {
+                what: "array length",
+                count: 11,
+                min_item_size: 1,
+                available: 10,
+                ..
+            }
+        ),
         "{err}"
     );
     // Strings take at least 8 bytes each, arrays 12.
@@ -193,9 +262,20 @@ fn array_count_larger_than_the_file_could_hold() {
 
 #[test]
 fn invalid_utf8_in_a_key() {
-    let err = Raw::header(3, 0, 1).key(b"ab\xffc", U8).u8(0).parse().unwrap_err();
+    let err = Raw::header(3, 0, 1)
+        .key(b"ab\xffc", U8)
+        .u8(0)
+        .parse()
+        .unwrap_err();
     assert!(
-        matches!(err, GgufError::InvalidUtf8 { what: "key", offset: 34, .. }),
+        matches!(
+            err,
+            GgufError::InvalidUtf8 {
+                what: "key",
+                offset: 34,
+                ..
+            }
+        ),
         "{err}"
     );
 }
@@ -207,7 +287,16 @@ fn invalid_utf8_in_a_string_value() {
         .str(b"\xc3\x28")
         .parse()
         .unwrap_err();
-    assert!(matches!(err, GgufError::InvalidUtf8 { what: "string value", .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            GgufError::InvalidUtf8 {
+                what: "string value",
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains("'k'"), "{err}");
 }
 
@@ -219,14 +308,34 @@ fn invalid_utf8_in_a_tensor_name() {
         .zeros(32)
         .parse()
         .unwrap_err();
-    assert!(matches!(err, GgufError::InvalidUtf8 { what: "tensor name", .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            GgufError::InvalidUtf8 {
+                what: "tensor name",
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]
 fn unknown_value_type() {
-    let err = Raw::header(3, 0, 1).key("k", 13).u64(0).parse().unwrap_err();
+    let err = Raw::header(3, 0, 1)
+        .key("k", 13)
+        .u64(0)
+        .parse()
+        .unwrap_err();
     assert!(
-        matches!(err, GgufError::UnknownValueType { type_id: 13, offset: 33, .. }),
+        matches!(
+            err,
+            GgufError::UnknownValueType {
+                type_id: 13,
+                offset: 33,
+                ..
+            }
+        ),
         "{err}"
     );
 }
@@ -239,13 +348,55 @@ fn unknown_array_element_type() {
         .u64(0)
         .parse()
         .unwrap_err();
-    assert!(matches!(err, GgufError::UnknownValueType { type_id: 0xdead, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            GgufError::UnknownValueType {
+                type_id: 0xdead,
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]
 fn bool_other_than_0_or_1() {
-    let err = Raw::header(3, 0, 1).key("b", MetaType::Bool.id()).u8(2).parse().unwrap_err();
-    assert!(matches!(err, GgufError::InvalidBool { value: 2, .. }), "{err}");
+    let err = Raw::header(3, 0, 1)
+        .key("b", MetaType::Bool.id())
+        .u8(2)
+        .parse()
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GgufError::InvalidBool {
+                value: 2,
+                offset: 37,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // Inside an array: the offset of the bad item.
+    let err = Raw::header(3, 0, 1)
+        .key("b", ARRAY)
+        .u32(MetaType::Bool.id())
+        .u64(3)
+        .bytes(&[1, 0, 7])
+        .parse()
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GgufError::InvalidBool {
+                value: 7,
+                offset: 51,
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 /// `depth` arrays nested in each other, the innermost an empty u8 array.
@@ -270,7 +421,11 @@ fn array_nesting_is_bounded() {
 
 #[test]
 fn duplicate_key() {
-    let err = Raw::header(3, 0, 2).kv_u32("k", 1).kv_u32("k", 2).parse().unwrap_err();
+    let err = Raw::header(3, 0, 2)
+        .kv_u32("k", 1)
+        .kv_u32("k", 2)
+        .parse()
+        .unwrap_err();
     assert!(
         matches!(err, GgufError::DuplicateKey { ref key, offset: 41 } if key == "k"),
         "{err}"
@@ -279,22 +434,40 @@ fn duplicate_key() {
 
 #[test]
 fn alignment_zero() {
-    let err = Raw::header(3, 0, 1).kv_u32("general.alignment", 0).parse().unwrap_err();
-    assert!(matches!(err, GgufError::InvalidAlignment { value: 0 }), "{err}");
+    let err = Raw::header(3, 0, 1)
+        .kv_u32("general.alignment", 0)
+        .parse()
+        .unwrap_err();
+    assert!(
+        matches!(err, GgufError::InvalidAlignment { value: 0 }),
+        "{err}"
+    );
 }
 
 #[test]
 fn alignment_not_a_power_of_two() {
-    let err = Raw::header(3, 0, 1).kv_u32("general.alignment", 48).parse().unwrap_err();
-    assert!(matches!(err, GgufError::InvalidAlignment { value: 48 }), "{err}");
+    let err = Raw::header(3, 0, 1)
+        .kv_u32("general.alignment", 48)
+        .parse()
+        .unwrap_err();
+    assert!(
+        matches!(err, GgufError::InvalidAlignment { value: 48 }),
+        "{err}"
+    );
 }
 
 #[test]
 fn alignment_of_the_wrong_type() {
     for raw in [
-        Raw::header(3, 0, 1).key("general.alignment", STRING).str("32"),
-        Raw::header(3, 0, 1).key("general.alignment", MetaType::I32.id()).u32(32),
-        Raw::header(3, 0, 1).key("general.alignment", MetaType::F32.id()).bytes(&32f32.to_le_bytes()),
+        Raw::header(3, 0, 1)
+            .key("general.alignment", STRING)
+            .str("32"),
+        Raw::header(3, 0, 1)
+            .key("general.alignment", MetaType::I32.id())
+            .u32(32),
+        Raw::header(3, 0, 1)
+            .key("general.alignment", MetaType::F32.id())
+            .bytes(&32f32.to_le_bytes()),
     ] {
         let err = raw.parse().unwrap_err();
         assert!(
@@ -330,13 +503,32 @@ fn unknown_ggml_type_names_the_tensor() {
 fn more_than_four_dims() {
     let err = one_tensor(&[1, 1, 1, 1, 1], F32, 0, 32).unwrap_err();
     assert!(
-        matches!(err, GgufError::InvalidShape { reason: ShapeError::TooManyDims { n_dims: 5 }, .. }),
+        matches!(
+            err,
+            GgufError::InvalidShape {
+                reason: ShapeError::TooManyDims { n_dims: 5 },
+                ..
+            }
+        ),
         "{err}"
     );
     // A forged n_dims is rejected before any dim is read or allocated.
-    let err = Raw::header(3, 1, 0).str("w").u32(u32::MAX).zeros(64).parse().unwrap_err();
+    let err = Raw::header(3, 1, 0)
+        .str("w")
+        .u32(u32::MAX)
+        .zeros(64)
+        .parse()
+        .unwrap_err();
     assert!(
-        matches!(err, GgufError::InvalidShape { reason: ShapeError::TooManyDims { n_dims: 0xffff_ffff }, .. }),
+        matches!(
+            err,
+            GgufError::InvalidShape {
+                reason: ShapeError::TooManyDims {
+                    n_dims: 0xffff_ffff
+                },
+                ..
+            }
+        ),
         "{err}"
     );
 }
@@ -346,7 +538,13 @@ fn zero_dims_is_a_scalar_but_a_zero_dim_is_rejected() {
     one_tensor(&[], F32, 0, 32).unwrap();
     let err = one_tensor(&[4, 0], F32, 0, 32).unwrap_err();
     assert!(
-        matches!(err, GgufError::InvalidShape { reason: ShapeError::ZeroDimension { axis: 1 }, .. }),
+        matches!(
+            err,
+            GgufError::InvalidShape {
+                reason: ShapeError::ZeroDimension { axis: 1 },
+                ..
+            }
+        ),
         "{err}"
     );
 }
@@ -355,12 +553,24 @@ fn zero_dims_is_a_scalar_but_a_zero_dim_is_rejected() {
 fn element_count_overflow() {
     let err = one_tensor(&[1 << 32, 1 << 32], F32, 0, 32).unwrap_err();
     assert!(
-        matches!(err, GgufError::InvalidShape { reason: ShapeError::ElementCountOverflow, .. }),
+        matches!(
+            err,
+            GgufError::InvalidShape {
+                reason: ShapeError::ElementCountOverflow,
+                ..
+            }
+        ),
         "{err}"
     );
     let err = one_tensor(&[u64::MAX], F32, 0, 32).unwrap_err();
     assert!(
-        matches!(err, GgufError::InvalidShape { reason: ShapeError::ElementCountOverflow, .. }),
+        matches!(
+            err,
+            GgufError::InvalidShape {
+                reason: ShapeError::ElementCountOverflow,
+                ..
+            }
+        ),
         "{err}"
     );
 }
@@ -369,7 +579,17 @@ fn element_count_overflow() {
 fn row_length_not_a_multiple_of_the_block_size() {
     let err = one_tensor(&[33, 2], Q8_0, 0, 256).unwrap_err();
     assert!(
-        matches!(err, GgufError::InvalidShape { reason: ShapeError::RowNotBlockMultiple { row_len: 33, block_size: 32, .. }, .. }),
+        matches!(
+            err,
+            GgufError::InvalidShape {
+                reason: ShapeError::RowNotBlockMultiple {
+                    row_len: 33,
+                    block_size: 32,
+                    ..
+                },
+                ..
+            }
+        ),
         "{err}"
     );
 }
@@ -378,7 +598,14 @@ fn row_length_not_a_multiple_of_the_block_size() {
 fn misaligned_tensor_offset() {
     let err = one_tensor(&[1], F32, 4, 64).unwrap_err();
     assert!(
-        matches!(err, GgufError::MisalignedTensor { data_offset: 4, alignment: 32, .. }),
+        matches!(
+            err,
+            GgufError::MisalignedTensor {
+                data_offset: 4,
+                alignment: 32,
+                ..
+            }
+        ),
         "{err}"
     );
 }
@@ -387,7 +614,14 @@ fn misaligned_tensor_offset() {
 fn tensor_data_past_the_end_of_the_file() {
     let err = one_tensor(&[16], F32, 0, 63).unwrap_err();
     assert!(
-        matches!(err, GgufError::TensorOutOfBounds { n_bytes: 64, data_offset: 0, .. }),
+        matches!(
+            err,
+            GgufError::TensorOutOfBounds {
+                n_bytes: 64,
+                data_offset: 0,
+                ..
+            }
+        ),
         "{err}"
     );
     // An offset near u64::MAX must not overflow on the way to the same error.
@@ -432,145 +666,21 @@ fn duplicate_tensor_name() {
 
 #[test]
 fn truncated_tensor_info_names_the_tensor() {
-    let err = Raw::header(3, 1, 0).str("blk.0.w").u32(2).u64(32).parse().unwrap_err();
-    assert!(matches!(err, GgufError::Truncated { what: "dimension", .. }), "{err}");
-    assert!(err.to_string().contains("'blk.0.w'"), "{err}");
-}
-
-/// xorshift64*: tiny, deterministic, good enough to pick mutations.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
-/// Values that stress count and length fields: zero, off-by-one around real sizes, huge.
-const INTERESTING: [u64; 10] = [
-    0,
-    1,
-    7,
-    255,
-    1 << 16,
-    1 << 31,
-    1 << 32,
-    1 << 62,
-    u64::MAX / 2,
-    u64::MAX,
-];
-
-fn mutate(bytes: &mut Vec<u8>, rng: &mut Rng) {
-    let len = bytes.len();
-    match rng.below(7) {
-        0 => {
-            let i = rng.below(len);
-            if let Some(b) = bytes.get_mut(i) {
-                *b ^= 1 << rng.below(8);
+    let err = Raw::header(3, 1, 0)
+        .str("blk.0.w")
+        .u32(2)
+        .u64(32)
+        .parse()
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GgufError::Truncated {
+                what: "dimension",
+                ..
             }
-        }
-        1 => {
-            let i = rng.below(len);
-            if let Some(b) = bytes.get_mut(i) {
-                *b = rng.next() as u8;
-            }
-        }
-        2 | 3 => {
-            // A u64 (or the low half of one) over what is likely a count or length field.
-            let value = if rng.below(2) == 0 {
-                INTERESTING[rng.below(INTERESTING.len())]
-            } else {
-                rng.next() >> rng.below(64)
-            };
-            let width = if rng.below(2) == 0 { 8 } else { 4 };
-            let i = rng.below(len.saturating_sub(width) + 1);
-            for (k, b) in value.to_le_bytes().iter().take(width).enumerate() {
-                if let Some(slot) = bytes.get_mut(i + k) {
-                    *slot = *b;
-                }
-            }
-        }
-        4 => bytes.truncate(rng.below(len + 1)),
-        5 => {
-            let i = rng.below(len + 1);
-            let n = 1 + rng.below(16);
-            let insert: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
-            bytes.splice(i..i, insert);
-        }
-        _ => {
-            let i = rng.below(len + 1);
-            let end = (i + 1 + rng.below(16)).min(len);
-            bytes.drain(i.min(end)..end);
-        }
-    }
-}
-
-/// Parses `bytes`; on success checks the invariants the reader promises and dumps the file.
-fn parse_and_check(bytes: Vec<u8>) -> bool {
-    let Ok(file) = parse(bytes) else {
-        return false;
-    };
-    for t in file.tensors() {
-        assert_eq!(file.tensor_data(t).len() as u64, t.n_bytes, "{}", t.name);
-        assert_eq!(file.tensor(&t.name), Some(t));
-        assert_eq!(t.offset % file.alignment(), 0);
-    }
-    for (k, v) in file.metadata() {
-        assert_eq!(file.get(k), Some(v));
-    }
-    let mut out = Vec::new();
-    kiln_formats::write_dump(&file, &mut out, &Default::default()).unwrap();
-    true
-}
-
-#[test]
-fn fuzz_mutations_never_panic() {
-    let original = sample_writer().to_bytes();
-    assert!(parse_and_check(original.clone()));
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    let started = std::time::Instant::now();
-    let (mut ok, mut total) = (0, 0);
-
-    // Every offset of the header overwritten with every interesting u64.
-    let header_end = parse(original.clone()).unwrap().data_offset() as usize;
-    for i in 0..header_end {
-        for value in INTERESTING {
-            let mut bytes = original.clone();
-            for (k, b) in value.to_le_bytes().iter().enumerate() {
-                if let Some(slot) = bytes.get_mut(i + k) {
-                    *slot = *b;
-                }
-            }
-            ok += usize::from(parse_and_check(bytes));
-            total += 1;
-        }
-    }
-
-    // Random stacks of 1 to 4 mutations.
-    for iteration in 0..30_000 {
-        let mut bytes = original.clone();
-        for _ in 0..1 + rng.below(4) {
-            mutate(&mut bytes, &mut rng);
-        }
-        let result = std::panic::catch_unwind(|| parse_and_check(bytes.clone()));
-        match result {
-            Ok(parsed) => ok += usize::from(parsed),
-            Err(_) => panic!("iteration {iteration} panicked on {bytes:02x?}"),
-        }
-        total += 1;
-    }
-    eprintln!(
-        "{total} mutated files, {ok} still parsed, {:?}",
-        started.elapsed()
+        ),
+        "{err}"
     );
-    // Mutations in tensor data and metadata values leave a valid file: some must parse, most
-    // must not, or the mutations are not reaching the structure.
-    assert!(ok > 100 && ok < total / 2, "{ok} of {total} parsed");
+    assert!(err.to_string().contains("'blk.0.w'"), "{err}");
 }

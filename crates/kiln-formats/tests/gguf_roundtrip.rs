@@ -33,7 +33,10 @@ fn all_values() -> Vec<(String, MetaValue)> {
         ("f64".into(), MetaValue::F64(std::f64::consts::PI)),
         (
             "array.f32".into(),
-            array(MetaType::F32, vec![MetaValue::F32(0.5), MetaValue::F32(-2.0)]),
+            array(
+                MetaType::F32,
+                vec![MetaValue::F32(0.5), MetaValue::F32(-2.0)],
+            ),
         ),
         ("array.empty".into(), array(MetaType::U64, vec![])),
         ("array.strings".into(), strings(&["a", "", "ü"])),
@@ -55,7 +58,58 @@ fn all_values() -> Vec<(String, MetaValue)> {
                 ],
             ),
         ),
-        ("array.empty_of_arrays".into(), array(MetaType::Array, vec![])),
+        (
+            "array.empty_of_arrays".into(),
+            array(MetaType::Array, vec![]),
+        ),
+        (
+            "array.u8".into(),
+            array(MetaType::U8, vec![MetaValue::U8(0), MetaValue::U8(255)]),
+        ),
+        (
+            "array.u16".into(),
+            array(
+                MetaType::U16,
+                vec![MetaValue::U16(1), MetaValue::U16(65535)],
+            ),
+        ),
+        (
+            "array.i16".into(),
+            array(MetaType::I16, vec![MetaValue::I16(-2)]),
+        ),
+        (
+            "array.u32".into(),
+            array(MetaType::U32, vec![MetaValue::U32(3), MetaValue::U32(4)]),
+        ),
+        (
+            "array.i32".into(),
+            array(MetaType::I32, vec![MetaValue::I32(-5), MetaValue::I32(6)]),
+        ),
+        (
+            "array.u64".into(),
+            array(MetaType::U64, vec![MetaValue::U64(u64::MAX)]),
+        ),
+        (
+            "array.i64".into(),
+            array(
+                MetaType::I64,
+                vec![MetaValue::I64(i64::MIN), MetaValue::I64(0)],
+            ),
+        ),
+        (
+            "array.f64".into(),
+            array(
+                MetaType::F64,
+                vec![MetaValue::F64(-0.25), MetaValue::F64(1e300)],
+            ),
+        ),
+        (
+            "array.bool".into(),
+            array(
+                MetaType::Bool,
+                vec![MetaValue::Bool(false), MetaValue::Bool(true)],
+            ),
+        ),
         ("array.deepest_allowed".into(), nested),
     ]
 }
@@ -271,6 +325,8 @@ fn dump_of_a_synthetic_file_shows_header_metadata_and_tensor_table() {
         "array.of_arrays_of_strings = [[STRING; 2] [\"x\", \"y\"], [STRING; 0] [], [STRING; 1] [\"z\"]]",
         "i64 = -9223372036854775808",
         "Tensors (7):",
+        "[BOOL; 2]",
+        "array.f64 = [-0.25, 1e300]",
         "name",
         "type",
         "shape",

@@ -39,11 +39,7 @@ impl Default for DumpOptions {
 }
 
 /// Writes the dump of `file` to `out`.
-pub fn write_dump(
-    file: &GgufFile,
-    out: &mut dyn Write,
-    opts: &DumpOptions,
-) -> io::Result<()> {
+pub fn write_dump(file: &GgufFile, out: &mut dyn Write, opts: &DumpOptions) -> io::Result<()> {
     let data_bytes = file.file_size().saturating_sub(file.data_offset());
     writeln!(
         out,
@@ -95,7 +91,12 @@ fn write_tensor_table(tensors: &[TensorInfo], out: &mut dyn Write) -> io::Result
         .map(|t| printable(&t.name, MAX_NAME_CHARS))
         .collect();
     let shapes: Vec<String> = tensors.iter().map(|t| format!("{:?}", t.dims)).collect();
-    let name_width = names.iter().map(|n| n.chars().count()).max().unwrap_or(0).max(4);
+    let name_width = names
+        .iter()
+        .map(|n| n.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(4);
     let shape_width = shapes.iter().map(String::len).max().unwrap_or(0).max(5);
     writeln!(
         out,

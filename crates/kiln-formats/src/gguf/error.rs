@@ -38,7 +38,9 @@ pub enum GgufError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("not a GGUF file: the magic at byte 0 is {found:02x?}, expected \"GGUF\" (47 47 55 46)")]
+    #[error(
+        "not a GGUF file: the magic at byte 0 is {found:02x?}, expected \"GGUF\" (47 47 55 46)"
+    )]
     BadMagic { found: [u8; 4] },
     #[error("unsupported GGUF version {version} at byte 4 (kiln reads versions 2 and 3)")]
     UnsupportedVersion { version: u32 },
@@ -151,13 +153,17 @@ pub enum GgufError {
 /// A [`super::GgufWriter`] input that would not make a valid GGUF file.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum GgufWriteError {
-    #[error("GGUF version {0} cannot be written (only 2 and 3 share the layout this writer emits)")]
+    #[error(
+        "GGUF version {0} cannot be written (only 2 and 3 share the layout this writer emits)"
+    )]
     UnsupportedVersion(u32),
     #[error("duplicate metadata key '{0}'")]
     DuplicateKey(String),
     #[error("duplicate tensor name '{0}'")]
     DuplicateTensor(String),
-    #[error("metadata key '{key}': array item {index} has type {found}, the array holds {expected}")]
+    #[error(
+        "metadata key '{key}': array item {index} has type {found}, the array holds {expected}"
+    )]
     MixedArray {
         key: String,
         index: usize,
@@ -196,5 +202,9 @@ pub(crate) fn clip(s: &str) -> String {
     while !s.is_char_boundary(end) {
         end -= 1;
     }
-    format!("{}... ({} bytes)", s.get(..end).unwrap_or_default(), s.len())
+    format!(
+        "{}... ({} bytes)",
+        s.get(..end).unwrap_or_default(),
+        s.len()
+    )
 }

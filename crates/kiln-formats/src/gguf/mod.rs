@@ -5,6 +5,7 @@
 
 mod dump;
 mod error;
+mod parse;
 mod reader;
 mod value;
 mod writer;

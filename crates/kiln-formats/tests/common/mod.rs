@@ -12,10 +12,7 @@ pub struct Raw(pub Vec<u8>);
 impl Raw {
     /// Magic, version and the two counts.
     pub fn header(version: u32, n_tensors: u64, n_kv: u64) -> Raw {
-        Raw(b"GGUF".to_vec())
-            .u32(version)
-            .u64(n_tensors)
-            .u64(n_kv)
+        Raw(b"GGUF".to_vec()).u32(version).u64(n_tensors).u64(n_kv)
     }
 
     pub fn u8(mut self, v: u8) -> Raw {
@@ -121,6 +118,7 @@ pub fn sample_writer() -> GgufWriter {
         .unwrap();
     w.add_tensor("b", &[32, 1], GgmlType::Q8_0, &filler(34, 2))
         .unwrap();
-    w.add_tensor("c", &[3], GgmlType::F16, &filler(6, 3)).unwrap();
+    w.add_tensor("c", &[3], GgmlType::F16, &filler(6, 3))
+        .unwrap();
     w
 }
