@@ -76,11 +76,11 @@ reference_quantizers! {
 pub(super) fn vec_dot_fn(ty: GgmlType) -> Result<VecDotFn, QuantError> {
     // kiln-quant decides which types it can dot; this table only names a `fn` for each of them.
     kiln_quant::vec_dot_type(ty)?;
-    reference_dot(ty).ok_or(QuantError::Unsupported(ty))
+    reference_dot(ty).ok_or(QuantError::UnsupportedType(ty))
 }
 
 /// The reference quantizer for activations of type `act_ty`.
 pub(super) fn quantize_fn(act_ty: GgmlType) -> Result<QuantizeFn, QuantError> {
     kiln_quant::activation_bytes(act_ty, 0)?;
-    reference_quantizer(act_ty).ok_or(QuantError::Unsupported(act_ty))
+    reference_quantizer(act_ty).ok_or(QuantError::UnsupportedActivation(act_ty))
 }

@@ -12,7 +12,10 @@ use std::mem::{offset_of, size_of};
 
 use kiln_quant::blocks::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
 
-use super::{dot_i8_i8, hsum_epi32_128, hsum_ps, load16, load32, read_f16, read_f32, read_u32, row_dot};
+use super::{
+    dot_i8_i8, f16_pair, f16_splat, hsum_epi32_128, hsum_ps, load16, load32, prefetch_ahead,
+    read_f32, read_u32, row_dot,
+};
 
 const Q2K: usize = size_of::<BlockQ2K>();
 const Q3K: usize = size_of::<BlockQ3K>();
@@ -101,9 +104,15 @@ unsafe fn q4_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
     let mut mins = 0.0f32;
     for i in 0..blocks {
         let (x, y) = (w.add(i * Q4K), a.add(i * Q8K));
-        let dy = read_f32(y);
-        let d = dy * read_f16(x.add(offset_of!(BlockQ4K, d)));
-        let dmin = dy * read_f16(x.add(offset_of!(BlockQ4K, dmin)));
+        prefetch_ahead(x, 3); // 144 bytes
+                              // d and dmin are adjacent: [d * dy, dmin * dy] in lanes 0 and 1.
+        const { assert!(offset_of!(BlockQ4K, dmin) == offset_of!(BlockQ4K, d) + 2) };
+        let d_dmin = _mm_mul_ps(
+            f16_pair(x.add(offset_of!(BlockQ4K, d))),
+            _mm_set1_ps(read_f32(y)),
+        );
+        let d = _mm256_broadcastss_ps(d_dmin);
+        let dmin = _mm_cvtss_f32(_mm_movehdup_ps(d_dmin));
 
         let scales_mins = k4_scales_mins(x.add(offset_of!(BlockQ4K, scales)));
         mins += dmin * k4_min_dot(scales_mins, y.add(Q8K_BSUMS)) as f32;
@@ -124,7 +133,7 @@ unsafe fn q4_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
                 _mm256_madd_epi16(_mm256_shuffle_epi8(scales, scale_shuffle(2 * j + 1)), p_hi);
             sum = _mm256_add_epi32(sum, _mm256_add_epi32(p_lo, p_hi));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum), acc);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), acc);
     }
     hsum_ps(acc) - mins
 }
@@ -144,9 +153,15 @@ unsafe fn q5_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
     let mut mins = 0.0f32;
     for i in 0..blocks {
         let (x, y) = (w.add(i * Q5K), a.add(i * Q8K));
-        let dy = read_f32(y);
-        let d = dy * read_f16(x.add(offset_of!(BlockQ5K, d)));
-        let dmin = dy * read_f16(x.add(offset_of!(BlockQ5K, dmin)));
+        prefetch_ahead(x, 3); // 176 bytes
+                              // d and dmin are adjacent: [d * dy, dmin * dy] in lanes 0 and 1.
+        const { assert!(offset_of!(BlockQ5K, dmin) == offset_of!(BlockQ5K, d) + 2) };
+        let d_dmin = _mm_mul_ps(
+            f16_pair(x.add(offset_of!(BlockQ5K, d))),
+            _mm_set1_ps(read_f32(y)),
+        );
+        let d = _mm256_broadcastss_ps(d_dmin);
+        let dmin = _mm_cvtss_f32(_mm_movehdup_ps(d_dmin));
 
         let scales_mins = k4_scales_mins(x.add(offset_of!(BlockQ5K, scales)));
         mins += dmin * k4_min_dot(scales_mins, y.add(Q8K_BSUMS)) as f32;
@@ -173,7 +188,7 @@ unsafe fn q5_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
                 _mm256_madd_epi16(_mm256_shuffle_epi8(scales, scale_shuffle(2 * j + 1)), p_hi);
             sum = _mm256_add_epi32(sum, _mm256_add_epi32(p_lo, p_hi));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum), acc);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), acc);
     }
     hsum_ps(acc) - mins
 }
@@ -192,16 +207,17 @@ unsafe fn q6_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for i in 0..blocks {
         let (x, y) = (w.add(i * Q6K), a.add(i * Q8K));
-        let d = read_f32(y) * read_f16(x.add(offset_of!(BlockQ6K, d)));
+        prefetch_ahead(x, 4); // 210 bytes
+        let d = _mm256_mul_ps(
+            f16_splat(x.add(offset_of!(BlockQ6K, d))),
+            _mm256_set1_ps(read_f32(y)),
+        );
 
         // 16 signed 8-bit scales, one per 16 weights, widened to i16.
         let scales16 = _mm256_cvtepi8_epi16(load16(x.add(offset_of!(BlockQ6K, scales))));
         // The quants are stored as q + 32 (0..64): dot the unsigned values, then take away
         // 32 * sum(scale * bsum), the offset's share.
-        let offset = _mm256_slli_epi32(
-            _mm256_madd_epi16(scales16, load32(y.add(Q8K_BSUMS))),
-            5,
-        );
+        let offset = _mm256_slli_epi32(_mm256_madd_epi16(scales16, load32(y.add(Q8K_BSUMS))), 5);
         let mut sum = _mm256_sub_epi32(_mm256_setzero_si256(), offset);
 
         let ql = x.add(offset_of!(BlockQ6K, ql));
@@ -242,7 +258,7 @@ unsafe fn q6_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
                 sum = _mm256_add_epi32(sum, p);
             }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum), acc);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), acc);
     }
     hsum_ps(acc)
 }
@@ -263,7 +279,11 @@ unsafe fn q3_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for i in 0..blocks {
         let (x, y) = (w.add(i * Q3K), a.add(i * Q8K));
-        let d = read_f32(y) * read_f16(x.add(offset_of!(BlockQ3K, d)));
+        prefetch_ahead(x, 2); // 110 bytes
+        let d = _mm256_mul_ps(
+            f16_splat(x.add(offset_of!(BlockQ3K, d))),
+            _mm256_set1_ps(read_f32(y)),
+        );
 
         // 16 six-bit scales (stored + 32): low 4 bits in the nibbles of bytes 0..8, top 2 bits in
         // bytes 8..12, two bits per scale.
@@ -278,10 +298,7 @@ unsafe fn q3_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
         let scales16 = _mm256_cvtepi8_epi16(_mm_sub_epi8(packed, _mm_set1_epi8(32)));
         // A weight is (2 low bits) + 4 * (high bit) - 4: dot the unsigned 0..8 value and take away
         // 4 * sum(scale * bsum), the offset's share.
-        let offset = _mm256_slli_epi32(
-            _mm256_madd_epi16(scales16, load32(y.add(Q8K_BSUMS))),
-            2,
-        );
+        let offset = _mm256_slli_epi32(_mm256_madd_epi16(scales16, load32(y.add(Q8K_BSUMS))), 2);
         let mut sum = _mm256_sub_epi32(_mm256_setzero_si256(), offset);
 
         let qs = x.add(offset_of!(BlockQ3K, qs));
@@ -307,7 +324,7 @@ unsafe fn q3_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
                 sum = _mm256_add_epi32(sum, p);
             }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum), acc);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), acc);
     }
     hsum_ps(acc)
 }
@@ -327,9 +344,15 @@ unsafe fn q2_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
     let mut mins = 0.0f32;
     for i in 0..blocks {
         let (x, y) = (w.add(i * Q2K), a.add(i * Q8K));
-        let dy = read_f32(y);
-        let d = dy * read_f16(x.add(offset_of!(BlockQ2K, d)));
-        let dmin = dy * read_f16(x.add(offset_of!(BlockQ2K, dmin)));
+        prefetch_ahead(x, 2); // 84 bytes
+                              // d and dmin are adjacent: [d * dy, dmin * dy] in lanes 0 and 1.
+        const { assert!(offset_of!(BlockQ2K, dmin) == offset_of!(BlockQ2K, d) + 2) };
+        let d_dmin = _mm_mul_ps(
+            f16_pair(x.add(offset_of!(BlockQ2K, d))),
+            _mm_set1_ps(read_f32(y)),
+        );
+        let d = _mm256_broadcastss_ps(d_dmin);
+        let dmin = _mm_cvtss_f32(_mm_movehdup_ps(d_dmin));
 
         // One byte per 16 weights: scale in the low nibble, minimum in the high one.
         let packed = load16(x.add(offset_of!(BlockQ2K, scales)));
@@ -361,7 +384,7 @@ unsafe fn q2_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
                 sum = _mm256_add_epi32(sum, p);
             }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum), acc);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), acc);
     }
     hsum_ps(acc) - mins
 }
@@ -378,13 +401,17 @@ unsafe fn q8_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for i in 0..blocks {
         let (x, y) = (w.add(i * Q8K), a.add(i * Q8K));
-        let d = read_f32(x) * read_f32(y);
+        prefetch_ahead(x, 5); // 292 bytes
+        let d = _mm256_set1_ps(read_f32(x) * read_f32(y));
         let mut sum = _mm256_setzero_si256();
         for k in 0..QK_K / 32 {
-            let q = dot_i8_i8(load32(x.add(Q8K_QS + 32 * k)), load32(y.add(Q8K_QS + 32 * k)));
+            let q = dot_i8_i8(
+                load32(x.add(Q8K_QS + 32 * k)),
+                load32(y.add(Q8K_QS + 32 * k)),
+            );
             sum = _mm256_add_epi32(sum, q);
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum), acc);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), acc);
     }
     hsum_ps(acc)
 }

@@ -64,11 +64,23 @@ pub(super) fn quantize_fn(act_ty: GgmlType) -> Option<QuantizeFn> {
     Some(kernel)
 }
 
-/// Bytes needed by `blocks` blocks of `block_bytes`, or `None` on overflow (which no real slice
-/// can satisfy, so the length check fails instead of wrapping around).
+/// The number of blocks of `block` elements in `n`, when `n` is a whole number of them and every
+/// `(block_bytes, len)` pair has `len == blocks * block_bytes` exactly. The multiplication is
+/// checked: an overflow fails the check instead of wrapping around to a small size.
 #[inline]
-fn bytes_of(blocks: usize, block_bytes: usize) -> Option<usize> {
-    blocks.checked_mul(block_bytes)
+fn blocks_of(n: usize, block: usize, slices: &[(usize, usize)]) -> Option<usize> {
+    let blocks = n.is_multiple_of(block).then_some(n / block)?;
+    slices
+        .iter()
+        .all(|&(block_bytes, len)| blocks.checked_mul(block_bytes) == Some(len))
+        .then_some(blocks)
+}
+
+/// The panic of a row dot called with lengths that do not match (kept out of the hot path).
+#[cold]
+#[inline(never)]
+fn wrong_lengths(kernel: &str, n: usize, w: usize, a: usize) -> ! {
+    panic!("{kernel}: {n} elements do not match {w} weight and {a} activation bytes")
 }
 
 /// Defines the safe row-dot wrapper `$name(n, w, a)` around the AVX2 kernel
@@ -78,17 +90,11 @@ macro_rules! row_dot {
     ($(#[$doc:meta])* $name:ident => $kernel:ident, $qk:expr, $w_bytes:expr, $a_bytes:expr) => {
         $(#[$doc])*
         pub(in crate::kernels) fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
-            let blocks = n / $qk;
-            let fits = n % $qk == 0
-                && super::bytes_of(blocks, $w_bytes) == Some(w.len())
-                && super::bytes_of(blocks, $a_bytes) == Some(a.len());
-            assert!(
-                fits,
-                "{}: {n} elements do not match {} weight and {} activation bytes",
-                stringify!($name),
-                w.len(),
-                a.len()
-            );
+            let Some(blocks) =
+                super::blocks_of(n, $qk, &[($w_bytes, w.len()), ($a_bytes, a.len())])
+            else {
+                super::wrong_lengths(stringify!($name), n, w.len(), a.len())
+            };
             // SAFETY: the CPU has AVX2+FMA+F16C (module invariant: this fn is handed out only
             // after detection), and the check above gives the kernel exactly `blocks` whole blocks
             // in each slice, the only bytes it reads.
@@ -130,15 +136,38 @@ unsafe fn read_u32(p: *const u8) -> u32 {
     u32::from_le(p.cast::<u32>().read_unaligned())
 }
 
-/// The IEEE half at `p` (unaligned), widened to f32 (exact).
+/// The raw bits of the IEEE half at `p`, unaligned.
 ///
 /// # Safety
 /// `p..p + 2` must be readable.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn read_f16(p: *const u8) -> f32 {
-    let bits = u16::from_le(p.cast::<u16>().read_unaligned());
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+unsafe fn read_f16_bits(p: *const u8) -> u16 {
+    u16::from_le(p.cast::<u16>().read_unaligned())
+}
+
+/// The IEEE half at `p` (unaligned), widened to f32 (exact) in all 8 lanes.
+///
+/// Converting a broadcast keeps every lane in use: converting a lone half lets the compiler
+/// insert it into whatever register it likes (only lane 0 would matter), often a multiply-add
+/// accumulator, which chains each block to the latency of the previous one.
+///
+/// # Safety
+/// `p..p + 2` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_splat(p: *const u8) -> __m256 {
+    _mm256_cvtph_ps(_mm_set1_epi16(read_f16_bits(p) as i16))
+}
+
+/// The two adjacent IEEE halves at `p` (unaligned), widened to f32 (exact) in lanes 0 and 1.
+///
+/// # Safety
+/// `p..p + 4` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_pair(p: *const u8) -> __m128 {
+    _mm_cvtph_ps(_mm_cvtsi32_si128(read_u32(p) as i32))
 }
 
 /// The f32 at `p`, unaligned.
@@ -149,6 +178,23 @@ unsafe fn read_f16(p: *const u8) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn read_f32(p: *const u8) -> f32 {
     f32::from_bits(read_u32(p))
+}
+
+/// How far ahead of the block being read the weights are prefetched. A decode pass streams every
+/// weight matrix from memory once per token; a software prefetch a few rows ahead keeps more
+/// cache lines in flight than the hardware prefetcher alone (about 10% on the 178 MB Q8_0 output
+/// matrix, single-threaded).
+const PREFETCH_DISTANCE: usize = 2048;
+
+/// Asks for the `lines` cache lines at `PREFETCH_DISTANCE` bytes past `p`. A hint only: it never
+/// faults, even past the end of the weights (hence `wrapping_add`: the address may lie outside
+/// the slice), and reads nothing the program can observe.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn prefetch_ahead(p: *const u8, lines: usize) {
+    for line in 0..lines {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_DISTANCE + 64 * line).cast());
+    }
 }
 
 /// Sum of the 8 lanes.
@@ -199,13 +245,11 @@ unsafe fn nibbles32(p: *const u8) -> __m256i {
     _mm256_and_si256(both, _mm256_set1_epi8(0x0f))
 }
 
-/// The 32 bits of the little-endian `u32` `bits` spread to 32 bytes: byte `i` is 0xff when bit `i`
-/// is set, else 0.
+/// The 32 bits of `bits` spread to 32 bytes: byte `i` keeps bit `i % 8` of byte `i / 8` of
+/// `bits` in place (so it is nonzero exactly when bit `i` is set) and clears the others.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn bits_to_bytes32(bits: u32) -> __m256i {
-    // Byte i of the result starts as byte i/8 of `bits`; OR-ing in every bit but i%8 leaves all
-    // ones exactly when bit i%8 was set.
     let spread = _mm256_shuffle_epi8(
         _mm256_set1_epi32(bits as i32),
         _mm256_set_epi64x(
@@ -215,6 +259,5 @@ fn bits_to_bytes32(bits: u32) -> __m256i {
             0,
         ),
     );
-    let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe_u64 as i64);
-    _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi8(-1))
+    _mm256_and_si256(spread, _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64))
 }

@@ -13,7 +13,7 @@ use std::mem::{offset_of, size_of};
 use half::f16;
 use kiln_quant::blocks::{BlockQ8K, BlockQ8_0, BlockQ8_1, QK8_0, QK8_1, QK_K};
 
-use super::{bytes_of, hsum_epi32_128};
+use super::{blocks_of, hsum_epi32_128};
 
 const Q8_0: usize = size_of::<BlockQ8_0>();
 const Q8_1: usize = size_of::<BlockQ8_1>();
@@ -25,14 +25,14 @@ macro_rules! quantizer {
     ($(#[$doc:meta])* $name:ident => $kernel:ident, $qk:expr, $bytes:expr) => {
         $(#[$doc])*
         pub(super) fn $name(x: &[f32], dst: &mut [u8]) {
-            let blocks = x.len() / $qk;
-            assert!(
-                x.len() % $qk == 0 && bytes_of(blocks, $bytes) == Some(dst.len()),
-                "{}: {} activations do not fill {} output bytes",
-                stringify!($name),
-                x.len(),
-                dst.len()
-            );
+            let Some(blocks) = blocks_of(x.len(), $qk, &[($bytes, dst.len())]) else {
+                panic!(
+                    "{}: {} activations do not fill {} output bytes",
+                    stringify!($name),
+                    x.len(),
+                    dst.len()
+                )
+            };
             // SAFETY: the CPU has AVX2+FMA+F16C (module invariant), and the check above gives the
             // kernel exactly `blocks` whole blocks to read from `x` and write to `dst`.
             unsafe { $kernel(blocks, x.as_ptr(), dst.as_mut_ptr()) }
@@ -79,21 +79,25 @@ fn round_half_away(v: __m256) -> __m256 {
     _mm256_add_ps(t, step)
 }
 
-/// Rust's `v as i8` for an integral `v`: saturating at -128 and 127, NaN to 0. Only matters when
-/// the inverse scale overflows (a block of subnormals), where the products are infinite or NaN.
+/// Rust's `v as i8` (or `(v as i32).clamp(-128, 127)`) for an integral `v`: saturating at -128
+/// and 127, NaN to 0. Only matters when the inverse scale overflows (a block of subnormals), where
+/// the products are infinite or NaN.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn saturating_i8(v: __m256) -> __m256i {
-    let clamped = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-128.0)), _mm256_set1_ps(127.0));
+    let clamped = _mm256_min_ps(
+        _mm256_max_ps(v, _mm256_set1_ps(-128.0)),
+        _mm256_set1_ps(127.0),
+    );
     let not_nan = _mm256_cmp_ps::<_CMP_ORD_Q>(v, v);
     _mm256_cvtps_epi32(_mm256_and_ps(clamped, not_nan))
 }
 
-/// Round to nearest, ties to even (ggml's `nearest_int` for |v| < 2^22), as i32.
+/// Round to nearest, ties to even (`f32::round_ties_even`, ggml's `nearest_int`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn round_half_even_i32(v: __m256) -> __m256i {
-    _mm256_cvtps_epi32(_mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v))
+fn round_half_even(v: __m256) -> __m256 {
+    _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v)
 }
 
 /// 32 i32 (in -128..=127) packed to 32 bytes in order.
@@ -125,7 +129,12 @@ unsafe fn write_f16(p: *mut u8, v: f32) {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q8_block32(x: *const f32, qs: *mut u8) -> (f32, [__m256i; 4]) {
-    let v = [load8(x), load8(x.add(8)), load8(x.add(16)), load8(x.add(24))];
+    let v = [
+        load8(x),
+        load8(x.add(8)),
+        load8(x.add(16)),
+        load8(x.add(24)),
+    ];
     let amax = hmax_ps(_mm256_max_ps(
         _mm256_max_ps(abs(v[0]), abs(v[1])),
         _mm256_max_ps(abs(v[2]), abs(v[3])),
@@ -212,15 +221,10 @@ unsafe fn q8_k_avx2(blocks: usize, x: *const f32, y: *mut u8) {
             }
             let iscale = -127.0 / max;
             let scale = _mm256_set1_ps(iscale);
-            let cap = _mm256_set1_epi32(127);
             for (g, chunk) in qs.chunks_exact_mut(32).enumerate() {
                 let p = src.add(32 * g);
-                let q = [0, 8, 16, 24].map(|o| {
-                    _mm256_min_epi32(
-                        round_half_even_i32(_mm256_mul_ps(load8(p.add(o)), scale)),
-                        cap,
-                    )
-                });
+                let q = [0, 8, 16, 24]
+                    .map(|o| saturating_i8(round_half_even(_mm256_mul_ps(load8(p.add(o)), scale))));
                 _mm256_storeu_si256(chunk.as_mut_ptr().cast(), pack_i8(q));
             }
             d = 1.0 / iscale;
