@@ -1,0 +1,220 @@
+//! Test support: where the golden data, the Gemma model and llama.cpp's test vocabularies live.
+//!
+//! llama.cpp's vocabulary test files (`models/ggml-vocab-*.gguf` with `.inp`/`.out` pairs) are
+//! taken from the llama-cpp-python 0.3.36 source distribution on PyPI, which vendors llama.cpp
+//! (upstream 0c1e57098, the commit the golden data was made with). They are cached under
+//! `$KILN_HOME/cache/llama-cpp-python-0.3.36/`; when missing, the sdist is downloaded with pip and
+//! only `vendor/llama.cpp/models/ggml-vocab-*` is extracted, into a temporary directory that is then
+//! renamed into place (so a crashed or concurrent run never leaves a half-filled cache).
+
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+
+use kiln_tokenizer::Tokenizer;
+
+const SDIST: &str = "llama-cpp-python==0.3.36";
+const CACHE_NAME: &str = "llama-cpp-python-0.3.36";
+
+/// `$KILN_HOME`, defaulting to `~/.cache/kiln`.
+pub fn kiln_home() -> PathBuf {
+    if let Some(home) = std::env::var_os("KILN_HOME") {
+        return PathBuf::from(home);
+    }
+    let home = std::env::var_os("HOME").expect("neither KILN_HOME nor HOME is set");
+    PathBuf::from(home).join(".cache").join("kiln")
+}
+
+/// The golden data of a model, e.g. `golden_dir("gemma3-270m")`.
+pub fn golden_dir(model: &str) -> PathBuf {
+    Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/golden"
+    ))
+    .join(model)
+}
+
+/// The Gemma 3 270M GGUF, which `kiln pull gemma3-270m` puts in place.
+pub fn gemma_model_path() -> PathBuf {
+    let path = kiln_home()
+        .join("models")
+        .join("gemma3-270m")
+        .join("gemma-3-270m-q4_k_m.gguf");
+    assert!(
+        path.is_file(),
+        "model file {} is missing: run `kiln pull gemma3-270m` (or set KILN_HOME)",
+        path.display()
+    );
+    path
+}
+
+/// Opens a GGUF file and builds its tokenizer.
+pub fn tokenizer_from_file(path: &Path) -> Tokenizer {
+    let file = kiln_formats::GgufFile::open(path)
+        .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
+    Tokenizer::from_gguf(&file)
+        .unwrap_or_else(|e| panic!("cannot build the tokenizer of {}: {e}", path.display()))
+}
+
+/// One `{"text", "ids"}` line of a golden `tokenize*.jsonl`.
+pub struct Case {
+    pub text: String,
+    pub ids: Vec<u32>,
+}
+
+pub fn read_jsonl_cases(path: &Path) -> Vec<Case> {
+    let data = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    data.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            Case {
+                text: v["text"].as_str().unwrap().to_string(),
+                ids: v["ids"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| u32::try_from(x.as_u64().unwrap()).unwrap())
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+/// The cases of llama.cpp's `<vocab>.gguf.inp` / `.out` pair, paired as `test-tokenizer-0` pairs
+/// them: inputs separated by `"\n__ggml_vocab_test__\n"`, one output line of space-separated ids
+/// per input.
+pub fn read_vocab_cases(vocab: &Path) -> Vec<Case> {
+    let inp = std::fs::read_to_string(vocab.with_extension("gguf.inp")).unwrap();
+    let out = std::fs::read_to_string(vocab.with_extension("gguf.out")).unwrap();
+    const SEP: &str = "\n__ggml_vocab_test__\n";
+    let mut inputs = Vec::new();
+    let mut pos = 0;
+    while pos < inp.len() {
+        match inp[pos..].find(SEP) {
+            Some(next) => {
+                inputs.push(inp[pos..pos + next].to_string());
+                pos += next + SEP.len();
+            }
+            None => {
+                inputs.push(inp[pos..].to_string());
+                break;
+            }
+        }
+    }
+    let outputs: Vec<Vec<u32>> = out
+        .lines()
+        .map(|l| l.split_whitespace().map(|t| t.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(
+        inputs.len(),
+        outputs.len(),
+        "{}: inputs and outputs differ in number",
+        vocab.display()
+    );
+    inputs
+        .into_iter()
+        .zip(outputs)
+        .map(|(text, ids)| Case { text, ids })
+        .collect()
+}
+
+/// The names of the vocabularies the tests need from the cache.
+pub const VOCABS: [&str; 6] = ["llama-spm", "llama-bpe", "qwen2", "gpt-2", "phi-3", "mpt"];
+
+fn cache_complete(dir: &Path) -> bool {
+    VOCABS.iter().all(|v| {
+        ["gguf", "gguf.inp", "gguf.out"]
+            .iter()
+            .all(|ext| dir.join(format!("ggml-vocab-{v}.{ext}")).is_file())
+    })
+}
+
+static FETCH: Mutex<()> = Mutex::new(());
+
+/// The directory holding llama.cpp's `ggml-vocab-*` files, downloading them on first use.
+pub fn llama_vocab_dir() -> PathBuf {
+    let cache_root = kiln_home().join("cache");
+    let dir = cache_root.join(CACHE_NAME);
+    let _guard = FETCH.lock().unwrap_or_else(|e| e.into_inner());
+    if cache_complete(&dir) {
+        return dir;
+    }
+    std::fs::create_dir_all(&cache_root).unwrap();
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let tmp = cache_root.join(format!(".{CACHE_NAME}.tmp-{}-{nonce}", std::process::id()));
+    let download = tmp.join("download");
+    let staged = tmp.join(CACHE_NAME);
+    std::fs::create_dir_all(&download).unwrap();
+    std::fs::create_dir_all(&staged).unwrap();
+
+    // `--no-binary llama-cpp-python` fetches the sdist; restricting it to that one package lets
+    // pip take wheels for the build tools it runs to read the sdist's metadata (`:all:` would
+    // build CMake from source first, which takes many minutes).
+    // One retry: pip's isolated build environment occasionally fails for transient reasons.
+    let pip_download = || {
+        Command::new("python3")
+            .args(["-m", "pip", "download", "--no-deps", "--no-binary"])
+            .arg("llama-cpp-python")
+            .arg(SDIST)
+            .arg("-d")
+            .arg(&download)
+            .status()
+            .expect("cannot run `python3 -m pip`")
+    };
+    let mut status = pip_download();
+    if !status.success() {
+        status = pip_download();
+    }
+    assert!(status.success(), "`pip download {SDIST}` failed ({status})");
+    let sdist = std::fs::read_dir(&download)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.to_string_lossy().ends_with(".tar.gz"))
+        .expect("pip downloaded no .tar.gz");
+
+    const EXTRACT: &str = r#"
+import sys, tarfile, os, shutil
+sdist, dest = sys.argv[1], sys.argv[2]
+n = 0
+with tarfile.open(sdist) as tar:
+    for m in tar:
+        parts = m.name.split('/')
+        if (m.isfile() and len(parts) == 5 and parts[1:4] == ['vendor', 'llama.cpp', 'models']
+                and parts[4].startswith('ggml-vocab-')):
+            with tar.extractfile(m) as src, open(os.path.join(dest, parts[4]), 'wb') as out:
+                shutil.copyfileobj(src, out)
+            n += 1
+print(n, 'files extracted')
+"#;
+    let status = Command::new("python3")
+        .arg("-c")
+        .arg(EXTRACT)
+        .arg(&sdist)
+        .arg(&staged)
+        .status()
+        .expect("cannot run python3");
+    assert!(status.success(), "extracting {} failed", sdist.display());
+    assert!(cache_complete(&staged), "the sdist lacks the vocab files");
+
+    // Replace an incomplete cache; a concurrent process may have filled it meanwhile.
+    if dir.exists() && !cache_complete(&dir) {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    if let Err(e) = std::fs::rename(&staged, &dir) {
+        assert!(
+            cache_complete(&dir),
+            "cannot move {} to {}: {e}",
+            staged.display(),
+            dir.display()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    dir
+}
