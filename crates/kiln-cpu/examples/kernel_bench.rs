@@ -4,8 +4,8 @@
 //! Prints, per matrix, the time of one pass and the weight bytes read per second for the scalar
 //! reference (kiln-quant) and the AVX2 kernels, and their ratio.
 //!
-//! `cargo run --release -p kiln-cpu --example kernel_bench [FILTER]` (FILTER: a substring of the
-//! case names, e.g. `Q8_0`).
+//! `cargo run --release -p kiln-cpu --example kernel_bench [--avx2-only] [FILTER]` (FILTER: a
+//! substring of the case names, e.g. `Q8_0`; `--avx2-only` skips the slow scalar passes).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -20,6 +20,13 @@ const CASES: &[(&str, GgmlType, usize, usize)] = &[
     ("Q4_K ffn_down 640x2048", GgmlType::Q4_K, 640, 2048),
     ("Q4_K attn_out 640x1024", GgmlType::Q4_K, 640, 1024),
     ("Q6_K ffn_down 640x2048", GgmlType::Q6_K, 640, 2048),
+    ("Q5_0 DRAM 65536x2048", GgmlType::Q5_0, 65_536, 2048),
+    ("Q4_K DRAM 65536x2048", GgmlType::Q4_K, 65_536, 2048),
+    ("Q6_K DRAM 65536x2048", GgmlType::Q6_K, 65_536, 2048),
+    ("Q8_0 L2 128x2048", GgmlType::Q8_0, 128, 2048),
+    ("Q5_0 L2 128x2048", GgmlType::Q5_0, 128, 2048),
+    ("Q4_K L2 128x2048", GgmlType::Q4_K, 128, 2048),
+    ("Q6_K L2 128x2048", GgmlType::Q6_K, 128, 2048),
     ("Q8_0 8192x2048", GgmlType::Q8_0, 8192, 2048),
     ("Q5_0 8192x2048", GgmlType::Q5_0, 8192, 2048),
     ("Q4_K 8192x2048", GgmlType::Q4_K, 8192, 2048),
@@ -56,7 +63,9 @@ impl Rng {
 /// so that no kernel meets infinities or NaNs.
 fn weights(ty: GgmlType, rows: usize, n: usize, rng: &mut Rng) -> Vec<u8> {
     let row_bytes = ty.row_bytes(n as u64).expect("whole blocks") as usize;
-    let mut w: Vec<u8> = (0..rows * row_bytes).map(|_| rng.next_u64() as u8).collect();
+    let mut w: Vec<u8> = (0..rows * row_bytes)
+        .map(|_| rng.next_u64() as u8)
+        .collect();
     let half = |v: f32| half::f16::from_f32(v).to_le_bytes();
     // Byte offsets of the f16 scale fields within a block, per ggml's layouts.
     let f16_fields: &[usize] = match ty {
@@ -89,8 +98,16 @@ fn weights(ty: GgmlType, rows: usize, n: usize, rng: &mut Rng) -> Vec<u8> {
     w
 }
 
-/// Seconds per pass over all rows (best of several timed batches of passes).
-fn time_pass(dot: VecDotFn, n: usize, w: &[u8], row_bytes: usize, a: &[u8], out: &mut [f32]) -> f64 {
+/// Seconds per pass over all rows: the fastest of the passes run in about 1.5 s. Each pass is
+/// timed alone, so that passes interrupted by other processes (a busy machine) drop out.
+fn time_pass(
+    dot: VecDotFn,
+    n: usize,
+    w: &[u8],
+    row_bytes: usize,
+    a: &[u8],
+    out: &mut [f32],
+) -> f64 {
     let pass = |out: &mut [f32]| {
         for (o, row) in out.iter_mut().zip(w.chunks_exact(row_bytes)) {
             *o = dot(black_box(n), row, a);
@@ -102,19 +119,24 @@ fn time_pass(dot: VecDotFn, n: usize, w: &[u8], row_bytes: usize, a: &[u8], out:
     let budget = Instant::now();
     while budget.elapsed() < Duration::from_millis(1500) {
         let start = Instant::now();
-        let mut passes = 0u32;
-        while start.elapsed() < Duration::from_millis(200) {
-            pass(out);
-            passes += 1;
-        }
-        best = best.min(start.elapsed().as_secs_f64() / f64::from(passes));
+        pass(out);
+        best = best.min(start.elapsed().as_secs_f64());
     }
     best
 }
 
 fn main() {
-    let filter = std::env::args().nth(1).unwrap_or_default();
-    println!("kiln-cpu row-dot kernels, one thread, detected SIMD level {:?}", simd_level());
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let avx2_only = args.iter().any(|a| a == "--avx2-only");
+    let filter = args
+        .iter()
+        .find(|a| !a.starts_with("--"))
+        .cloned()
+        .unwrap_or_default();
+    println!(
+        "kiln-cpu row-dot kernels, one thread, detected SIMD level {:?}",
+        simd_level()
+    );
     println!(
         "{:<26} {:>9} | {:>10} {:>8} | {:>10} {:>8} | {:>7}",
         "case", "MB", "scalar ms", "GB/s", "avx2 ms", "GB/s", "speedup"
@@ -133,11 +155,15 @@ fn main() {
         let mut out = vec![0f32; rows];
 
         let mb = w.len() as f64 / 1e6;
-        let mut times = [0.0f64; 2];
+        let mut times = [f64::NAN; 2];
         for (slot, level) in [SimdLevel::Scalar, SimdLevel::Avx2].into_iter().enumerate() {
+            if avx2_only && level == SimdLevel::Scalar {
+                continue;
+            }
             let dot = vec_dot_fn(ty, level).expect("supported type");
             times[slot] = time_pass(dot, n, &w, row_bytes, &a, &mut out);
         }
+        // Skipped measurements print as NaN.
         println!(
             "{:<26} {:>9.1} | {:>10.3} {:>8.2} | {:>10.3} {:>8.2} | {:>6.1}x",
             name,

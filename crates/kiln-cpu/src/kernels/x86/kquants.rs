@@ -13,8 +13,8 @@ use std::mem::{offset_of, size_of};
 use kiln_quant::blocks::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
 
 use super::{
-    dot_i8_i8, f16_pair, f16_splat, hsum_epi32_128, hsum_ps, load16, load32, prefetch_ahead,
-    read_f32, read_u32, row_dot,
+    dot_i8_i8, f16_pair, f16_splat, hsum_ps, load16, load32, prefetch_ahead, read_f32, read_u32,
+    row_dot,
 };
 
 const Q2K: usize = size_of::<BlockQ2K>();
@@ -71,23 +71,29 @@ unsafe fn k4_scales_mins(p: *const u8) -> __m256i {
     ))
 }
 
-/// Sum of `mins[j] * (sum of the 32 activation quants of sub-block j)` over the 8 sub-blocks of a
-/// Q4_K/Q5_K super-block, `mins` in the high half of `scales_mins`, `bsums` at `bsums_at`.
+/// `mins[j] * (sum of the 32 activation quants of sub-block j)` over the 8 sub-blocks of a
+/// Q4_K/Q5_K super-block, summed in pairs to 4 i32 lanes; `mins` in the high half of
+/// `scales_mins`, `bsums` at `bsums_at`.
 ///
 /// # Safety
 /// `bsums_at..bsums_at + 32` must be readable.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn k4_min_dot(scales_mins: __m256i, bsums_at: *const u8) -> i32 {
+unsafe fn k4_min_dot(scales_mins: __m256i, bsums_at: *const u8) -> __m128i {
     let bsums = load32(bsums_at);
     let sums32 = _mm_hadd_epi16(
         _mm256_castsi256_si128(bsums),
         _mm256_extracti128_si256(bsums, 1),
     );
-    hsum_epi32_128(_mm_madd_epi16(
-        _mm256_extracti128_si256(scales_mins, 1),
-        sums32,
-    ))
+    _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), sums32)
+}
+
+/// Sum of the 4 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsum_ps_128(x: __m128) -> f32 {
+    let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)))
 }
 
 row_dot!(
@@ -101,21 +107,23 @@ row_dot!(
 unsafe fn q4_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
     let low4 = _mm256_set1_epi8(0x0f);
     let mut acc = _mm256_setzero_ps();
-    let mut mins = 0.0f32;
+    let mut mins = _mm_setzero_ps();
     for i in 0..blocks {
         let (x, y) = (w.add(i * Q4K), a.add(i * Q8K));
-        prefetch_ahead(x, 3); // 144 bytes
-                              // d and dmin are adjacent: [d * dy, dmin * dy] in lanes 0 and 1.
+        prefetch_ahead(x, 3); // a block is 144 bytes
+
+        // d and dmin are adjacent: [d * dy, dmin * dy] in lanes 0 and 1.
         const { assert!(offset_of!(BlockQ4K, dmin) == offset_of!(BlockQ4K, d) + 2) };
         let d_dmin = _mm_mul_ps(
             f16_pair(x.add(offset_of!(BlockQ4K, d))),
             _mm_set1_ps(read_f32(y)),
         );
         let d = _mm256_broadcastss_ps(d_dmin);
-        let dmin = _mm_cvtss_f32(_mm_movehdup_ps(d_dmin));
+        let dmin = _mm_shuffle_ps::<0x55>(d_dmin, d_dmin);
 
         let scales_mins = k4_scales_mins(x.add(offset_of!(BlockQ4K, scales)));
-        mins += dmin * k4_min_dot(scales_mins, y.add(Q8K_BSUMS)) as f32;
+        let min_dot = _mm_cvtepi32_ps(k4_min_dot(scales_mins, y.add(Q8K_BSUMS)));
+        mins = _mm_fmadd_ps(dmin, min_dot, mins);
         let scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(scales_mins));
 
         let qs = x.add(offset_of!(BlockQ4K, qs));
@@ -135,7 +143,7 @@ unsafe fn q4_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
         }
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), acc);
     }
-    hsum_ps(acc) - mins
+    hsum_ps(acc) - hsum_ps_128(mins)
 }
 
 row_dot!(
@@ -150,21 +158,23 @@ unsafe fn q5_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
     let low4 = _mm256_set1_epi8(0x0f);
     let one = _mm256_set1_epi8(1);
     let mut acc = _mm256_setzero_ps();
-    let mut mins = 0.0f32;
+    let mut mins = _mm_setzero_ps();
     for i in 0..blocks {
         let (x, y) = (w.add(i * Q5K), a.add(i * Q8K));
-        prefetch_ahead(x, 3); // 176 bytes
-                              // d and dmin are adjacent: [d * dy, dmin * dy] in lanes 0 and 1.
+        prefetch_ahead(x, 3); // a block is 176 bytes
+
+        // d and dmin are adjacent: [d * dy, dmin * dy] in lanes 0 and 1.
         const { assert!(offset_of!(BlockQ5K, dmin) == offset_of!(BlockQ5K, d) + 2) };
         let d_dmin = _mm_mul_ps(
             f16_pair(x.add(offset_of!(BlockQ5K, d))),
             _mm_set1_ps(read_f32(y)),
         );
         let d = _mm256_broadcastss_ps(d_dmin);
-        let dmin = _mm_cvtss_f32(_mm_movehdup_ps(d_dmin));
+        let dmin = _mm_shuffle_ps::<0x55>(d_dmin, d_dmin);
 
         let scales_mins = k4_scales_mins(x.add(offset_of!(BlockQ5K, scales)));
-        mins += dmin * k4_min_dot(scales_mins, y.add(Q8K_BSUMS)) as f32;
+        let min_dot = _mm_cvtepi32_ps(k4_min_dot(scales_mins, y.add(Q8K_BSUMS)));
+        mins = _mm_fmadd_ps(dmin, min_dot, mins);
         let scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(scales_mins));
 
         let qs = x.add(offset_of!(BlockQ5K, qs));
@@ -190,7 +200,7 @@ unsafe fn q5_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
         }
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), acc);
     }
-    hsum_ps(acc) - mins
+    hsum_ps(acc) - hsum_ps_128(mins)
 }
 
 row_dot!(
@@ -207,7 +217,7 @@ unsafe fn q6_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for i in 0..blocks {
         let (x, y) = (w.add(i * Q6K), a.add(i * Q8K));
-        prefetch_ahead(x, 4); // 210 bytes
+        prefetch_ahead(x, 4); // a block is 210 bytes
         let d = _mm256_mul_ps(
             f16_splat(x.add(offset_of!(BlockQ6K, d))),
             _mm256_set1_ps(read_f32(y)),
@@ -279,7 +289,7 @@ unsafe fn q3_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for i in 0..blocks {
         let (x, y) = (w.add(i * Q3K), a.add(i * Q8K));
-        prefetch_ahead(x, 2); // 110 bytes
+        prefetch_ahead(x, 2); // a block is 110 bytes
         let d = _mm256_mul_ps(
             f16_splat(x.add(offset_of!(BlockQ3K, d))),
             _mm256_set1_ps(read_f32(y)),
@@ -341,29 +351,30 @@ unsafe fn q2_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
     let low4 = _mm_set1_epi8(0x0f);
     let low2 = _mm256_set1_epi8(0x03);
     let mut acc = _mm256_setzero_ps();
-    let mut mins = 0.0f32;
+    let mut mins = _mm_setzero_ps();
     for i in 0..blocks {
         let (x, y) = (w.add(i * Q2K), a.add(i * Q8K));
-        prefetch_ahead(x, 2); // 84 bytes
-                              // d and dmin are adjacent: [d * dy, dmin * dy] in lanes 0 and 1.
+        prefetch_ahead(x, 2); // a block is 84 bytes
+
+        // d and dmin are adjacent: [d * dy, dmin * dy] in lanes 0 and 1.
         const { assert!(offset_of!(BlockQ2K, dmin) == offset_of!(BlockQ2K, d) + 2) };
         let d_dmin = _mm_mul_ps(
             f16_pair(x.add(offset_of!(BlockQ2K, d))),
             _mm_set1_ps(read_f32(y)),
         );
         let d = _mm256_broadcastss_ps(d_dmin);
-        let dmin = _mm_cvtss_f32(_mm_movehdup_ps(d_dmin));
+        let dmin = _mm_shuffle_ps::<0x55>(d_dmin, d_dmin);
 
         // One byte per 16 weights: scale in the low nibble, minimum in the high one.
         let packed = load16(x.add(offset_of!(BlockQ2K, scales)));
         let scales16 = _mm256_cvtepu8_epi16(_mm_and_si128(packed, low4));
         let mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), low4));
         let min_dot = _mm256_madd_epi16(mins16, load32(y.add(Q8K_BSUMS)));
-        mins += dmin
-            * hsum_epi32_128(_mm_add_epi32(
-                _mm256_castsi256_si128(min_dot),
-                _mm256_extracti128_si256(min_dot, 1),
-            )) as f32;
+        let min_dot = _mm_add_epi32(
+            _mm256_castsi256_si128(min_dot),
+            _mm256_extracti128_si256(min_dot, 1),
+        );
+        mins = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(min_dot), mins);
 
         let qs = x.add(offset_of!(BlockQ2K, qs));
         let q8 = y.add(Q8K_QS);
@@ -386,7 +397,7 @@ unsafe fn q2_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
         }
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), acc);
     }
-    hsum_ps(acc) - mins
+    hsum_ps(acc) - hsum_ps_128(mins)
 }
 
 row_dot!(
@@ -401,7 +412,7 @@ unsafe fn q8_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for i in 0..blocks {
         let (x, y) = (w.add(i * Q8K), a.add(i * Q8K));
-        prefetch_ahead(x, 5); // 292 bytes
+        prefetch_ahead(x, 5); // a block is 292 bytes
         let d = _mm256_set1_ps(read_f32(x) * read_f32(y));
         let mut sum = _mm256_setzero_si256();
         for k in 0..QK_K / 32 {

@@ -23,8 +23,15 @@ const Q5_1: usize = size_of::<BlockQ5_1>();
 const Q8_0: usize = size_of::<BlockQ8_0>();
 const Q8_1: usize = size_of::<BlockQ8_1>();
 
-/// Where a block's two f16 factors live: the weight block's and the activation block's.
-type FactorsAt<'a> = &'a dyn Fn(usize) -> (*const u8, *const u8);
+/// The addresses of block `i`'s two f16 factors: in the weight block and in the activation block.
+type Factors = (*const u8, *const u8);
+
+/// Where each block's factors live.
+trait FactorsAt: Fn(usize) -> Factors {}
+impl<F: Fn(usize) -> Factors> FactorsAt for F {}
+
+/// The `mins` argument of [`sum_blocks`] for the formats without a minimum.
+const NO_MINS: Option<&fn(usize) -> Factors> = None;
 
 /// `x * y` for the halves at `x` and `y`, both widened exactly, through one conversion (see
 /// `f16_splat` for why a lone half is avoided).
@@ -45,7 +52,7 @@ unsafe fn f16_product(x: *const u8, y: *const u8) -> f32 {
 /// The factors of blocks `i..i + 4` must be readable.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16_products4(at: FactorsAt, i: usize) -> __m128 {
+unsafe fn f16_products4(at: &impl FactorsAt, i: usize) -> __m128 {
     let (mut xs, mut ys) = (0u64, 0u64);
     for k in 0..4 {
         let (x, y) = at(i + k);
@@ -72,8 +79,8 @@ unsafe fn f16_products4(at: FactorsAt, i: usize) -> __m128 {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn sum_blocks(
     blocks: usize,
-    scales: FactorsAt,
-    mins: Option<FactorsAt>,
+    scales: &impl FactorsAt,
+    mins: Option<&impl FactorsAt>,
     mut quants: impl FnMut(usize) -> __m256i,
 ) -> f32 {
     let mut acc = [_mm256_setzero_ps(); 4];
@@ -137,7 +144,7 @@ row_dot!(
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q8_0_q8_0_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
     let scales = |i: usize| (w.add(i * Q8_0), a.add(i * Q8_0));
-    sum_blocks(blocks, &scales, None, |i| {
+    sum_blocks(blocks, &scales, NO_MINS, |i| {
         let (x, y) = (w.add(i * Q8_0), a.add(i * Q8_0));
         dot_i8_i8(
             load32(x.add(offset_of!(BlockQ8_0, qs))),
@@ -156,7 +163,7 @@ row_dot!(
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_0_q8_0_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
     let scales = |i: usize| (w.add(i * Q4_0), a.add(i * Q8_0));
-    sum_blocks(blocks, &scales, None, |i| {
+    sum_blocks(blocks, &scales, NO_MINS, |i| {
         let (x, y) = (w.add(i * Q4_0), a.add(i * Q8_0));
         let qx = _mm256_sub_epi8(
             nibbles32(x.add(offset_of!(BlockQ4_0, qs))),
@@ -176,7 +183,7 @@ row_dot!(
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q5_0_q8_0_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
     let scales = |i: usize| (w.add(i * Q5_0), a.add(i * Q8_0));
-    sum_blocks(blocks, &scales, None, |i| {
+    sum_blocks(blocks, &scales, NO_MINS, |i| {
         let (x, y) = (w.add(i * Q5_0), a.add(i * Q8_0));
         // q - 16 as a signed byte: the nibble when the 5th bit is set, else nibble - 16, i.e.
         // the nibble with the upper four bits all ones.
