@@ -29,14 +29,20 @@ pub enum BackendError {
     #[error("weight {name}: {detail}")]
     Weight { name: String, detail: String },
     #[error("{backend} backend: {detail}")]
-    Device { backend: &'static str, detail: String },
+    Device {
+        backend: &'static str,
+        detail: String,
+    },
 }
 
 pub type Result<T> = std::result::Result<T, BackendError>;
 
 /// Build a [`BackendError::Shape`] (helper for backends).
 pub fn shape_err(op: &'static str, detail: impl Into<String>) -> BackendError {
-    BackendError::Shape { op, detail: detail.into() }
+    BackendError::Shape {
+        op,
+        detail: detail.into(),
+    }
 }
 
 /// A compute device: primitives over its own tensors and weights.
@@ -52,6 +58,14 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// Short name for logs ("cpu", "cuda:0").
     fn name(&self) -> String;
+
+    /// Run a whole computation (a forward pass) in the backend's execution context. The CPU
+    /// backend runs it on one of its pool's threads, so that the ops inside dispatch to the
+    /// other workers without a hand-off from a foreign thread at every op; a device with nothing
+    /// to set up just calls `f`.
+    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        f()
+    }
 
     /// Make a weight usable by this device. The CPU keeps a zero-copy view of the file; a GPU
     /// copies it once. Fails with [`BackendError::Weight`] for a type the device cannot compute.
@@ -81,7 +95,12 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// norm; with a group of `head_dim` it is a per-head (QK) norm.
     fn rms_norm(&self, x: &Self::Tensor, weight: &Self::Weight, eps: f32) -> Result<Self::Tensor>;
     /// Rotary position embedding on every head of every row; row `i` is at `positions[i]`.
-    fn rope(&self, x: &Self::Tensor, positions: &[u32], params: &RopeParams) -> Result<Self::Tensor>;
+    fn rope(
+        &self,
+        x: &Self::Tensor,
+        positions: &[u32],
+        params: &RopeParams,
+    ) -> Result<Self::Tensor>;
     /// Causal attention of `q` (`[n, n_heads * head_dim]`, row `i` at position `q_pos + i`)
     /// over the first `n_kv` rows of the caches (`[capacity, n_kv_heads * head_dim]`, row `j`
     /// at position `j`), with grouped-query heads, optional sliding window and soft-capping.
@@ -105,7 +124,12 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     // ---- fused ops (defaults built from primitives; override only with a real kernel) ---
     /// `act(gate) * up`, the gated FFN non-linearity.
-    fn gated_activation(&self, gate: &Self::Tensor, up: &Self::Tensor, act: Activation) -> Result<Self::Tensor> {
+    fn gated_activation(
+        &self,
+        gate: &Self::Tensor,
+        up: &Self::Tensor,
+        act: Activation,
+    ) -> Result<Self::Tensor> {
         let g = self.activation(gate, act)?;
         self.mul(&g, up)
     }

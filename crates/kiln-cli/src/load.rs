@@ -48,9 +48,6 @@ pub struct Loaded {
     pub model: Decoder<CpuBackend>,
     pub tokenizer: Tokenizer,
     pub load_ms: f64,
-    /// Keeps the memory map alive for as long as the weights point into it (the weights also
-    /// hold it; this is for metadata access).
-    pub file: GgufFile,
 }
 
 pub fn load(model: &str, threads: usize) -> Result<Loaded> {
@@ -59,5 +56,10 @@ pub fn load(model: &str, threads: usize) -> Result<Loaded> {
     let tokenizer = tokenizer(&file)?;
     let backend = CpuBackend::new(threads)?;
     let model = kiln_models::load_gguf_decoder(&backend, &file).context("loading the model")?;
-    Ok(Loaded { backend, model, tokenizer, load_ms: t0.elapsed().as_secs_f64() * 1e3, file })
+    Ok(Loaded {
+        backend,
+        model,
+        tokenizer,
+        load_ms: t0.elapsed().as_secs_f64() * 1e3,
+    })
 }

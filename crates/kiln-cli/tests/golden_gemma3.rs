@@ -16,13 +16,19 @@ use serde_json::Value;
 const MODEL: &str = "gemma3-270m";
 
 fn golden(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden").join(rel)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/golden")
+        .join(rel)
 }
 
 fn read_jsonl(rel: &str) -> Vec<Value> {
     let path = golden(rel);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    text.lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).unwrap()).collect()
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 /// Run `kiln ARGS` with `stdin`, return stdout; panic with stderr on failure.
@@ -34,23 +40,42 @@ fn kiln(args: &[&str], stdin: &str) -> String {
         .stderr(Stdio::piped())
         .spawn()
         .expect("starting kiln");
-    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "kiln {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "kiln {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap()
 }
 
 fn lines(stdout: &str) -> Vec<Value> {
-    stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 fn ids(v: &Value) -> Vec<u64> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
 }
 
 fn check_tokenize(file: &str, special: bool) {
     let cases = read_jsonl(&format!("gemma3-270m/public/{file}"));
-    let input: String = cases.iter().map(|c| format!("{}\n", serde_json::json!({ "text": c["text"] }))).collect();
+    let input: String = cases
+        .iter()
+        .map(|c| format!("{}\n", serde_json::json!({ "text": c["text"] })))
+        .collect();
     let mut args = vec!["tokenize", "-m", MODEL, "--jsonl"];
     if special {
         args.push("--special");
@@ -61,9 +86,22 @@ fn check_tokenize(file: &str, special: bool) {
         .iter()
         .zip(&got)
         .filter(|(c, g)| ids(&c["ids"]) != ids(&g["ids"]))
-        .map(|(c, g)| format!("{:?}: want {:?} got {:?}", c["text"], ids(&c["ids"]), ids(&g["ids"])))
+        .map(|(c, g)| {
+            format!(
+                "{:?}: want {:?} got {:?}",
+                c["text"],
+                ids(&c["ids"]),
+                ids(&g["ids"])
+            )
+        })
         .collect();
-    assert!(wrong.is_empty(), "{} of {} cases differ:\n{}", wrong.len(), cases.len(), wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "{} of {} cases differ:\n{}",
+        wrong.len(),
+        cases.len(),
+        wrong.join("\n")
+    );
 }
 
 #[test]
@@ -85,9 +123,14 @@ struct Agreement {
 }
 
 fn agreement(reference: &[Value], ours: &[Value]) -> Agreement {
-    let (mut confident, mut top1_equal, mut worst, mut total, mut n) = (0, 0, 0.0f64, 0.0f64, 0usize);
+    let (mut confident, mut top1_equal, mut worst, mut total, mut n) =
+        (0, 0, 0.0f64, 0.0f64, 0usize);
     for (r, o) in reference.iter().zip(ours) {
-        assert_eq!(ids(&r["ids"]), ids(&o["ids"]), "kiln must score the ids it was given");
+        assert_eq!(
+            ids(&r["ids"]),
+            ids(&o["ids"]),
+            "kiln must score the ids it was given"
+        );
         let r_next = r["logprob_next"].as_array().unwrap();
         let o_next = o["logprob_next"].as_array().unwrap();
         assert_eq!(r_next.len(), o_next.len());
@@ -98,7 +141,12 @@ fn agreement(reference: &[Value], ours: &[Value]) -> Agreement {
         worst = worst.max(text_sum / r_next.len() as f64);
         total += text_sum;
         n += r_next.len();
-        for (rp, op) in r["positions"].as_array().unwrap().iter().zip(o["positions"].as_array().unwrap()) {
+        for (rp, op) in r["positions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(o["positions"].as_array().unwrap())
+        {
             let rt = rp["top"].as_array().unwrap();
             let gap = rt[0][1].as_f64().unwrap() - rt[1][1].as_f64().unwrap();
             if gap >= 0.5 {
@@ -109,15 +157,26 @@ fn agreement(reference: &[Value], ours: &[Value]) -> Agreement {
             }
         }
     }
-    Agreement { confident, top1_equal, worst_text_mean_abs: worst, pooled_mean_abs: total / n as f64 }
+    Agreement {
+        confident,
+        top1_equal,
+        worst_text_mean_abs: worst,
+        pooled_mean_abs: total / n as f64,
+    }
 }
 
 #[test]
 fn teacher_forced_logprobs_match_both_references() {
     let llama = read_jsonl("gemma3-270m/public/logits.jsonl");
     let hf = read_jsonl("gemma3-270m-hf/public/logits.jsonl");
-    let input: String = llama.iter().map(|c| format!("{}\n", serde_json::json!({ "ids": c["ids"] }))).collect();
-    let ours = lines(&kiln(&["score", "-m", MODEL, "--top-k", "2", "--jsonl"], &input));
+    let input: String = llama
+        .iter()
+        .map(|c| format!("{}\n", serde_json::json!({ "ids": c["ids"] })))
+        .collect();
+    let ours = lines(&kiln(
+        &["score", "-m", MODEL, "--top-k", "2", "--jsonl"],
+        &input,
+    ));
     assert_eq!(ours.len(), llama.len());
     for (name, reference) in [("llama.cpp", &llama), ("HF float32", &hf)] {
         let a = agreement(reference, &ours);
@@ -131,7 +190,11 @@ fn teacher_forced_logprobs_match_both_references() {
             a.worst_text_mean_abs
         );
         assert!(rate >= 0.99, "vs {name}: top-1 agreement {rate:.4} < 0.99");
-        assert!(a.worst_text_mean_abs <= 0.2, "vs {name}: a text's mean |Δ| is {:.4} > 0.2", a.worst_text_mean_abs);
+        assert!(
+            a.worst_text_mean_abs <= 0.2,
+            "vs {name}: a text's mean |Δ| is {:.4} > 0.2",
+            a.worst_text_mean_abs
+        );
     }
 }
 
@@ -140,13 +203,21 @@ fn teacher_forced_logprobs_match_both_references() {
 fn greedy_mismatch(reference: &Value, ours: &[u64]) -> (usize, Option<usize>) {
     let want = ids(&reference["ids"]);
     let gaps = reference["top2_gap"].as_array().unwrap();
-    let checked = gaps.iter().position(|g| g.as_f64().unwrap() < 0.6).unwrap_or(want.len());
+    let checked = gaps
+        .iter()
+        .position(|g| g.as_f64().unwrap() < 0.6)
+        .unwrap_or(want.len());
     let mismatch = (0..checked).find(|&i| ours.get(i) != want.get(i));
     (checked, mismatch)
 }
 
 fn greedy(prompt: &str, threads: &str) -> Value {
-    let out = kiln(&["run", "-m", MODEL, "-p", prompt, "-n", "32", "--temp", "0", "--json", "-t", threads], "");
+    let out = kiln(
+        &[
+            "run", "-m", MODEL, "-p", prompt, "-n", "32", "--temp", "0", "--json", "-t", threads,
+        ],
+        "",
+    );
     serde_json::from_str(out.trim()).unwrap()
 }
 
@@ -158,13 +229,21 @@ fn greedy_generation_matches_llama_cpp() {
     let (mut equal_llama, mut equal_hf) = (0, 0);
     for (case, hf_case) in cases.iter().zip(&hf) {
         let got = greedy(case["prompt"].as_str().unwrap(), "2");
-        assert_eq!(ids(&got["prompt_ids"]), ids(&case["prompt_ids"]), "prompt tokenization of {:?}", case["prompt"]);
+        assert_eq!(
+            ids(&got["prompt_ids"]),
+            ids(&case["prompt_ids"]),
+            "prompt tokenization of {:?}",
+            case["prompt"]
+        );
         let ours = ids(&got["ids"]);
         equal_llama += usize::from(ours == ids(&case["ids"]));
         equal_hf += usize::from(ours == ids(&hf_case["ids"]));
         let (checked, mismatch) = greedy_mismatch(case, &ours);
         if let Some(step) = mismatch {
-            early.push(format!("{:?}: differs at step {step} of {checked} checked", case["prompt"]));
+            early.push(format!(
+                "{:?}: differs at step {step} of {checked} checked",
+                case["prompt"]
+            ));
         }
         let (_, hf_mismatch) = greedy_mismatch(hf_case, &ours);
         if let Some(step) = hf_mismatch {
@@ -175,7 +254,12 @@ fn greedy_generation_matches_llama_cpp() {
         "greedy: {equal_llama}/{} sequences identical to llama.cpp, {equal_hf} to HF; early divergences: {early:?}",
         cases.len()
     );
-    assert!(early.len() * 20 <= cases.len(), "{} prompts diverge before a top-2 gap < 0.6:\n{}", early.len(), early.join("\n"));
+    assert!(
+        early.len() * 20 <= cases.len(),
+        "{} prompts diverge before a top-2 gap < 0.6:\n{}",
+        early.len(),
+        early.join("\n")
+    );
 }
 
 #[test]
@@ -189,13 +273,33 @@ fn thread_count_does_not_change_tokens() {
 
 #[test]
 fn perplexity_matches_llama_cpp_within_one_percent() {
-    let reference: Value =
-        serde_json::from_str(&std::fs::read_to_string(golden("gemma3-270m/public/ppl.json")).unwrap()).unwrap();
+    let reference: Value = serde_json::from_str(
+        &std::fs::read_to_string(golden("gemma3-270m/public/ppl.json")).unwrap(),
+    )
+    .unwrap();
     let text = golden("gemma3-270m/public/ppl_text.txt");
-    let out = kiln(&["perplexity", "-m", MODEL, "-f", text.to_str().unwrap(), "-c", "512", "--json"], "");
+    let out = kiln(
+        &[
+            "perplexity",
+            "-m",
+            MODEL,
+            "-f",
+            text.to_str().unwrap(),
+            "-c",
+            "512",
+            "--json",
+        ],
+        "",
+    );
     let got: Value = serde_json::from_str(out.trim()).unwrap();
-    let (ppl, want) = (got["ppl"].as_f64().unwrap(), reference["ppl"].as_f64().unwrap());
-    eprintln!("perplexity: kiln {ppl:.4}, llama.cpp {want:.4} ({:+.2}%)", (ppl / want - 1.0) * 100.0);
+    let (ppl, want) = (
+        got["ppl"].as_f64().unwrap(),
+        reference["ppl"].as_f64().unwrap(),
+    );
+    eprintln!(
+        "perplexity: kiln {ppl:.4}, llama.cpp {want:.4} ({:+.2}%)",
+        (ppl / want - 1.0) * 100.0
+    );
     assert_eq!(got["chunks"], reference["chunks"]);
     assert!((ppl / want - 1.0).abs() <= 0.01, "ppl {ppl} vs {want}");
 }

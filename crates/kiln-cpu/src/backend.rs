@@ -1,7 +1,8 @@
 use std::ops::Range;
 
 use kiln_backend::{
-    shape_err, Activation, AttentionParams, Backend, BackendError, Linear, Result, RopeParams, WeightData,
+    shape_err, Activation, AttentionParams, Backend, BackendError, Linear, Result, RopeParams,
+    WeightData,
 };
 use kiln_core::{GgmlType, SharedBytes};
 
@@ -18,7 +19,10 @@ pub struct CpuTensor {
 impl CpuTensor {
     pub fn new(data: Vec<f32>, rows: usize, cols: usize) -> Result<Self> {
         if data.len() != rows * cols {
-            return Err(shape_err("tensor", format!("{} values for [{rows}, {cols}]", data.len())));
+            return Err(shape_err(
+                "tensor",
+                format!("{} values for [{rows}, {cols}]", data.len()),
+            ));
         }
         Ok(CpuTensor { data, rows, cols })
     }
@@ -48,7 +52,9 @@ impl CpuWeight {
     }
     /// f32 values of a small vector weight.
     pub(crate) fn vector(&self, op: &'static str) -> Result<&[f32]> {
-        self.values.as_deref().ok_or_else(|| shape_err(op, "expected a one-dimensional weight"))
+        self.values
+            .as_deref()
+            .ok_or_else(|| shape_err(op, "expected a one-dimensional weight"))
     }
 }
 
@@ -68,13 +74,24 @@ impl CpuBackend {
 
     /// As [`CpuBackend::new`] at a given SIMD level (tests pin `Scalar` to compare paths).
     pub fn with_simd(threads: usize, simd: SimdLevel) -> Result<Self> {
-        let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
+        let threads = if threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            threads
+        };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("kiln-cpu-{i}"))
             .build()
-            .map_err(|e| BackendError::Device { backend: "cpu", detail: format!("thread pool: {e}") })?;
-        Ok(CpuBackend { pool, threads, simd })
+            .map_err(|e| BackendError::Device {
+                backend: "cpu",
+                detail: format!("thread pool: {e}"),
+            })?;
+        Ok(CpuBackend {
+            pool,
+            threads,
+            simd,
+        })
     }
 
     pub fn threads(&self) -> usize {
@@ -87,18 +104,44 @@ impl CpuBackend {
 
     fn check_same(op: &'static str, a: &CpuTensor, b: &CpuTensor) -> Result<()> {
         if (a.rows, a.cols) != (b.rows, b.cols) {
-            return Err(shape_err(op, format!("[{}, {}] vs [{}, {}]", a.rows, a.cols, b.rows, b.cols)));
+            return Err(shape_err(
+                op,
+                format!("[{}, {}] vs [{}, {}]", a.rows, a.cols, b.rows, b.cols),
+            ));
         }
         Ok(())
     }
 
     fn map(&self, x: &CpuTensor, f: impl Fn(f32) -> f32 + Sync) -> CpuTensor {
-        CpuTensor { data: x.data.iter().map(|&v| f(v)).collect(), rows: x.rows, cols: x.cols }
+        CpuTensor {
+            data: x.data.iter().map(|&v| f(v)).collect(),
+            rows: x.rows,
+            cols: x.cols,
+        }
     }
 
-    fn zip(&self, op: &'static str, a: &CpuTensor, b: &CpuTensor, f: impl Fn(f32, f32) -> f32) -> Result<CpuTensor> {
+    fn zip(
+        &self,
+        op: &'static str,
+        a: &CpuTensor,
+        b: &CpuTensor,
+        f: impl Fn(f32, f32) -> f32 + Sync + Send,
+    ) -> Result<CpuTensor> {
         Self::check_same(op, a, b)?;
-        Ok(CpuTensor { data: a.data.iter().zip(&b.data).map(|(&x, &y)| f(x, y)).collect(), rows: a.rows, cols: a.cols })
+        let mut out = vec![0.0f32; a.data.len()];
+        const CHUNK: usize = 4096;
+        let parallel = out.len() >= crate::PARALLEL_MIN_ELEMENTS;
+        crate::for_each_chunk(self, &mut out, CHUNK, parallel, |i, o| {
+            let (x, y) = (&a.data[i * CHUNK..], &b.data[i * CHUNK..]);
+            for ((o, &x), &y) in o.iter_mut().zip(x).zip(y) {
+                *o = f(x, y);
+            }
+        });
+        Ok(CpuTensor {
+            data: out,
+            rows: a.rows,
+            cols: a.cols,
+        })
     }
 }
 
@@ -110,34 +153,57 @@ impl Backend for CpuBackend {
         format!("cpu ({} threads, {:?})", self.threads, self.simd)
     }
 
+    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+
     fn upload_weight(&self, data: &WeightData) -> Result<CpuWeight> {
-        let werr = |detail: String| BackendError::Weight { name: data.name.clone(), detail };
+        let werr = |detail: String| BackendError::Weight {
+            name: data.name.clone(),
+            detail,
+        };
         if !data.ty.is_supported() {
             return Err(werr(format!("type {} is not supported", data.ty)));
         }
         let row_len = data.row_len();
         let n_rows = data.n_rows();
-        let row_bytes = data
-            .ty
-            .row_bytes(row_len as u64)
-            .ok_or_else(|| werr(format!("row of {row_len} is not a whole number of {} blocks", data.ty)))?
-            as usize;
+        let row_bytes = data.ty.row_bytes(row_len as u64).ok_or_else(|| {
+            werr(format!(
+                "row of {row_len} is not a whole number of {} blocks",
+                data.ty
+            ))
+        })? as usize;
         if row_bytes.checked_mul(n_rows) != Some(data.bytes.len()) {
-            return Err(werr(format!("{} bytes for {n_rows} rows of {row_bytes}", data.bytes.len())));
+            return Err(werr(format!(
+                "{} bytes for {n_rows} rows of {row_bytes}",
+                data.bytes.len()
+            )));
         }
         let values = if data.dims.len() == 1 {
             let mut v = vec![0.0; row_len];
-            kiln_quant::dequantize(data.ty, &data.bytes, &mut v).map_err(|e| werr(e.to_string()))?;
+            kiln_quant::dequantize(data.ty, &data.bytes, &mut v)
+                .map_err(|e| werr(e.to_string()))?;
             Some(v)
         } else {
             None
         };
-        Ok(CpuWeight { ty: data.ty, row_len, n_rows, row_bytes, bytes: data.bytes.clone(), values })
+        Ok(CpuWeight {
+            ty: data.ty,
+            row_len,
+            n_rows,
+            row_bytes,
+            bytes: data.bytes.clone(),
+            values,
+        })
     }
 
     fn zeros(&self, rows: usize, cols: usize) -> Result<CpuTensor> {
         // vec! of zeros allocates with calloc: pages of a large KV cache are only touched when used.
-        Ok(CpuTensor { data: vec![0.0; rows * cols], rows, cols })
+        Ok(CpuTensor {
+            data: vec![0.0; rows * cols],
+            rows,
+            cols,
+        })
     }
 
     fn tensor_from_f32(&self, data: &[f32], rows: usize, cols: usize) -> Result<CpuTensor> {
@@ -167,7 +233,10 @@ impl Backend for CpuBackend {
         if src.cols != dst.cols || dst_row + src.rows > dst.rows {
             return Err(shape_err(
                 "write_rows",
-                format!("[{}, {}] at row {dst_row} into [{}, {}]", src.rows, src.cols, dst.rows, dst.cols),
+                format!(
+                    "[{}, {}] at row {dst_row} into [{}, {}]",
+                    src.rows, src.cols, dst.rows, dst.cols
+                ),
             ));
         }
         dst.data[dst_row * dst.cols..(dst_row + src.rows) * dst.cols].copy_from_slice(&src.data);
@@ -180,12 +249,19 @@ impl Backend for CpuBackend {
         for (out, &id) in data.chunks_mut(d.max(1)).zip(ids) {
             let id = id as usize;
             if id >= table.n_rows {
-                return Err(shape_err("embedding", format!("token {id} outside a table of {} rows", table.n_rows)));
+                return Err(shape_err(
+                    "embedding",
+                    format!("token {id} outside a table of {} rows", table.n_rows),
+                ));
             }
             kiln_quant::dequantize(table.ty, table.row_bytes_of(id), out)
                 .map_err(|e| shape_err("embedding", e.to_string()))?;
         }
-        Ok(CpuTensor { data, rows: ids.len(), cols: d })
+        Ok(CpuTensor {
+            data,
+            rows: ids.len(),
+            cols: d,
+        })
     }
 
     fn matmul(&self, x: &CpuTensor, w: &Linear<Self>) -> Result<CpuTensor> {
@@ -228,11 +304,22 @@ impl Backend for CpuBackend {
         Ok(self.map(x, |v| v * s))
     }
 
-    fn gated_activation(&self, gate: &CpuTensor, up: &CpuTensor, act: Activation) -> Result<CpuTensor> {
+    fn gated_activation(
+        &self,
+        gate: &CpuTensor,
+        up: &CpuTensor,
+        act: Activation,
+    ) -> Result<CpuTensor> {
         self.zip("gated_activation", gate, up, |g, u| act.apply(g) * u)
     }
 
-    fn add_rms_norm(&self, residual: &CpuTensor, x: &CpuTensor, weight: &CpuWeight, eps: f32) -> Result<CpuTensor> {
+    fn add_rms_norm(
+        &self,
+        residual: &CpuTensor,
+        x: &CpuTensor,
+        weight: &CpuWeight,
+        eps: f32,
+    ) -> Result<CpuTensor> {
         Self::check_same("add_rms_norm", residual, x)?;
         crate::ops::rms_norm(self, x, weight.vector("add_rms_norm")?, eps, Some(residual))
     }

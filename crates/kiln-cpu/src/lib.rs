@@ -15,3 +15,32 @@ mod matmul;
 mod ops;
 
 pub use backend::{CpuBackend, CpuTensor, CpuWeight};
+
+use rayon::prelude::*;
+
+/// Elements below which a row-wise op runs on the calling thread: handing a few microseconds of
+/// work to the pool costs more than it saves (decode steps are made of such ops).
+pub(crate) const PARALLEL_MIN_ELEMENTS: usize = 32 * 1024;
+
+/// `f(index, chunk)` over `chunk`-sized pieces of `data`, on the pool when `parallel`, inline
+/// otherwise. The split is the same either way, so results do not depend on the choice.
+pub(crate) fn for_each_chunk<T: Send>(
+    cpu: &CpuBackend,
+    data: &mut [T],
+    chunk: usize,
+    parallel: bool,
+    f: impl Fn(usize, &mut [T]) + Sync + Send,
+) {
+    let chunk = chunk.max(1);
+    if parallel {
+        cpu.pool.install(|| {
+            data.par_chunks_mut(chunk)
+                .enumerate()
+                .for_each(|(i, c)| f(i, c))
+        });
+    } else {
+        data.chunks_mut(chunk)
+            .enumerate()
+            .for_each(|(i, c)| f(i, c));
+    }
+}

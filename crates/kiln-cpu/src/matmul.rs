@@ -20,13 +20,20 @@ fn rows_per_task(n: usize, m: usize, threads: usize) -> usize {
     by_balance.clamp(1, (16_384 / m.max(1)).max(4))
 }
 
-pub(crate) fn matmul(cpu: &CpuBackend, x: &CpuTensor, lin: &Linear<CpuBackend>) -> Result<CpuTensor> {
+pub(crate) fn matmul(
+    cpu: &CpuBackend,
+    x: &CpuTensor,
+    lin: &Linear<CpuBackend>,
+) -> Result<CpuTensor> {
     let w = &*lin.weight;
     let (m, k, n) = (x.rows, x.cols, lin.out_features);
     if k != lin.in_features || w.row_len != k || w.n_rows != n {
         return Err(shape_err(
             "matmul",
-            format!("x [{m}, {k}] · W [{}, {}] ({} declared as {n}×{})", w.n_rows, w.row_len, w.ty, lin.in_features),
+            format!(
+                "x [{m}, {k}] · W [{}, {}] ({} declared as {n}×{})",
+                w.n_rows, w.row_len, w.ty, lin.in_features
+            ),
         ));
     }
     let qerr = |e: kiln_quant::QuantError| shape_err("matmul", e.to_string());
@@ -36,25 +43,40 @@ pub(crate) fn matmul(cpu: &CpuBackend, x: &CpuTensor, lin: &Linear<CpuBackend>) 
     let dot = kernels::vec_dot_fn(w.ty, cpu.simd).map_err(qerr)?;
 
     let mut acts = vec![0u8; m * act_bytes];
+    crate::for_each_chunk(cpu, &mut acts, act_bytes, m >= 4, |t, a| {
+        quantize(x.row(t), a)
+    });
     let mut out_t = vec![0.0f32; n * m]; // [n, m]: each task owns a contiguous run of weight rows
     let chunk = rows_per_task(n, m, cpu.threads);
+    let wbytes: &[u8] = &w.bytes;
+    let rb = w.row_bytes;
     cpu.pool.install(|| {
-        acts.par_chunks_mut(act_bytes.max(1)).zip(x.data.par_chunks(k.max(1))).for_each(|(a, xr)| quantize(xr, a));
-        out_t.par_chunks_mut(chunk * m).enumerate().for_each(|(task, out)| {
-            for (r, out_r) in out.chunks_mut(m).enumerate() {
-                let wrow = w.row_bytes_of(task * chunk + r);
-                for (o, a) in out_r.iter_mut().zip(acts.chunks(act_bytes.max(1))) {
-                    *o = dot(k, wrow, a);
+        out_t
+            .par_chunks_mut(chunk * m)
+            .enumerate()
+            .for_each(|(task, out)| {
+                let first = task * chunk * rb;
+                let rows = wbytes[first..first + out.len() / m * rb].chunks_exact(rb);
+                for (out_r, wrow) in out.chunks_mut(m).zip(rows) {
+                    for (o, a) in out_r.iter_mut().zip(acts.chunks_exact(act_bytes)) {
+                        *o = dot(k, wrow, a);
+                    }
                 }
-            }
-        });
+            });
     });
 
-    let mut y = if m == 1 { out_t } else { transpose(&out_t, n, m) };
+    let mut y = if m == 1 {
+        out_t
+    } else {
+        transpose(&out_t, n, m)
+    };
     if let Some(bias) = &lin.bias {
         let b = bias.vector("matmul bias")?;
         if b.len() != n {
-            return Err(shape_err("matmul", format!("bias of {} for {n} outputs", b.len())));
+            return Err(shape_err(
+                "matmul",
+                format!("bias of {} for {n} outputs", b.len()),
+            ));
         }
         for row in y.chunks_mut(n.max(1)) {
             for (v, &bv) in row.iter_mut().zip(b) {
@@ -62,7 +84,11 @@ pub(crate) fn matmul(cpu: &CpuBackend, x: &CpuTensor, lin: &Linear<CpuBackend>) 
             }
         }
     }
-    Ok(CpuTensor { data: y, rows: m, cols: n })
+    Ok(CpuTensor {
+        data: y,
+        rows: m,
+        cols: n,
+    })
 }
 
 /// `[rows, cols]` → `[cols, rows]`, in cache-friendly tiles.
@@ -89,8 +115,8 @@ mod tests {
     fn transpose_round_trips() {
         let src: Vec<f32> = (0..35 * 70).map(|v| v as f32).collect();
         let t = transpose(&src, 35, 70);
-        assert_eq!(t[70 * 0 + 0], 0.0);
-        assert_eq!(t[1 * 35], 1.0); // src[0][1] -> dst[1][0]
+        assert_eq!(t[0], 0.0);
+        assert_eq!(t[35], 1.0); // src[0][1] -> dst[1][0]
         assert_eq!(transpose(&t, 70, 35), src);
     }
 }

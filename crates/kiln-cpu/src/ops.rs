@@ -1,7 +1,6 @@
 //! Row-wise ops: RMS norm and rotary embeddings.
 
 use kiln_backend::{shape_err, Result, RopeParams, RopeStyle};
-use rayon::prelude::*;
 
 use crate::{CpuBackend, CpuTensor};
 
@@ -19,13 +18,21 @@ pub(crate) fn rms_norm(
     residual: Option<&CpuTensor>,
 ) -> Result<CpuTensor> {
     let group = w.len();
-    if group == 0 || x.cols % group != 0 {
-        return Err(shape_err("rms_norm", format!("weight of {group} does not divide rows of {}", x.cols)));
+    if group == 0 || !x.cols.is_multiple_of(group) {
+        return Err(shape_err(
+            "rms_norm",
+            format!("weight of {group} does not divide rows of {}", x.cols),
+        ));
     }
     let mut out = vec![0.0f32; x.data.len()];
     let cols = x.cols.max(1);
-    cpu.pool.install(|| {
-        out.par_chunks_mut(cols * ROWS_PER_TASK).enumerate().for_each(|(task, chunk)| {
+    let parallel = x.data.len() >= crate::PARALLEL_MIN_ELEMENTS;
+    crate::for_each_chunk(
+        cpu,
+        &mut out,
+        cols * ROWS_PER_TASK,
+        parallel,
+        |task, chunk| {
             for (r, out_row) in chunk.chunks_mut(cols).enumerate() {
                 let row = task * ROWS_PER_TASK + r;
                 let xr = x.row(row);
@@ -43,50 +50,72 @@ pub(crate) fn rms_norm(
                     }
                 }
             }
-        })
-    });
-    Ok(CpuTensor { data: out, rows: x.rows, cols: x.cols })
+        },
+    );
+    Ok(CpuTensor {
+        data: out,
+        rows: x.rows,
+        cols: x.cols,
+    })
 }
 
 /// Rotary embedding; angles are computed in f64 and rounded once, so they are as exact as f32
 /// allows at any position.
-pub(crate) fn rope(cpu: &CpuBackend, x: &CpuTensor, positions: &[u32], p: &RopeParams) -> Result<CpuTensor> {
+pub(crate) fn rope(
+    cpu: &CpuBackend,
+    x: &CpuTensor,
+    positions: &[u32],
+    p: &RopeParams,
+) -> Result<CpuTensor> {
     if positions.len() != x.rows
         || p.n_heads * p.head_dim != x.cols
         || p.rope_dim > p.head_dim
-        || p.rope_dim % 2 != 0
+        || !p.rope_dim.is_multiple_of(2)
     {
         return Err(shape_err(
             "rope",
-            format!("[{}, {}] with {} positions, {} heads of {} (rotary {})", x.rows, x.cols, positions.len(), p.n_heads, p.head_dim, p.rope_dim),
+            format!(
+                "[{}, {}] with {} positions, {} heads of {} (rotary {})",
+                x.rows,
+                x.cols,
+                positions.len(),
+                p.n_heads,
+                p.head_dim,
+                p.rope_dim
+            ),
         ));
     }
     let half = p.rope_dim / 2;
-    let inv_freq: Vec<f64> =
-        (0..half).map(|i| (p.freq_scale as f64) * (p.base as f64).powf(-2.0 * i as f64 / p.rope_dim as f64)).collect();
+    let inv_freq: Vec<f64> = (0..half)
+        .map(|i| (p.freq_scale as f64) * (p.base as f64).powf(-2.0 * i as f64 / p.rope_dim as f64))
+        .collect();
     let mut out = x.data.clone();
     let cols = x.cols.max(1);
-    cpu.pool.install(|| {
-        out.par_chunks_mut(cols).zip(positions.par_iter()).for_each(|(row, &pos)| {
-            let (sin, cos): (Vec<f32>, Vec<f32>) = inv_freq
-                .iter()
-                .map(|f| {
-                    let theta = pos as f64 * f;
-                    (theta.sin() as f32, theta.cos() as f32)
-                })
-                .unzip();
-            for head in row.chunks_mut(p.head_dim) {
-                for i in 0..half {
-                    let (a, b) = match p.style {
-                        RopeStyle::Neox => (i, i + half),
-                        RopeStyle::Normal => (2 * i, 2 * i + 1),
-                    };
-                    let (x0, x1) = (head[a], head[b]);
-                    head[a] = x0 * cos[i] - x1 * sin[i];
-                    head[b] = x0 * sin[i] + x1 * cos[i];
-                }
+    let parallel = x.data.len() >= crate::PARALLEL_MIN_ELEMENTS;
+    crate::for_each_chunk(cpu, &mut out, cols, parallel, |r, row| {
+        let pos = positions[r];
+        let (sin, cos): (Vec<f32>, Vec<f32>) = inv_freq
+            .iter()
+            .map(|f| {
+                let theta = pos as f64 * f;
+                (theta.sin() as f32, theta.cos() as f32)
+            })
+            .unzip();
+        for head in row.chunks_mut(p.head_dim) {
+            for i in 0..half {
+                let (a, b) = match p.style {
+                    RopeStyle::Neox => (i, i + half),
+                    RopeStyle::Normal => (2 * i, 2 * i + 1),
+                };
+                let (x0, x1) = (head[a], head[b]);
+                head[a] = x0 * cos[i] - x1 * sin[i];
+                head[b] = x0 * sin[i] + x1 * cos[i];
             }
-        })
+        }
     });
-    Ok(CpuTensor { data: out, rows: x.rows, cols: x.cols })
+    Ok(CpuTensor {
+        data: out,
+        rows: x.rows,
+        cols: x.cols,
+    })
 }

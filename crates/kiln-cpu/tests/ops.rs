@@ -3,14 +3,18 @@
 
 use std::sync::Arc;
 
-use kiln_backend::{Activation, AttentionParams, Backend, Linear, RopeParams, RopeStyle, WeightData};
+use kiln_backend::{
+    Activation, AttentionParams, Backend, Linear, RopeParams, RopeStyle, WeightData,
+};
 use kiln_core::{GgmlType, SharedBytes};
 use kiln_cpu::kernels::{simd_level, SimdLevel};
 use kiln_cpu::{CpuBackend, CpuTensor};
 
 /// Deterministic pseudo-random values in [-1, 1).
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
             s ^= s << 13;
@@ -22,7 +26,10 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
 }
 
 fn backends() -> Vec<CpuBackend> {
-    let mut v = vec![CpuBackend::with_simd(1, SimdLevel::Scalar).unwrap(), CpuBackend::with_simd(3, SimdLevel::Scalar).unwrap()];
+    let mut v = vec![
+        CpuBackend::with_simd(1, SimdLevel::Scalar).unwrap(),
+        CpuBackend::with_simd(3, SimdLevel::Scalar).unwrap(),
+    ];
     if simd_level() != SimdLevel::Scalar {
         v.push(CpuBackend::with_simd(1, simd_level()).unwrap());
         v.push(CpuBackend::with_simd(2, simd_level()).unwrap());
@@ -30,16 +37,29 @@ fn backends() -> Vec<CpuBackend> {
     v
 }
 
-fn f32_weight(b: &CpuBackend, name: &str, dims: &[usize], v: &[f32]) -> <CpuBackend as Backend>::Weight {
+fn f32_weight(
+    b: &CpuBackend,
+    name: &str,
+    dims: &[usize],
+    v: &[f32],
+) -> <CpuBackend as Backend>::Weight {
     let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-    b.upload_weight(&WeightData { name: name.into(), ty: GgmlType::F32, dims: dims.to_vec(), bytes: SharedBytes::from_vec(bytes) })
-        .unwrap()
+    b.upload_weight(&WeightData {
+        name: name.into(),
+        ty: GgmlType::F32,
+        dims: dims.to_vec(),
+        bytes: SharedBytes::from_vec(bytes),
+    })
+    .unwrap()
 }
 
 fn assert_close(got: &[f32], want: &[f64], tol: f64, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        assert!((g as f64 - w).abs() <= tol * (1.0 + w.abs()), "{what}[{i}]: got {g}, want {w}");
+        assert!(
+            (g as f64 - w).abs() <= tol * (1.0 + w.abs()),
+            "{what}[{i}]: got {g}, want {w}"
+        );
     }
 }
 
@@ -51,20 +71,39 @@ fn rms_norm_whole_rows_and_per_head_groups() {
         for group in [64, 16] {
             let w = values(group, 2);
             let t = b.tensor_from_f32(&x, rows, cols).unwrap();
-            let y = b.to_f32(&b.rms_norm(&t, &f32_weight(&b, "w", &[group], &w), 1e-6).unwrap()).unwrap();
+            let y = b
+                .to_f32(
+                    &b.rms_norm(&t, &f32_weight(&b, "w", &[group], &w), 1e-6)
+                        .unwrap(),
+                )
+                .unwrap();
             let want: Vec<f64> = x
                 .chunks(group)
                 .flat_map(|g| {
                     let ms = g.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / group as f64;
                     let s = 1.0 / (ms + 1e-6).sqrt();
-                    g.iter().zip(&w).map(move |(&v, &wv)| v as f64 * s * wv as f64).collect::<Vec<_>>()
+                    g.iter()
+                        .zip(&w)
+                        .map(move |(&v, &wv)| v as f64 * s * wv as f64)
+                        .collect::<Vec<_>>()
                 })
                 .collect();
             assert_close(&y, &want, 1e-5, "rms_norm");
             // add_rms_norm = residual + norm(x)
-            let r = b.tensor_from_f32(&values(rows * cols, 3), rows, cols).unwrap();
-            let fused = b.to_f32(&b.add_rms_norm(&r, &t, &f32_weight(&b, "w", &[group], &w), 1e-6).unwrap()).unwrap();
-            let want_fused: Vec<f64> = want.iter().zip(values(rows * cols, 3)).map(|(a, r)| a + r as f64).collect();
+            let r = b
+                .tensor_from_f32(&values(rows * cols, 3), rows, cols)
+                .unwrap();
+            let fused = b
+                .to_f32(
+                    &b.add_rms_norm(&r, &t, &f32_weight(&b, "w", &[group], &w), 1e-6)
+                        .unwrap(),
+                )
+                .unwrap();
+            let want_fused: Vec<f64> = want
+                .iter()
+                .zip(values(rows * cols, 3))
+                .map(|(a, r)| a + r as f64)
+                .collect();
             assert_close(&fused, &want_fused, 1e-5, "add_rms_norm");
         }
     }
@@ -76,16 +115,30 @@ fn rope_rotates_pairs_by_position() {
     let positions = [0u32, 1, 7, 1000];
     let x = values(positions.len() * n_heads * head_dim, 4);
     for b in backends() {
-        for (style, rope_dim) in [(RopeStyle::Neox, 16), (RopeStyle::Normal, 16), (RopeStyle::Neox, 8)] {
-            let p = RopeParams { n_heads, head_dim, rope_dim, base: 10_000.0, freq_scale: 0.5, style };
-            let t = b.tensor_from_f32(&x, positions.len(), n_heads * head_dim).unwrap();
+        for (style, rope_dim) in [
+            (RopeStyle::Neox, 16),
+            (RopeStyle::Normal, 16),
+            (RopeStyle::Neox, 8),
+        ] {
+            let p = RopeParams {
+                n_heads,
+                head_dim,
+                rope_dim,
+                base: 10_000.0,
+                freq_scale: 0.5,
+                style,
+            };
+            let t = b
+                .tensor_from_f32(&x, positions.len(), n_heads * head_dim)
+                .unwrap();
             let y = b.to_f32(&b.rope(&t, &positions, &p).unwrap()).unwrap();
             let mut want: Vec<f64> = x.iter().map(|&v| v as f64).collect();
             for (r, &pos) in positions.iter().enumerate() {
                 for h in 0..n_heads {
                     let base = r * n_heads * head_dim + h * head_dim;
                     for i in 0..rope_dim / 2 {
-                        let theta = pos as f64 * 0.5 * 10_000f64.powf(-2.0 * i as f64 / rope_dim as f64);
+                        let theta =
+                            pos as f64 * 0.5 * 10_000f64.powf(-2.0 * i as f64 / rope_dim as f64);
                         let (a, c) = match style {
                             RopeStyle::Neox => (base + i, base + i + rope_dim / 2),
                             RopeStyle::Normal => (base + 2 * i, base + 2 * i + 1),
@@ -103,20 +156,32 @@ fn rope_rotates_pairs_by_position() {
 
 /// Attention from the definition: full score matrix, causal + window mask, softmax in f64.
 #[allow(clippy::too_many_arguments)]
-fn attention_ref(q: &[f32], k: &[f32], v: &[f32], n: usize, q_pos: usize, n_kv: usize, p: &AttentionParams) -> Vec<f64> {
+fn attention_ref(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n: usize,
+    q_pos: usize,
+    n_kv: usize,
+    p: &AttentionParams,
+) -> Vec<f64> {
     let hd = p.head_dim;
     let mut out = vec![0.0; n * p.n_heads * hd];
     for i in 0..n {
         let pos = q_pos + i;
         for h in 0..p.n_heads {
             let g = h / (p.n_heads / p.n_kv_heads);
-            let visible: Vec<usize> =
-                (0..n_kv).filter(|&j| j <= pos && p.sliding_window.is_none_or(|w| pos - j < w)).collect();
+            let visible: Vec<usize> = (0..n_kv)
+                .filter(|&j| j <= pos && p.sliding_window.is_none_or(|w| pos - j < w))
+                .collect();
             let scores: Vec<f64> = visible
                 .iter()
                 .map(|&j| {
                     let mut s: f64 = (0..hd)
-                        .map(|d| q[i * p.n_heads * hd + h * hd + d] as f64 * k[j * p.n_kv_heads * hd + g * hd + d] as f64)
+                        .map(|d| {
+                            q[i * p.n_heads * hd + h * hd + d] as f64
+                                * k[j * p.n_kv_heads * hd + g * hd + d] as f64
+                        })
                         .sum::<f64>()
                         * p.scale as f64;
                     if let Some(c) = p.softcap {
@@ -130,7 +195,8 @@ fn attention_ref(q: &[f32], k: &[f32], v: &[f32], n: usize, q_pos: usize, n_kv: 
             let sum: f64 = e.iter().sum();
             for (&j, w) in visible.iter().zip(&e) {
                 for d in 0..hd {
-                    out[i * p.n_heads * hd + h * hd + d] += w / sum * v[j * p.n_kv_heads * hd + g * hd + d] as f64;
+                    out[i * p.n_heads * hd + h * hd + d] +=
+                        w / sum * v[j * p.n_kv_heads * hd + g * hd + d] as f64;
                 }
             }
         }
@@ -146,7 +212,14 @@ fn attention_causal_gqa_window_softcap() {
     let v = values(cap * n_kv_heads * hd, 6);
     for b in backends() {
         for (window, softcap) in [(None, None), (Some(3), None), (Some(5), Some(2.0))] {
-            let p = AttentionParams { n_heads, n_kv_heads, head_dim: hd, scale: 0.35, sliding_window: window, softcap };
+            let p = AttentionParams {
+                n_heads,
+                n_kv_heads,
+                head_dim: hd,
+                scale: 0.35,
+                sliding_window: window,
+                softcap,
+            };
             // Prefill of 10 tokens at 0, and a decode step at position 10 (11 filled rows).
             for (q_pos, n) in [(0, 10), (10, 1)] {
                 let q = values(n * n_heads * hd, 7 + q_pos as u64);
@@ -154,8 +227,15 @@ fn attention_causal_gqa_window_softcap() {
                 let vt = b.tensor_from_f32(&v, cap, n_kv_heads * hd).unwrap();
                 let qt = b.tensor_from_f32(&q, n, n_heads * hd).unwrap();
                 let n_kv = q_pos + n;
-                let y = b.to_f32(&b.attention(&qt, &kt, &vt, q_pos, n_kv, &p).unwrap()).unwrap();
-                assert_close(&y, &attention_ref(&q, &k, &v, n, q_pos, n_kv, &p), 1e-5, "attention");
+                let y = b
+                    .to_f32(&b.attention(&qt, &kt, &vt, q_pos, n_kv, &p).unwrap())
+                    .unwrap();
+                assert_close(
+                    &y,
+                    &attention_ref(&q, &k, &v, n, q_pos, n_kv, &p),
+                    1e-5,
+                    "attention",
+                );
             }
         }
     }
@@ -164,13 +244,23 @@ fn attention_causal_gqa_window_softcap() {
 #[test]
 fn attention_rejects_bad_shapes() {
     let b = CpuBackend::new(1).unwrap();
-    let p = AttentionParams { n_heads: 4, n_kv_heads: 3, head_dim: 8, scale: 1.0, sliding_window: None, softcap: None };
+    let p = AttentionParams {
+        n_heads: 4,
+        n_kv_heads: 3,
+        head_dim: 8,
+        scale: 1.0,
+        sliding_window: None,
+        softcap: None,
+    };
     let q = b.zeros(1, 32).unwrap();
     let kv = b.zeros(4, 24).unwrap();
     assert!(b.attention(&q, &kv, &kv, 0, 1, &p).is_err());
     let p = AttentionParams { n_kv_heads: 2, ..p };
     let kv = b.zeros(4, 16).unwrap();
-    assert!(b.attention(&q, &kv, &kv, 4, 5, &p).is_err(), "n_kv beyond the cache");
+    assert!(
+        b.attention(&q, &kv, &kv, 4, 5, &p).is_err(),
+        "n_kv beyond the cache"
+    );
 }
 
 /// A Q8_0 matrix built from `rows × k` values (so the dequantized weights are known exactly).
@@ -182,14 +272,32 @@ fn q8_0_weight(b: &CpuBackend, w: &[f32], rows: usize, k: usize) -> (Linear<CpuB
         let d = half::f16::from_f32(amax / 127.0);
         bytes.extend_from_slice(&d.to_le_bytes());
         for &v in block {
-            let q = if d.to_f32() == 0.0 { 0 } else { (v / d.to_f32()).round().clamp(-127.0, 127.0) as i8 };
+            let q = if d.to_f32() == 0.0 {
+                0
+            } else {
+                (v / d.to_f32()).round().clamp(-127.0, 127.0) as i8
+            };
             bytes.push(q as u8);
             deq.push(q as f32 * d.to_f32());
         }
     }
-    let data = WeightData { name: "w".into(), ty: GgmlType::Q8_0, dims: vec![k, rows], bytes: SharedBytes::from_vec(bytes) };
+    let data = WeightData {
+        name: "w".into(),
+        ty: GgmlType::Q8_0,
+        dims: vec![k, rows],
+        bytes: SharedBytes::from_vec(bytes),
+    };
     let weight = b.upload_weight(&data).unwrap();
-    (Linear { weight: Arc::new(weight), bias: None, in_features: k, out_features: rows, ty: GgmlType::Q8_0 }, deq)
+    (
+        Linear {
+            weight: Arc::new(weight),
+            bias: None,
+            in_features: k,
+            out_features: rows,
+            ty: GgmlType::Q8_0,
+        },
+        deq,
+    )
 }
 
 #[test]
@@ -201,11 +309,20 @@ fn matmul_matches_dequantized_product_and_is_thread_invariant() {
         let (lin, deq) = q8_0_weight(&b, &w, n, k);
         for m in [1, 3, 17] {
             let x = values(m * k, 9);
-            let y = b.to_f32(&b.matmul(&b.tensor_from_f32(&x, m, k).unwrap(), &lin).unwrap()).unwrap();
+            let y = b
+                .to_f32(
+                    &b.matmul(&b.tensor_from_f32(&x, m, k).unwrap(), &lin)
+                        .unwrap(),
+                )
+                .unwrap();
             let want: Vec<f64> = (0..m)
                 .flat_map(|t| {
                     let (x, deq) = (&x, &deq);
-                    (0..n).map(move |r| (0..k).map(|c| x[t * k + c] as f64 * deq[r * k + c] as f64).sum::<f64>())
+                    (0..n).map(move |r| {
+                        (0..k)
+                            .map(|c| x[t * k + c] as f64 * deq[r * k + c] as f64)
+                            .sum::<f64>()
+                    })
                 })
                 .collect();
             // Activations are quantized to 8 bits (as llama.cpp does): error up to ~1/254 of
@@ -229,22 +346,49 @@ fn elementwise_ops_and_embedding() {
     let b = CpuBackend::new(2).unwrap();
     let a = b.tensor_from_f32(&[1.0, -2.0, 3.0, 0.5], 2, 2).unwrap();
     let c = b.tensor_from_f32(&[2.0, 2.0, -1.0, 4.0], 2, 2).unwrap();
-    assert_eq!(b.to_f32(&b.add(&a, &c).unwrap()).unwrap(), vec![3.0, 0.0, 2.0, 4.5]);
-    assert_eq!(b.to_f32(&b.mul(&a, &c).unwrap()).unwrap(), vec![2.0, -4.0, -3.0, 2.0]);
-    assert_eq!(b.to_f32(&b.scale(&a, 2.0).unwrap()).unwrap(), vec![2.0, -4.0, 6.0, 1.0]);
-    let g = b.to_f32(&b.gated_activation(&a, &c, Activation::GeluTanh).unwrap()).unwrap();
-    for (i, (x, u)) in [1.0f32, -2.0, 3.0, 0.5].iter().zip([2.0f32, 2.0, -1.0, 4.0]).enumerate() {
+    assert_eq!(
+        b.to_f32(&b.add(&a, &c).unwrap()).unwrap(),
+        vec![3.0, 0.0, 2.0, 4.5]
+    );
+    assert_eq!(
+        b.to_f32(&b.mul(&a, &c).unwrap()).unwrap(),
+        vec![2.0, -4.0, -3.0, 2.0]
+    );
+    assert_eq!(
+        b.to_f32(&b.scale(&a, 2.0).unwrap()).unwrap(),
+        vec![2.0, -4.0, 6.0, 1.0]
+    );
+    let g = b
+        .to_f32(&b.gated_activation(&a, &c, Activation::GeluTanh).unwrap())
+        .unwrap();
+    for (i, (x, u)) in [1.0f32, -2.0, 3.0, 0.5]
+        .iter()
+        .zip([2.0f32, 2.0, -1.0, 4.0])
+        .enumerate()
+    {
         assert!((g[i] - Activation::GeluTanh.apply(*x) * u).abs() < 1e-6);
     }
     assert!(b.add(&a, &b.zeros(1, 2).unwrap()).is_err());
     let table = f32_weight(&b, "embd", &[2, 3], &[0.0, 1.0, 10.0, 11.0, 20.0, 21.0]);
-    assert_eq!(b.to_f32(&b.embedding(&table, &[2, 0]).unwrap()).unwrap(), vec![20.0, 21.0, 0.0, 1.0]);
+    assert_eq!(
+        b.to_f32(&b.embedding(&table, &[2, 0]).unwrap()).unwrap(),
+        vec![20.0, 21.0, 0.0, 1.0]
+    );
     assert!(b.embedding(&table, &[3]).is_err());
-    let t = b.tensor_from_f32(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 3, 2).unwrap();
-    assert_eq!(b.to_f32(&b.rows(&t, 1..3).unwrap()).unwrap(), vec![3.0, 4.0, 5.0, 6.0]);
+    let t = b
+        .tensor_from_f32(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 3, 2)
+        .unwrap();
+    assert_eq!(
+        b.to_f32(&b.rows(&t, 1..3).unwrap()).unwrap(),
+        vec![3.0, 4.0, 5.0, 6.0]
+    );
     let mut dst = b.zeros(4, 2).unwrap();
-    b.write_rows(&mut dst, 2, &b.rows(&t, 0..2).unwrap()).unwrap();
-    assert_eq!(b.to_f32(&dst).unwrap(), vec![0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 4.0]);
+    b.write_rows(&mut dst, 2, &b.rows(&t, 0..2).unwrap())
+        .unwrap();
+    assert_eq!(
+        b.to_f32(&dst).unwrap(),
+        vec![0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 4.0]
+    );
     assert!(b.write_rows(&mut dst, 3, &t).is_err());
     let _ = CpuTensor::new(vec![0.0; 3], 2, 2).unwrap_err();
 }

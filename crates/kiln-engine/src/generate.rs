@@ -110,5 +110,11 @@ pub fn generate<B: Backend>(
         logits = b.to_f32(&model.logits(b, &h)?)?;
         decode_steps += 1;
     };
-    Ok(Generation { ids, stop, prompt_secs, decode_secs: t1.elapsed().as_secs_f64(), decode_steps })
+    Ok(Generation {
+        ids,
+        stop,
+        prompt_secs,
+        decode_secs: t1.elapsed().as_secs_f64(),
+        decode_steps,
+    })
 }

@@ -30,7 +30,9 @@ pub fn perplexity<B: Backend>(
     mut on_chunk: impl FnMut(usize, usize, f64),
 ) -> Result<Perplexity, EngineError> {
     if n_ctx < 4 {
-        return Err(EngineError::Input(format!("context of {n_ctx} tokens is too small for perplexity")));
+        return Err(EngineError::Input(format!(
+            "context of {n_ctx} tokens is too small for perplexity"
+        )));
     }
     let n_chunks = ids.len() / n_ctx;
     if n_chunks == 0 {
@@ -66,5 +68,10 @@ pub fn perplexity<B: Backend>(
         running.push(ppl);
         on_chunk(c + 1, n_chunks, ppl);
     }
-    Ok(Perplexity { ppl: (nll / count as f64).exp(), chunks: n_chunks, running, scored_tokens: count })
+    Ok(Perplexity {
+        ppl: (nll / count as f64).exp(),
+        chunks: n_chunks,
+        running,
+        scored_tokens: count,
+    })
 }

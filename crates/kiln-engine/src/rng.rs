@@ -15,7 +15,9 @@ impl Rng {
             z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
             z ^ (z >> 31)
         };
-        Rng { s: [next(), next(), next(), next()] }
+        Rng {
+            s: [next(), next(), next(), next()],
+        }
     }
 
     pub fn next_u64(&mut self) -> u64 {
@@ -48,7 +50,11 @@ mod tests {
         let xs: Vec<u64> = (0..8).map(|_| a.next_u64()).collect();
         assert_eq!(xs, (0..8).map(|_| b.next_u64()).collect::<Vec<_>>());
         assert_ne!(xs, (0..8).map(|_| c.next_u64()).collect::<Vec<_>>());
-        let mean: f64 = (0..10_000).map(|_| a.next_f64()).inspect(|v| assert!((0.0..1.0).contains(v))).sum::<f64>() / 1e4;
+        let mean: f64 = (0..10_000)
+            .map(|_| a.next_f64())
+            .inspect(|v| assert!((0.0..1.0).contains(v)))
+            .sum::<f64>()
+            / 1e4;
         assert!((mean - 0.5).abs() < 0.02);
     }
 }

@@ -45,7 +45,10 @@ impl Default for SamplingParams {
 impl SamplingParams {
     /// Greedy decoding, no penalties.
     pub fn greedy() -> Self {
-        SamplingParams { temperature: 0.0, ..Default::default() }
+        SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        }
     }
 
     pub fn validate(&self) -> Result<(), EngineError> {
@@ -94,8 +97,12 @@ impl Sampler {
             return argmax(logits);
         }
         // Candidates sorted by logit, descending (ties: lower id first).
-        let mut cand: Vec<(u32, f32)> =
-            logits.iter().enumerate().filter(|(_, l)| l.is_finite()).map(|(i, &l)| (i as u32, l)).collect();
+        let mut cand: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.is_finite())
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
         if cand.is_empty() {
             return argmax(logits);
         }
@@ -141,13 +148,19 @@ impl Sampler {
         if p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 {
             return;
         }
-        let window = if p.penalty_last_n == 0 { history.len() } else { p.penalty_last_n.min(history.len()) };
+        let window = if p.penalty_last_n == 0 {
+            history.len()
+        } else {
+            p.penalty_last_n.min(history.len())
+        };
         let mut counts = std::collections::HashMap::<u32, u32>::new();
         for &t in &history[history.len() - window..] {
             *counts.entry(t).or_default() += 1;
         }
         for (&t, &c) in &counts {
-            let Some(l) = logits.get_mut(t as usize) else { continue };
+            let Some(l) = logits.get_mut(t as usize) else {
+                continue;
+            };
             if *l > 0.0 {
                 *l /= p.repetition_penalty;
             } else {
@@ -165,7 +178,10 @@ fn by_logit_desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
 /// Softmax of `logits / temperature` in f64.
 fn softmax(cand: &[(u32, f32)], temperature: f32) -> Vec<f64> {
     let t = temperature as f64;
-    let max = cand.iter().map(|c| c.1 as f64 / t).fold(f64::NEG_INFINITY, f64::max);
+    let max = cand
+        .iter()
+        .map(|c| c.1 as f64 / t)
+        .fold(f64::NEG_INFINITY, f64::max);
     let e: Vec<f64> = cand.iter().map(|c| (c.1 as f64 / t - max).exp()).collect();
     let s: f64 = e.iter().sum();
     e.into_iter().map(|v| v / s).collect()
@@ -189,7 +205,13 @@ mod tests {
     use super::*;
 
     fn sampler(f: impl FnOnce(&mut SamplingParams)) -> Sampler {
-        let mut p = SamplingParams { top_k: 0, top_p: 1.0, min_p: 0.0, temperature: 1.0, ..Default::default() };
+        let mut p = SamplingParams {
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            temperature: 1.0,
+            ..Default::default()
+        };
         f(&mut p);
         Sampler::new(p).unwrap()
     }
@@ -205,7 +227,9 @@ mod tests {
         let logits = [0.0f32, (3.0f32).ln(), f32::NEG_INFINITY];
         let draw = |seed| {
             let mut s = sampler(|p| p.seed = seed);
-            (0..4000).map(|_| s.sample(&mut logits.clone(), &[])).collect::<Vec<_>>()
+            (0..4000)
+                .map(|_| s.sample(&mut logits.clone(), &[]))
+                .collect::<Vec<_>>()
         };
         let a = draw(7);
         assert_eq!(a, draw(7));
@@ -219,7 +243,9 @@ mod tests {
     fn filters_restrict_the_candidates() {
         let logits = [5.0f32, 4.0, 3.0, 2.0, 1.0];
         let seen = |s: &mut Sampler| {
-            let mut v: Vec<u32> = (0..2000).map(|_| s.sample(&mut logits.clone(), &[])).collect();
+            let mut v: Vec<u32> = (0..2000)
+                .map(|_| s.sample(&mut logits.clone(), &[]))
+                .collect();
             v.sort();
             v.dedup();
             v

@@ -20,7 +20,12 @@ pub struct PositionScore {
 /// `log_softmax` in f64 of f32 logits.
 pub fn log_softmax(logits: &[f32]) -> Vec<f64> {
     let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
-    let lse = logits.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
+    let lse = logits
+        .iter()
+        .map(|&v| (v as f64 - max).exp())
+        .sum::<f64>()
+        .ln()
+        + max;
     logits.iter().map(|&v| v as f64 - lse).collect()
 }
 
@@ -40,7 +45,12 @@ pub(crate) fn top_k(lp: &[f64], k: usize) -> Vec<(u32, f64)> {
 
 /// Evaluate `ids` in one sequence (prefill in chunks of [`PREFILL_CHUNK`]) and score every
 /// position: `result[i]` predicts `ids[i + 1]`, so there are `ids.len() - 1` entries.
-pub fn score<B: Backend>(b: &B, model: &Decoder<B>, ids: &[u32], k: usize) -> Result<Vec<PositionScore>, EngineError> {
+pub fn score<B: Backend>(
+    b: &B,
+    model: &Decoder<B>,
+    ids: &[u32],
+    k: usize,
+) -> Result<Vec<PositionScore>, EngineError> {
     if ids.len() < 2 {
         return Ok(Vec::new());
     }
@@ -53,7 +63,10 @@ pub fn score<B: Backend>(b: &B, model: &Decoder<B>, ids: &[u32], k: usize) -> Re
         let scored = chunk.len().min(ids.len() - 1 - start);
         for_each_logprobs(b, model, &hidden, 0..scored, |r, lp| {
             let next = ids[start + r + 1] as usize;
-            out.push(PositionScore { top: top_k(lp, k), logprob_next: lp[next] });
+            out.push(PositionScore {
+                top: top_k(lp, k),
+                logprob_next: lp[next],
+            });
         })?;
     }
     Ok(out)
@@ -88,7 +101,10 @@ mod tests {
         let lp = log_softmax(&[1.0, 3.0, 3.0, -2.0]);
         let total: f64 = lp.iter().map(|v| v.exp()).sum();
         assert!((total - 1.0).abs() < 1e-12);
-        assert_eq!(top_k(&lp, 3).iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 2, 0]);
+        assert_eq!(
+            top_k(&lp, 3).iter().map(|t| t.0).collect::<Vec<_>>(),
+            vec![1, 2, 0]
+        );
         assert_eq!(top_k(&lp, 10).len(), 4);
     }
 }

@@ -24,7 +24,12 @@ impl<B: Backend> KvCache<B> {
             k.push(backend.zeros(capacity, config.kv_dim())?);
             v.push(backend.zeros(capacity, config.v_dim())?);
         }
-        Ok(KvCache { k, v, len: 0, capacity })
+        Ok(KvCache {
+            k,
+            v,
+            len: 0,
+            capacity,
+        })
     }
 
     /// Positions filled so far.
@@ -53,7 +58,10 @@ impl<B: Backend> KvCache<B> {
     pub(crate) fn check_room(&self, n: usize) -> Result<(), ModelError> {
         let needed = self.len + n;
         if needed > self.capacity {
-            return Err(ModelError::ContextFull { needed, capacity: self.capacity });
+            return Err(ModelError::ContextFull {
+                needed,
+                capacity: self.capacity,
+            });
         }
         Ok(())
     }

@@ -18,7 +18,7 @@ use crate::{KvCache, ModelError};
 
 /// A do-nothing-by-default hook on every named intermediate, so a test can diff a model layer by
 /// layer against a reference.
-pub trait Trace<B: Backend> {
+pub trait Trace<B: Backend>: Sync {
     fn trace(&self, _backend: &B, _name: &str, _layer: usize, _x: &B::Tensor) {}
 }
 
@@ -56,7 +56,12 @@ impl<B: Backend> Decoder<B> {
     /// Run `ids` (at positions `cache.len()..`) through the model, appending their keys and
     /// values to `cache`, and return the final normalized hidden states `(ids.len(), d_model)`.
     /// [`Decoder::logits`] turns any subset of those rows into logits.
-    pub fn forward(&self, b: &B, ids: &[u32], cache: &mut KvCache<B>) -> Result<B::Tensor, ModelError> {
+    pub fn forward(
+        &self,
+        b: &B,
+        ids: &[u32],
+        cache: &mut KvCache<B>,
+    ) -> Result<B::Tensor, ModelError> {
         self.forward_traced(b, ids, cache, &NoTrace)
     }
 
@@ -67,10 +72,23 @@ impl<B: Backend> Decoder<B> {
         cache: &mut KvCache<B>,
         trace: &dyn Trace<B>,
     ) -> Result<B::Tensor, ModelError> {
+        b.run(|| self.forward_inner(b, ids, cache, trace))
+    }
+
+    fn forward_inner(
+        &self,
+        b: &B,
+        ids: &[u32],
+        cache: &mut KvCache<B>,
+        trace: &dyn Trace<B>,
+    ) -> Result<B::Tensor, ModelError> {
         let c = &self.config;
         let n = ids.len();
         if let Some(&id) = ids.iter().find(|&&id| id as usize >= c.vocab_size) {
-            return Err(ModelError::BadToken { id, vocab: c.vocab_size });
+            return Err(ModelError::BadToken {
+                id,
+                vocab: c.vocab_size,
+            });
         }
         cache.check_room(n)?;
         let pos0 = cache.len();
@@ -156,7 +174,7 @@ impl<B: Backend> Decoder<B> {
 
     /// Logits `(rows, vocab)` of final hidden states (any rows of `forward`'s result).
     pub fn logits(&self, b: &B, hidden: &B::Tensor) -> Result<B::Tensor, ModelError> {
-        Ok(b.matmul(hidden, &self.output)?)
+        Ok(b.run(|| b.matmul(hidden, &self.output))?)
     }
 
     /// A KV cache for this model holding `capacity` positions.

@@ -11,7 +11,11 @@ pub enum ModelError {
     #[error("tensor {0} is missing from the model file")]
     MissingTensor(String),
     #[error("tensor {name} has shape {found:?}, expected {expected:?}")]
-    Shape { name: String, expected: Vec<usize>, found: Vec<usize> },
+    Shape {
+        name: String,
+        expected: Vec<usize>,
+        found: Vec<usize>,
+    },
     #[error(
         "tensor {name} has type {ty}, which kiln cannot compute with \
          (supported: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K Q8_K)"
@@ -27,6 +31,9 @@ pub enum ModelError {
 
 impl From<kiln_formats::GgufError> for ModelError {
     fn from(e: kiln_formats::GgufError) -> Self {
-        ModelError::Metadata { key: String::new(), detail: e.to_string() }
+        ModelError::Metadata {
+            key: String::new(),
+            detail: e.to_string(),
+        }
     }
 }

@@ -21,7 +21,10 @@ use kiln_backend::Backend;
 use kiln_formats::GgufFile;
 
 /// Load a decoder model from a parsed GGUF file onto `backend`.
-pub fn load_gguf_decoder<B: Backend>(backend: &B, file: &GgufFile) -> Result<Decoder<B>, ModelError> {
+pub fn load_gguf_decoder<B: Backend>(
+    backend: &B,
+    file: &GgufFile,
+) -> Result<Decoder<B>, ModelError> {
     let arch = file.architecture().ok_or_else(|| ModelError::Metadata {
         key: "general.architecture".into(),
         detail: "missing".into(),

@@ -23,30 +23,55 @@ impl<'a, B: Backend> Loader<'a, B> {
             return Ok(None);
         };
         if !info.ty.is_supported() {
-            return Err(ModelError::UnsupportedType { name: name.to_string(), ty: info.ty });
+            return Err(ModelError::UnsupportedType {
+                name: name.to_string(),
+                ty: info.ty,
+            });
         }
         let dims = info
             .dims
             .iter()
             .map(|&d| usize::try_from(d))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|_| ModelError::Shape { name: name.into(), expected: vec![], found: vec![] })?;
-        Ok(Some(WeightData { name: name.to_string(), ty: info.ty, dims, bytes: self.file.tensor_data(info) }))
+            .map_err(|_| ModelError::Shape {
+                name: name.into(),
+                expected: vec![],
+                found: vec![],
+            })?;
+        Ok(Some(WeightData {
+            name: name.to_string(),
+            ty: info.ty,
+            dims,
+            bytes: self.file.tensor_data(info),
+        }))
     }
 
     /// A tensor that may be absent, with GGUF dims `expected` (`[row_len, rows]`, 1-D as `[n]`).
-    fn optional(&self, name: &str, expected: &[usize]) -> Result<Option<(B::Weight, WeightData)>, ModelError> {
+    fn optional(
+        &self,
+        name: &str,
+        expected: &[usize],
+    ) -> Result<Option<(B::Weight, WeightData)>, ModelError> {
         let Some(data) = self.data(name)? else {
             return Ok(None);
         };
         if data.dims != expected {
-            return Err(ModelError::Shape { name: name.into(), expected: expected.to_vec(), found: data.dims });
+            return Err(ModelError::Shape {
+                name: name.into(),
+                expected: expected.to_vec(),
+                found: data.dims,
+            });
         }
         Ok(Some((self.backend.upload_weight(&data)?, data)))
     }
 
-    fn required(&self, name: &str, expected: &[usize]) -> Result<(B::Weight, WeightData), ModelError> {
-        self.optional(name, expected)?.ok_or_else(|| ModelError::MissingTensor(name.into()))
+    fn required(
+        &self,
+        name: &str,
+        expected: &[usize],
+    ) -> Result<(B::Weight, WeightData), ModelError> {
+        self.optional(name, expected)?
+            .ok_or_else(|| ModelError::MissingTensor(name.into()))
     }
 
     fn vector(&self, name: &str, len: usize) -> Result<B::Weight, ModelError> {
@@ -58,10 +83,22 @@ impl<'a, B: Backend> Loader<'a, B> {
     }
 
     /// A linear layer `out_features × in_features`, with an optional bias `<prefix>.bias`.
-    fn linear(&self, prefix: &str, in_features: usize, out_features: usize) -> Result<Linear<B>, ModelError> {
-        let (weight, data) = self.required(&format!("{prefix}.weight"), &[in_features, out_features])?;
+    fn linear(
+        &self,
+        prefix: &str,
+        in_features: usize,
+        out_features: usize,
+    ) -> Result<Linear<B>, ModelError> {
+        let (weight, data) =
+            self.required(&format!("{prefix}.weight"), &[in_features, out_features])?;
         let bias = self.optional_vector(&format!("{prefix}.bias"), out_features)?;
-        Ok(Linear { weight: Arc::new(weight), bias, in_features, out_features, ty: data.ty })
+        Ok(Linear {
+            weight: Arc::new(weight),
+            bias,
+            in_features,
+            out_features,
+            ty: data.ty,
+        })
     }
 }
 
@@ -76,8 +113,20 @@ pub(crate) fn load_decoder<B: Backend>(
     let (embd, embd_data) = l.required("token_embd.weight", &[d, vocab])?;
     let token_embd = Arc::new(embd);
     let output = match l.optional("output.weight", &[d, vocab])? {
-        Some((w, data)) => Linear { weight: Arc::new(w), bias: None, in_features: d, out_features: vocab, ty: data.ty },
-        None => Linear { weight: token_embd.clone(), bias: None, in_features: d, out_features: vocab, ty: embd_data.ty },
+        Some((w, data)) => Linear {
+            weight: Arc::new(w),
+            bias: None,
+            in_features: d,
+            out_features: vocab,
+            ty: data.ty,
+        },
+        None => Linear {
+            weight: token_embd.clone(),
+            bias: None,
+            in_features: d,
+            out_features: vocab,
+            ty: embd_data.ty,
+        },
     };
     let mut layers = Vec::with_capacity(c.n_layers);
     for i in 0..c.n_layers {
@@ -99,5 +148,11 @@ pub(crate) fn load_decoder<B: Backend>(
         });
     }
     let output_norm = l.vector("output_norm.weight", d)?;
-    Ok(Decoder { config, token_embd, layers, output_norm, output })
+    Ok(Decoder {
+        config,
+        token_embd,
+        layers,
+        output_norm,
+        output,
+    })
 }

@@ -17,7 +17,10 @@ pub struct InspectArgs {
 
 pub fn run(a: InspectArgs) -> Result<()> {
     let file = open_gguf(&a.model)?;
-    let opts = DumpOptions { max_array_items: a.max_array_items, show_tensors: !a.no_tensors };
+    let opts = DumpOptions {
+        max_array_items: a.max_array_items,
+        show_tensors: !a.no_tensors,
+    };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     match write_dump(&file, &mut out, &opts) {

@@ -12,7 +12,9 @@ use serde_json::Value;
 
 /// Read JSON-object lines from stdin; blank lines are skipped; `f(line_no, object)` handles each
 /// and its output is flushed line by line so pipelines see results as they come.
-pub fn for_each_jsonl(mut f: impl FnMut(usize, &serde_json::Map<String, Value>, &mut dyn Write) -> Result<()>) -> Result<()> {
+pub fn for_each_jsonl(
+    mut f: impl FnMut(usize, &serde_json::Map<String, Value>, &mut dyn Write) -> Result<()>,
+) -> Result<()> {
     let stdin = std::io::stdin();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -22,7 +24,8 @@ pub fn for_each_jsonl(mut f: impl FnMut(usize, &serde_json::Map<String, Value>, 
         if line.trim().is_empty() {
             continue;
         }
-        let v: Value = serde_json::from_str(&line).with_context(|| format!("stdin line {line_no} is not valid JSON"))?;
+        let v: Value = serde_json::from_str(&line)
+            .with_context(|| format!("stdin line {line_no} is not valid JSON"))?;
         let Value::Object(obj) = v else {
             bail!("stdin line {line_no}: expected a JSON object like {{\"text\": \"...\"}}");
         };
@@ -33,7 +36,7 @@ pub fn for_each_jsonl(mut f: impl FnMut(usize, &serde_json::Map<String, Value>, 
 }
 
 /// The `"text"` string field of a JSONL object.
-pub fn text_field<'a>(line_no: usize, obj: &'a serde_json::Map<String, Value>) -> Result<&'a str> {
+pub fn text_field(line_no: usize, obj: &serde_json::Map<String, Value>) -> Result<&str> {
     match obj.get("text") {
         Some(Value::String(s)) => Ok(s),
         Some(_) => bail!("stdin line {line_no}: \"text\" must be a string"),

@@ -23,17 +23,36 @@ pub struct PerplexityArgs {
 }
 
 pub fn run(a: PerplexityArgs) -> Result<()> {
-    let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
+    let text = std::fs::read_to_string(&a.file)
+        .with_context(|| format!("reading {}", a.file.display()))?;
     let m = load(&a.model.model, a.threads.threads)?;
     let ids = m.tokenizer.encode(&text, true, false);
-    eprintln!("{} tokens, {} chunks of {}", ids.len(), ids.len() / a.ctx.max(1), a.ctx);
-    let result = kiln_engine::perplexity(&m.backend, &m.model, &ids, m.tokenizer.bos(), a.ctx, |i, n, ppl| {
-        eprintln!("[{i}/{n}] running ppl {ppl:.4}");
-    })?;
+    eprintln!(
+        "{} tokens, {} chunks of {}",
+        ids.len(),
+        ids.len() / a.ctx.max(1),
+        a.ctx
+    );
+    let result = kiln_engine::perplexity(
+        &m.backend,
+        &m.model,
+        &ids,
+        m.tokenizer.bos(),
+        a.ctx,
+        |i, n, ppl| {
+            eprintln!("[{i}/{n}] running ppl {ppl:.4}");
+        },
+    )?;
     if a.json {
-        println!("{}", json!({ "ppl": result.ppl, "chunks": result.chunks, "running": result.running }));
+        println!(
+            "{}",
+            json!({ "ppl": result.ppl, "chunks": result.chunks, "running": result.running })
+        );
     } else {
-        println!("PPL = {:.4} over {} chunks ({} scored tokens)", result.ppl, result.chunks, result.scored_tokens);
+        println!(
+            "PPL = {:.4} over {} chunks ({} scored tokens)",
+            result.ppl, result.chunks, result.scored_tokens
+        );
     }
     Ok(())
 }

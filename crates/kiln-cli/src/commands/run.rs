@@ -83,7 +83,11 @@ pub fn run(a: RunArgs) -> Result<()> {
     let m = load(&a.model.model, a.threads.threads)?;
     let tok = &m.tokenizer;
     let prompt_ids = tok.encode(&a.prompt, true, true);
-    let opts = GenerateOptions { max_tokens: a.n_predict, sampling, ignore_eos: a.ignore_eos };
+    let opts = GenerateOptions {
+        max_tokens: a.n_predict,
+        sampling,
+        ignore_eos: a.ignore_eos,
+    };
 
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -97,7 +101,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         &opts,
         |id| tok.is_end_of_generation(id),
         |id| {
-            if streaming && !(tok.is_end_of_generation(id) && !a.ignore_eos) {
+            if streaming && (a.ignore_eos || !tok.is_end_of_generation(id)) {
                 let piece = stream.push(id);
                 if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
                     write_failed = Some(e);

@@ -30,9 +30,15 @@ pub fn run(a: ScoreArgs) -> Result<()> {
         let ids: Vec<u32> = match (obj.get("ids"), obj.get("text")) {
             (Some(Value::Array(items)), _) => items
                 .iter()
-                .map(|v| v.as_u64().filter(|&id| id < vocab as u64).map(|id| id as u32))
+                .map(|v| {
+                    v.as_u64()
+                        .filter(|&id| id < vocab as u64)
+                        .map(|id| id as u32)
+                })
                 .collect::<Option<Vec<u32>>>()
-                .ok_or_else(|| anyhow::anyhow!("stdin line {line_no}: \"ids\" must be token ids below {vocab}"))?,
+                .ok_or_else(|| {
+                    anyhow::anyhow!("stdin line {line_no}: \"ids\" must be token ids below {vocab}")
+                })?,
             (None, Some(Value::String(text))) => m.tokenizer.encode(text, true, true),
             _ => bail!("stdin line {line_no}: expected {{\"text\": string}} or {{\"ids\": [ids]}}"),
         };

@@ -37,8 +37,10 @@ pub fn run(a: TokenizeArgs) -> Result<()> {
     }
     for text in &a.texts {
         let ids = tok.encode(text, a.add_special, a.special);
-        let pieces: Vec<String> =
-            ids.iter().map(|&id| String::from_utf8_lossy(&tok.token_to_piece(id, true)).into_owned()).collect();
+        let pieces: Vec<String> = ids
+            .iter()
+            .map(|&id| String::from_utf8_lossy(&tok.token_to_piece(id, true)).into_owned())
+            .collect();
         println!("{}", json!({ "ids": ids, "pieces": pieces }));
     }
     Ok(())

@@ -33,7 +33,11 @@ pub(crate) fn config(file: &GgufFile) -> Result<DecoderConfig, ModelError> {
         });
     }
     let scaling = m.f32_or("rope.scaling.factor", 1.0)?;
-    let query_pre_attn_scalar = if n_layers == LAYERS_OF_27B { d_model / n_heads } else { head_dim };
+    let query_pre_attn_scalar = if n_layers == LAYERS_OF_27B {
+        d_model / n_heads
+    } else {
+        head_dim
+    };
     let vocab_size = file
         .tensor("token_embd.weight")
         .and_then(|t| t.dims.get(1).copied())
@@ -55,8 +59,14 @@ pub(crate) fn config(file: &GgufFile) -> Result<DecoderConfig, ModelError> {
         context_length: m.usize("context_length")?,
         rope_kind: RopeKind::Neox,
         rope_dim: m.usize_or("rope.dimension_count", head_dim)?,
-        rope_global: RopeConfig { base: m.f32_or("rope.freq_base", 1_000_000.0)?, freq_scale: 1.0 / scaling },
-        rope_local: RopeConfig { base: LOCAL_ROPE_BASE, freq_scale: 1.0 },
+        rope_global: RopeConfig {
+            base: m.f32_or("rope.freq_base", 1_000_000.0)?,
+            freq_scale: 1.0 / scaling,
+        },
+        rope_local: RopeConfig {
+            base: LOCAL_ROPE_BASE,
+            freq_scale: 1.0,
+        },
         layer_attention: (0..n_layers)
             .map(|i| {
                 if (i + 1) % SLIDING_WINDOW_PATTERN == 0 {

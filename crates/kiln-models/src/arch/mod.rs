@@ -35,11 +35,17 @@ impl<'a> Meta<'a> {
 
     pub(crate) fn usize(&self, key: &str) -> Result<usize, ModelError> {
         let k = self.key(key);
-        let v = self.file.get_u64(&k).map_err(|e| ModelError::Metadata { key: k.clone(), detail: e.to_string() })?;
+        let v = self.file.get_u64(&k).map_err(|e| ModelError::Metadata {
+            key: k.clone(),
+            detail: e.to_string(),
+        })?;
         usize::try_from(v)
             .ok()
             .filter(|&v| v > 0 && v <= 1 << 32)
-            .ok_or(ModelError::Metadata { key: k, detail: format!("value {v} is out of range") })
+            .ok_or(ModelError::Metadata {
+                key: k,
+                detail: format!("value {v} is out of range"),
+            })
     }
 
     pub(crate) fn usize_or(&self, key: &str, default: usize) -> Result<usize, ModelError> {
@@ -51,9 +57,15 @@ impl<'a> Meta<'a> {
 
     pub(crate) fn f32(&self, key: &str) -> Result<f32, ModelError> {
         let k = self.key(key);
-        let v = self.file.get_f64(&k).map_err(|e| ModelError::Metadata { key: k.clone(), detail: e.to_string() })?;
+        let v = self.file.get_f64(&k).map_err(|e| ModelError::Metadata {
+            key: k.clone(),
+            detail: e.to_string(),
+        })?;
         if !v.is_finite() {
-            return Err(ModelError::Metadata { key: k, detail: format!("value {v} is not finite") });
+            return Err(ModelError::Metadata {
+                key: k,
+                detail: format!("value {v} is not finite"),
+            });
         }
         Ok(v as f32)
     }
