@@ -1,0 +1,140 @@
+//! Bad input to the `kiln` binary gets a one-line error and a failing exit status, never a
+//! panic: unknown models, files that are not GGUF, truncated files, malformed JSON lines.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+fn kiln(args: &[&str], stdin: &str, home: &std::path::Path) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .env("KILN_HOME", home)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn assert_clean_failure(out: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "expected failure, got success; stderr: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "kiln panicked: {stderr}");
+    assert!(
+        stderr.contains(needle),
+        "stderr should mention {needle:?}: {stderr}"
+    );
+}
+
+fn temp_dir(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("kiln-cli-test-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn unknown_model_names_list_the_known_ones() {
+    let home = temp_dir("unknown");
+    let out = kiln(&["run", "-m", "no-such-model", "-p", "hi"], "", &home);
+    assert_clean_failure(&out, "gemma3-270m");
+}
+
+#[test]
+fn files_that_are_not_gguf_or_are_truncated_are_reported() {
+    let home = temp_dir("corrupt");
+    let not_gguf = home.join("not.gguf");
+    std::fs::write(&not_gguf, b"this is not a model file at all").unwrap();
+    let out = kiln(&["inspect", not_gguf.to_str().unwrap()], "", &home);
+    assert_clean_failure(&out, "not.gguf");
+
+    // A valid header cut short in the middle of the metadata.
+    let mut header = b"GGUF".to_vec();
+    header.extend_from_slice(&3u32.to_le_bytes());
+    header.extend_from_slice(&0u64.to_le_bytes()); // tensors
+    header.extend_from_slice(&1_000_000u64.to_le_bytes()); // metadata pairs it doesn't have
+    let truncated = home.join("truncated.gguf");
+    std::fs::write(&truncated, &header).unwrap();
+    for cmd in [
+        &["inspect", truncated.to_str().unwrap()][..],
+        &["run", "-m", truncated.to_str().unwrap(), "-p", "x"],
+    ] {
+        let out = kiln(cmd, "", &home);
+        assert_clean_failure(&out, "truncated.gguf");
+    }
+}
+
+/// A GGUF with nothing but a small SentencePiece vocabulary.
+fn vocab_only_gguf(path: &std::path::Path) {
+    use kiln_formats::{GgufWriter, MetaArray, MetaType, MetaValue};
+    let tokens = ["<unk>", "<s>", "</s>", "\u{2581}", "a", "b", "\u{2581}a"];
+    let mut w = GgufWriter::new();
+    let strings = tokens.iter().map(|t| MetaValue::from(*t)).collect();
+    w.add_meta("general.architecture", "llama".into()).unwrap();
+    w.add_meta("tokenizer.ggml.model", "llama".into()).unwrap();
+    w.add_meta(
+        "tokenizer.ggml.tokens",
+        MetaValue::Array(MetaArray::new(MetaType::String, strings)),
+    )
+    .unwrap();
+    let scores = (0..tokens.len())
+        .map(|i| MetaValue::F32(-(i as f32)))
+        .collect();
+    w.add_meta(
+        "tokenizer.ggml.scores",
+        MetaValue::Array(MetaArray::new(MetaType::F32, scores)),
+    )
+    .unwrap();
+    let types = [2, 3, 3, 1, 1, 1, 1]
+        .iter()
+        .map(|&t| MetaValue::I32(t))
+        .collect();
+    w.add_meta(
+        "tokenizer.ggml.token_type",
+        MetaValue::Array(MetaArray::new(MetaType::I32, types)),
+    )
+    .unwrap();
+    w.add_meta("tokenizer.ggml.bos_token_id", MetaValue::U32(1))
+        .unwrap();
+    w.add_meta("tokenizer.ggml.eos_token_id", MetaValue::U32(2))
+        .unwrap();
+    std::fs::write(path, w.to_bytes()).unwrap();
+}
+
+#[test]
+fn malformed_jsonl_names_the_line() {
+    let home = temp_dir("jsonl");
+    let model = home.join("vocab.gguf");
+    vocab_only_gguf(&model);
+    let m = model.to_str().unwrap();
+    let ok = kiln(
+        &["tokenize", "-m", m, "--jsonl"],
+        "{\"text\": \"ab\"}\n",
+        &home,
+    );
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("\"ids\""));
+    let out = kiln(
+        &["tokenize", "-m", m, "--jsonl"],
+        "{\"text\": \"a\"}\n{\"text\": 1}\n",
+        &home,
+    );
+    assert_clean_failure(&out, "stdin line 2");
+    let out = kiln(&["tokenize", "-m", m, "--jsonl"], "not json\n", &home);
+    assert_clean_failure(&out, "stdin line 1 is not valid JSON");
+    // A vocabulary-only file is not a runnable model: the error says what is missing.
+    let out = kiln(&["run", "-m", m, "-p", "a"], "", &home);
+    assert_clean_failure(&out, "llama");
+}
