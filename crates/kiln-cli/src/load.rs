@@ -35,7 +35,11 @@ pub fn resolve(model: &str) -> Result<PathBuf> {
 
 pub fn open_gguf(model: &str) -> Result<GgufFile> {
     let path = resolve(model)?;
-    GgufFile::open(&path).with_context(|| format!("reading {}", path.display()))
+    open_path(&path)
+}
+
+fn open_path(path: &std::path::Path) -> Result<GgufFile> {
+    GgufFile::open(path).with_context(|| format!("reading {}", path.display()))
 }
 
 pub fn tokenizer(file: &GgufFile) -> Result<Tokenizer> {
@@ -50,9 +54,12 @@ pub struct Loaded {
     pub load_ms: f64,
 }
 
+/// Load `model` (fetching it first when it is a known alias not yet cached; the fetch is not
+/// counted in `load_ms`).
 pub fn load(model: &str, threads: usize) -> Result<Loaded> {
+    let path = resolve(model)?;
     let t0 = Instant::now();
-    let file = open_gguf(model)?;
+    let file = open_path(&path)?;
     let tokenizer = tokenizer(&file)?;
     let backend = CpuBackend::new(threads)?;
     let model = kiln_models::load_gguf_decoder(&backend, &file).context("loading the model")?;
