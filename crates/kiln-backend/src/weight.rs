@@ -41,7 +41,6 @@ pub struct Linear<B: Backend> {
 
 impl<B: Backend> Clone for Linear<B>
 where
-    B::Weight: Send + Sync,
     B::Weight: Clone,
 {
     fn clone(&self) -> Self {

@@ -16,7 +16,8 @@ use crate::{CpuBackend, CpuTensor};
 fn rows_per_task(n: usize, m: usize, threads: usize) -> usize {
     let target_tasks = threads * 8;
     let by_balance = n.div_ceil(target_tasks);
-    // Keep each task above ~16k dot products' worth of rows when m is large.
+    // With many activation rows a task of `rows × m` dots grows large: cap it near 16k dots so
+    // the pool can still balance the load.
     by_balance.clamp(1, (16_384 / m.max(1)).max(4))
 }
 

@@ -77,16 +77,16 @@ pub fn generate<B: Backend>(
     let mut cache = model.new_cache(b, capacity)?;
 
     let t0 = Instant::now();
-    let mut last_hidden = None;
-    for part in prompt.chunks(PREFILL_CHUNK) {
+    // Only the last prompt position's logits are needed.
+    let n_parts = prompt.len().div_ceil(PREFILL_CHUNK);
+    let mut logits = Vec::new();
+    for (i, part) in prompt.chunks(PREFILL_CHUNK).enumerate() {
         let h = model.forward(b, part, &mut cache)?;
-        let (rows, _) = b.shape(&h);
-        last_hidden = Some(b.rows(&h, rows - 1..rows)?);
+        if i + 1 == n_parts {
+            let last = b.rows(&h, part.len() - 1..part.len())?;
+            logits = b.to_f32(&model.logits(b, &last)?)?;
+        }
     }
-    let mut logits = match &last_hidden {
-        Some(h) => b.to_f32(&model.logits(b, h)?)?,
-        None => return Err(EngineError::Input("the prompt is empty".into())),
-    };
     let prompt_secs = t0.elapsed().as_secs_f64();
 
     let mut history = prompt.to_vec();
