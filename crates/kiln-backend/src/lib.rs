@@ -16,7 +16,7 @@
 mod ops;
 mod weight;
 
-pub use ops::{Activation, AttentionParams, RopeParams, RopeStyle};
+pub use ops::{Activation, AttentionParams, PackedAttentionParams, RopeParams, RopeStyle};
 pub use weight::{Linear, WeightData};
 
 use std::ops::Range;
@@ -94,6 +94,15 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// `y = x / sqrt(mean(x²) + eps) * weight`. With the group equal to the row this is the usual
     /// norm; with a group of `head_dim` it is a per-head (QK) norm.
     fn rms_norm(&self, x: &Self::Tensor, weight: &Self::Weight, eps: f32) -> Result<Self::Tensor>;
+    /// Layer norm of each row: `y = (x − mean) / sqrt(var + eps) · weight (+ bias)`, with the
+    /// biased variance (PyTorch's `LayerNorm`).
+    fn layer_norm(
+        &self,
+        x: &Self::Tensor,
+        weight: &Self::Weight,
+        bias: Option<&Self::Weight>,
+        eps: f32,
+    ) -> Result<Self::Tensor>;
     /// Rotary position embedding on every head of every row; row `i` is at `positions[i]`.
     fn rope(
         &self,
@@ -112,6 +121,18 @@ pub trait Backend: Send + Sync + Sized + 'static {
         q_pos: usize,
         n_kv: usize,
         params: &AttentionParams,
+    ) -> Result<Self::Tensor>;
+    /// Bidirectional attention of a packed batch: `q`, `k` and `v` are `[total, n_heads ·
+    /// head_dim]` holding the sequences of `seq_lens` one after another (no padding); each row
+    /// attends only to rows of its own sequence (within `params.radius` when set). Row `i` of
+    /// the output belongs to row `i` of `q`.
+    fn packed_attention(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        seq_lens: &[usize],
+        params: &PackedAttentionParams,
     ) -> Result<Self::Tensor>;
     /// Element-wise activation.
     fn activation(&self, x: &Self::Tensor, act: Activation) -> Result<Self::Tensor>;
@@ -132,6 +153,18 @@ pub trait Backend: Send + Sync + Sized + 'static {
     ) -> Result<Self::Tensor> {
         let g = self.activation(gate, act)?;
         self.mul(&g, up)
+    }
+    /// `layer_norm(residual + x)`: BERT's post-norm residual connection.
+    fn add_layer_norm(
+        &self,
+        residual: &Self::Tensor,
+        x: &Self::Tensor,
+        weight: &Self::Weight,
+        bias: Option<&Self::Weight>,
+        eps: f32,
+    ) -> Result<Self::Tensor> {
+        let sum = self.add(residual, x)?;
+        self.layer_norm(&sum, weight, bias, eps)
     }
     /// `residual + rms_norm(x, weight)`: Gemma's post-norms feeding the residual stream.
     fn add_rms_norm(

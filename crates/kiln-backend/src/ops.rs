@@ -81,6 +81,18 @@ pub struct AttentionParams {
     pub softcap: Option<f32>,
 }
 
+/// Bidirectional attention inside each sequence of a packed batch (encoders).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PackedAttentionParams {
+    pub n_heads: usize,
+    pub head_dim: usize,
+    /// Multiplies `q·k` before the softmax (usually `1/√head_dim`).
+    pub scale: f32,
+    /// Local attention: token `i` sees tokens `j` with `|i − j| ≤ radius` of its own sequence
+    /// (ModernBERT's local layers: `radius = local_attention / 2`). `None`: the whole sequence.
+    pub radius: Option<usize>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

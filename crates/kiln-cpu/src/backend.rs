@@ -1,8 +1,9 @@
 use std::ops::Range;
+use std::sync::OnceLock;
 
 use kiln_backend::{
-    shape_err, Activation, AttentionParams, Backend, BackendError, Linear, Result, RopeParams,
-    WeightData,
+    shape_err, Activation, AttentionParams, Backend, BackendError, Linear, PackedAttentionParams,
+    Result, RopeParams, WeightData,
 };
 use kiln_core::{GgmlType, SharedBytes};
 
@@ -44,12 +45,48 @@ pub struct CpuWeight {
     pub(crate) row_bytes: usize,
     pub(crate) bytes: SharedBytes,
     pub(crate) values: Option<Vec<f32>>,
+    /// f32 copy of a float matrix for the dense (gemm) path, made on first use when the bytes
+    /// cannot be read as f32 in place (F16, BF16, or an F32 tensor at an unaligned offset).
+    pub(crate) dense: OnceLock<std::result::Result<Vec<f32>, String>>,
 }
 
 impl CpuWeight {
     pub(crate) fn row_bytes_of(&self, r: usize) -> &[u8] {
         &self.bytes[r * self.row_bytes..(r + 1) * self.row_bytes]
     }
+    /// The weight as row-major f32 `[n_rows, row_len]`, for float types: in place for an aligned
+    /// F32 tensor (zero copy), converted once otherwise.
+    pub(crate) fn dense_f32(&self) -> Result<&[f32]> {
+        #[cfg(target_endian = "little")]
+        if self.ty == GgmlType::F32 {
+            let b: &[u8] = &self.bytes;
+            if b.as_ptr().align_offset(std::mem::align_of::<f32>()) == 0 {
+                // SAFETY: the pointer is aligned for f32, the length is a whole number of f32s
+                // (checked at upload: `row_bytes * n_rows == len`), every bit pattern is a valid
+                // f32, the bytes are little-endian like the target, and they live as long as
+                // `self` (the SharedBytes keeps its owner alive and is immutable).
+                return Ok(unsafe {
+                    std::slice::from_raw_parts(b.as_ptr().cast::<f32>(), b.len() / 4)
+                });
+            }
+        }
+        if !matches!(self.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+            return Err(shape_err(
+                "dense matmul",
+                format!("{} is not a float type", self.ty),
+            ));
+        }
+        self.dense
+            .get_or_init(|| {
+                let mut v = vec![0.0f32; self.row_len * self.n_rows];
+                kiln_quant::dequantize(self.ty, &self.bytes, &mut v)
+                    .map(|_| v)
+                    .map_err(|e| e.to_string())
+            })
+            .as_deref()
+            .map_err(|e| shape_err("dense matmul", e.clone()))
+    }
+
     /// f32 values of a small vector weight.
     pub(crate) fn vector(&self, op: &'static str) -> Result<&[f32]> {
         self.values
@@ -100,6 +137,11 @@ impl CpuBackend {
 
     pub fn simd(&self) -> SimdLevel {
         self.simd
+    }
+
+    /// Whether AVX2 builds of the math loops may run (chosen level and CPU both allow it).
+    pub(crate) fn avx2(&self) -> bool {
+        self.simd == SimdLevel::Avx2 && kernels::simd_level() == SimdLevel::Avx2
     }
 
     fn check_same(op: &'static str, a: &CpuTensor, b: &CpuTensor) -> Result<()> {
@@ -194,6 +236,7 @@ impl Backend for CpuBackend {
             row_bytes,
             bytes: data.bytes.clone(),
             values,
+            dense: OnceLock::new(),
         })
     }
 
@@ -272,6 +315,28 @@ impl Backend for CpuBackend {
         crate::ops::rms_norm(self, x, weight.vector("rms_norm")?, eps, None)
     }
 
+    fn layer_norm(
+        &self,
+        x: &CpuTensor,
+        weight: &CpuWeight,
+        bias: Option<&CpuWeight>,
+        eps: f32,
+    ) -> Result<CpuTensor> {
+        let b = bias.map(|b| b.vector("layer_norm bias")).transpose()?;
+        crate::ops::layer_norm(self, x, weight.vector("layer_norm")?, b, eps)
+    }
+
+    fn packed_attention(
+        &self,
+        q: &CpuTensor,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        seq_lens: &[usize],
+        params: &PackedAttentionParams,
+    ) -> Result<CpuTensor> {
+        crate::packed_attention::packed_attention(self, q, k, v, seq_lens, params)
+    }
+
     fn rope(&self, x: &CpuTensor, positions: &[u32], params: &RopeParams) -> Result<CpuTensor> {
         crate::ops::rope(self, x, positions, params)
     }
@@ -289,6 +354,16 @@ impl Backend for CpuBackend {
     }
 
     fn activation(&self, x: &CpuTensor, act: Activation) -> Result<CpuTensor> {
+        if act == Activation::Gelu {
+            let mut out = vec![0.0f32; x.data.len()];
+            let avx2 = self.avx2();
+            const CHUNK: usize = 8192;
+            let parallel = out.len() >= crate::PARALLEL_MIN_ELEMENTS;
+            crate::for_each_chunk(self, &mut out, CHUNK, parallel, |i, o| {
+                crate::math::gelu_into(avx2, &x.data[i * CHUNK..i * CHUNK + o.len()], o)
+            });
+            return CpuTensor::new(out, x.rows, x.cols);
+        }
         Ok(self.map(x, |v| act.apply(v)))
     }
 
@@ -310,6 +385,11 @@ impl Backend for CpuBackend {
         up: &CpuTensor,
         act: Activation,
     ) -> Result<CpuTensor> {
+        if act == Activation::Gelu {
+            Self::check_same("gated_activation", gate, up)?;
+            let g = self.activation(gate, act)?;
+            return self.mul(&g, up);
+        }
         self.zip("gated_activation", gate, up, |g, u| act.apply(g) * u)
     }
 

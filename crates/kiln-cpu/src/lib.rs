@@ -10,9 +10,12 @@
 
 mod attention;
 mod backend;
+mod dense;
 pub mod kernels;
+mod math;
 mod matmul;
 mod ops;
+mod packed_attention;
 
 pub use backend::{CpuBackend, CpuTensor, CpuWeight};
 

@@ -1,4 +1,4 @@
-//! Row-wise ops: RMS norm and rotary embeddings.
+//! Row-wise ops: RMS norm, layer norm and rotary embeddings.
 
 use kiln_backend::{shape_err, Result, RopeParams, RopeStyle};
 
@@ -113,6 +113,64 @@ pub(crate) fn rope(
             }
         }
     });
+    Ok(CpuTensor {
+        data: out,
+        rows: x.rows,
+        cols: x.cols,
+    })
+}
+
+/// `y = (x − mean) / sqrt(var + eps) · w (+ b)` over each row, with mean and biased variance
+/// accumulated in f64 (two passes), so the result does not depend on summation order.
+pub(crate) fn layer_norm(
+    cpu: &CpuBackend,
+    x: &CpuTensor,
+    w: &[f32],
+    b: Option<&[f32]>,
+    eps: f32,
+) -> Result<CpuTensor> {
+    if w.len() != x.cols || b.is_some_and(|b| b.len() != x.cols) {
+        return Err(shape_err(
+            "layer_norm",
+            format!(
+                "weight {} / bias {:?} for rows of {}",
+                w.len(),
+                b.map(|b| b.len()),
+                x.cols
+            ),
+        ));
+    }
+    let mut out = vec![0.0f32; x.data.len()];
+    let cols = x.cols.max(1);
+    let parallel = x.data.len() >= crate::PARALLEL_MIN_ELEMENTS;
+    crate::for_each_chunk(
+        cpu,
+        &mut out,
+        cols * ROWS_PER_TASK,
+        parallel,
+        |task, chunk| {
+            for (r, out_row) in chunk.chunks_mut(cols).enumerate() {
+                let xr = x.row(task * ROWS_PER_TASK + r);
+                let n = xr.len() as f64;
+                let mean = xr.iter().map(|&v| v as f64).sum::<f64>() / n;
+                let var = xr
+                    .iter()
+                    .map(|&v| (v as f64 - mean) * (v as f64 - mean))
+                    .sum::<f64>()
+                    / n;
+                let inv = 1.0 / (var + eps as f64).sqrt();
+                let (mean, inv) = (mean as f32, inv as f32);
+                for ((o, &v), &g) in out_row.iter_mut().zip(xr).zip(w) {
+                    *o = (v - mean) * inv * g;
+                }
+                if let Some(b) = b {
+                    for (o, &bv) in out_row.iter_mut().zip(b) {
+                        *o += bv;
+                    }
+                }
+            }
+        },
+    );
     Ok(CpuTensor {
         data: out,
         rows: x.rows,

@@ -21,6 +21,9 @@ pub enum TokenizerError {
     /// `tokenizer.ggml.pre` names a BPE pre-tokenizer this crate does not implement.
     #[error("unsupported pre-tokenizer `{0}` (tokenizer.ggml.pre); supported: llama3/llama-bpe, qwen2, gpt-2, default")]
     UnsupportedPreTokenizer(String),
+    /// A `tokenizer.json` file could not be read or parsed.
+    #[error("{path}: {reason}")]
+    TokenizerJson { path: String, reason: String },
 }
 
 impl TokenizerError {

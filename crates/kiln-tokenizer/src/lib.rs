@@ -13,6 +13,9 @@
 //! special-token partition order, the per-kind defaults, the attribute fixes llama.cpp applies by
 //! token text, and llama.cpp's Unicode tables are all reproduced.
 //!
+//! `tokenizer.json` models (WordPiece, Unigram, BPE as Hugging Face describes them) are run by the
+//! HF `tokenizers` crate through [`HfTokenizer`].
+//!
 //! Invariants:
 //! - [`Tokenizer`] is immutable after construction (`Send + Sync`); all lookup structures (piece to
 //!   id map, merge ranks, special-token trie) are built once in [`Tokenizer::from_spec`].
@@ -26,6 +29,7 @@ mod decode;
 mod error;
 mod gguf;
 mod hash;
+mod hf;
 mod pretokenize;
 mod special;
 mod spm;
@@ -34,6 +38,7 @@ mod vocab;
 
 pub use decode::StreamDecoder;
 pub use error::TokenizerError;
+pub use hf::{HfTokenizer, Truncation};
 pub use vocab::VocabSpec;
 
 use bpe::Bpe;
