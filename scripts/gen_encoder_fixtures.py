@@ -29,9 +29,11 @@ How each folder is made:
                    BPE vocabulary as in the real tokenizer, `[MASK]` with lstrip like the real one.
        XLM-R       Unigram: normalizer Sequence[Precompiled(nmt_nfkc), Replace(" {2,}" -> " ")],
                    Metaspace pre-tokenizer and decoder, template `<s> $A </s>`, `<s>`=0 `<pad>`=1
-                   `</s>`=2 `<unk>`=3 and `<mask>` last. The Precompiled charsmap is the genuine
-                   sentencepiece nmt_nfkc table (the one real XLM-R tokenizer.json files embed),
-                   taken from a throw-away sentencepiece model.
+                   `</s>`=2 `<unk>`=3 and `<mask>` last. The Precompiled charsmap is
+                   sentencepiece's nmt_nfkc table (the rule set and binary format that real XLM-R
+                   tokenizer.json files embed; the older copy inside xlm-roberta-base may differ in
+                   detail), taken from a throw-away sentencepiece model. The trained pieces are
+                   rescored deterministically (see canonical_unigram).
   2. The model is built from its config with the model's own init, then EVERY tensor is perturbed
      (norm weights by N(0, 0.2) around 1, matrices by N(0, 1/fan_in), embedding tables by the
      small N(0, 0.03) so that the first norm's eps matters), so that window, position, rope,
@@ -72,6 +74,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 import numpy as np  # noqa: E402
 import sentencepiece as spm  # noqa: E402
@@ -176,7 +179,7 @@ TEXTS = [
     "Order #12345 costs $67.89 (incl. 20% VAT), due 2024-03-15 at 09:30!",
     "  leading,   multiple   spaces\tand a tab, then a\nnewline  ",
     "Fill in the [MASK] or the <mask>, not [CLS] or </s>.",
-    "ＦＵＬＬＷＩＤＴＨ ｔｅｘｔ, the ﬁne ligature, and an emoji \U0001F642 at the end",
+    "\U0001F642\U0001F680 emoji, ＦＵＬＬ ｗｉｄｔｈ and a ﬁne ligature",
     "Engineers measured the bridge again because the numbers did not agree with the drawings, "
     "so the report said what was tested and what failed.",
     LONG_TEXT,
@@ -216,6 +219,34 @@ def nmt_nfkc_charsmap() -> bytes:
     return charsmap
 
 
+def canonical_unigram(trained: Tokenizer) -> Tokenizer:
+    """The trained Unigram pieces with deterministic scores and order.
+
+    The trainer's piece set is reproducible, but its EM scores vary by ~1e-4 from run to run
+    (hash-map order in the Rust code), and so does the order of pieces, i.e. their ids. Each piece
+    is therefore rescored as the log of its smoothed relative frequency as a substring of the
+    normalized, pre-tokenized CORPUS, and ids follow (score desc, piece), after the 4 specials.
+    """
+    vocab = json.loads(trained.to_str())["model"]["vocab"]
+    specials, pieces = [p for p, _ in vocab[:4]], [p for p, _ in vocab[4:]]
+    words = [
+        w
+        for line in corpus_lines()
+        for w, _ in trained.pre_tokenizer.pre_tokenize_str(trained.normalizer.normalize_str(line))
+    ]
+
+    def occurrences(piece: str) -> int:
+        return sum(sum(1 for i in range(len(w) - len(piece) + 1) if w.startswith(piece, i)) for w in words)
+
+    counts = {p: occurrences(p) + 1 for p in pieces}
+    total = sum(counts.values())
+    scored = sorted(((p, round(math.log(c / total), 6)) for p, c in counts.items()), key=lambda ps: (-ps[1], ps[0]))
+    tok = Tokenizer(models.Unigram([(p, 0.0) for p in specials] + scored, unk_id=3, byte_fallback=False))
+    tok.normalizer, tok.pre_tokenizer, tok.decoder = trained.normalizer, trained.pre_tokenizer, trained.decoder
+    tok.add_special_tokens([AddedToken(p, special=True, normalized=False) for p in specials])
+    return tok
+
+
 def xlmr_tokenizer() -> Tokenizer:
     tok = Tokenizer(models.Unigram())
     tok.normalizer = normalizers.Sequence(
@@ -233,6 +264,7 @@ def xlmr_tokenizer() -> Tokenizer:
         n_sub_iterations=2,
     )
     tok.train_from_iterator(corpus_lines(), trainer=trainer)
+    tok = canonical_unigram(tok)
     # `<mask>` goes last, after the trained pieces, as in xlm-roberta-base (id 250001 there).
     tok.add_special_tokens([AddedToken("<mask>", special=True, normalized=False)])
     ids = {t: tok.token_to_id(t) for t in ("<s>", "<pad>", "</s>", "<unk>", "<mask>")}
@@ -568,6 +600,9 @@ def write_reference(out: Path, info: dict, manual, slips: dict) -> dict:
         ids_list.append(ids)
     if max(map(len, ids_list)) != info["max_seq_length"]:
         raise SystemExit("no reference text reaches max_seq_length")
+    unk_id = tok_file.token_to_id(cfg.get("unk_token", "<unk>"))
+    if unk_id is not None and not any(unk_id in ids for ids in ids_list):
+        raise SystemExit("no reference text exercises the unknown token")
 
     hidden = hidden_batch1(model, ids_list)
     cases, pool_diff, manual_diff = [], 0.0, 0.0
@@ -714,10 +749,12 @@ and sentence-transformers 6 otherwise load in the dtype of config.json, i.e. f16
 - Weights in **BF16**, **sharded** into {xr_shards} files with `model.safetensors.index.json`;
   the reference ran in float32 on the bf16-rounded weights.
 - tokenizer.json: Unigram with the structure of xlm-roberta-base: normalizer
-  `Sequence[Precompiled(nmt_nfkc charsmap), Replace(" {{2,}}" -> " ")]` (the genuine sentencepiece
-  nmt_nfkc table: fullwidth -> ASCII, ligature `ﬁ` -> `fi`, ...), Metaspace pre-tokenizer
-  (`▁`, prepend always), `<s> $A </s>`, `<s>`=0 `<pad>`=1 `</s>`=2 `<unk>`=3, `<mask>` last
-  ({xr_mask}). Characters unseen in training (the emoji) become `<unk>`.
+  `Sequence[Precompiled(nmt_nfkc charsmap), Replace(" {{2,}}" -> " ")]` (sentencepiece 0.2.3's
+  nmt_nfkc table, in the binary format real XLM-R files embed: fullwidth -> ASCII, ligature `ﬁ` ->
+  `fi`, tab -> space, ...), Metaspace pre-tokenizer (`▁`, prepend always, split), `<s> $A </s>`,
+  `<s>`=0 `<pad>`=1 `</s>`=2 `<unk>`=3, `<mask>` last ({xr_mask}). Piece scores are log relative
+  substring frequencies in the training text (the trainer's own EM scores are not reproducible
+  run to run). Characters unseen in training (the emoji) become `<unk>`.
 - sentence-transformers: Transformer -> Pooling (**mean** over the unpadded tokens incl. `<s>` and
   `</s>`), no Normalize, `max_seq_length` 40.
 
@@ -751,6 +788,9 @@ def folder_size(path: Path) -> str:
 
 
 def main() -> int:
+    # The load reports (e.g. the XLM-R pooler that is deliberately absent) are expected noise.
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
     torch.set_num_threads(1)
     torch.manual_seed(SEED)
     OUT.mkdir(parents=True, exist_ok=True)

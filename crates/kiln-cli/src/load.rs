@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use kiln_cpu::CpuBackend;
+use kiln_engine::EmbeddingModel;
 use kiln_formats::GgufFile;
 use kiln_hub::Hub;
 use kiln_models::Decoder;
@@ -67,6 +68,34 @@ pub fn load(model: &str, threads: usize) -> Result<Loaded> {
         backend,
         model,
         tokenizer,
+        load_ms: t0.elapsed().as_secs_f64() * 1e3,
+    })
+}
+
+/// An embedding model ready to run.
+pub struct LoadedEmbedding {
+    pub backend: CpuBackend,
+    pub model: EmbeddingModel<CpuBackend>,
+    pub load_ms: f64,
+}
+
+/// Load the embedding model `model` (an alias, fetched on first use, or a folder); `truncate`
+/// as `kiln embed --no-truncate` says.
+pub fn load_embedding(model: &str, threads: usize, truncate: bool) -> Result<LoadedEmbedding> {
+    let path = resolve(model)?;
+    if !path.is_dir() {
+        anyhow::bail!(
+            "{}: an embedding model is a folder (config.json, model.safetensors, tokenizer.json)",
+            path.display()
+        );
+    }
+    let t0 = Instant::now();
+    let backend = CpuBackend::new(threads)?;
+    let model = EmbeddingModel::load(&backend, &path, truncate)
+        .with_context(|| format!("loading the embedding model in {}", path.display()))?;
+    Ok(LoadedEmbedding {
+        backend,
+        model,
         load_ms: t0.elapsed().as_secs_f64() * 1e3,
     })
 }

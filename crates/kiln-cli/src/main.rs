@@ -1,4 +1,5 @@
-//! `kiln`: run, inspect, tokenize, score and measure GGUF models from the command line.
+//! `kiln`: run, inspect, tokenize, score and measure GGUF models, and embed texts with encoder
+//! models, from the command line.
 //!
 //! This is the edge of the program: arguments are parsed and validated here, errors get their
 //! context here (anyhow), and this is the only crate that names a concrete backend.
@@ -32,6 +33,10 @@ enum Command {
     Score(commands::score::ScoreArgs),
     /// Perplexity of a text file, computed as llama.cpp's llama-perplexity does.
     Perplexity(commands::perplexity::PerplexityArgs),
+    /// Sentence embeddings of texts (arguments, or JSON lines on stdin with --jsonl).
+    Embed(commands::embed::EmbedArgs),
+    /// Measure throughput (`kiln bench embed -f FILE`).
+    Bench(commands::bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +48,8 @@ fn main() -> ExitCode {
         Command::Tokenize(a) => commands::tokenize::run(a),
         Command::Score(a) => commands::score::run(a),
         Command::Perplexity(a) => commands::perplexity::run(a),
+        Command::Embed(a) => commands::embed::run(a),
+        Command::Bench(a) => commands::bench::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

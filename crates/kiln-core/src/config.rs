@@ -1,4 +1,5 @@
-//! Typed configuration of decoder-only transformers.
+//! Typed configuration of transformers: decoder-only LLMs ([`DecoderConfig`]) and
+//! bidirectional encoders ([`EncoderConfig`]).
 //!
 //! Families differ in small, named ways (rope style and bases, which norms exist, activation,
 //! embedding scale, soft-capping, sliding-window pattern); each difference is a field here, read
@@ -33,6 +34,8 @@ pub enum RopeKind {
 pub enum FfnActivation {
     /// GELU, tanh approximation, gating `up` (Gemma).
     GeluTanh,
+    /// Exact (erf) GELU (BERT; ModernBERT's GeGLU).
+    Gelu,
     /// SiLU gating `up` (Llama, Qwen, Mistral).
     Silu,
 }
@@ -86,5 +89,85 @@ impl DecoderConfig {
     /// Width of all value heads together.
     pub fn v_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim_v
+    }
+}
+
+/// Encoder families: they differ in norm placement, position encoding and FFN shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EncoderArch {
+    /// BERT: learned absolute positions, post-norm, biased linears, GELU FFN.
+    Bert,
+    /// XLM-RoBERTa (and RoBERTa): BERT with positions offset past the padding id.
+    XlmRoberta,
+    /// ModernBERT: RoPE, pre-norm, no biases, GeGLU, alternating global/local attention.
+    ModernBert,
+}
+
+impl EncoderArch {
+    pub fn name(self) -> &'static str {
+        match self {
+            EncoderArch::Bert => "bert",
+            EncoderArch::XlmRoberta => "xlm-roberta",
+            EncoderArch::ModernBert => "modernbert",
+        }
+    }
+}
+
+/// How an encoder knows where a token is.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum EncoderPositions {
+    /// A learned table of `table_len` rows; token `i` of a sequence reads row `offset + i`
+    /// (RoBERTa-style models start after the padding id: `offset = pad_id + 1`).
+    Absolute { table_len: usize, offset: usize },
+    /// Rotary embedding (NeoX halves) on queries and keys; local layers may use another base.
+    Rope {
+        global: RopeConfig,
+        local: RopeConfig,
+    },
+}
+
+/// How one encoder layer attends inside its sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EncoderAttention {
+    /// Every token of the sequence.
+    Global,
+    /// Tokens at most `radius` positions away on either side.
+    Local { radius: usize },
+}
+
+/// Everything an encoder forward pass needs to know.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EncoderConfig {
+    pub arch: EncoderArch,
+    pub vocab_size: usize,
+    pub d_model: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub head_dim: usize,
+    pub ffn_dim: usize,
+    pub norm_eps: f32,
+    /// Layer norms have a bias (false for ModernBERT's default `norm_bias: false`).
+    pub norm_bias: bool,
+    /// Linear layers of attention / FFN have biases.
+    pub attention_bias: bool,
+    pub mlp_bias: bool,
+    /// `true`: norm after each residual add (BERT); `false`: before each block (ModernBERT).
+    pub post_norm: bool,
+    /// `true`: the FFN's first projection yields `[input, gate]` halves, `act(input) · gate`.
+    pub gated_ffn: bool,
+    pub activation: FfnActivation,
+    pub positions: EncoderPositions,
+    /// Rows of the token-type table (BERT's segment embeddings; 0 when there is none). kiln
+    /// encodes single texts, so every token has type 0.
+    pub type_vocab_size: usize,
+    pub layer_attention: Vec<EncoderAttention>,
+    /// Longest sequence the position encoding allows.
+    pub max_positions: usize,
+}
+
+impl EncoderConfig {
+    /// Width of all heads together (= `d_model` for every supported family).
+    pub fn attn_dim(&self) -> usize {
+        self.n_heads * self.head_dim
     }
 }

@@ -1,7 +1,8 @@
 //! kiln-engine: what runs a loaded model for a user — sampling, generation, teacher-forced
-//! scoring and perplexity. (The paged KV cache and the continuous-batching scheduler of the
+//! scoring, perplexity, and sentence embeddings. (The paged KV cache and the continuous-batching scheduler of the
 //! server will live here too.)
 
+mod embed;
 mod error;
 mod generate;
 mod perplexity;
@@ -9,6 +10,7 @@ mod rng;
 mod sampler;
 mod score;
 
+pub use embed::{Embedding, EmbeddingModel};
 pub use error::EngineError;
 pub use generate::{generate, GenerateOptions, Generation, StopReason};
 pub use perplexity::{perplexity, Perplexity};

@@ -101,6 +101,7 @@ impl<B: Backend> Decoder<B> {
         trace.trace(b, "embd", 0, &x);
         let act = match c.activation {
             FfnActivation::GeluTanh => Activation::GeluTanh,
+            FfnActivation::Gelu => Activation::Gelu,
             FfnActivation::Silu => Activation::Silu,
         };
         let style = match c.rope_kind {

@@ -25,6 +25,20 @@ pub enum ModelError {
     ContextFull { needed: usize, capacity: usize },
     #[error("token id {id} is outside the vocabulary of {vocab} tokens")]
     BadToken { id: u32, vocab: usize },
+    #[error("{file}: {detail}")]
+    File { file: String, detail: String },
+    #[error("{file}: key \"{key}\": {detail}")]
+    Config {
+        file: String,
+        key: String,
+        detail: String,
+    },
+    #[error("tensor {name} has dtype {dtype}; kiln computes with F32, F16 or BF16 safetensors")]
+    UnsupportedDtype { name: String, dtype: String },
+    #[error("sequence of {len} tokens is longer than the model's limit of {max}")]
+    SequenceTooLong { len: usize, max: usize },
+    #[error("empty token sequence (an encoder needs at least one token)")]
+    EmptySequence,
     #[error(transparent)]
     Backend(#[from] BackendError),
 }

@@ -6,15 +6,24 @@
 //! 2. [`weights`] looks up every tensor by its role in the name table, checks its type and shape,
 //!    and hands it to the backend (`upload_weight`: zero-copy on the CPU);
 //! 3. [`Decoder::forward`] composes backend primitives.
+//!
+//! Encoders (BERT, XLM-RoBERTa, ModernBERT) come from Hugging Face folders the same way:
+//! [`hf::HfConfig`] → [`arch::encoder_config`] → [`load_encoder`] (safetensors, zero-copy) →
+//! [`Encoder::forward`] over a packed batch; [`pooling`] turns token states into sentence
+//! embeddings as the folder's sentence-transformers files say ([`hf::SentenceConfig`]).
 
 pub mod arch;
 mod cache;
 mod decoder;
+mod encoder;
 mod error;
+pub mod hf;
+pub mod pooling;
 mod weights;
 
 pub use cache::KvCache;
 pub use decoder::{Decoder, DecoderLayer, NoTrace, Trace};
+pub use encoder::{load_encoder, Encoder, EncoderLayer, Norm};
 pub use error::ModelError;
 
 use kiln_backend::Backend;

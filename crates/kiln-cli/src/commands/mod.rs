@@ -1,3 +1,5 @@
+pub mod bench;
+pub mod embed;
 pub mod inspect;
 pub mod perplexity;
 pub mod pull;

@@ -1,6 +1,9 @@
 //! Per-family metadata readers: GGUF metadata → [`DecoderConfig`].
 
+mod encoders;
 mod gemma3;
+
+pub use encoders::{encoder_config, SUPPORTED_ENCODERS};
 
 use kiln_core::config::DecoderConfig;
 use kiln_formats::GgufFile;

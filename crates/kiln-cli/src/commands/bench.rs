@@ -1,0 +1,110 @@
+//! `kiln bench`: throughput measurements. `kiln bench embed` times sentence embedding of a text
+//! file end to end (tokenization included), as a user running `kiln embed` would see it.
+
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+
+use super::embed::EmbedModelArg;
+use crate::load::{load_embedding, ThreadsArg};
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    what: BenchWhat,
+}
+
+#[derive(clap::Subcommand)]
+enum BenchWhat {
+    /// Sentences/s and tokens/s of `kiln embed` on a file of texts (one per line).
+    Embed(BenchEmbedArgs),
+}
+
+#[derive(clap::Args)]
+pub struct BenchEmbedArgs {
+    #[command(flatten)]
+    model: EmbedModelArg,
+    #[command(flatten)]
+    threads: ThreadsArg,
+    /// Text file, one text per line (blank lines are skipped).
+    #[arg(short = 'f', long)]
+    file: std::path::PathBuf,
+    /// Texts per forward pass.
+    #[arg(short = 'b', long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    batch_size: u32,
+    /// Timed passes over the whole file (the best is reported, after one untimed warm-up pass).
+    #[arg(short = 'r', long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    repeats: u32,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    match a.what {
+        BenchWhat::Embed(e) => embed(e),
+    }
+}
+
+fn embed(a: BenchEmbedArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&a.file)
+        .with_context(|| format!("reading {}", a.file.display()))?;
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    if lines.is_empty() {
+        bail!("{}: no texts (one per line)", a.file.display());
+    }
+    let loaded = load_embedding(&a.model.model, a.threads.threads, true)?;
+    let model = &loaded.model;
+    let batch = a.batch_size as usize;
+    let pass = || -> Result<(f64, usize)> {
+        let t0 = Instant::now();
+        let out = model.embed_texts(&loaded.backend, &lines, batch, |_| {})?;
+        let tokens = out.iter().map(|e| e.ids.len()).sum();
+        Ok((t0.elapsed().as_secs_f64(), tokens))
+    };
+    let (_, tokens) = pass()?; // warm-up: page in the weights, size the allocator
+    let mut times = Vec::new();
+    for _ in 0..a.repeats {
+        times.push(pass()?.0);
+    }
+    let best = times.iter().cloned().fold(f64::INFINITY, f64::min);
+    let mean = times.iter().sum::<f64>() / times.len() as f64;
+    let sps = lines.len() as f64 / best;
+    let tps = tokens as f64 / best;
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "sentences_per_s": sps,
+                "tokens_per_s": tps,
+                "texts": lines.len(),
+                "tokens": tokens,
+                "threads": loaded.backend.threads(),
+                "batch_size": batch,
+                "best_s": best,
+                "mean_s": mean,
+                "passes": times.len(),
+            })
+        );
+    } else {
+        println!(
+            "model {}  file {}  {} texts, {} tokens (mean {:.1})  {} threads, batch {}",
+            a.model.model,
+            a.file.display(),
+            lines.len(),
+            tokens,
+            tokens as f64 / lines.len() as f64,
+            loaded.backend.threads(),
+            batch
+        );
+        println!(
+            "{:>10.1} sentences/s  {:>10.0} tokens/s  (best of {}; mean pass {:.3} s)",
+            sps,
+            tps,
+            times.len(),
+            mean
+        );
+    }
+    Ok(())
+}
