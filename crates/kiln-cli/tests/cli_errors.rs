@@ -138,3 +138,100 @@ fn malformed_jsonl_names_the_line() {
     let out = kiln(&["run", "-m", m, "-p", "a"], "", &home);
     assert_clean_failure(&out, "llama");
 }
+
+/// A copy of a model folder (and its subfolders) into `dst`, minus the files named in `skip`.
+fn copy_model_dir(src: &std::path::Path, dst: &std::path::Path, skip: &[&str]) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().to_string();
+        if e.path().is_dir() {
+            copy_model_dir(&e.path(), &dst.join(&name), skip);
+        } else if !skip.contains(&name.as_str()) {
+            std::fs::copy(e.path(), dst.join(&name)).unwrap();
+        }
+    }
+}
+
+#[test]
+fn embedding_folders_with_missing_or_broken_files_are_named() {
+    let home = temp_dir("embed");
+    // A tiny real checkpoint committed with kiln-models' tests.
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../kiln-models/tests/fixtures/encoders/xlm-roberta-tiny");
+    let run = |dir: &std::path::Path, extra: &[&str]| {
+        let mut args = vec!["embed", "-m", dir.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        args.push("hello");
+        kiln(&args, "", &home)
+    };
+    let ok = run(&fixture, &[]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+
+    for (missing, needle) in [
+        ("config.json", "config.json"),
+        ("tokenizer.json", "tokenizer.json"),
+        ("model.safetensors.index.json", "model.safetensors"),
+    ] {
+        let dir = home.join(format!("no-{missing}"));
+        copy_model_dir(&fixture, &dir, &[missing]);
+        assert_clean_failure(&run(&dir, &[]), needle);
+    }
+    let broken = home.join("broken");
+    copy_model_dir(&fixture, &broken, &[]);
+    std::fs::write(
+        broken.join("config.json"),
+        "{\"model_type\": \"xlm-roberta\", ",
+    )
+    .unwrap();
+    assert_clean_failure(&run(&broken, &[]), "config.json");
+    std::fs::write(broken.join("config.json"), "{\"model_type\": \"gpt2\"}").unwrap();
+    assert_clean_failure(&run(&broken, &[]), "gpt2");
+    copy_model_dir(&fixture, &broken, &[]);
+    std::fs::write(broken.join("tokenizer.json"), "{}").unwrap();
+    assert_clean_failure(&run(&broken, &[]), "tokenizer.json");
+    copy_model_dir(&fixture, &broken, &[]);
+    std::fs::write(
+        broken.join("modules.json"),
+        "[{\"type\": \"sentence_transformers.models.Dense\"}]",
+    )
+    .unwrap();
+    assert_clean_failure(&run(&broken, &[]), "Dense");
+    copy_model_dir(&fixture, &broken, &[]);
+    std::fs::remove_file(broken.join("1_Pooling/config.json")).unwrap();
+    assert_clean_failure(&run(&broken, &[]), "1_Pooling/config.json");
+    // A shard cut short.
+    copy_model_dir(&fixture, &broken, &[]);
+    let shard = std::fs::read_dir(&broken)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .unwrap();
+    let bytes = std::fs::read(&shard).unwrap();
+    std::fs::write(&shard, &bytes[..bytes.len() / 2]).unwrap();
+    assert_clean_failure(
+        &run(&broken, &[]),
+        shard.file_name().unwrap().to_str().unwrap(),
+    );
+    // A GGUF file is not an embedding folder; nothing to embed is an error too.
+    assert_clean_failure(
+        &kiln(&["embed", "-m", "/dev/null", "x"], "", &home),
+        "folder",
+    );
+    assert_clean_failure(
+        &kiln(&["embed", "-m", fixture.to_str().unwrap()], "", &home),
+        "nothing to embed",
+    );
+    assert_clean_failure(
+        &kiln(
+            &["embed", "-m", fixture.to_str().unwrap(), "--jsonl"],
+            "{\"text\": 3}\n",
+            &home,
+        ),
+        "line 1",
+    );
+}
