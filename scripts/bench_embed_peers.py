@@ -134,8 +134,11 @@ def export_onnx(model_dir: Path, dest: Path, tokenizer) -> None:
 
     log(f"exporting {model_dir} to ONNX (once; cached at {dest})")
     model = AutoModel.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
-    sample = tokenizer(["a short text", "a somewhat longer text, so that the batch has padding in it"],
-                       padding=True, return_tensors="pt")
+    sample = tokenizer(
+        ["a short text", "a somewhat longer text, so that the batch has padding in it"],
+        padding=True,
+        return_tensors="pt",
+    )
     names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in sample]
     if "token_type_ids" not in names:
         sample["token_type_ids"] = torch.zeros_like(sample["input_ids"])
@@ -150,23 +153,31 @@ def export_onnx(model_dir: Path, dest: Path, tokenizer) -> None:
             self.inner = inner
 
         def forward(self, input_ids, attention_mask, token_type_ids):
-            # The additive (batch, 1, 1, seq) mask is built here because transformers 5's own mask
-            # construction does not trace: its TorchScript export gives wrong outputs (max |diff|
-            # ~1 at export time). A 4-D mask is used by the model as it is.
-            bias = (1.0 - attention_mask[:, None, None, :].to(torch.float32)) * torch.finfo(torch.float32).min
-            return self.inner(input_ids=input_ids, attention_mask=bias,
-                              token_type_ids=token_type_ids).last_hidden_state
+            return self.inner(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state
 
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    # The wrapper must be in eval mode itself: export restores the wrapper's own mode afterwards,
+    # recursively, which would switch dropout on in the inner model if the wrapper were training.
+    encoder = Encoder(model).eval()
     try:
         with torch.no_grad():
-            torch.onnx.export(Encoder(model), args, str(tmp), input_names=names,
-                              output_names=["last_hidden_state"], dynamic_axes=dynamic,
-                              opset_version=OPSET, do_constant_folding=True, dynamo=False)
-            want = model(**{n: sample[n] for n in names}).last_hidden_state.numpy()
+            want = encoder(*args).numpy()
+            torch.onnx.export(
+                encoder,
+                args,
+                str(tmp),
+                input_names=names,
+                output_names=["last_hidden_state"],
+                dynamic_axes=dynamic,
+                opset_version=OPSET,
+                do_constant_folding=True,
+                dynamo=False,
+            )
         sess = ort.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])
-        got = sess.run(["last_hidden_state"], {n: sample[n].numpy() for n in names})[0]
+        got = sess.run(["last_hidden_state"], {i.name: sample[i.name].numpy() for i in sess.get_inputs()})[0]
         mask = sample["attention_mask"].numpy().astype(bool)
         diff = float(np.max(np.abs(got[mask] - want[mask])))
         if not diff < 1e-4:
@@ -195,12 +206,13 @@ def bench_ort(a: argparse.Namespace, texts: list[str]) -> tuple[list[float], int
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     sess = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
     inputs = [i.name for i in sess.get_inputs()]
-    batches = [texts[i: i + a.batch_size] for i in range(0, len(texts), a.batch_size)]
+    batches = [texts[i : i + a.batch_size] for i in range(0, len(texts), a.batch_size)]
 
     def run_pass():
         for batch in batches:
-            enc = tokenizer(batch, padding="longest", truncation=True, max_length=a.max_seq_length,
-                            return_tensors="np")
+            enc = tokenizer(
+                batch, padding="longest", truncation=True, max_length=a.max_seq_length, return_tensors="np"
+            )
             ids = enc["input_ids"].astype(np.int64)
             mask = enc["attention_mask"].astype(np.int64)
             feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
@@ -221,13 +233,19 @@ def versions(backend: str) -> dict:
     import torch
     import transformers
 
-    v = {"torch": torch.__version__, "transformers": transformers.__version__,
-         "tokenizers": tokenizers.__version__, "numpy": numpy.__version__}
+    v = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+        "numpy": numpy.__version__,
+    }
     if backend == "st":
         import sentence_transformers
+
         v["sentence-transformers"] = sentence_transformers.__version__
     else:
         import onnxruntime
+
         v["onnxruntime"] = onnxruntime.__version__
     return v
 
@@ -270,9 +288,11 @@ def main() -> int:
     if a.json:
         print(json.dumps(result))
     else:
-        print(f"{a.backend} {a.file}: {result['sentences_per_s']:.1f} sentences/s, "
-              f"{result['tokens_per_s']:.0f} tokens/s ({len(texts)} texts, {tokens} tokens, "
-              f"{a.threads} threads, passes {', '.join(f'{t:.2f}s' for t in passes)})")
+        print(
+            f"{a.backend} {a.file}: {result['sentences_per_s']:.1f} sentences/s, "
+            f"{result['tokens_per_s']:.0f} tokens/s ({len(texts)} texts, {tokens} tokens, "
+            f"{a.threads} threads, passes {', '.join(f'{t:.2f}s' for t in passes)})"
+        )
     return 0
 
 

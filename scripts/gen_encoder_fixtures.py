@@ -9,7 +9,7 @@ architectures that have no real checkpoint on this machine:
     crates/kiln-models/tests/fixtures/encoders/xlm-roberta-tiny/  XLMRobertaModel, BF16, 2+ shards,
                                                                   mean pooling, no Normalize
 
-Run once from the repository root (CPU only, ~1 minute), and commit the result:
+Run once from the repository root (CPU only, ~15 s), and commit the result:
 
     python3 -m venv /tmp/venc
     /tmp/venc/bin/pip install torch==2.15.0 transformers==5.23.0 sentence-transformers==6.2.0 \\
@@ -39,8 +39,9 @@ How each folder is made:
      small N(0, 0.03) so that the first norm's eps matters), so that window, position, rope,
      GELU and eps slips all change the output far beyond float32 noise, while activations stay O(1).
   3. The model is cast to the storage dtype (F16 / BF16) and saved; config.json is written with the
-     key names the published checkpoints use (ModernBERT: global_attn_every_n_layers,
-     global_rope_theta, local_rope_theta, as in every ModernBERT checkpoint on the Hub).
+     key names that published ModernBERT checkpoints (saved with transformers 4) use:
+     global_attn_every_n_layers, global_rope_theta, local_rope_theta; transformers 5 still reads
+     them (checked), though it would itself write layer_types / rope_parameters.
   4. The saved folder is loaded back in float32 (so the reference sees exactly the rounded
      weights), eager attention, and for each text of TEXTS:
        input_ids          what sentence-transformers feeds the model (truncation at max_seq_length);
@@ -49,7 +50,7 @@ How each folder is made:
        embedding          SentenceTransformer(dir).encode(text), float32; checked against our own
                           pooling (+ L2 normalization) of last_hidden_state
   5. Checks that fail loudly: an independent float32 re-implementation of each architecture (from
-     the state dict, written from the papers) agrees with HF; AutoTokenizer and SentenceTransformer
+     the state dict, written from the architecture descriptions) agrees with HF; AutoTokenizer and SentenceTransformer
      load the folder; a padded batch of all texts agrees with batch 1 (the max |diff| is recorded);
      deliberate slips (wrong window, rope theta, GELU, position offset, eps) change the output by
      far more than that noise (recorded as `sensitivity`).
@@ -77,8 +78,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 import numpy as np  # noqa: E402
-import sentencepiece as spm  # noqa: E402
 import sentence_transformers  # noqa: E402
+import sentencepiece as spm  # noqa: E402
 import tokenizers  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
@@ -179,9 +180,11 @@ TEXTS = [
     "Order #12345 costs $67.89 (incl. 20% VAT), due 2024-03-15 at 09:30!",
     "  leading,   multiple   spaces\tand a tab, then a\nnewline  ",
     "Fill in the [MASK] or the <mask>, not [CLS] or </s>.",
-    "\U0001F642\U0001F680 emoji, ＦＵＬＬ ｗｉｄｔｈ and a ﬁne ligature",
-    "Engineers measured the bridge again because the numbers did not agree with the drawings, "
-    "so the report said what was tested and what failed.",
+    "\U0001f642\U0001f680 emoji, ＦＵＬＬ ｗｉｄｔｈ and a ﬁne ligature",
+    (
+        "Engineers measured the bridge again because the numbers did not agree with the drawings, "
+        "so the report said what was tested and what failed."
+    ),
     LONG_TEXT,
 ]
 
@@ -240,9 +243,15 @@ def canonical_unigram(trained: Tokenizer) -> Tokenizer:
 
     counts = {p: occurrences(p) + 1 for p in pieces}
     total = sum(counts.values())
-    scored = sorted(((p, round(math.log(c / total), 6)) for p, c in counts.items()), key=lambda ps: (-ps[1], ps[0]))
+    scored = sorted(
+        ((p, round(math.log(c / total), 6)) for p, c in counts.items()), key=lambda ps: (-ps[1], ps[0])
+    )
     tok = Tokenizer(models.Unigram([(p, 0.0) for p in specials] + scored, unk_id=3, byte_fallback=False))
-    tok.normalizer, tok.pre_tokenizer, tok.decoder = trained.normalizer, trained.pre_tokenizer, trained.decoder
+    tok.normalizer, tok.pre_tokenizer, tok.decoder = (
+        trained.normalizer,
+        trained.pre_tokenizer,
+        trained.decoder,
+    )
     tok.add_special_tokens([AddedToken(p, special=True, normalized=False) for p in specials])
     return tok
 
@@ -358,10 +367,19 @@ def write_st_files(out: Path, dim: int, pooling: str, normalize: bool, max_seq_l
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
     ]
     if normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+        modules.append(
+            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
+        )
     dump_json(out / "modules.json", modules)
     (out / "1_Pooling").mkdir()
-    modes = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens", "lasttoken")
+    modes = (
+        "cls_token",
+        "mean_tokens",
+        "max_tokens",
+        "mean_sqrt_len_tokens",
+        "weightedmean_tokens",
+        "lasttoken",
+    )
     pool = {"word_embedding_dimension": dim}
     pool.update({f"pooling_mode_{m}": m == pooling for m in modes})
     pool["include_prompt"] = True
@@ -422,8 +440,13 @@ def make_modernbert(out: Path, gen: torch.Generator) -> dict:
     if back.layer_types != config.layer_types or back.rope_parameters != config.rope_parameters:
         raise SystemExit("legacy ModernBERT config keys do not round-trip through transformers")
 
-    specials = {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]", "unk_token": "[UNK]",
-                "mask_token": "[MASK]"}
+    specials = {
+        "cls_token": "[CLS]",
+        "sep_token": "[SEP]",
+        "pad_token": "[PAD]",
+        "unk_token": "[UNK]",
+        "mask_token": "[MASK]",
+    }
     write_tokenizer_files(out, tok, specials, config.max_position_embeddings)
     write_st_files(out, config.hidden_size, pooling="cls_token", normalize=True, max_seq_length=48)
     return {"pooling": "cls", "normalize": True, "max_seq_length": 48}
@@ -451,8 +474,15 @@ def make_xlmr(out: Path, gen: torch.Generator) -> dict:
     shards = sorted(out.glob("model-*.safetensors"))
     if len(shards) < 2 or not (out / "model.safetensors.index.json").exists():
         raise SystemExit(f"expected a sharded checkpoint, got {[p.name for p in out.iterdir()]}")
-    specials = {"bos_token": "<s>", "eos_token": "</s>", "cls_token": "<s>", "sep_token": "</s>",
-                "pad_token": "<pad>", "unk_token": "<unk>", "mask_token": "<mask>"}
+    specials = {
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "cls_token": "<s>",
+        "sep_token": "</s>",
+        "pad_token": "<pad>",
+        "unk_token": "<unk>",
+        "mask_token": "<mask>",
+    }
     write_tokenizer_files(out, tok, specials, config.max_position_embeddings - 2)
     write_st_files(out, config.hidden_size, pooling="mean_tokens", normalize=False, max_seq_length=40)
     return {"pooling": "mean", "normalize": False, "max_seq_length": 40}
@@ -480,6 +510,13 @@ def attention(q, k, v, allowed: torch.Tensor | None) -> torch.Tensor:
     return torch.softmax(s, dim=-1) @ v
 
 
+def rope_neox(t: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding on halves: dims i and i + d/2 rotate together (HF rotate_half)."""
+    half = t.shape[-1] // 2
+    rotated = torch.cat([-t[..., half:], t[..., :half]], dim=-1)
+    return t * angles.cos() + rotated * angles.sin()
+
+
 def modernbert_manual(sd: dict, c: dict, ids: list[int]) -> torch.Tensor:
     """ModernBERT from its paper: pre-norm, no biases, GeGLU, neox rope with per-layer theta,
     layer i global iff i % global_attn_every_n_layers == 0, local layers see |i - j| <= window/2,
@@ -499,12 +536,7 @@ def modernbert_manual(sd: dict, c: dict, ids: list[int]) -> torch.Tensor:
         q, k, v = qkv[0], qkv[1], qkv[2]
         inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
         ang = torch.cat([pos[:, None] * inv, pos[:, None] * inv], dim=-1)
-        cos, sin = ang.cos(), ang.sin()
-
-        def rope(t):
-            return t * cos + torch.cat([-t[..., d // 2:], t[..., : d // 2]], dim=-1) * sin
-
-        o = attention(rope(q), rope(k), v, None if is_global else near)
+        o = attention(rope_neox(q, ang), rope_neox(k, ang), v, None if is_global else near)
         x = x + o.permute(1, 0, 2).reshape(n, h * d) @ sd[p + "attn.Wo.weight"].T
         m = layer_norm(x, sd[p + "mlp_norm.weight"], None, eps) @ sd[p + "mlp.Wi.weight"].T
         up, gate = m.chunk(2, dim=-1)
@@ -521,18 +553,28 @@ def xlmr_manual(sd: dict, c: dict, ids: list[int]) -> torch.Tensor:
     e = "embeddings."
     positions = torch.arange(n) + c["pad_token_id"] + 1
     x = sd[e + "word_embeddings.weight"][ids] + sd[e + "position_embeddings.weight"][positions]
-    x = layer_norm(x + sd[e + "token_type_embeddings.weight"][0], sd[e + "LayerNorm.weight"],
-                   sd[e + "LayerNorm.bias"], eps)
+    x = layer_norm(
+        x + sd[e + "token_type_embeddings.weight"][0],
+        sd[e + "LayerNorm.weight"],
+        sd[e + "LayerNorm.bias"],
+        eps,
+    )
 
     def lin(t, name):
         return t @ sd[name + ".weight"].T + sd[name + ".bias"]
 
     for i in range(c["num_hidden_layers"]):
         p = f"encoder.layer.{i}."
-        q, k, v = (lin(x, p + "attention.self." + w).view(n, h, d).transpose(0, 1) for w in ("query", "key", "value"))
+        q, k, v = (
+            lin(x, p + "attention.self." + w).view(n, h, d).transpose(0, 1) for w in ("query", "key", "value")
+        )
         o = attention(q, k, v, None).transpose(0, 1).reshape(n, h * d)
-        x = layer_norm(x + lin(o, p + "attention.output.dense"), sd[p + "attention.output.LayerNorm.weight"],
-                       sd[p + "attention.output.LayerNorm.bias"], eps)
+        x = layer_norm(
+            x + lin(o, p + "attention.output.dense"),
+            sd[p + "attention.output.LayerNorm.weight"],
+            sd[p + "attention.output.LayerNorm.bias"],
+            eps,
+        )
         f = lin(gelu_erf(lin(x, p + "intermediate.dense")), p + "output.dense")
         x = layer_norm(x + f, sd[p + "output.LayerNorm.weight"], sd[p + "output.LayerNorm.bias"], eps)
     return x
@@ -550,7 +592,11 @@ def f32_list(a: np.ndarray):
 
 
 def max_abs(a, b) -> float:
-    return float(np.max(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)))) if np.size(a) else 0.0
+    return (
+        float(np.max(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64))))
+        if np.size(a)
+        else 0.0
+    )
 
 
 def load_hf(out: Path, edit=None) -> torch.nn.Module:
@@ -558,7 +604,9 @@ def load_hf(out: Path, edit=None) -> torch.nn.Module:
     config = AutoConfig.from_pretrained(out)
     if edit is not None:
         edit(config)
-    return AutoModel.from_pretrained(out, config=config, dtype=torch.float32, attn_implementation="eager").eval()
+    return AutoModel.from_pretrained(
+        out, config=config, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
 
 
 @torch.no_grad()
@@ -595,7 +643,10 @@ def write_reference(out: Path, info: dict, manual, slips: dict) -> dict:
         ids = st.preprocess([text])["input_ids"][0].tolist()
         if ids != tok_file.encode(text).ids:
             raise SystemExit(f"tokenizer.json and sentence-transformers disagree on {text!r}")
-        if ids[: info["max_seq_length"]] != auto(text, truncation=True, max_length=info["max_seq_length"])["input_ids"]:
+        if (
+            ids[: info["max_seq_length"]]
+            != auto(text, truncation=True, max_length=info["max_seq_length"])["input_ids"]
+        ):
             raise SystemExit(f"AutoTokenizer and sentence-transformers disagree on {text!r}")
         ids_list.append(ids)
     if max(map(len, ids_list)) != info["max_seq_length"]:
@@ -616,7 +667,9 @@ def write_reference(out: Path, info: dict, manual, slips: dict) -> dict:
             own = own / np.linalg.norm(own)
         pool_diff = max(pool_diff, max_abs(emb, own))
         manual_diff = max(manual_diff, max_abs(manual(sd, cfg, ids).numpy(), hs))
-        cases.append({"text": text, "input_ids": ids, "last_hidden_state": f32_list(hs), "embedding": f32_list(emb)})
+        cases.append(
+            {"text": text, "input_ids": ids, "last_hidden_state": f32_list(hs), "embedding": f32_list(emb)}
+        )
     if pool_diff > 2e-6:
         raise SystemExit(f"sentence-transformers embedding differs from own pooling by {pool_diff:.2e}")
     if manual_diff > 1e-4:
@@ -819,7 +872,9 @@ def main() -> int:
         xr_size=folder_size(xr_dir),
         mb_vocab=mb_cfg["vocab_size"],
         mb_tokens=mb_tok.get_vocab_size(),
-        mb_specials=", ".join(f"{t}={mb_tok.token_to_id(t)}" for t in ("[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]")),
+        mb_specials=", ".join(
+            f"{t}={mb_tok.token_to_id(t)}" for t in ("[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]")
+        ),
         xr_vocab=xr_tok.get_vocab_size(),
         xr_shards=len(list(xr_dir.glob("model-*.safetensors"))),
         xr_mask=f"`<mask>`={xr_tok.token_to_id('<mask>')}",
@@ -835,7 +890,9 @@ def main() -> int:
     (OUT / "README.md").write_text(readme, encoding="utf-8")
     for d, r in ((mb_dir, mb), (xr_dir, xr)):
         summary = {k: v for k, v in r.items() if k != "cases"}
-        print(f"{d.relative_to(REPO)}: {folder_size(d)}, {len(r['cases'])} cases, {json.dumps(summary, indent=1)}")
+        print(
+            f"{d.relative_to(REPO)}: {folder_size(d)}, {len(r['cases'])} cases, {json.dumps(summary, indent=1)}"
+        )
     return 0
 
 
