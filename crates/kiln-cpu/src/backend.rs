@@ -8,6 +8,7 @@ use kiln_backend::{
 use kiln_core::{GgmlType, SharedBytes};
 
 use crate::kernels::{self, SimdLevel};
+use crate::sgemm::PackedWeight;
 
 /// A row-major `[rows, cols]` f32 tensor in host memory.
 #[derive(Clone, Debug, PartialEq)]
@@ -45,45 +46,29 @@ pub struct CpuWeight {
     pub(crate) row_bytes: usize,
     pub(crate) bytes: SharedBytes,
     pub(crate) values: Option<Vec<f32>>,
-    /// f32 copy of a float matrix for the dense (gemm) path, made on first use when the bytes
-    /// cannot be read as f32 in place (F16, BF16, or an F32 tensor at an unaligned offset).
-    pub(crate) dense: OnceLock<std::result::Result<Vec<f32>, String>>,
+    /// A float matrix packed for the dense GEMM (`sgemm`), made on first dense use (F16 and
+    /// BF16 converted while packing); the error is kept so every later call reports it.
+    pub(crate) packed: OnceLock<std::result::Result<PackedWeight, String>>,
 }
 
 impl CpuWeight {
     pub(crate) fn row_bytes_of(&self, r: usize) -> &[u8] {
         &self.bytes[r * self.row_bytes..(r + 1) * self.row_bytes]
     }
-    /// The weight as row-major f32 `[n_rows, row_len]`, for float types: in place for an aligned
-    /// F32 tensor (zero copy), converted once otherwise.
-    pub(crate) fn dense_f32(&self) -> Result<&[f32]> {
-        #[cfg(target_endian = "little")]
-        if self.ty == GgmlType::F32 {
-            let b: &[u8] = &self.bytes;
-            if b.as_ptr().align_offset(std::mem::align_of::<f32>()) == 0 {
-                // SAFETY: the pointer is aligned for f32, the length is a whole number of f32s
-                // (checked at upload: `row_bytes * n_rows == len`), every bit pattern is a valid
-                // f32, the bytes are little-endian like the target, and they live as long as
-                // `self` (the SharedBytes keeps its owner alive and is immutable).
-                return Ok(unsafe {
-                    std::slice::from_raw_parts(b.as_ptr().cast::<f32>(), b.len() / 4)
-                });
-            }
-        }
-        if !matches!(self.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
-            return Err(shape_err(
-                "dense matmul",
-                format!("{} is not a float type", self.ty),
-            ));
-        }
-        self.dense
+    /// The weight packed for the dense GEMM, for float types: packed on first use (on the
+    /// current rayon pool), then shared by every call.
+    pub(crate) fn dense_packed(&self) -> Result<&PackedWeight> {
+        self.packed
             .get_or_init(|| {
-                let mut v = vec![0.0f32; self.row_len * self.n_rows];
-                kiln_quant::dequantize(self.ty, &self.bytes, &mut v)
-                    .map(|_| v)
-                    .map_err(|e| e.to_string())
+                PackedWeight::pack(
+                    self.ty,
+                    &self.bytes,
+                    self.n_rows,
+                    self.row_len,
+                    self.row_bytes,
+                )
             })
-            .as_deref()
+            .as_ref()
             .map_err(|e| shape_err("dense matmul", e.clone()))
     }
 
@@ -236,7 +221,7 @@ impl Backend for CpuBackend {
             row_bytes,
             bytes: data.bytes.clone(),
             values,
-            dense: OnceLock::new(),
+            packed: OnceLock::new(),
         })
     }
 

@@ -10,12 +10,12 @@
 
 mod attention;
 mod backend;
-mod dense;
 pub mod kernels;
 mod math;
 mod matmul;
 mod ops;
 mod packed_attention;
+mod sgemm;
 
 pub use backend::{CpuBackend, CpuTensor, CpuWeight};
 

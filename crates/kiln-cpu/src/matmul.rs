@@ -7,16 +7,17 @@
 //! processing cheaper per token than single-token decode.
 //!
 //! Float weights (F32, F16, BF16) with at least [`DENSE_MIN_ROWS`] activation rows go through the
-//! dense GEMM of `dense` instead: at encoder batch sizes the product is bound by arithmetic, and
-//! a packed, register-blocked kernel does several times the flops of row-by-row dots.
+//! packed GEMM of `sgemm` instead (weight packed once, bias added in its last store): at encoder
+//! batch sizes the product is bound by arithmetic, and a register-blocked kernel does several
+//! times the flops of row-by-row dots.
 
 use kiln_backend::{shape_err, Linear, Result};
 use rayon::prelude::*;
 
 use kiln_core::GgmlType;
 
-use crate::dense::{self, MatMut, MatRef};
 use crate::kernels;
+use crate::sgemm::{self, Exec, Isa};
 use crate::{CpuBackend, CpuTensor};
 
 /// Activation rows from which float weights go through the dense GEMM (packed panels, register
@@ -49,19 +50,17 @@ pub(crate) fn matmul(
         ));
     }
     if is_float(w.ty) && m >= DENSE_MIN_ROWS {
-        let wf = w.dense_f32()?;
-        let mut y = vec![0.0f32; m * n];
-        let dst = MatMut {
-            data: &mut y,
-            offset: 0,
-            rs: n,
-            cs: 1,
+        let packed = cpu.pool.install(|| w.dense_packed())?;
+        let bias = match &lin.bias {
+            Some(b) => Some(b.vector("matmul bias")?),
+            None => None,
         };
-        let a = MatRef::row_major(&x.data, m, k);
-        let b = MatRef::row_major(wf, n, k).t();
-        cpu.pool
-            .install(|| dense::gemm(dst, a, b, 1.0, cpu.threads))?;
-        add_bias(&mut y, lin)?;
+        let exec = Exec {
+            isa: Isa::avx2(cpu.avx2()),
+            pool: &cpu.pool,
+            threads: cpu.threads,
+        };
+        let y = sgemm::sgemm(exec, &x.data, m, packed, bias)?;
         return CpuTensor::new(y, m, n);
     }
     let qerr = |e: kiln_quant::QuantError| shape_err("matmul", e.to_string());

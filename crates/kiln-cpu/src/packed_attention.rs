@@ -1,8 +1,9 @@
 //! Bidirectional attention over a packed batch of variable-length sequences (encoders).
 //!
 //! Work is split into tasks of (sequence, head, block of up to [`QUERY_BLOCK`] queries). A task
-//! computes its scores `Q·Kᵀ` for the keys its queries can see with one small GEMM, applies the
-//! softmax row by row (vectorized `exp`), and multiplies by `V` with a second GEMM. Nothing is
+//! gathers its head's keys (transposed) and values into contiguous buffers, computes the scores
+//! `Q·Kᵀ` for the keys its queries can see as register tiles, applies the softmax row by row
+//! (vectorized `exp`), and multiplies by `V` the same way. Nothing is
 //! computed across sequences, so packing wastes no work on padding, and the score buffer is at
 //! most `QUERY_BLOCK × visible keys`, so long sequences never materialise an `L × L` matrix.
 //!
@@ -12,7 +13,6 @@
 use kiln_backend::{shape_err, PackedAttentionParams, Result};
 use rayon::prelude::*;
 
-use crate::dense::{self, MatMut, MatRef};
 use crate::{CpuBackend, CpuTensor};
 
 /// Queries per task: bounds the score buffer and gives the pool enough tasks for one long text.
@@ -90,64 +90,204 @@ fn attend_block(
     p: &PackedAttentionParams,
     avx2: bool,
 ) -> Result<Vec<f32>> {
-    let hd = p.head_dim;
     // Keys any query of the block can see.
     let (k0, k1) = match p.radius {
         Some(r) => (t.q0.saturating_sub(r), (t.q1 + r).min(t.len)),
         None => (0, t.len),
     };
-    let (nq, nk) = (t.q1 - t.q0, k1 - k0);
-    fn head_view<'a>(
-        x: &'a CpuTensor,
-        t: &Task,
-        hd: usize,
-        first: usize,
-        rows: usize,
-    ) -> MatRef<'a> {
-        MatRef {
-            data: x.data(),
-            offset: (t.start + first) * x.cols + t.head * hd,
-            rows,
-            cols: hd,
-            rs: x.cols,
-            cs: 1,
+    let block = Block {
+        q: q.data(),
+        k: k.data(),
+        v: v.data(),
+        cols: q.cols,
+        hd: p.head_dim,
+        col0: t.head * p.head_dim,
+        q_row0: t.start + t.q0,
+        nq: t.q1 - t.q0,
+        k_row0: t.start + k0,
+        nk: k1 - k0,
+        // Position of the first query relative to the first visible key.
+        q_offset: t.q0 - k0,
+        scale: p.scale,
+        radius: p.radius,
+        avx2,
+    };
+    let mut out = vec![0.0f32; block.nq * block.hd];
+    attend(avx2, &block, &mut out);
+    Ok(out)
+}
+
+/// One task's view of the packed tensors.
+struct Block<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    /// Row length of q, k and v (all heads).
+    cols: usize,
+    hd: usize,
+    /// First column of the head.
+    col0: usize,
+    q_row0: usize,
+    nq: usize,
+    k_row0: usize,
+    nk: usize,
+    q_offset: usize,
+    scale: f32,
+    radius: Option<usize>,
+    avx2: bool,
+}
+
+/// Register tile of the two products: `ROWS` queries × `LANES` keys (scores) or `LANES` head
+/// dims (output). 4 × 16 f32 accumulators are 8 AVX2 registers.
+const ROWS: usize = 4;
+const LANES: usize = 16;
+
+/// The first `LANES` values of `s` as an array (the callers' buffers are padded to whole
+/// tiles, so `s` is always long enough; zeros otherwise).
+#[inline(always)]
+fn lanes(s: &[f32]) -> &[f32; LANES] {
+    const ZERO: [f32; LANES] = [0.0; LANES];
+    s.get(..LANES)
+        .and_then(|s| s.first_chunk::<LANES>())
+        .unwrap_or(&ZERO)
+}
+
+/// `acc[i][l] = Σ_t x[i][t] · b[t·ldb + c0 + l]` for `t < len`, summed in order of `t` with a
+/// fused multiply-add at each step. The AVX2 build and the portable one (`f32::mul_add`, exactly
+/// rounded too) give identical bits.
+#[inline(always)]
+fn tile(
+    avx2: bool,
+    x: [&[f32]; ROWS],
+    b: &[f32],
+    ldb: usize,
+    c0: usize,
+    len: usize,
+) -> [[f32; LANES]; ROWS] {
+    #[cfg(target_arch = "x86_64")]
+    if avx2 {
+        // SAFETY: `avx2` is only true when the CPU reports AVX2 and FMA.
+        return unsafe { tile_avx2(x, b, ldb, c0, len) };
+    }
+    let _ = avx2;
+    let mut acc = [[0.0f32; LANES]; ROWS];
+    for t in 0..len {
+        let br = lanes(b.get(t * ldb + c0..).unwrap_or_default());
+        for (a, xr) in acc.iter_mut().zip(&x) {
+            let xv = xr.get(t).copied().unwrap_or(0.0);
+            for (a, &bv) in a.iter_mut().zip(br) {
+                *a = xv.mul_add(bv, *a);
+            }
         }
     }
-    let mut scores = vec![0.0f32; nq * nk];
-    dense::gemm(
-        MatMut {
-            data: &mut scores,
-            offset: 0,
-            rs: nk,
-            cs: 1,
-        },
-        head_view(q, t, hd, t.q0, nq),
-        head_view(k, t, hd, k0, nk).t(),
-        p.scale,
-        1,
-    )?;
-    for (i, row) in scores.chunks_exact_mut(nk).enumerate() {
-        let qi = t.q0 + i;
-        let (lo, hi) = match p.radius {
-            Some(r) => (qi.saturating_sub(r).max(k0) - k0, (qi + r + 1).min(k1) - k0),
+    acc
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_avx2(
+    x: [&[f32]; ROWS],
+    b: &[f32],
+    ldb: usize,
+    c0: usize,
+    len: usize,
+) -> [[f32; LANES]; ROWS] {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm256_setzero_ps(); 2]; ROWS];
+    for t in 0..len {
+        let br = lanes(b.get(t * ldb + c0..).unwrap_or_default());
+        // SAFETY: `br` is 16 floats: two unaligned 8-float loads stay inside it.
+        let (b0, b1) = unsafe {
+            (
+                _mm256_loadu_ps(br.as_ptr()),
+                _mm256_loadu_ps(br.as_ptr().add(8)),
+            )
+        };
+        for (a, xr) in acc.iter_mut().zip(&x) {
+            let xv = _mm256_set1_ps(xr.get(t).copied().unwrap_or(0.0));
+            a[0] = _mm256_fmadd_ps(xv, b0, a[0]);
+            a[1] = _mm256_fmadd_ps(xv, b1, a[1]);
+        }
+    }
+    let mut out = [[0.0f32; LANES]; ROWS];
+    for (o, a) in out.iter_mut().zip(&acc) {
+        // SAFETY: each `o` is 16 floats: two unaligned 8-float stores stay inside it.
+        unsafe {
+            _mm256_storeu_ps(o.as_mut_ptr(), a[0]);
+            _mm256_storeu_ps(o.as_mut_ptr().add(8), a[1]);
+        }
+    }
+    out
+}
+
+crate::math::avx2_dispatch!(
+    /// [`attend_impl`], with its softmax vectorized when `avx2`.
+    fn attend(b: &Block<'_>, out: &mut [f32]) => attend_impl
+);
+
+/// `out = softmax(scale · Q Kᵀ) V` for one (sequence, head, query block), with keys transposed
+/// and values gathered into zero-padded contiguous copies so that both products run as
+/// `ROWS × LANES` register tiles over contiguous rows (which the compiler vectorizes). Every
+/// output element sums in a fixed order.
+#[inline(always)]
+fn attend_impl(b: &Block<'_>, out: &mut [f32]) {
+    let (hd, nq, nk) = (b.hd, b.nq, b.nk);
+    let nk_pad = nk.div_ceil(LANES) * LANES;
+    let hd_pad = hd.div_ceil(LANES) * LANES;
+    let row = |r: usize| r * b.cols + b.col0..r * b.cols + b.col0 + hd;
+    // Kᵀ as [hd][nk_pad], V as [nk][hd_pad], Q as [nq][hd]; padding stays zero.
+    let mut kt = vec![0.0f32; hd * nk_pad];
+    let mut vv = vec![0.0f32; nk * hd_pad];
+    for j in 0..nk {
+        let kr = &b.k[row(b.k_row0 + j)];
+        for (d, &x) in kr.iter().enumerate() {
+            kt[d * nk_pad + j] = x;
+        }
+        vv[j * hd_pad..j * hd_pad + hd].copy_from_slice(&b.v[row(b.k_row0 + j)]);
+    }
+    let mut qq = vec![0.0f32; nq * hd];
+    for i in 0..nq {
+        qq[i * hd..(i + 1) * hd].copy_from_slice(&b.q[row(b.q_row0 + i)]);
+    }
+
+    // Scores, ROWS queries at a time (a short last block repeats its last row, unstored).
+    let mut scores = vec![0.0f32; nq * nk_pad];
+    for i0 in (0..nq).step_by(ROWS) {
+        let ni = (nq - i0).min(ROWS);
+        let qrow = |i: usize| &qq[(i0 + i.min(ni - 1)) * hd..][..hd];
+        let qrows = [qrow(0), qrow(1), qrow(2), qrow(3)];
+        for j0 in (0..nk_pad).step_by(LANES) {
+            let acc = tile(b.avx2, qrows, &kt, nk_pad, j0, hd);
+            for (i, a) in acc.iter().enumerate().take(ni) {
+                let dst = &mut scores[(i0 + i) * nk_pad + j0..(i0 + i) * nk_pad + j0 + LANES];
+                for (s, &v) in dst.iter_mut().zip(a) {
+                    *s = v * b.scale;
+                }
+            }
+        }
+    }
+    // Softmax over each query's visible keys; everything else (window, padding) weighs 0.
+    for (i, srow) in scores.chunks_exact_mut(nk_pad).enumerate() {
+        let qi = b.q_offset + i;
+        let (lo, hi) = match b.radius {
+            Some(r) => (qi.saturating_sub(r), (qi + r + 1).min(nk)),
             None => (0, nk),
         };
-        crate::math::softmax(avx2, &mut row[lo..hi]);
-        row[..lo].fill(0.0);
-        row[hi..].fill(0.0);
+        crate::math::softmax_in_place(&mut srow[lo..hi]);
+        srow[..lo].fill(0.0);
+        srow[hi..].fill(0.0);
     }
-    let mut out = vec![0.0f32; nq * hd];
-    dense::gemm(
-        MatMut {
-            data: &mut out,
-            offset: 0,
-            rs: hd,
-            cs: 1,
-        },
-        MatRef::row_major(&scores, nq, nk),
-        head_view(v, t, hd, k0, nk),
-        1.0,
-        1,
-    )?;
-    Ok(out)
+    // Output = P · V, ROWS queries × LANES head dims at a time.
+    for i0 in (0..nq).step_by(ROWS) {
+        let ni = (nq - i0).min(ROWS);
+        let prow = |i: usize| &scores[(i0 + i.min(ni - 1)) * nk_pad..][..nk_pad];
+        let prows = [prow(0), prow(1), prow(2), prow(3)];
+        for c0 in (0..hd_pad).step_by(LANES) {
+            let acc = tile(b.avx2, prows, &vv, hd_pad, c0, nk);
+            let width = LANES.min(hd - c0);
+            for (i, a) in acc.iter().enumerate().take(ni) {
+                out[(i0 + i) * hd + c0..(i0 + i) * hd + c0 + width].copy_from_slice(&a[..width]);
+            }
+        }
+    }
 }

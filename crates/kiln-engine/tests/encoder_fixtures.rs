@@ -56,8 +56,14 @@ fn check(name: &str) {
             m.max_seq_length as u64,
             reference["max_seq_length"].as_u64().unwrap()
         );
-        assert_eq!(m.sentence.pooling.name(), reference["pooling"].as_str().unwrap());
-        assert_eq!(m.sentence.normalize, reference["normalize"].as_bool().unwrap());
+        assert_eq!(
+            m.sentence.pooling.name(),
+            reference["pooling"].as_str().unwrap()
+        );
+        assert_eq!(
+            m.sentence.normalize,
+            reference["normalize"].as_bool().unwrap()
+        );
         let mut all_ids = Vec::new();
         let (mut worst_h, mut worst_e) = (0.0f64, 0.0f64);
         for c in cases {
@@ -80,7 +86,10 @@ fn check(name: &str) {
         eprintln!(
             "{name} ({threads} threads): max |Δ| hidden {worst_h:.2e}, embedding {worst_e:.2e}"
         );
-        assert!(worst_h <= TOL, "{name}: hidden states differ by {worst_h:e}");
+        assert!(
+            worst_h <= TOL,
+            "{name}: hidden states differ by {worst_h:e}"
+        );
         assert!(worst_e <= TOL, "{name}: embeddings differ by {worst_e:e}");
 
         // All cases in one packed batch give the same embeddings as each alone.

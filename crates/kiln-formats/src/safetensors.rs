@@ -221,12 +221,12 @@ impl SafetensorsModel {
         for (name, info) in meta.tensors() {
             let (s, e) = info.data_offsets;
             // read_metadata checked that the ranges tile the data section exactly.
-            let view = bytes
-                .slice(data_start + s..data_start + e)
-                .ok_or_else(|| SafetensorsError::Header {
+            let view = bytes.slice(data_start + s..data_start + e).ok_or_else(|| {
+                SafetensorsError::Header {
                     path: path.clone(),
                     detail: format!("tensor {name} lies outside the file"),
-                })?;
+                }
+            })?;
             if let Some(prev) = self.tensors.get(&name) {
                 return Err(SafetensorsError::Duplicate {
                     name,

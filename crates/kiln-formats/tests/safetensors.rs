@@ -20,7 +20,12 @@ fn sample() -> Vec<u8> {
         .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
         .collect();
     write_safetensors(&[
-        ("a.weight", Dtype::F32, vec![2, 3], f32_bytes(&[1., 2., 3., 4., 5., 6.])),
+        (
+            "a.weight",
+            Dtype::F32,
+            vec![2, 3],
+            f32_bytes(&[1., 2., 3., 4., 5., 6.]),
+        ),
         ("b.f16", Dtype::F16, vec![2], f16),
         ("c.bf16", Dtype::BF16, vec![3, 1], bf16),
         ("ids", Dtype::I64, vec![1], 7i64.to_le_bytes().to_vec()),
@@ -39,8 +44,14 @@ fn reads_dtypes_shapes_and_bytes() {
     assert_eq!(&*a.bytes, &f32_bytes(&[1., 2., 3., 4., 5., 6.])[..]);
     let b = m.tensor("b.f16").unwrap();
     assert_eq!(b.ggml_type(), Some(GgmlType::F16));
-    assert_eq!(half::f16::from_le_bytes([b.bytes[2], b.bytes[3]]).to_f32(), -2.5);
-    assert_eq!(m.tensor("c.bf16").unwrap().ggml_type(), Some(GgmlType::BF16));
+    assert_eq!(
+        half::f16::from_le_bytes([b.bytes[2], b.bytes[3]]).to_f32(),
+        -2.5
+    );
+    assert_eq!(
+        m.tensor("c.bf16").unwrap().ggml_type(),
+        Some(GgmlType::BF16)
+    );
     // Non-float tensors are listed but have no compute type.
     assert_eq!(m.tensor("ids").unwrap().ggml_type(), None);
     let names: Vec<_> = m.tensors().iter().map(|t| t.name.clone()).collect();
@@ -86,9 +97,18 @@ fn index_errors_name_the_problem() {
     let cases = [
         ("{", "malformed index"),
         (r#"{"metadata": {}}"#, "weight_map"),
-        (r#"{"weight_map": {"x": "../model-00001-of-00002.safetensors"}}"#, "plain file name"),
-        (r#"{"weight_map": {"x": "model-00002-of-00002.safetensors"}}"#, "tensor x is not in"),
-        (r#"{"weight_map": {"x": "missing.safetensors"}}"#, "missing.safetensors"),
+        (
+            r#"{"weight_map": {"x": "../model-00001-of-00002.safetensors"}}"#,
+            "plain file name",
+        ),
+        (
+            r#"{"weight_map": {"x": "model-00002-of-00002.safetensors"}}"#,
+            "tensor x is not in",
+        ),
+        (
+            r#"{"weight_map": {"x": "missing.safetensors"}}"#,
+            "missing.safetensors",
+        ),
     ];
     for (json, want) in cases {
         std::fs::write(dir.join(INDEX_FILE), json).unwrap();

@@ -80,13 +80,12 @@ impl HfTokenizer {
     /// Errors only where the HF library does (e.g. a max length smaller than the special tokens
     /// of the template); any text, including the empty string, encodes.
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, TokenizerError> {
-        let enc = self
-            .inner
-            .encode_fast(text, add_special)
-            .map_err(|e| TokenizerError::TokenizerJson {
+        let enc = self.inner.encode_fast(text, add_special).map_err(|e| {
+            TokenizerError::TokenizerJson {
                 path: "tokenizer.json".into(),
                 reason: format!("encoding failed: {e}"),
-            })?;
+            }
+        })?;
         Ok(enc.get_ids().to_vec())
     }
 

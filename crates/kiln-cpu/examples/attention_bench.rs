@@ -1,0 +1,43 @@
+//! Throughput of packed (encoder) attention: `cargo run --release -p kiln-cpu --example
+//! attention_bench [threads]`. 32 sequences of L tokens, 12 heads of 32 (MiniLM's shape).
+
+use std::time::Instant;
+
+use kiln_backend::{Backend, PackedAttentionParams};
+use kiln_cpu::CpuBackend;
+
+fn main() {
+    let threads = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
+    let b = CpuBackend::new(threads).unwrap();
+    let (heads, hd) = (12, 32);
+    for len in [25usize, 128, 256] {
+        let lens = vec![len; 32];
+        let total = len * 32;
+        let x: Vec<f32> = (0..total * heads * hd)
+            .map(|i| ((i % 97) as f32 - 48.0) * 0.02)
+            .collect();
+        let t = b.tensor_from_f32(&x, total, heads * hd).unwrap();
+        let p = PackedAttentionParams {
+            n_heads: heads,
+            head_dim: hd,
+            scale: 0.17,
+            radius: None,
+        };
+        b.packed_attention(&t, &t, &t, &lens, &p).unwrap();
+        let reps = 5;
+        let t0 = Instant::now();
+        for _ in 0..reps {
+            std::hint::black_box(b.packed_attention(&t, &t, &t, &lens, &p).unwrap());
+        }
+        let s = t0.elapsed().as_secs_f64() / reps as f64;
+        let flops = 4.0 * (32 * heads * len * len * hd) as f64;
+        println!(
+            "L={len:4}: {:8.3} ms per layer-batch, {:6.1} GFLOP/s",
+            s * 1e3,
+            flops / s / 1e9
+        );
+    }
+}

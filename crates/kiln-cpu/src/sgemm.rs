@@ -1,0 +1,819 @@
+//! Packed f32 GEMM for float weights: `y[m, n] = x[m, k] · Wᵀ (+ bias)`, `W` of `n` rows of `k`.
+//!
+//! The BLIS loop nest with the weight packed once and the activations packed per call:
+//!
+//! - **Weight** ([`PackedWeight`]): packed once per weight (F16/BF16 converted while packing) into
+//!   panels of [`NR`] output columns. Panel `j` holds `k` rows of `NR` values,
+//!   `W[j·NR + c][p]` at row `p`, column `c`, each row one 64-byte aligned [`PanelRow`]; columns
+//!   past `n` are zero. A k-block `[k0, k0 + kc)` of a panel is therefore one contiguous run,
+//!   whatever the block size.
+//! - **Activations**: per (m-block, k-block), copied into panels of [`MR`] rows, `kc` steps of
+//!   `MR` values each (rows past `m` are zero).
+//! - **Micro-kernel**: an `MR × NR` register tile, `kc` rank-1 updates (broadcast one activation,
+//!   multiply-add it with the weight row); AVX2+FMA with 12 ymm accumulators where the CPU has it,
+//!   a portable version of the same blocking elsewhere (and as the test reference).
+//!
+//! Invariants:
+//!
+//! - **The blocking depends on the shape only** ([`Plan::new`] takes no thread count), and a task
+//!   owns a disjoint rectangle of `y` and computes all of `k` for it. Each `y` element is
+//!   therefore `((t₀ + t₁) + … + t_last) + bias`, `t_b` the FMA chain over k-block `b` in order
+//!   `p = k0, k0 + 1, …`, with the same instructions whichever thread runs the task: results are
+//!   bit-identical for any number of threads. (The bias added in the last store equals adding it
+//!   afterwards: it is the same single rounding.)
+//! - **Edges are computed as full tiles.** Padding rows and columns of the packed operands take
+//!   part in the arithmetic and are then dropped at the store, so a tile at the edge of `y`
+//!   performs the same operations on its valid elements as an interior one.
+//! - **`unsafe` is confined** to the intrinsics and to `y`: allocated uninitialized, written
+//!   through a raw pointer from several tasks. [`Out::tile_fits`] checks every tile against the
+//!   buffer before the kernel runs; tasks own disjoint rectangles that cover `y` ([`Plan::task`]),
+//!   so no two threads touch one element; the first k-block of a task stores every element of
+//!   its rectangle before any read, so `y` is wholly initialized when [`sgemm`] returns (debug
+//!   builds poison it with NaN first, which the tests would see).
+
+use kiln_backend::{shape_err, Result};
+use kiln_core::GgmlType;
+use rayon::prelude::*;
+
+/// Rows of the register tile (activation rows per micro-kernel call).
+pub(crate) const MR: usize = 6;
+/// Columns of the register tile (weight rows per packed panel): two ymm registers.
+pub(crate) const NR: usize = 16;
+/// Largest k-block: a `KC_MAX × NR` weight panel (24 KiB) stays in L1 while the micro-kernel
+/// walks the m-panels of a block past it. 384 (not 256) keeps k = 384 in one block, so `y` is
+/// written once; on k = 1536 the two measure the same.
+const KC_MAX: usize = 384;
+/// Largest m-block: the packed activations of an (m-block, k-block), `MC_MAX × KC_MAX`
+/// (144 KiB), stay in L2 while every weight panel of the task streams past them.
+const MC_MAX: usize = 96;
+/// Smallest m-block worth a task of its own: each weight panel brought into L1 serves
+/// `MC_MIN / MR` micro-kernel calls.
+const MC_MIN: usize = 24;
+/// m-blocks wanted when `m` allows it: enough equal tasks that the last ones to finish leave
+/// little idle time on 2–3 threads of a shared (noisy) machine.
+const M_TASKS: usize = 32;
+/// Tasks wanted in all: when `m` gives fewer m-blocks (few rows), n is split as well. Each
+/// n-block packs the activations of its m-block again, so n is split no more than needed.
+const MIN_TASKS: usize = 16;
+/// Fewest weight panels per task, so that packing stays small next to the arithmetic.
+const MIN_TASK_PANELS: usize = 4;
+/// Products smaller than this many flops run on the calling thread: handing them to the pool
+/// costs more than it saves.
+const PARALLEL_MIN_FLOPS: usize = 1 << 20;
+
+/// One k-step of a packed weight panel: the `NR` weights multiplied with one activation,
+/// aligned so that each is exactly one cache line (no split loads).
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(C, align(64))]
+pub(crate) struct PanelRow(pub(crate) [f32; NR]);
+
+const _: () = assert!(std::mem::size_of::<PanelRow>() == NR * 4);
+
+/// A float weight `[n, k]` packed for the micro-kernel (see the module docs for the layout).
+#[derive(Clone, PartialEq)]
+pub(crate) struct PackedWeight {
+    n: usize,
+    k: usize,
+    /// `n.div_ceil(NR)` panels of `k` rows.
+    rows: Vec<PanelRow>,
+}
+
+impl std::fmt::Debug for PackedWeight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PackedWeight [{}, {}]", self.n, self.k)
+    }
+}
+
+impl PackedWeight {
+    /// Packs `n` rows of `k` elements of type `ty` (F32, F16 or BF16, `row_bytes` each, as
+    /// stored in the file). Panels are filled in parallel on the current rayon pool.
+    pub(crate) fn pack(
+        ty: GgmlType,
+        bytes: &[u8],
+        n: usize,
+        k: usize,
+        row_bytes: usize,
+    ) -> std::result::Result<Self, String> {
+        if !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+            return Err(format!("{ty} is not a float type"));
+        }
+        if n == 0 || k == 0 || n.checked_mul(row_bytes) != Some(bytes.len()) {
+            return Err(format!(
+                "{} bytes for {n} rows of {k} {ty} ({row_bytes} bytes each)",
+                bytes.len()
+            ));
+        }
+        let panels = n.div_ceil(NR);
+        let mut rows = vec![PanelRow([0.0; NR]); panels * k];
+        rows.par_chunks_mut(k)
+            .enumerate()
+            .try_for_each(|(panel, dst)| {
+                let mut row = vec![0.0f32; k];
+                for c in 0..NR.min(n - panel * NR) {
+                    let r = panel * NR + c;
+                    kiln_quant::dequantize(
+                        ty,
+                        &bytes[r * row_bytes..(r + 1) * row_bytes],
+                        &mut row,
+                    )
+                    .map_err(|e| e.to_string())?;
+                    for (d, &v) in dst.iter_mut().zip(&row) {
+                        d.0[c] = v;
+                    }
+                }
+                Ok::<_, String>(())
+            })?;
+        Ok(PackedWeight { n, k, rows })
+    }
+
+    /// Rows `[k0, k0 + kc)` of panel `panel`.
+    fn block(&self, panel: usize, k0: usize, kc: usize) -> &[PanelRow] {
+        let start = panel * self.k + k0;
+        &self.rows[start..start + kc]
+    }
+}
+
+/// Which micro-kernel runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// Portable Rust: the same tiles, separate multiply and add.
+    Scalar,
+    /// AVX2 + FMA intrinsics. Only constructed where the CPU has both (see [`Isa::avx2`]).
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+}
+
+impl Isa {
+    /// The AVX2 kernel when `want` and this CPU has AVX2 and FMA, the scalar one otherwise.
+    pub(crate) fn avx2(want: bool) -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        if want && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            return Isa::Avx2;
+        }
+        let _ = want;
+        Isa::Scalar
+    }
+}
+
+/// The blocking of one product: k-blocks of `kc`, m-blocks of `mc` rows, n-blocks of
+/// `nc_panels` weight panels. Depends on the shape only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Plan {
+    m: usize,
+    n: usize,
+    k: usize,
+    kc: usize,
+    mc: usize,
+    nc_panels: usize,
+    m_blocks: usize,
+    n_blocks: usize,
+}
+
+impl Plan {
+    pub(crate) fn new(m: usize, n: usize, k: usize) -> Plan {
+        let (m1, n1, k1) = (m.max(1), n.max(1), k.max(1));
+        // Equal k-blocks (the last one shorter by less than one step per block).
+        let kc = k1.div_ceil(k1.div_ceil(KC_MAX));
+        // Equal m-blocks of whole register tiles, as many as `M_TASKS` while they keep at least
+        // `MC_MIN` rows, more when `MC_MAX` asks for it.
+        let m_target = m1.div_ceil(MC_MAX).max(M_TASKS.min(m1.div_ceil(MC_MIN)));
+        let mc = m1.div_ceil(m_target).next_multiple_of(MR);
+        let m_blocks = m1.div_ceil(mc);
+        let panels = n1.div_ceil(NR);
+        let n_blocks = (MIN_TASKS / m_blocks)
+            .min(panels.div_ceil(MIN_TASK_PANELS))
+            .max(1);
+        let nc_panels = panels.div_ceil(n_blocks);
+        let n_blocks = panels.div_ceil(nc_panels);
+        Plan {
+            m,
+            n,
+            k,
+            kc,
+            mc,
+            nc_panels,
+            m_blocks,
+            n_blocks,
+        }
+    }
+
+    pub(crate) fn tasks(&self) -> usize {
+        self.m_blocks * self.n_blocks
+    }
+
+    /// The rectangle of `y` task `t` computes: rows `[r0, r1)` and weight panels `[p0, p1)`.
+    /// Distinct tasks get disjoint rectangles that together cover `y`.
+    pub(crate) fn task(&self, t: usize) -> (usize, usize, usize, usize) {
+        let (mb, nb) = (t / self.n_blocks, t % self.n_blocks);
+        let r0 = (mb * self.mc).min(self.m);
+        let r1 = (r0 + self.mc).min(self.m);
+        let panels = self.n.div_ceil(NR);
+        let p0 = (nb * self.nc_panels).min(panels);
+        let p1 = (p0 + self.nc_panels).min(panels);
+        (r0, r1, p0, p1)
+    }
+}
+
+/// Where and how a product runs: the micro-kernel, and the pool it may split into tasks.
+#[derive(Clone, Copy)]
+pub(crate) struct Exec<'a> {
+    pub(crate) isa: Isa,
+    pub(crate) pool: &'a rayon::ThreadPool,
+    /// Threads of `pool`; 1 runs every task on the calling thread.
+    pub(crate) threads: usize,
+}
+
+/// `y = x · Wᵀ (+ bias)` as a new row-major `[m, w.n]` vector (`x` row-major `[m, w.k]`), on
+/// `exec.pool` when it has several threads and the product is large enough (same result either
+/// way).
+///
+/// `y` is allocated uninitialized and every element is written exactly once by the first
+/// k-block of the task that owns it: zeroing it first (or `calloc`'s page-zeroing on the calling
+/// thread) measured 5% (1 thread) to 8% (2 threads) of an encoder FFN product.
+pub(crate) fn sgemm(
+    exec: Exec<'_>,
+    x: &[f32],
+    m: usize,
+    w: &PackedWeight,
+    bias: Option<&[f32]>,
+) -> Result<Vec<f32>> {
+    let (n, k) = (w.n, w.k);
+    let len = m.checked_mul(n);
+    if Some(x.len()) != m.checked_mul(k) || len.is_none() || bias.is_some_and(|b| b.len() != n) {
+        return Err(shape_err(
+            "sgemm",
+            format!(
+                "x of {} values for [{m}, {k}], bias of {:?} for {n}",
+                x.len(),
+                bias.map(<[f32]>::len)
+            ),
+        ));
+    }
+    let len = m * n;
+    let mut y: Vec<f32> = Vec::with_capacity(len);
+    if m == 0 {
+        return Ok(y);
+    }
+    let spare = &mut y.spare_capacity_mut()[..len];
+    // Debug builds (and so the tests) poison `y`, so that an element read before its first
+    // write, or never written, shows as NaN.
+    #[cfg(debug_assertions)]
+    spare.fill(std::mem::MaybeUninit::new(f32::NAN));
+    let plan = Plan::new(m, n, k);
+    let out = Out {
+        ptr: spare.as_mut_ptr().cast::<f32>(),
+        len,
+        ld: n,
+    };
+    let run = |t: usize| task(exec.isa, &plan, t, x, w, bias, &out);
+    let flops = len.saturating_mul(k).saturating_mul(2);
+    if exec.threads > 1 && flops >= PARALLEL_MIN_FLOPS && plan.tasks() > 1 {
+        exec.pool
+            .install(|| (0..plan.tasks()).into_par_iter().for_each(run));
+    } else {
+        (0..plan.tasks()).for_each(run);
+    }
+    // SAFETY: the capacity is at least `len`, and all `len` values are initialized: the tasks'
+    // rectangles cover `y` (`Plan::task`), and a task's first k-block stores every element of
+    // each tile of its rectangle (`Epilogue::first`, in `store_tile` and the AVX2 kernel).
+    unsafe { y.set_len(len) };
+    Ok(y)
+}
+
+/// `y` as the tasks see it: a row-major `[len / ld, ld]` buffer, uninitialized until the first
+/// k-block writes it, accessed only through this raw pointer (no reference to it exists while the
+/// tasks run).
+struct Out {
+    ptr: *mut f32,
+    len: usize,
+    ld: usize,
+}
+
+// SAFETY: `Out` is only built in `sgemm` from a buffer it borrows mutably for longer than every
+// task runs (the pool call returns after all of them), and each task accesses only the rectangle
+// `Plan::task` gives it; those rectangles are disjoint, so no element is accessed by two threads.
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// Whether the `rows × cols` tile at `(r0, c0)` lies inside the buffer.
+    fn tile_fits(&self, r0: usize, c0: usize, rows: usize, cols: usize) -> bool {
+        (1..=MR).contains(&rows)
+            && (1..=NR).contains(&cols)
+            && c0 + cols <= self.ld
+            && (r0 + rows - 1)
+                .checked_mul(self.ld)
+                .and_then(|v| v.checked_add(c0 + cols))
+                .is_some_and(|end| end <= self.len)
+    }
+}
+
+/// How a tile's sums are combined with `y`.
+#[derive(Clone, Copy)]
+struct Epilogue<'a> {
+    /// First k-block: overwrite `y` (its previous contents are never read).
+    first: bool,
+    /// Last k-block: add these `NR` (or fewer, at the edge) bias values after the sum.
+    bias: Option<&'a [f32]>,
+}
+
+/// One task: every k-block of the rectangle `plan.task(t)`.
+fn task(
+    isa: Isa,
+    plan: &Plan,
+    t: usize,
+    x: &[f32],
+    w: &PackedWeight,
+    bias: Option<&[f32]>,
+    out: &Out,
+) {
+    let (r0, r1, p0, p1) = plan.task(t);
+    let k = plan.k;
+    let mpanels = (r1 - r0).div_ceil(MR);
+    let mut apack = vec![0.0f32; mpanels * MR * plan.kc];
+    for k0 in (0..k).step_by(plan.kc) {
+        let kc = plan.kc.min(k - k0);
+        pack_activations(isa, x, k, r0, r1, k0, kc, &mut apack);
+        for panel in p0..p1 {
+            let b = w.block(panel, k0, kc);
+            let c0 = panel * NR;
+            let cols = NR.min(plan.n - c0);
+            let ep = Epilogue {
+                first: k0 == 0,
+                bias: bias.filter(|_| k0 + kc == k).map(|b| &b[c0..c0 + cols]),
+            };
+            for (ip, a) in apack.chunks_exact(MR * kc).take(mpanels).enumerate() {
+                let row = r0 + ip * MR;
+                tile(isa, kc, a, b, out, row, c0, MR.min(r1 - row), cols, ep);
+            }
+        }
+    }
+}
+
+/// Copies rows `[r0, r1)`, columns `[k0, k0 + kc)` of `x` (`[.., k]`) into `MR`-row panels of
+/// `kc` steps: `dst[panel·MR·kc + p·MR + i] = x[r0 + panel·MR + i][k0 + p]`, zero past `r1`.
+#[allow(clippy::too_many_arguments)]
+fn pack_activations(
+    isa: Isa,
+    x: &[f32],
+    k: usize,
+    r0: usize,
+    r1: usize,
+    k0: usize,
+    kc: usize,
+    dst: &mut [f32],
+) {
+    for (ip, panel) in dst.chunks_exact_mut(MR * kc).enumerate() {
+        let first = r0 + ip * MR;
+        if first >= r1 {
+            break;
+        }
+        let row = |i: usize| {
+            let r = first + i;
+            (r < r1).then(|| &x[r * k + k0..r * k + k0 + kc])
+        };
+        let rows: [Option<&[f32]>; MR] = std::array::from_fn(row);
+        match (isa, rows) {
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2, [Some(a), Some(b), Some(c), Some(d), Some(e), Some(f)]) => {
+                // SAFETY: `Isa::Avx2` exists only where the CPU has AVX2; the six rows and the
+                // panel have the lengths `avx2::pack_panel` asserts.
+                unsafe { avx2::pack_panel(&[a, b, c, d, e, f], panel) }
+            }
+            _ => {
+                for (p, step) in panel.chunks_exact_mut(MR).enumerate() {
+                    for (d, src) in step.iter_mut().zip(&rows) {
+                        *d = src.map_or(0.0, |s| s[p]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The `rows × cols` tile of `y` at `(r0, c0)` from `kc` steps of an activation panel `a`
+/// (`kc × MR`) and a weight block `b` (`kc` rows).
+#[allow(clippy::too_many_arguments)]
+fn tile(
+    isa: Isa,
+    kc: usize,
+    a: &[f32],
+    b: &[PanelRow],
+    out: &Out,
+    r0: usize,
+    c0: usize,
+    rows: usize,
+    cols: usize,
+    ep: Epilogue<'_>,
+) {
+    assert!(
+        kc >= 1
+            && a.len() >= kc * MR
+            && b.len() >= kc
+            && out.tile_fits(r0, c0, rows, cols)
+            && ep.bias.is_none_or(|v| v.len() >= cols),
+        "sgemm tile out of bounds"
+    );
+    match isa {
+        Isa::Scalar => {
+            let mut acc = [[0.0f32; NR]; MR];
+            for (ap, bp) in a.chunks_exact(MR).zip(&b[..kc]) {
+                for (acc_row, &av) in acc.iter_mut().zip(ap) {
+                    for (c, &bv) in acc_row.iter_mut().zip(&bp.0) {
+                        *c += av * bv;
+                    }
+                }
+            }
+            store_tile(&acc, out, r0, c0, rows, cols, ep);
+        }
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => {
+            // SAFETY: `Isa::Avx2` exists only where the CPU has AVX2 and FMA; the assert above
+            // proves `a` holds `kc·MR` values, `b` `kc` rows, and the tile (and bias) lies
+            // inside `out`, which no other task writes.
+            unsafe { avx2::tile(kc, a.as_ptr(), b.as_ptr(), out, r0, c0, rows, cols, ep) }
+        }
+    }
+}
+
+/// Combines a finished tile of sums with `y` as `ep` says, element by element (edge tiles of the
+/// AVX2 kernel come here too, so both paths round identically).
+fn store_tile(
+    acc: &[[f32; NR]; MR],
+    out: &Out,
+    r0: usize,
+    c0: usize,
+    rows: usize,
+    cols: usize,
+    ep: Epilogue<'_>,
+) {
+    assert!(out.tile_fits(r0, c0, rows, cols) && ep.bias.is_none_or(|v| v.len() >= cols));
+    for (i, acc_row) in acc.iter().enumerate().take(rows) {
+        let start = (r0 + i) * out.ld + c0;
+        for (j, &s) in acc_row.iter().enumerate().take(cols) {
+            // SAFETY: `tile_fits` proves `start + j < out.len`; this task is the only one that
+            // accesses the element (see `Out`), and it reads it only after its first k-block
+            // has written it.
+            unsafe {
+                let y = out.ptr.add(start + j);
+                let v = if ep.first { s } else { y.read() + s };
+                let v = match ep.bias {
+                    Some(b) => v + b[j],
+                    None => v,
+                };
+                y.write(v);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{store_tile, Epilogue, Out, PanelRow, MR, NR};
+
+    /// One activation panel: `dst[p·MR + i] = rows[i][p]` for `p < kc`, `kc = dst.len() / MR`,
+    /// transposing 6 × 8 blocks in registers (unpack, shuffle, then 4 + 2 value stores per
+    /// step).
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn pack_panel(rows: &[&[f32]; MR], dst: &mut [f32]) {
+        let kc = dst.len() / MR;
+        assert!(rows.iter().all(|r| r.len() >= kc), "short activation row");
+        let d = dst.as_mut_ptr();
+        let src = rows.map(|r| r.as_ptr());
+        let mut p = 0;
+        // SAFETY (loop): reads `[p, p + 8)` of each row and writes `[p·MR, (p + 8)·MR)` of
+        // `dst`, both inside by the loop condition and the assert above.
+        while p + 8 <= kc {
+            let v: [__m256; MR] = std::array::from_fn(|i| _mm256_loadu_ps(src[i].add(p)));
+            // Row pairs interleaved: t01 = a0 b0 a1 b1 | a4 b4 a5 b5, and so on.
+            let t01 = _mm256_unpacklo_ps(v[0], v[1]);
+            let t01h = _mm256_unpackhi_ps(v[0], v[1]);
+            let t23 = _mm256_unpacklo_ps(v[2], v[3]);
+            let t23h = _mm256_unpackhi_ps(v[2], v[3]);
+            let t45 = _mm256_unpacklo_ps(v[4], v[5]);
+            let t45h = _mm256_unpackhi_ps(v[4], v[5]);
+            // Rows 0..4 of steps j and j + 4 (one per 128-bit lane).
+            let q = [
+                _mm256_shuffle_ps::<0x44>(t01, t23),
+                _mm256_shuffle_ps::<0xEE>(t01, t23),
+                _mm256_shuffle_ps::<0x44>(t01h, t23h),
+                _mm256_shuffle_ps::<0xEE>(t01h, t23h),
+            ];
+            for (lane, step0) in [(false, p), (true, p + 4)] {
+                let half = |v: __m256| {
+                    if lane {
+                        _mm256_extractf128_ps::<1>(v)
+                    } else {
+                        _mm256_castps256_ps128(v)
+                    }
+                };
+                // Rows 4 and 5 of steps step0 .. step0 + 4, two steps per register.
+                let pairs = [half(t45), half(t45h)];
+                for (j, &qj) in q.iter().enumerate() {
+                    let out = d.add((step0 + j) * MR);
+                    _mm_storeu_ps(out, half(qj));
+                    let pair = pairs[j / 2];
+                    let pair = if j % 2 == 0 {
+                        pair
+                    } else {
+                        _mm_movehl_ps(pair, pair)
+                    };
+                    _mm_storeu_si64(out.add(4).cast::<u8>(), _mm_castps_si128(pair));
+                }
+            }
+            p += 8;
+        }
+        for p in p..kc {
+            for (i, r) in rows.iter().enumerate() {
+                dst[p * MR + i] = r[p];
+            }
+        }
+    }
+
+    /// The AVX2+FMA micro-kernel: 6 × 16 sums in 12 ymm accumulators; per k-step two weight
+    /// loads, six broadcasts, twelve FMAs.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `a` points to `kc·MR` readable values and `b` to `kc` rows;
+    /// the `rows × cols` tile at `(r0, c0)` fits `out` (`Out::tile_fits`), `ep.bias` holds at
+    /// least `cols` values, and no other thread accesses that tile.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn tile(
+        kc: usize,
+        a: *const f32,
+        b: *const PanelRow,
+        out: &Out,
+        r0: usize,
+        c0: usize,
+        rows: usize,
+        cols: usize,
+        ep: Epilogue<'_>,
+    ) {
+        let mut acc = [_mm256_setzero_ps(); 2 * MR];
+        let (mut a, mut b) = (a, b.cast::<f32>());
+        // One k-step `s` past the current position: two aligned weight loads (a `PanelRow` is
+        // 16 f32 on a 64-byte boundary), then six broadcasts, each feeding two FMAs.
+        macro_rules! step {
+            ($s:expr) => {
+                let b0 = _mm256_load_ps(b.add($s * NR));
+                let b1 = _mm256_load_ps(b.add($s * NR + 8));
+                for i in 0..MR {
+                    let ai = _mm256_broadcast_ss(&*a.add($s * MR + i));
+                    acc[2 * i] = _mm256_fmadd_ps(ai, b0, acc[2 * i]);
+                    acc[2 * i + 1] = _mm256_fmadd_ps(ai, b1, acc[2 * i + 1]);
+                }
+            };
+        }
+        // The caller guarantees `kc` steps of `a` and `b`; each loop below advances both by the
+        // steps it has read, so every load stays inside them. Unrolled by four to keep the loop
+        // counter and pointer updates off the FMA pipes' way.
+        for _ in 0..kc / 4 {
+            step!(0);
+            step!(1);
+            step!(2);
+            step!(3);
+            a = a.add(4 * MR);
+            b = b.add(4 * NR);
+        }
+        for _ in 0..kc % 4 {
+            step!(0);
+            a = a.add(MR);
+            b = b.add(NR);
+        }
+        if rows == MR && cols == NR {
+            let bias = ep.bias.map(|v| v.as_ptr());
+            for i in 0..MR {
+                let y = out.ptr.add((r0 + i) * out.ld + c0);
+                let mut lo = acc[2 * i];
+                let mut hi = acc[2 * i + 1];
+                if !ep.first {
+                    lo = _mm256_add_ps(_mm256_loadu_ps(y), lo);
+                    hi = _mm256_add_ps(_mm256_loadu_ps(y.add(8)), hi);
+                }
+                if let Some(bv) = bias {
+                    lo = _mm256_add_ps(lo, _mm256_loadu_ps(bv));
+                    hi = _mm256_add_ps(hi, _mm256_loadu_ps(bv.add(8)));
+                }
+                _mm256_storeu_ps(y, lo);
+                _mm256_storeu_ps(y.add(8), hi);
+            }
+        } else {
+            let mut sums = [[0.0f32; NR]; MR];
+            for (i, row) in sums.iter_mut().enumerate() {
+                _mm256_storeu_ps(row.as_mut_ptr(), acc[2 * i]);
+                _mm256_storeu_ps(row.as_mut_ptr().add(8), acc[2 * i + 1]);
+            }
+            store_tile(&sums, out, r0, c0, rows, cols, ep);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic values in [-1, 1).
+    fn values(len: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    fn pack_f32(w: &[f32], n: usize, k: usize) -> PackedWeight {
+        let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        PackedWeight::pack(GgmlType::F32, &bytes, n, k, 4 * k).unwrap()
+    }
+
+    fn pool(threads: usize) -> rayon::ThreadPool {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+    }
+
+    fn exec(pool: &rayon::ThreadPool, isa: Isa) -> Exec<'_> {
+        Exec {
+            isa,
+            pool,
+            threads: pool.current_num_threads(),
+        }
+    }
+
+    fn isas() -> Vec<Isa> {
+        let mut v = vec![Isa::Scalar];
+        if Isa::avx2(true) != Isa::Scalar {
+            v.push(Isa::avx2(true));
+        }
+        v
+    }
+
+    /// Checks `y` against an f64 product. The bound is the classic one for a sum of `k + 1`
+    /// f32 terms (k products, then the bias): `γ_{k+2} · (Σ|x·w| + |bias|)`, γ_j = j·u/(1 - j·u)
+    /// with u = 2⁻²⁴; blocking and FMA only tighten it. A wrong index is off by O(1).
+    fn check(y: &[f32], x: &[f32], w: &[f32], bias: Option<&[f32]>, m: usize, n: usize, k: usize) {
+        let u = f64::powi(2.0, -24);
+        let gamma = (k + 2) as f64 * u / (1.0 - (k + 2) as f64 * u);
+        for r in 0..m {
+            for c in 0..n {
+                let (mut sum, mut mag) = (0.0f64, 0.0f64);
+                for p in 0..k {
+                    let t = x[r * k + p] as f64 * w[c * k + p] as f64;
+                    sum += t;
+                    mag += t.abs();
+                }
+                if let Some(b) = bias {
+                    sum += b[c] as f64;
+                    mag += (b[c] as f64).abs();
+                }
+                let got = y[r * n + c] as f64;
+                assert!(
+                    (got - sum).abs() <= gamma * mag + f64::MIN_POSITIVE,
+                    "[{m}, {k}] x [{n}, {k}]ᵀ at ({r}, {c}): {got} vs {sum}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_plan_covers_y_once_with_disjoint_tasks() {
+        for &(m, n, k) in &[
+            (1, 1, 1),
+            (7, 17, 3),
+            (64, 384, 384),
+            (257, 100, 1000),
+            (800, 1536, 384),
+            (8000, 384, 1536),
+        ] {
+            let plan = Plan::new(m, n, k);
+            assert!(plan.kc <= KC_MAX && plan.mc <= MC_MAX && plan.mc.is_multiple_of(MR));
+            assert!(k.div_ceil(plan.kc) == k.div_ceil(KC_MAX), "k-blocks of {k}");
+            let panels = n.div_ceil(NR);
+            let mut owner = vec![usize::MAX; m * panels];
+            for t in 0..plan.tasks() {
+                let (r0, r1, p0, p1) = plan.task(t);
+                assert!(r0 < r1 && p0 < p1, "empty task {t} of {plan:?}");
+                for r in r0..r1 {
+                    for p in p0..p1 {
+                        assert_eq!(owner[r * panels + p], usize::MAX, "{plan:?}");
+                        owner[r * panels + p] = t;
+                    }
+                }
+            }
+            assert!(owner.iter().all(|&o| o != usize::MAX), "{plan:?}");
+        }
+    }
+
+    #[test]
+    fn packing_puts_weight_rows_in_panel_columns_and_pads_with_zeros() {
+        let (n, k) = (19, 5);
+        let w: Vec<f32> = (0..n * k).map(|i| i as f32).collect();
+        let p = pack_f32(&w, n, k);
+        assert_eq!(p.rows.len(), 2 * k);
+        for panel in 0..2 {
+            for (step, row) in p.block(panel, 0, k).iter().enumerate() {
+                for c in 0..NR {
+                    let j = panel * NR + c;
+                    let want = if j < n { w[j * k + step] } else { 0.0 };
+                    assert_eq!(row.0[c], want, "panel {panel} step {step} col {c}");
+                }
+            }
+        }
+        // Half-precision weights are converted while packing.
+        let h: Vec<u8> = w
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+            .collect();
+        assert_eq!(
+            PackedWeight::pack(GgmlType::F16, &h, n, k, 2 * k).unwrap(),
+            p
+        );
+        let bf: Vec<u8> = w
+            .iter()
+            .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+            .collect();
+        assert_eq!(
+            PackedWeight::pack(GgmlType::BF16, &bf, n, k, 2 * k).unwrap(),
+            p
+        );
+    }
+
+    #[test]
+    fn packing_refuses_other_types_and_wrong_sizes() {
+        let bytes = vec![0u8; 4 * 6];
+        assert!(PackedWeight::pack(GgmlType::Q8_0, &bytes, 2, 3, 12).is_err());
+        assert!(PackedWeight::pack(GgmlType::F32, &bytes, 3, 3, 12).is_err());
+        assert!(PackedWeight::pack(GgmlType::F32, &bytes, 2, 0, 0).is_err());
+        assert!(PackedWeight::pack(GgmlType::F32, &bytes, 2, 3, 12).is_ok());
+    }
+
+    #[test]
+    fn every_edge_of_m_n_and_k_matches_f64_on_every_kernel() {
+        let one = pool(1);
+        for k in [1, 7, 255, 256, 257, 1000] {
+            for n in [1, 15, 16, 17, 100] {
+                let w = values(n * k, (n * 31 + k) as u64);
+                let packed = pack_f32(&w, n, k);
+                let bias = values(n, 5);
+                for m in (1..=13).chain([64, 257]) {
+                    let x = values(m * k, (m * 7 + k) as u64);
+                    for isa in isas() {
+                        let with_bias = m % 2 == 0;
+                        let b = with_bias.then_some(&bias[..]);
+                        let y = sgemm(exec(&one, isa), &x, m, &packed, b).unwrap();
+                        check(&y, &x, &w, b, m, n, k);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn results_are_bit_identical_for_any_thread_count() {
+        let (m, n, k) = (301, 200, 600);
+        let (x, w, bias) = (values(m * k, 1), values(n * k, 2), values(n, 3));
+        let packed = pack_f32(&w, n, k);
+        assert!(Plan::new(m, n, k).tasks() > 3);
+        for isa in isas() {
+            let mut first: Option<Vec<f32>> = None;
+            for threads in [1, 2, 3] {
+                let threads_pool = pool(threads);
+                let y = sgemm(exec(&threads_pool, isa), &x, m, &packed, Some(&bias)).unwrap();
+                match &first {
+                    None => {
+                        check(&y, &x, &w, Some(&bias), m, n, k);
+                        first = Some(y);
+                    }
+                    Some(f) => assert!(
+                        f.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{isa:?}: {threads} threads differ from 1"
+                    ),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn wrong_lengths_are_refused() {
+        let one = pool(1);
+        let packed = pack_f32(&values(12, 1), 4, 3);
+        let x = values(6, 2);
+        let run =
+            |m: usize, bias: Option<&[f32]>| sgemm(exec(&one, Isa::Scalar), &x, m, &packed, bias);
+        assert_eq!(run(2, None).unwrap().len(), 8);
+        assert!(run(0, None).is_err());
+        assert!(run(3, None).is_err());
+        assert!(run(2, Some(&[0.0; 3])).is_err());
+        assert!(run(2, Some(&[0.0; 4])).is_ok());
+    }
+}

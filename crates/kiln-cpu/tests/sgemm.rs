@@ -1,0 +1,234 @@
+//! `Backend::matmul` with float weights (F32, F16, BF16) against an f64 product, at every edge of
+//! the packed GEMM's blocking, plus its two promises: bit-identical results for any thread count,
+//! and the AVX2 kernel within 1e-5 of the scalar one.
+
+use std::sync::Arc;
+
+use kiln_backend::{Backend, Linear, WeightData};
+use kiln_core::{GgmlType, SharedBytes};
+use kiln_cpu::kernels::{simd_level, SimdLevel};
+use kiln_cpu::CpuBackend;
+
+/// Deterministic values in [-1, 1).
+fn values(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// The weight's bytes in `ty`, and the f32 values those bytes hold (what the product must use).
+fn encode(ty: GgmlType, v: &[f32]) -> (Vec<u8>, Vec<f32>) {
+    match ty {
+        GgmlType::F32 => (v.iter().flat_map(|x| x.to_le_bytes()).collect(), v.to_vec()),
+        GgmlType::F16 => {
+            let h: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x)).collect();
+            (
+                h.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                h.iter().map(|x| x.to_f32()).collect(),
+            )
+        }
+        GgmlType::BF16 => {
+            let h: Vec<half::bf16> = v.iter().map(|&x| half::bf16::from_f32(x)).collect();
+            (
+                h.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                h.iter().map(|x| x.to_f32()).collect(),
+            )
+        }
+        _ => unreachable!("float types only"),
+    }
+}
+
+fn upload(
+    b: &CpuBackend,
+    name: &str,
+    ty: GgmlType,
+    dims: &[usize],
+    bytes: Vec<u8>,
+) -> kiln_cpu::CpuWeight {
+    b.upload_weight(&WeightData {
+        name: name.into(),
+        ty,
+        dims: dims.to_vec(),
+        bytes: SharedBytes::from_vec(bytes),
+    })
+    .unwrap()
+}
+
+/// A linear layer `[n, k]` of type `ty` (and an f32 bias when given) on `b`.
+fn linear(
+    b: &CpuBackend,
+    ty: GgmlType,
+    w: &[u8],
+    bias: Option<&[f32]>,
+    n: usize,
+    k: usize,
+) -> Linear<CpuBackend> {
+    Linear {
+        weight: Arc::new(upload(b, "w", ty, &[k, n], w.to_vec())),
+        bias: bias.map(|v| upload(b, "b", GgmlType::F32, &[n], encode(GgmlType::F32, v).0)),
+        in_features: k,
+        out_features: n,
+        ty,
+    }
+}
+
+/// `y` against the f64 product. Bound: a sum of `k + 1` f32 terms (k products, the bias) is
+/// within `γ_{k+2} · (Σ|x·w| + |bias|)` of the exact value, γ_j = j·u/(1 - j·u), u = 2⁻²⁴ (the
+/// row-dot path for few rows and the blocked FMA path both satisfy it). A wrong element is off
+/// by O(1).
+fn check(
+    y: &[f32],
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    (m, n, k): (usize, usize, usize),
+    what: &str,
+) {
+    assert_eq!(y.len(), m * n);
+    let u = f64::powi(2.0, -24);
+    let gamma = (k + 2) as f64 * u / (1.0 - (k + 2) as f64 * u);
+    for r in 0..m {
+        for c in 0..n {
+            let (mut sum, mut mag) = (0.0f64, 0.0f64);
+            for p in 0..k {
+                let t = x[r * k + p] as f64 * w[c * k + p] as f64;
+                sum += t;
+                mag += t.abs();
+            }
+            if let Some(b) = bias {
+                sum += b[c] as f64;
+                mag += (b[c] as f64).abs();
+            }
+            let got = y[r * n + c] as f64;
+            assert!(
+                (got - sum).abs() <= gamma * mag + f64::MIN_POSITIVE,
+                "{what}: [{m}, {k}] x [{n}, {k}]ᵀ at ({r}, {c}): {got} vs {sum}"
+            );
+        }
+    }
+}
+
+fn backends() -> Vec<CpuBackend> {
+    let mut v = vec![CpuBackend::with_simd(1, SimdLevel::Scalar).unwrap()];
+    if simd_level() == SimdLevel::Avx2 {
+        v.push(CpuBackend::with_simd(2, SimdLevel::Avx2).unwrap());
+    }
+    v
+}
+
+#[test]
+fn float_weights_match_f64_at_every_edge() {
+    let backends = backends();
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+        for k in [1, 7, 255, 256, 257, 1000] {
+            for n in [1, 15, 16, 17, 100] {
+                let (bytes, w) = encode(ty, &values(n * k, (n * 31 + k) as u64));
+                let bias = values(n, 7);
+                for b in &backends {
+                    let lin = linear(b, ty, &bytes, Some(&bias), n, k);
+                    let plain = linear(b, ty, &bytes, None, n, k);
+                    for m in (1..=13).chain([64, 257]) {
+                        let x = values(m * k, (m * 7 + k) as u64);
+                        let xt = b.tensor_from_f32(&x, m, k).unwrap();
+                        let what = format!("{ty} on {}", b.name());
+                        let y = b.to_f32(&b.matmul(&xt, &lin).unwrap()).unwrap();
+                        check(&y, &x, &w, Some(&bias), (m, n, k), &what);
+                        if m == 13 {
+                            let y = b.to_f32(&b.matmul(&xt, &plain).unwrap()).unwrap();
+                            check(&y, &x, &w, None, (m, n, k), &what);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn results_are_bit_identical_for_one_two_and_three_threads() {
+    let (m, n, k) = (517, 300, 700);
+    let (bytes, w) = encode(GgmlType::F32, &values(n * k, 3));
+    let (x, bias) = (values(m * k, 4), values(n, 5));
+    let mut first: Option<Vec<f32>> = None;
+    for threads in [1, 2, 3] {
+        let b = CpuBackend::new(threads).unwrap();
+        let lin = linear(&b, GgmlType::F32, &bytes, Some(&bias), n, k);
+        let xt = b.tensor_from_f32(&x, m, k).unwrap();
+        let y = b.to_f32(&b.matmul(&xt, &lin).unwrap()).unwrap();
+        match &first {
+            None => {
+                check(&y, &x, &w, Some(&bias), (m, n, k), "1 thread");
+                first = Some(y);
+            }
+            Some(f) => assert!(
+                f.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{threads} threads differ from 1"
+            ),
+        }
+    }
+}
+
+#[test]
+fn avx2_is_within_1e5_of_scalar() {
+    if simd_level() != SimdLevel::Avx2 {
+        eprintln!("skipped: this CPU has no AVX2+FMA");
+        return;
+    }
+    let scalar = CpuBackend::with_simd(1, SimdLevel::Scalar).unwrap();
+    let avx2 = CpuBackend::with_simd(2, SimdLevel::Avx2).unwrap();
+    for &(m, n, k) in &[
+        (8, 16, 384),
+        (100, 384, 384),
+        (129, 200, 1536),
+        (50, 1536, 384),
+    ] {
+        for ty in [GgmlType::F32, GgmlType::BF16] {
+            let (bytes, w) = encode(ty, &values(n * k, (m + n) as u64));
+            let (x, bias) = (values(m * k, 11), values(n, 12));
+            let run = |b: &CpuBackend| {
+                let lin = linear(b, ty, &bytes, Some(&bias), n, k);
+                let xt = b.tensor_from_f32(&x, m, k).unwrap();
+                b.to_f32(&b.matmul(&xt, &lin).unwrap()).unwrap()
+            };
+            let (s, v) = (run(&scalar), run(&avx2));
+            // Relative to the scale of each sum, Σ|x·w| + |bias|: the two kernels differ only
+            // in rounding (FMA vs multiply-then-add), about sqrt(k)·2⁻²⁴ of it.
+            for r in 0..m {
+                for c in 0..n {
+                    let mag: f64 = (0..k)
+                        .map(|p| (x[r * k + p] as f64 * w[c * k + p] as f64).abs())
+                        .sum::<f64>()
+                        + (bias[c] as f64).abs();
+                    let d = (s[r * n + c] as f64 - v[r * n + c] as f64).abs();
+                    assert!(
+                        d <= 1e-5 * mag,
+                        "{ty} [{m}, {k}] x [{n}, {k}]ᵀ at ({r}, {c}): {d} of {mag}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_bias_of_the_wrong_length_is_an_error() {
+    let b = CpuBackend::new(1).unwrap();
+    let (n, k, m) = (16, 8, 9);
+    let (bytes, _) = encode(GgmlType::F32, &values(n * k, 1));
+    let mut lin = linear(&b, GgmlType::F32, &bytes, None, n, k);
+    lin.bias = Some(upload(
+        &b,
+        "b",
+        GgmlType::F32,
+        &[n - 1],
+        vec![0; 4 * (n - 1)],
+    ));
+    let xt = b.tensor_from_f32(&values(m * k, 2), m, k).unwrap();
+    assert!(b.matmul(&xt, &lin).is_err());
+}
