@@ -1,11 +1,11 @@
 //! Bidirectional attention over a packed batch of variable-length sequences (encoders).
 //!
-//! Work is split into tasks of (sequence, head, block of up to [`QUERY_BLOCK`] queries). A task
-//! gathers its head's keys (transposed) and values into contiguous buffers, computes the scores
-//! `Q·Kᵀ` for the keys its queries can see as register tiles, applies the softmax row by row
-//! (vectorized `exp`), and multiplies by `V` the same way. Nothing is
+//! Work is split into tasks of (sequence, head). A task gathers its head's keys (transposed)
+//! and values into contiguous buffers once, then takes its queries in blocks of
+//! [`QUERY_BLOCK`]: scores `Q·Kᵀ` against the key tiles the block can see (FMA register tiles),
+//! the softmax row by row (vectorized `exp`), and the product with `V` the same way. Nothing is
 //! computed across sequences, so packing wastes no work on padding, and the score buffer is at
-//! most `QUERY_BLOCK × visible keys`, so long sequences never materialise an `L × L` matrix.
+//! most `QUERY_BLOCK × keys`, so long sequences never materialise an `L × L` matrix.
 //!
 //! Each output element is produced by one task with a fixed instruction sequence, so results do
 //! not depend on the thread count or on what else is in the batch.
@@ -51,15 +51,13 @@ pub(crate) fn packed_attention(
     let mut start = 0;
     for &len in seq_lens {
         for head in 0..p.n_heads {
-            for q0 in (0..len).step_by(QUERY_BLOCK) {
-                tasks.push(Task {
-                    start,
-                    len,
-                    head,
-                    q0,
-                    q1: (q0 + QUERY_BLOCK).min(len),
-                });
-            }
+            tasks.push(Task {
+                start,
+                len,
+                head,
+                q0: 0,
+                q1: len,
+            });
         }
         start += len;
     }
@@ -225,19 +223,20 @@ crate::math::avx2_dispatch!(
     fn attend(b: &Block<'_>, out: &mut [f32]) => attend_impl
 );
 
-/// `out = softmax(scale · Q Kᵀ) V` for one (sequence, head, query block), with keys transposed
-/// and values gathered into zero-padded contiguous copies so that both products run as
-/// `ROWS × LANES` register tiles over contiguous rows (which the compiler vectorizes). Every
-/// output element sums in a fixed order.
+/// `out = softmax(scale · Q Kᵀ) V` for one (sequence, head). Keys (transposed) and values are
+/// gathered once into zero-padded contiguous copies; queries then go by blocks of
+/// [`QUERY_BLOCK`], each against the key tiles it can see, so that both products run as
+/// `ROWS × LANES` FMA register tiles over contiguous rows and the score buffer stays
+/// `QUERY_BLOCK × keys`. Every output element sums in a fixed order.
 #[inline(always)]
 fn attend_impl(b: &Block<'_>, out: &mut [f32]) {
     let (hd, nq, nk) = (b.hd, b.nq, b.nk);
     let nk_pad = nk.div_ceil(LANES) * LANES;
     let hd_pad = hd.div_ceil(LANES) * LANES;
     let row = |r: usize| r * b.cols + b.col0..r * b.cols + b.col0 + hd;
-    // Kᵀ as [hd][nk_pad], V as [nk][hd_pad], Q as [nq][hd]; padding stays zero.
+    // Kᵀ as [hd][nk_pad], V as [nk_pad][hd_pad], Q as [nq][hd]; padding stays zero.
     let mut kt = vec![0.0f32; hd * nk_pad];
-    let mut vv = vec![0.0f32; nk * hd_pad];
+    let mut vv = vec![0.0f32; nk_pad * hd_pad];
     for j in 0..nk {
         let kr = &b.k[row(b.k_row0 + j)];
         for (d, &x) in kr.iter().enumerate() {
@@ -249,44 +248,63 @@ fn attend_impl(b: &Block<'_>, out: &mut [f32]) {
     for i in 0..nq {
         qq[i * hd..(i + 1) * hd].copy_from_slice(&b.q[row(b.q_row0 + i)]);
     }
-
-    // Scores, ROWS queries at a time (a short last block repeats its last row, unstored).
-    let mut scores = vec![0.0f32; nq * nk_pad];
-    for i0 in (0..nq).step_by(ROWS) {
-        let ni = (nq - i0).min(ROWS);
-        let qrow = |i: usize| &qq[(i0 + i.min(ni - 1)) * hd..][..hd];
-        let qrows = [qrow(0), qrow(1), qrow(2), qrow(3)];
-        for j0 in (0..nk_pad).step_by(LANES) {
-            let acc = tile(b.avx2, qrows, &kt, nk_pad, j0, hd);
-            for (i, a) in acc.iter().enumerate().take(ni) {
-                let dst = &mut scores[(i0 + i) * nk_pad + j0..(i0 + i) * nk_pad + j0 + LANES];
-                for (s, &v) in dst.iter_mut().zip(a) {
-                    *s = v * b.scale;
+    let mut scores = vec![0.0f32; QUERY_BLOCK.min(nq) * nk_pad];
+    for qb0 in (0..nq).step_by(QUERY_BLOCK) {
+        let qb1 = (qb0 + QUERY_BLOCK).min(nq);
+        // Key tiles this block can see: [jt0, jt1), whole tiles.
+        let (k0, k1) = match b.radius {
+            Some(r) => (
+                (b.q_offset + qb0).saturating_sub(r),
+                (b.q_offset + qb1 + r).min(nk),
+            ),
+            None => (0, nk),
+        };
+        let jt0 = k0 / LANES * LANES;
+        let jt1 = (k1.div_ceil(LANES) * LANES).min(nk_pad);
+        let nkb = jt1 - jt0;
+        // Scores, ROWS queries at a time (a short last group repeats its last row, unstored).
+        for i0 in (qb0..qb1).step_by(ROWS) {
+            let ni = (qb1 - i0).min(ROWS);
+            let qrow = |i: usize| &qq[(i0 + i.min(ni - 1)) * hd..][..hd];
+            let qrows = [qrow(0), qrow(1), qrow(2), qrow(3)];
+            for j0 in (jt0..jt1).step_by(LANES) {
+                let acc = tile(b.avx2, qrows, &kt, nk_pad, j0, hd);
+                for (i, a) in acc.iter().enumerate().take(ni) {
+                    let at = (i0 - qb0 + i) * nkb + (j0 - jt0);
+                    for (s, &v) in scores[at..at + LANES].iter_mut().zip(a) {
+                        *s = v * b.scale;
+                    }
                 }
             }
         }
-    }
-    // Softmax over each query's visible keys; everything else (window, padding) weighs 0.
-    for (i, srow) in scores.chunks_exact_mut(nk_pad).enumerate() {
-        let qi = b.q_offset + i;
-        let (lo, hi) = match b.radius {
-            Some(r) => (qi.saturating_sub(r), (qi + r + 1).min(nk)),
-            None => (0, nk),
-        };
-        crate::math::softmax_in_place(&mut srow[lo..hi]);
-        srow[..lo].fill(0.0);
-        srow[hi..].fill(0.0);
-    }
-    // Output = P · V, ROWS queries × LANES head dims at a time.
-    for i0 in (0..nq).step_by(ROWS) {
-        let ni = (nq - i0).min(ROWS);
-        let prow = |i: usize| &scores[(i0 + i.min(ni - 1)) * nk_pad..][..nk_pad];
-        let prows = [prow(0), prow(1), prow(2), prow(3)];
-        for c0 in (0..hd_pad).step_by(LANES) {
-            let acc = tile(b.avx2, prows, &vv, hd_pad, c0, nk);
-            let width = LANES.min(hd - c0);
-            for (i, a) in acc.iter().enumerate().take(ni) {
-                out[(i0 + i) * hd + c0..(i0 + i) * hd + c0 + width].copy_from_slice(&a[..width]);
+        // Softmax over each query's visible keys; everything else (window, padding) weighs 0.
+        for (i, srow) in scores[..(qb1 - qb0) * nkb]
+            .chunks_exact_mut(nkb)
+            .enumerate()
+        {
+            let qi = b.q_offset + qb0 + i;
+            let (lo, hi) = match b.radius {
+                Some(r) => (qi.saturating_sub(r), (qi + r + 1).min(nk)),
+                None => (0, nk),
+            };
+            let (lo, hi) = (lo - jt0, hi - jt0);
+            crate::math::softmax_in_place(&mut srow[lo..hi]);
+            srow[..lo].fill(0.0);
+            srow[hi..].fill(0.0);
+        }
+        // Output = P · V, ROWS queries × LANES head dims at a time.
+        let vblock = &vv[jt0 * hd_pad..];
+        for i0 in (qb0..qb1).step_by(ROWS) {
+            let ni = (qb1 - i0).min(ROWS);
+            let prow = |i: usize| &scores[(i0 - qb0 + i.min(ni - 1)) * nkb..][..nkb];
+            let prows = [prow(0), prow(1), prow(2), prow(3)];
+            for c0 in (0..hd_pad).step_by(LANES) {
+                let acc = tile(b.avx2, prows, vblock, hd_pad, c0, nkb);
+                let width = LANES.min(hd - c0);
+                for (i, a) in acc.iter().enumerate().take(ni) {
+                    let at = (i0 + i) * hd + c0;
+                    out[at..at + width].copy_from_slice(&a[..width]);
+                }
             }
         }
     }
