@@ -89,8 +89,9 @@ fn embed(a: BenchEmbedArgs) -> Result<()> {
         );
     } else {
         println!(
-            "model {}  file {}  {} texts, {} tokens (mean {:.1})  {} threads, batch {}",
+            "model {} (loaded in {:.0} ms)  file {}  {} texts, {} tokens (mean {:.1})  {} threads, batch {}",
             a.model.model,
+            loaded.load_ms,
             a.file.display(),
             lines.len(),
             tokens,
