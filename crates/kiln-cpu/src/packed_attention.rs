@@ -18,16 +18,6 @@ use crate::{CpuBackend, CpuTensor};
 /// Queries per task: bounds the score buffer and gives the pool enough tasks for one long text.
 const QUERY_BLOCK: usize = 64;
 
-struct Task {
-    /// First row of the sequence in the packed batch.
-    start: usize,
-    len: usize,
-    head: usize,
-    /// Query rows `q0..q1` of the sequence.
-    q0: usize,
-    q1: usize,
-}
-
 pub(crate) fn packed_attention(
     cpu: &CpuBackend,
     q: &CpuTensor,
@@ -36,9 +26,9 @@ pub(crate) fn packed_attention(
     seq_lens: &[usize],
     p: &PackedAttentionParams,
 ) -> Result<CpuTensor> {
-    let cols = p.n_heads * p.head_dim;
+    let (hd, cols) = (p.head_dim, p.n_heads * p.head_dim);
     let total: usize = seq_lens.iter().sum();
-    if p.head_dim == 0 || [q, k, v].iter().any(|t| t.cols != cols || t.rows != total) {
+    if hd == 0 || [q, k, v].iter().any(|t| t.cols != cols || t.rows != total) {
         return Err(shape_err(
             "packed_attention",
             format!(
@@ -47,75 +37,48 @@ pub(crate) fn packed_attention(
             ),
         ));
     }
+    let avx2 = cpu.avx2();
     let mut tasks = Vec::new();
-    let mut start = 0;
+    let mut row0 = 0;
     for &len in seq_lens {
         for head in 0..p.n_heads {
-            tasks.push(Task {
-                start,
+            tasks.push(Block {
+                q: q.data(),
+                k: k.data(),
+                v: v.data(),
+                cols,
+                hd,
+                col0: head * hd,
+                row0,
                 len,
-                head,
-                q0: 0,
-                q1: len,
+                scale: p.scale,
+                radius: p.radius,
+                avx2,
             });
         }
-        start += len;
+        row0 += len;
     }
-    let avx2 = cpu.avx2();
-    let blocks: Vec<Vec<f32>> = cpu.pool.install(|| {
+    let results: Vec<Vec<f32>> = cpu.pool.install(|| {
         tasks
             .par_iter()
-            .map(|t| attend_block(q, k, v, t, p, avx2))
-            .collect::<Result<_>>()
-    })?;
-    let hd = p.head_dim;
+            .map(|b| {
+                let mut out = vec![0.0f32; b.len * hd];
+                attend(avx2, b, &mut out);
+                out
+            })
+            .collect()
+    });
     let mut out = vec![0.0f32; total * cols];
-    for (t, block) in tasks.iter().zip(&blocks) {
-        for (i, row) in block.chunks_exact(hd).enumerate() {
-            let at = (t.start + t.q0 + i) * cols + t.head * hd;
+    for (b, result) in tasks.iter().zip(&results) {
+        for (i, row) in result.chunks_exact(hd).enumerate() {
+            let at = (b.row0 + i) * cols + b.col0;
             out[at..at + hd].copy_from_slice(row);
         }
     }
     CpuTensor::new(out, total, cols)
 }
 
-/// Output rows `[q1 - q0, head_dim]` of one task.
-fn attend_block(
-    q: &CpuTensor,
-    k: &CpuTensor,
-    v: &CpuTensor,
-    t: &Task,
-    p: &PackedAttentionParams,
-    avx2: bool,
-) -> Result<Vec<f32>> {
-    // Keys any query of the block can see.
-    let (k0, k1) = match p.radius {
-        Some(r) => (t.q0.saturating_sub(r), (t.q1 + r).min(t.len)),
-        None => (0, t.len),
-    };
-    let block = Block {
-        q: q.data(),
-        k: k.data(),
-        v: v.data(),
-        cols: q.cols,
-        hd: p.head_dim,
-        col0: t.head * p.head_dim,
-        q_row0: t.start + t.q0,
-        nq: t.q1 - t.q0,
-        k_row0: t.start + k0,
-        nk: k1 - k0,
-        // Position of the first query relative to the first visible key.
-        q_offset: t.q0 - k0,
-        scale: p.scale,
-        radius: p.radius,
-        avx2,
-    };
-    let mut out = vec![0.0f32; block.nq * block.hd];
-    attend(avx2, &block, &mut out);
-    Ok(out)
-}
-
-/// One task's view of the packed tensors.
+/// One task: one head of one sequence of the packed tensors.
 struct Block<'a> {
     q: &'a [f32],
     k: &'a [f32],
@@ -125,11 +88,9 @@ struct Block<'a> {
     hd: usize,
     /// First column of the head.
     col0: usize,
-    q_row0: usize,
-    nq: usize,
-    k_row0: usize,
-    nk: usize,
-    q_offset: usize,
+    /// First row of the sequence.
+    row0: usize,
+    len: usize,
     scale: f32,
     radius: Option<usize>,
     avx2: bool,
@@ -230,33 +191,26 @@ crate::math::avx2_dispatch!(
 /// `QUERY_BLOCK × keys`. Every output element sums in a fixed order.
 #[inline(always)]
 fn attend_impl(b: &Block<'_>, out: &mut [f32]) {
-    let (hd, nq, nk) = (b.hd, b.nq, b.nk);
+    let (hd, nq, nk) = (b.hd, b.len, b.len);
     let nk_pad = nk.div_ceil(LANES) * LANES;
     let hd_pad = hd.div_ceil(LANES) * LANES;
     let row = |r: usize| r * b.cols + b.col0..r * b.cols + b.col0 + hd;
-    // Kᵀ as [hd][nk_pad], V as [nk_pad][hd_pad], Q as [nq][hd]; padding stays zero.
+    // Kᵀ as [hd][nk_pad] and V as [nk_pad][hd_pad]; padding stays zero. Queries are read in place.
     let mut kt = vec![0.0f32; hd * nk_pad];
     let mut vv = vec![0.0f32; nk_pad * hd_pad];
     for j in 0..nk {
-        let kr = &b.k[row(b.k_row0 + j)];
+        let kr = &b.k[row(b.row0 + j)];
         for (d, &x) in kr.iter().enumerate() {
             kt[d * nk_pad + j] = x;
         }
-        vv[j * hd_pad..j * hd_pad + hd].copy_from_slice(&b.v[row(b.k_row0 + j)]);
-    }
-    let mut qq = vec![0.0f32; nq * hd];
-    for i in 0..nq {
-        qq[i * hd..(i + 1) * hd].copy_from_slice(&b.q[row(b.q_row0 + i)]);
+        vv[j * hd_pad..j * hd_pad + hd].copy_from_slice(&b.v[row(b.row0 + j)]);
     }
     let mut scores = vec![0.0f32; QUERY_BLOCK.min(nq) * nk_pad];
     for qb0 in (0..nq).step_by(QUERY_BLOCK) {
         let qb1 = (qb0 + QUERY_BLOCK).min(nq);
         // Key tiles this block can see: [jt0, jt1), whole tiles.
         let (k0, k1) = match b.radius {
-            Some(r) => (
-                (b.q_offset + qb0).saturating_sub(r),
-                (b.q_offset + qb1 + r).min(nk),
-            ),
+            Some(r) => (qb0.saturating_sub(r), (qb1 + r).min(nk)),
             None => (0, nk),
         };
         let jt0 = k0 / LANES * LANES;
@@ -265,7 +219,7 @@ fn attend_impl(b: &Block<'_>, out: &mut [f32]) {
         // Scores, ROWS queries at a time (a short last group repeats its last row, unstored).
         for i0 in (qb0..qb1).step_by(ROWS) {
             let ni = (qb1 - i0).min(ROWS);
-            let qrow = |i: usize| &qq[(i0 + i.min(ni - 1)) * hd..][..hd];
+            let qrow = |i: usize| &b.q[row(b.row0 + i0 + i.min(ni - 1))];
             let qrows = [qrow(0), qrow(1), qrow(2), qrow(3)];
             for j0 in (jt0..jt1).step_by(LANES) {
                 let acc = tile(b.avx2, qrows, &kt, nk_pad, j0, hd);
@@ -282,7 +236,7 @@ fn attend_impl(b: &Block<'_>, out: &mut [f32]) {
             .chunks_exact_mut(nkb)
             .enumerate()
         {
-            let qi = b.q_offset + qb0 + i;
+            let qi = qb0 + i;
             let (lo, hi) = match b.radius {
                 Some(r) => (qi.saturating_sub(r), (qi + r + 1).min(nk)),
                 None => (0, nk),
