@@ -7,6 +7,35 @@ use crate::{CpuBackend, CpuTensor};
 /// Rows per parallel task for cheap row-wise ops (small batches stay on one thread).
 const ROWS_PER_TASK: usize = 16;
 
+/// A new tensor of `x`'s shape whose row `i` is written by `f(i, x.row(i), out_row)`, with
+/// [`ROWS_PER_TASK`] rows per pool task when the tensor is large enough to split.
+fn map_rows(
+    cpu: &CpuBackend,
+    x: &CpuTensor,
+    f: impl Fn(usize, &[f32], &mut [f32]) + Sync + Send,
+) -> CpuTensor {
+    let mut out = vec![0.0f32; x.data.len()];
+    let cols = x.cols.max(1);
+    let parallel = x.data.len() >= crate::PARALLEL_MIN_ELEMENTS;
+    crate::for_each_chunk(
+        cpu,
+        &mut out,
+        cols * ROWS_PER_TASK,
+        parallel,
+        |task, chunk| {
+            for (r, out_row) in chunk.chunks_mut(cols).enumerate() {
+                let row = task * ROWS_PER_TASK + r;
+                f(row, x.row(row), out_row);
+            }
+        },
+    );
+    CpuTensor {
+        data: out,
+        rows: x.rows,
+        cols: x.cols,
+    }
+}
+
 /// `y = x / sqrt(mean(x²) + eps) * w` over each group of `w.len()` elements of each row, plus
 /// `residual` when given. The sum of squares is accumulated in f64 (as llama.cpp does), so the
 /// result does not depend on the order of the summation.
@@ -24,39 +53,21 @@ pub(crate) fn rms_norm(
             format!("weight of {group} does not divide rows of {}", x.cols),
         ));
     }
-    let mut out = vec![0.0f32; x.data.len()];
-    let cols = x.cols.max(1);
-    let parallel = x.data.len() >= crate::PARALLEL_MIN_ELEMENTS;
-    crate::for_each_chunk(
-        cpu,
-        &mut out,
-        cols * ROWS_PER_TASK,
-        parallel,
-        |task, chunk| {
-            for (r, out_row) in chunk.chunks_mut(cols).enumerate() {
-                let row = task * ROWS_PER_TASK + r;
-                let xr = x.row(row);
-                for (og, xg) in out_row.chunks_mut(group).zip(xr.chunks(group)) {
-                    let sum: f64 = xg.iter().map(|&v| (v as f64) * (v as f64)).sum();
-                    let mean = (sum / group as f64) as f32;
-                    let scale = 1.0 / (mean + eps).sqrt();
-                    for ((o, &v), &g) in og.iter_mut().zip(xg).zip(w) {
-                        *o = (v * scale) * g;
-                    }
-                }
-                if let Some(res) = residual {
-                    for (o, &r) in out_row.iter_mut().zip(res.row(row)) {
-                        *o += r;
-                    }
-                }
+    Ok(map_rows(cpu, x, |row, xr, out_row| {
+        for (og, xg) in out_row.chunks_mut(group).zip(xr.chunks(group)) {
+            let sum: f64 = xg.iter().map(|&v| (v as f64) * (v as f64)).sum();
+            let mean = (sum / group as f64) as f32;
+            let scale = 1.0 / (mean + eps).sqrt();
+            for ((o, &v), &g) in og.iter_mut().zip(xg).zip(w) {
+                *o = (v * scale) * g;
             }
-        },
-    );
-    Ok(CpuTensor {
-        data: out,
-        rows: x.rows,
-        cols: x.cols,
-    })
+        }
+        if let Some(res) = residual {
+            for (o, &r) in out_row.iter_mut().zip(res.row(row)) {
+                *o += r;
+            }
+        }
+    }))
 }
 
 /// Rotary embedding; angles are computed in f64 and rounded once, so they are as exact as f32
@@ -140,40 +151,23 @@ pub(crate) fn layer_norm(
             ),
         ));
     }
-    let mut out = vec![0.0f32; x.data.len()];
-    let cols = x.cols.max(1);
-    let parallel = x.data.len() >= crate::PARALLEL_MIN_ELEMENTS;
-    crate::for_each_chunk(
-        cpu,
-        &mut out,
-        cols * ROWS_PER_TASK,
-        parallel,
-        |task, chunk| {
-            for (r, out_row) in chunk.chunks_mut(cols).enumerate() {
-                let xr = x.row(task * ROWS_PER_TASK + r);
-                let n = xr.len() as f64;
-                let mean = xr.iter().map(|&v| v as f64).sum::<f64>() / n;
-                let var = xr
-                    .iter()
-                    .map(|&v| (v as f64 - mean) * (v as f64 - mean))
-                    .sum::<f64>()
-                    / n;
-                let inv = 1.0 / (var + eps as f64).sqrt();
-                let (mean, inv) = (mean as f32, inv as f32);
-                for ((o, &v), &g) in out_row.iter_mut().zip(xr).zip(w) {
-                    *o = (v - mean) * inv * g;
-                }
-                if let Some(b) = b {
-                    for (o, &bv) in out_row.iter_mut().zip(b) {
-                        *o += bv;
-                    }
-                }
+    Ok(map_rows(cpu, x, |_, xr, out_row| {
+        let n = xr.len() as f64;
+        let mean = xr.iter().map(|&v| v as f64).sum::<f64>() / n;
+        let var = xr
+            .iter()
+            .map(|&v| (v as f64 - mean) * (v as f64 - mean))
+            .sum::<f64>()
+            / n;
+        let inv = 1.0 / (var + eps as f64).sqrt();
+        let (mean, inv) = (mean as f32, inv as f32);
+        for ((o, &v), &g) in out_row.iter_mut().zip(xr).zip(w) {
+            *o = (v - mean) * inv * g;
+        }
+        if let Some(b) = b {
+            for (o, &bv) in out_row.iter_mut().zip(b) {
+                *o += bv;
             }
-        },
-    );
-    Ok(CpuTensor {
-        data: out,
-        rows: x.rows,
-        cols: x.cols,
-    })
+        }
+    }))
 }
