@@ -117,31 +117,38 @@ impl<B: Backend> EmbeddingModel<B> {
         )?)
     }
 
-    /// Tokenizes and embeds `texts` in batches of `batch_size` sequences, calling `progress`
-    /// with the number of texts done after each batch. Output order is input order.
-    pub fn embed_texts(
+    /// Tokenizes all of `texts` first (so an over-long text, with truncation off, fails before
+    /// any batch runs, naming its position), then embeds them in batches of `batch_size`
+    /// sequences, handing each batch to `on_batch(index of its first text, embeddings)` in input
+    /// order.
+    pub fn embed_texts<E: From<EngineError>>(
         &self,
         backend: &B,
         texts: &[&str],
         batch_size: usize,
-        mut progress: impl FnMut(usize),
-    ) -> Result<Vec<Embedding>, EngineError> {
-        let ids = texts
-            .iter()
-            .map(|t| self.tokenize(t))
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut out = Vec::with_capacity(texts.len());
-        for chunk in ids.chunks(batch_size.max(1)) {
+        mut on_batch: impl FnMut(usize, Vec<Embedding>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let mut ids = Vec::with_capacity(texts.len());
+        for (i, t) in texts.iter().enumerate() {
+            ids.push(
+                self.tokenize(t)
+                    .map_err(|e| EngineError::Input(format!("text {}: {e}", i + 1)))?,
+            );
+        }
+        let batch_size = batch_size.max(1);
+        for (b, chunk) in ids.chunks(batch_size).enumerate() {
             let seqs: Vec<&[u32]> = chunk.iter().map(Vec::as_slice).collect();
             let vectors = self.embed_ids(backend, &seqs)?;
-            for (ids, vector) in chunk.iter().zip(vectors) {
-                out.push(Embedding {
+            let batch = chunk
+                .iter()
+                .zip(vectors)
+                .map(|(ids, vector)| Embedding {
                     ids: ids.clone(),
                     vector,
-                });
-            }
-            progress(out.len());
+                })
+                .collect();
+            on_batch(b * batch_size, batch)?;
         }
-        Ok(out)
+        Ok(())
     }
 }

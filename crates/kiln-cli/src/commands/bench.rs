@@ -59,8 +59,11 @@ fn embed(a: BenchEmbedArgs) -> Result<()> {
     let batch = a.batch_size as usize;
     let pass = || -> Result<(f64, usize)> {
         let t0 = Instant::now();
-        let out = model.embed_texts(&loaded.backend, &lines, batch, |_| {})?;
-        let tokens = out.iter().map(|e| e.ids.len()).sum();
+        let mut tokens = 0;
+        model.embed_texts(&loaded.backend, &lines, batch, |_, out| -> Result<()> {
+            tokens += out.iter().map(|e| e.ids.len()).sum::<usize>();
+            Ok(())
+        })?;
         Ok((t0.elapsed().as_secs_f64(), tokens))
     };
     let (_, tokens) = pass()?; // warm-up: page in the weights, size the allocator

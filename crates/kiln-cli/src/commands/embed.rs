@@ -91,16 +91,6 @@ pub fn run(a: EmbedArgs) -> Result<()> {
     let loaded = load_embedding(&a.model.model, a.threads.threads, !a.no_truncate)?;
     let model = &loaded.model;
 
-    // Tokenize everything first so that an over-long text (with --no-truncate) fails before
-    // any output, naming its position.
-    let mut ids = Vec::with_capacity(texts.len());
-    for (i, t) in texts.iter().enumerate() {
-        ids.push(
-            model
-                .tokenize(t)
-                .with_context(|| format!("text {}", i + 1))?,
-        );
-    }
     let bar = if texts.len() >= PROGRESS_MIN_TEXTS {
         let bar = ProgressBar::new(texts.len() as u64);
         bar.set_style(
@@ -113,22 +103,26 @@ pub fn run(a: EmbedArgs) -> Result<()> {
     };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let batch = a.batch_size as usize;
-    for (chunk_no, chunk) in ids.chunks(batch).enumerate() {
-        let seqs: Vec<&[u32]> = chunk.iter().map(Vec::as_slice).collect();
-        let vectors = model.embed_ids(&loaded.backend, &seqs)?;
-        for (j, (seq, v)) in chunk.iter().zip(&vectors).enumerate() {
-            let line = OutLine {
-                text: &texts[chunk_no * batch + j],
-                input_ids: a.ids.then_some(seq.as_slice()),
-                embedding: v,
-            };
-            serde_json::to_writer(&mut out, &line)?;
-            out.write_all(b"\n")?;
-        }
-        out.flush()?;
-        bar.inc(chunk.len() as u64);
-    }
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    model.embed_texts(
+        &loaded.backend,
+        &refs,
+        a.batch_size as usize,
+        |first, batch| -> Result<()> {
+            for (text, e) in refs[first..].iter().zip(&batch) {
+                let line = OutLine {
+                    text,
+                    input_ids: a.ids.then_some(e.ids.as_slice()),
+                    embedding: &e.vector,
+                };
+                serde_json::to_writer(&mut out, &line)?;
+                out.write_all(b"\n")?;
+            }
+            out.flush()?;
+            bar.inc(batch.len() as u64);
+            Ok(())
+        },
+    )?;
     bar.finish_and_clear();
     Ok(())
 }
