@@ -1,25 +1,12 @@
 //! Bad input to the `kiln` binary gets a one-line error and a failing exit status, never a
 //! panic: unknown models, files that are not GGUF, truncated files, malformed JSON lines.
 
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
+
+mod common;
 
 fn kiln(args: &[&str], stdin: &str, home: &std::path::Path) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(args)
-        .env("KILN_HOME", home)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
+    common::run(args, stdin, Some(home))
 }
 
 fn assert_clean_failure(out: &Output, needle: &str) {

@@ -7,11 +7,12 @@
 //! the CLI surface users script against too. The model is fetched on first use (pip), as
 //! `kiln run` would.
 
-use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 
 use serde_json::Value;
+
+mod common;
+use common::{ids, json_lines, run_ok};
 
 const MODEL: &str = "gemma3-270m";
 
@@ -31,45 +32,6 @@ fn read_jsonl(rel: &str) -> Vec<Value> {
         .collect()
 }
 
-/// Run `kiln ARGS` with `stdin`, return stdout; panic with stderr on failure.
-fn kiln(args: &[&str], stdin: &str) -> String {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting kiln");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "kiln {args:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn lines(stdout: &str) -> Vec<Value> {
-    stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-fn ids(v: &Value) -> Vec<u64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap())
-        .collect()
-}
-
 fn check_tokenize(file: &str, special: bool) {
     let cases = read_jsonl(&format!("gemma3-270m/public/{file}"));
     let input: String = cases
@@ -80,7 +42,7 @@ fn check_tokenize(file: &str, special: bool) {
     if special {
         args.push("--special");
     }
-    let got = lines(&kiln(&args, &input));
+    let got = json_lines(&run_ok(&args, &input));
     assert_eq!(got.len(), cases.len());
     let wrong: Vec<String> = cases
         .iter()
@@ -173,7 +135,7 @@ fn teacher_forced_logprobs_match_both_references() {
         .iter()
         .map(|c| format!("{}\n", serde_json::json!({ "ids": c["ids"] })))
         .collect();
-    let ours = lines(&kiln(
+    let ours = json_lines(&run_ok(
         &["score", "-m", MODEL, "--top-k", "2", "--jsonl"],
         &input,
     ));
@@ -212,7 +174,7 @@ fn greedy_mismatch(reference: &Value, ours: &[u64]) -> (usize, Option<usize>) {
 }
 
 fn greedy(prompt: &str, threads: &str) -> Value {
-    let out = kiln(
+    let out = run_ok(
         &[
             "run", "-m", MODEL, "-p", prompt, "-n", "32", "--temp", "0", "--json", "-t", threads,
         ],
@@ -278,7 +240,7 @@ fn perplexity_matches_llama_cpp_within_one_percent() {
     )
     .unwrap();
     let text = golden("gemma3-270m/public/ppl_text.txt");
-    let out = kiln(
+    let out = run_ok(
         &[
             "perplexity",
             "-m",

@@ -6,11 +6,13 @@
 //! The tests drive the real binary, so they also check the JSON-lines surface users script
 //! against. The model is fetched on first use, as `kiln embed` would.
 
-use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use serde_json::Value;
+
+mod common;
+use common::{ids, json_lines, run_ok};
 
 fn golden_cases() -> Vec<Value> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -25,33 +27,14 @@ fn golden_cases() -> Vec<Value> {
 
 /// `kiln embed --jsonl --ids ARGS` over `texts`; the output lines.
 fn embed(texts: &[&str], args: &[&str]) -> Vec<Value> {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(["embed", "-m", "minilm", "--jsonl", "--ids"])
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting kiln");
     let mut input = String::new();
     for t in texts {
         input.push_str(&serde_json::json!({ "text": t }).to_string());
         input.push('\n');
     }
-    let mut stdin = child.stdin.take().unwrap();
-    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()).unwrap());
-    let out = child.wait_with_output().unwrap();
-    writer.join().unwrap();
-    assert!(
-        out.status.success(),
-        "kiln embed {args:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    let mut all = vec!["embed", "-m", "minilm", "--jsonl", "--ids"];
+    all.extend_from_slice(args);
+    json_lines(&run_ok(&all, &input))
 }
 
 fn floats(v: &Value) -> Vec<f64> {
@@ -59,14 +42,6 @@ fn floats(v: &Value) -> Vec<f64> {
         .unwrap()
         .iter()
         .map(|x| x.as_f64().unwrap())
-        .collect()
-}
-
-fn ids(v: &Value) -> Vec<u64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap())
         .collect()
 }
 
