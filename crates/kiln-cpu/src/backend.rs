@@ -36,6 +36,13 @@ impl CpuTensor {
     }
 }
 
+/// Large tensors give their storage back for reuse (see `buffers`).
+impl Drop for CpuTensor {
+    fn drop(&mut self) {
+        crate::buffers::give(std::mem::take(&mut self.data));
+    }
+}
+
 /// A weight on the CPU: a zero-copy view of the file's bytes (quantized blocks stay quantized).
 /// One-dimensional f32 weights (norms, biases) are also decoded once into `values`.
 #[derive(Clone, Debug)]
@@ -140,8 +147,12 @@ impl CpuBackend {
     }
 
     fn map(&self, x: &CpuTensor, f: impl Fn(f32) -> f32 + Sync) -> CpuTensor {
+        let mut data = crate::buffers::take(x.data.len());
+        for (o, &v) in data.iter_mut().zip(&x.data) {
+            *o = f(v);
+        }
         CpuTensor {
-            data: x.data.iter().map(|&v| f(v)).collect(),
+            data,
             rows: x.rows,
             cols: x.cols,
         }
@@ -155,7 +166,7 @@ impl CpuBackend {
         f: impl Fn(f32, f32) -> f32 + Sync + Send,
     ) -> Result<CpuTensor> {
         Self::check_same(op, a, b)?;
-        let mut out = vec![0.0f32; a.data.len()];
+        let mut out = crate::buffers::take(a.data.len());
         const CHUNK: usize = 4096;
         let parallel = out.len() >= crate::PARALLEL_MIN_ELEMENTS;
         crate::for_each_chunk(self, &mut out, CHUNK, parallel, |i, o| {
@@ -273,7 +284,8 @@ impl Backend for CpuBackend {
 
     fn embedding(&self, table: &CpuWeight, ids: &[u32]) -> Result<CpuTensor> {
         let d = table.row_len;
-        let mut data = vec![0.0; ids.len() * d];
+        // Every row is decoded in full below.
+        let mut data = crate::buffers::take(ids.len() * d);
         for (out, &id) in data.chunks_mut(d.max(1)).zip(ids) {
             let id = id as usize;
             if id >= table.n_rows {
@@ -340,7 +352,7 @@ impl Backend for CpuBackend {
 
     fn activation(&self, x: &CpuTensor, act: Activation) -> Result<CpuTensor> {
         if act == Activation::Gelu {
-            let mut out = vec![0.0f32; x.data.len()];
+            let mut out = crate::buffers::take(x.data.len());
             let avx2 = self.avx2();
             const CHUNK: usize = 8192;
             let parallel = out.len() >= crate::PARALLEL_MIN_ELEMENTS;

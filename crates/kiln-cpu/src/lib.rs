@@ -10,6 +10,7 @@
 
 mod attention;
 mod backend;
+mod buffers;
 pub mod kernels;
 mod math;
 mod matmul;

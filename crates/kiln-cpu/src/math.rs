@@ -6,7 +6,9 @@
 //! batch. These versions are straight-line polynomial code, so a loop over a slice compiles to
 //! 8-lane AVX2 when built with the feature enabled ([`with_avx2`] selects such a build at run
 //! time, see [`avx2_dispatch`]). Results are identical in both builds: LLVM does not fuse `a * b + c` into an FMA
-//! without fast-math, so every build performs the same roundings.
+//! without fast-math, so every build performs the same roundings; where `exp` wants fused
+//! multiply-adds it asks for them with `f32::mul_add`, exactly rounded everywhere (one
+//! instruction with FMA, a libm call on the rare x86 CPUs without it).
 //!
 //! Accuracy (tested against f64): `exp` within 2 ulp on [-87, 88.37] (0 below, as the softmax
 //! needs), `erf` within 5e-7 absolute.
@@ -21,19 +23,27 @@ pub(crate) fn exp(x: f32) -> f32 {
     const LO: f32 = -87.336_55;
     // Largest input whose rounded exponent n stays ≤ 127, so 2^n is one normal float.
     const HI: f32 = 88.376_26;
+    // Adding 1.5·2²³ rounds to the nearest integer (ties to even) and leaves it in the low
+    // mantissa bits, so n and 2^n come out of float adds and integer bit operations, which
+    // vectorize; `round_ties_even` + `as i32` (a saturating conversion) do not.
+    const SHIFT: f32 = 12_582_912.0;
     let xc = x.clamp(LO, HI);
-    let n = (xc * LOG2E).round_ties_even();
-    let r = xc - n * LN2_HI - n * LN2_LO;
-    // exp(r) on |r| ≤ ln2/2: degree-6 minimax polynomial (Cephes expf).
+    let t = xc.mul_add(LOG2E, SHIFT);
+    let n = t - SHIFT;
+    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, xc));
+    // exp(r) on |r| ≤ ln2/2: degree-6 minimax polynomial (Cephes expf), Horner with fused
+    // multiply-adds (half the latency of separate ones; softmax rows are latency-bound).
     let p = 1.987_569_1e-4f32;
-    let p = p * r + 1.398_199_9e-3;
-    let p = p * r + 8.333_452e-3;
-    let p = p * r + 4.166_579_6e-2;
-    let p = p * r + 1.666_666_5e-1;
-    let p = p * r + 0.5;
-    let y = p * r * r + r + 1.0;
-    // 2^n through the exponent bits: n ∈ [-126, 127] after the clamp.
-    let v = y * f32::from_bits(((n as i32 + 127) as u32) << 23);
+    let p = p.mul_add(r, 1.398_199_9e-3);
+    let p = p.mul_add(r, 8.333_452e-3);
+    let p = p.mul_add(r, 4.166_579_6e-2);
+    let p = p.mul_add(r, 1.666_666_5e-1);
+    let p = p.mul_add(r, 0.5);
+    let y = p.mul_add(r * r, r) + 1.0;
+    // 2^n through the exponent bits: n ∈ [-126, 127] after the clamp, and t's bits are
+    // SHIFT's plus n.
+    let biased = t.to_bits().wrapping_sub(SHIFT.to_bits()).wrapping_add(127);
+    let v = y * f32::from_bits(biased << 23);
     let v = if x < LO { 0.0 } else { v };
     if x > HI {
         f32::INFINITY
@@ -113,23 +123,52 @@ pub(crate) fn gelu_slice(x: &[f32], out: &mut [f32]) {
     }
 }
 
-/// In-place softmax of `row` (which must be non-empty): `e^(v - max) / Σ`.
+/// In-place softmax of `row` (which must be non-empty): `e^(v - max) / Σ`. (Attention divides
+/// by the sum after its product with `V` instead; this is the reference for the tests.)
+#[cfg(test)]
 #[inline(always)]
 pub(crate) fn softmax_in_place(row: &mut [f32]) {
-    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    let mut sums = [0.0f32; 8];
-    for chunk in row.chunks_mut(8) {
-        for (s, v) in sums.iter_mut().zip(chunk.iter_mut()) {
-            *v = exp(*v - max);
-            *s += *v;
-        }
-    }
-    let sum =
-        ((sums[0] + sums[4]) + (sums[1] + sums[5])) + ((sums[2] + sums[6]) + (sums[3] + sums[7]));
-    let inv = 1.0 / sum;
+    let inv = 1.0 / exp_shifted_in_place(row);
     for v in row.iter_mut() {
         *v *= inv;
     }
+}
+
+/// The unnormalized softmax: `row[i] = e^(row[i] - max)` (`row` non-empty), returning the sum
+/// `Σ row[i]` (at least 1), in a fixed order of eight partial sums.
+#[inline(always)]
+pub(crate) fn exp_shifted_in_place(row: &mut [f32]) -> f32 {
+    // Eight running maxima and sums over whole chunks of 8 (the tail goes to lane i of its
+    // chunk), so that both loops are one vector operation per chunk.
+    let (chunks, tail) = row.split_at_mut(row.len() / 8 * 8);
+    let mut maxes = [f32::NEG_INFINITY; 8];
+    for chunk in chunks.chunks_exact(8) {
+        for (m, &v) in maxes.iter_mut().zip(chunk) {
+            *m = if v > *m { v } else { *m };
+        }
+    }
+    for (m, &v) in maxes.iter_mut().zip(tail.iter()) {
+        *m = if v > *m { v } else { *m };
+    }
+    let max = maxes.into_iter().fold(f32::NEG_INFINITY, f32::max);
+    // The exponentials have no dependency between elements: a loop of their own keeps several
+    // vectors in flight. The sum follows from L1.
+    for v in chunks.iter_mut() {
+        *v = exp(*v - max);
+    }
+    for v in tail.iter_mut() {
+        *v = exp(*v - max);
+    }
+    let mut sums = [0.0f32; 8];
+    for chunk in chunks.chunks_exact(8) {
+        for (s, &v) in sums.iter_mut().zip(chunk) {
+            *s += v;
+        }
+    }
+    for (s, &v) in sums.iter_mut().zip(tail.iter()) {
+        *s += v;
+    }
+    ((sums[0] + sums[4]) + (sums[1] + sums[5])) + ((sums[2] + sums[6]) + (sums[3] + sums[7]))
 }
 
 #[cfg(test)]

@@ -14,7 +14,8 @@ fn map_rows(
     x: &CpuTensor,
     f: impl Fn(usize, &[f32], &mut [f32]) + Sync + Send,
 ) -> CpuTensor {
-    let mut out = vec![0.0f32; x.data.len()];
+    // `f` writes every element of its row.
+    let mut out = crate::buffers::take(x.data.len());
     let cols = x.cols.max(1);
     let parallel = x.data.len() >= crate::PARALLEL_MIN_ELEMENTS;
     crate::for_each_chunk(
@@ -100,7 +101,8 @@ pub(crate) fn rope(
     let inv_freq: Vec<f64> = (0..half)
         .map(|i| (p.freq_scale as f64) * (p.base as f64).powf(-2.0 * i as f64 / p.rope_dim as f64))
         .collect();
-    let mut out = x.data.clone();
+    let mut out = crate::buffers::take(x.data.len());
+    out.copy_from_slice(&x.data);
     let cols = x.cols.max(1);
     let parallel = x.data.len() >= crate::PARALLEL_MIN_ELEMENTS;
     crate::for_each_chunk(cpu, &mut out, cols, parallel, |r, row| {

@@ -1,22 +1,24 @@
 //! Bidirectional attention over a packed batch of variable-length sequences (encoders).
 //!
-//! Work is split into tasks of (sequence, head). A task gathers its head's keys (transposed)
-//! and values into contiguous buffers once, then takes its queries in blocks of
-//! [`QUERY_BLOCK`]: scores `Q·Kᵀ` against the key tiles the block can see (FMA register tiles),
-//! the softmax row by row (vectorized `exp`), and the product with `V` the same way. Nothing is
-//! computed across sequences, so packing wastes no work on padding, and the score buffer is at
-//! most `QUERY_BLOCK × keys`, so long sequences never materialise an `L × L` matrix.
+//! Work is split into tasks of (sequence, head). A task packs its head's keys and values once
+//! into the weight-panel layout of the GEMM micro-kernel ([`crate::sgemm`]): `Kᵀ` as panels of
+//! [`NR`] keys × `head_dim` steps, `V` as panels of [`NR`] head dims × `keys` steps. It then takes
+//! its queries [`MR`] at a time: the six query rows are packed as one activation panel, their
+//! scores against every key panel they can see come from the `MR × NR` FMA micro-kernel, the
+//! unnormalized softmax runs row by row (vectorized `exp`), the six probability rows are packed
+//! the same way, and one more micro-kernel call per value panel gives the output, scaled by each
+//! row's `1 / Σ`. Nothing is computed across sequences, so packing wastes no work on padding,
+//! and the score buffer is `MR × keys`: long sequences never materialise an `L × L` matrix.
 //!
-//! Each output element is produced by one task with a fixed instruction sequence, so results do
-//! not depend on the thread count or on what else is in the batch.
+//! Each output element is produced by one task with a fixed instruction sequence (the scalar
+//! fallback uses `f32::mul_add` in the micro-kernel's order), so results do not depend on the
+//! thread count, the SIMD level or on what else is in the batch.
 
 use kiln_backend::{shape_err, PackedAttentionParams, Result};
 use rayon::prelude::*;
 
+use crate::sgemm::{fma_tile, pack_rows, Isa, PanelRow, MR, NR};
 use crate::{CpuBackend, CpuTensor};
-
-/// Queries per task: bounds the score buffer and gives the pool enough tasks for one long text.
-const QUERY_BLOCK: usize = 64;
 
 pub(crate) fn packed_attention(
     cpu: &CpuBackend,
@@ -38,6 +40,7 @@ pub(crate) fn packed_attention(
         ));
     }
     let avx2 = cpu.avx2();
+    let isa = Isa::avx2(avx2);
     let mut tasks = Vec::new();
     let mut row0 = 0;
     for &len in seq_lens {
@@ -53,7 +56,7 @@ pub(crate) fn packed_attention(
                 len,
                 scale: p.scale,
                 radius: p.radius,
-                avx2,
+                isa,
             });
         }
         row0 += len;
@@ -68,7 +71,8 @@ pub(crate) fn packed_attention(
             })
             .collect()
     });
-    let mut out = vec![0.0f32; total * cols];
+    // The tasks' rows and head columns cover it.
+    let mut out = crate::buffers::take(total * cols);
     for (b, result) in tasks.iter().zip(&results) {
         for (i, row) in result.chunks_exact(hd).enumerate() {
             let at = (b.row0 + i) * cols + b.col0;
@@ -93,90 +97,7 @@ struct Block<'a> {
     len: usize,
     scale: f32,
     radius: Option<usize>,
-    avx2: bool,
-}
-
-/// Register tile of the two products: `ROWS` queries × `LANES` keys (scores) or `LANES` head
-/// dims (output). 4 × 16 f32 accumulators are 8 AVX2 registers.
-const ROWS: usize = 4;
-const LANES: usize = 16;
-
-/// The first `LANES` values of `s` as an array (the callers' buffers are padded to whole
-/// tiles, so `s` is always long enough; zeros otherwise).
-#[inline(always)]
-fn lanes(s: &[f32]) -> &[f32; LANES] {
-    const ZERO: [f32; LANES] = [0.0; LANES];
-    s.get(..LANES)
-        .and_then(|s| s.first_chunk::<LANES>())
-        .unwrap_or(&ZERO)
-}
-
-/// `acc[i][l] = Σ_t x[i][t] · b[t·ldb + c0 + l]` for `t < len`, summed in order of `t` with a
-/// fused multiply-add at each step. The AVX2 build and the portable one (`f32::mul_add`, exactly
-/// rounded too) give identical bits.
-#[inline(always)]
-fn tile(
-    avx2: bool,
-    x: [&[f32]; ROWS],
-    b: &[f32],
-    ldb: usize,
-    c0: usize,
-    len: usize,
-) -> [[f32; LANES]; ROWS] {
-    #[cfg(target_arch = "x86_64")]
-    if avx2 {
-        // SAFETY: `avx2` is only true when the CPU reports AVX2 and FMA.
-        return unsafe { tile_avx2(x, b, ldb, c0, len) };
-    }
-    let _ = avx2;
-    let mut acc = [[0.0f32; LANES]; ROWS];
-    for t in 0..len {
-        let br = lanes(b.get(t * ldb + c0..).unwrap_or_default());
-        for (a, xr) in acc.iter_mut().zip(&x) {
-            let xv = xr.get(t).copied().unwrap_or(0.0);
-            for (a, &bv) in a.iter_mut().zip(br) {
-                *a = xv.mul_add(bv, *a);
-            }
-        }
-    }
-    acc
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn tile_avx2(
-    x: [&[f32]; ROWS],
-    b: &[f32],
-    ldb: usize,
-    c0: usize,
-    len: usize,
-) -> [[f32; LANES]; ROWS] {
-    use std::arch::x86_64::*;
-    let mut acc = [[_mm256_setzero_ps(); 2]; ROWS];
-    for t in 0..len {
-        let br = lanes(b.get(t * ldb + c0..).unwrap_or_default());
-        // SAFETY: `br` is 16 floats: two unaligned 8-float loads stay inside it.
-        let (b0, b1) = unsafe {
-            (
-                _mm256_loadu_ps(br.as_ptr()),
-                _mm256_loadu_ps(br.as_ptr().add(8)),
-            )
-        };
-        for (a, xr) in acc.iter_mut().zip(&x) {
-            let xv = _mm256_set1_ps(xr.get(t).copied().unwrap_or(0.0));
-            a[0] = _mm256_fmadd_ps(xv, b0, a[0]);
-            a[1] = _mm256_fmadd_ps(xv, b1, a[1]);
-        }
-    }
-    let mut out = [[0.0f32; LANES]; ROWS];
-    for (o, a) in out.iter_mut().zip(&acc) {
-        // SAFETY: each `o` is 16 floats: two unaligned 8-float stores stay inside it.
-        unsafe {
-            _mm256_storeu_ps(o.as_mut_ptr(), a[0]);
-            _mm256_storeu_ps(o.as_mut_ptr().add(8), a[1]);
-        }
-    }
-    out
+    isa: Isa,
 }
 
 crate::math::avx2_dispatch!(
@@ -184,80 +105,78 @@ crate::math::avx2_dispatch!(
     fn attend(b: &Block<'_>, out: &mut [f32]) => attend_impl
 );
 
-/// `out = softmax(scale · Q Kᵀ) V` for one (sequence, head). Keys (transposed) and values are
-/// gathered once into zero-padded contiguous copies; queries then go by blocks of
-/// [`QUERY_BLOCK`], each against the key tiles it can see, so that both products run as
-/// `ROWS × LANES` FMA register tiles over contiguous rows and the score buffer stays
-/// `QUERY_BLOCK × keys`. Every output element sums in a fixed order.
+/// `out = softmax(scale · Q Kᵀ) V` for one (sequence, head), `out` row-major `[len, hd]`.
+/// See the module docs for the steps; keys past the visible window of a query (or past the
+/// sequence, in the last panel) get weight 0.
 #[inline(always)]
 fn attend_impl(b: &Block<'_>, out: &mut [f32]) {
-    let (hd, nq, nk) = (b.hd, b.len, b.len);
-    let nk_pad = nk.div_ceil(LANES) * LANES;
-    let hd_pad = hd.div_ceil(LANES) * LANES;
-    let row = |r: usize| r * b.cols + b.col0..r * b.cols + b.col0 + hd;
-    // Kᵀ as [hd][nk_pad] and V as [nk_pad][hd_pad]; padding stays zero. Queries are read in place.
-    let mut kt = vec![0.0f32; hd * nk_pad];
-    let mut vv = vec![0.0f32; nk_pad * hd_pad];
-    for j in 0..nk {
-        let kr = &b.k[row(b.row0 + j)];
-        for (d, &x) in kr.iter().enumerate() {
-            kt[d * nk_pad + j] = x;
+    let (hd, n, isa) = (b.hd, b.len, b.isa);
+    let n_pad = n.div_ceil(NR) * NR;
+    let dim_panels = hd.div_ceil(NR);
+    let row = |r: usize| {
+        let at = (b.row0 + r) * b.cols + b.col0;
+        at..at + hd
+    };
+    // Kᵀ: panel p, step d holds dim d of keys p·NR .. p·NR + NR. V: panel c, step j holds dims
+    // c·NR .. c·NR + NR of key j. Padding (keys past n, dims past hd) stays zero.
+    let mut kp = vec![PanelRow([0.0; NR]); n_pad / NR * hd];
+    let mut vp = vec![PanelRow([0.0; NR]); dim_panels * n_pad];
+    for j in 0..n {
+        let (panel, lane) = (j / NR, j % NR);
+        for (d, &x) in b.k[row(j)].iter().enumerate() {
+            kp[panel * hd + d].0[lane] = x;
         }
-        vv[j * hd_pad..j * hd_pad + hd].copy_from_slice(&b.v[row(b.row0 + j)]);
+        for (d, &x) in b.v[row(j)].iter().enumerate() {
+            vp[d / NR * n_pad + j].0[d % NR] = x;
+        }
     }
-    let mut scores = vec![0.0f32; QUERY_BLOCK.min(nq) * nk_pad];
-    for qb0 in (0..nq).step_by(QUERY_BLOCK) {
-        let qb1 = (qb0 + QUERY_BLOCK).min(nq);
-        // Key tiles this block can see: [jt0, jt1), whole tiles.
-        let (k0, k1) = match b.radius {
-            Some(r) => (qb0.saturating_sub(r), (qb1 + r).min(nk)),
-            None => (0, nk),
-        };
-        let jt0 = k0 / LANES * LANES;
-        let jt1 = (k1.div_ceil(LANES) * LANES).min(nk_pad);
-        let nkb = jt1 - jt0;
-        // Scores, ROWS queries at a time (a short last group repeats its last row, unstored).
-        for i0 in (qb0..qb1).step_by(ROWS) {
-            let ni = (qb1 - i0).min(ROWS);
-            let qrow = |i: usize| &b.q[row(b.row0 + i0 + i.min(ni - 1))];
-            let qrows = [qrow(0), qrow(1), qrow(2), qrow(3)];
-            for j0 in (jt0..jt1).step_by(LANES) {
-                let acc = tile(b.avx2, qrows, &kt, nk_pad, j0, hd);
-                for (i, a) in acc.iter().enumerate().take(ni) {
-                    let at = (i0 - qb0 + i) * nkb + (j0 - jt0);
-                    for (s, &v) in scores[at..at + LANES].iter_mut().zip(a) {
-                        *s = v * b.scale;
-                    }
+    let visible = |i: usize| match b.radius {
+        Some(r) => (i.saturating_sub(r), (i + r + 1).min(n)),
+        None => (0, n),
+    };
+    let mut qa = vec![0.0f32; MR * hd];
+    let mut scores = vec![0.0f32; MR * n_pad];
+    let mut pa = vec![0.0f32; MR * n_pad];
+    for i0 in (0..n).step_by(MR) {
+        // Rows past the sequence repeat its last query; they are computed but never stored.
+        let ni = MR.min(n - i0);
+        let last = |i: usize| i0 + i.min(ni - 1);
+        // Whole key panels [j0, j1) that some query of the group can see.
+        let (j0, j1) = (
+            visible(i0).0 / NR * NR,
+            visible(i0 + ni - 1).1.div_ceil(NR) * NR,
+        );
+        let w = j1 - j0;
+        let qrows: [&[f32]; MR] = std::array::from_fn(|i| &b.q[row(last(i))]);
+        pack_rows(isa, &qrows, &mut qa);
+        for p in j0 / NR..j1 / NR {
+            let sums = fma_tile(isa, hd, &qa, &kp[p * hd..(p + 1) * hd]);
+            for (i, s) in sums.iter().enumerate() {
+                let at = i * w + p * NR - j0;
+                for (d, &v) in scores[at..at + NR].iter_mut().zip(s) {
+                    *d = v * b.scale;
                 }
             }
         }
-        // Softmax over each query's visible keys; everything else (window, padding) weighs 0.
-        for (i, srow) in scores[..(qb1 - qb0) * nkb]
-            .chunks_exact_mut(nkb)
-            .enumerate()
-        {
-            let qi = qb0 + i;
-            let (lo, hi) = match b.radius {
-                Some(r) => (qi.saturating_sub(r), (qi + r + 1).min(nk)),
-                None => (0, nk),
-            };
-            let (lo, hi) = (lo - jt0, hi - jt0);
-            crate::math::softmax_in_place(&mut srow[lo..hi]);
-            srow[..lo].fill(0.0);
-            srow[hi..].fill(0.0);
+        let mut inv = [0.0f32; MR];
+        for (i, inv) in inv.iter_mut().enumerate().take(ni) {
+            let (lo, hi) = visible(i0 + i);
+            let srow = &mut scores[i * w..(i + 1) * w];
+            *inv = 1.0 / crate::math::exp_shifted_in_place(&mut srow[lo - j0..hi - j0]);
+            srow[..lo - j0].fill(0.0);
+            srow[hi - j0..].fill(0.0);
         }
-        // Output = P · V, ROWS queries × LANES head dims at a time.
-        let vblock = &vv[jt0 * hd_pad..];
-        for i0 in (qb0..qb1).step_by(ROWS) {
-            let ni = (qb1 - i0).min(ROWS);
-            let prow = |i: usize| &scores[(i0 - qb0 + i.min(ni - 1)) * nkb..][..nkb];
-            let prows = [prow(0), prow(1), prow(2), prow(3)];
-            for c0 in (0..hd_pad).step_by(LANES) {
-                let acc = tile(b.avx2, prows, vblock, hd_pad, c0, nkb);
-                let width = LANES.min(hd - c0);
-                for (i, a) in acc.iter().enumerate().take(ni) {
-                    let at = (i0 + i) * hd + c0;
-                    out[at..at + width].copy_from_slice(&a[..width]);
+        let prows: [&[f32]; MR] =
+            std::array::from_fn(|i| &scores[i.min(ni - 1) * w..(i.min(ni - 1) + 1) * w]);
+        let pa = &mut pa[..MR * w];
+        pack_rows(isa, &prows, pa);
+        for c in 0..dim_panels {
+            let sums = fma_tile(isa, w, pa, &vp[c * n_pad + j0..c * n_pad + j1]);
+            let width = NR.min(hd - c * NR);
+            for (i, (s, &inv)) in sums.iter().zip(&inv).enumerate().take(ni) {
+                let at = (i0 + i) * hd + c * NR;
+                for (d, &v) in out[at..at + width].iter_mut().zip(s) {
+                    *d = v * inv;
                 }
             }
         }

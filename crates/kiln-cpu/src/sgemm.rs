@@ -24,12 +24,12 @@
 //! - **Edges are computed as full tiles.** Padding rows and columns of the packed operands take
 //!   part in the arithmetic and are then dropped at the store, so a tile at the edge of `y`
 //!   performs the same operations on its valid elements as an interior one.
-//! - **`unsafe` is confined** to the intrinsics and to `y`: allocated uninitialized, written
-//!   through a raw pointer from several tasks. [`Out::tile_fits`] checks every tile against the
-//!   buffer before the kernel runs; tasks own disjoint rectangles that cover `y` ([`Plan::task`]),
-//!   so no two threads touch one element; the first k-block of a task stores every element of
-//!   its rectangle before any read, so `y` is wholly initialized when [`sgemm`] returns (debug
-//!   builds poison it with NaN first, which the tests would see).
+//! - **`unsafe` is confined** to the intrinsics and to `y`: a recycled buffer of stale values
+//!   (`crate::buffers`), written through a raw pointer from several tasks. [`Out::tile_fits`]
+//!   checks every tile against the buffer before the kernel runs; tasks own disjoint rectangles
+//!   that cover `y` ([`Plan::task`]), so no two threads touch one element; the first k-block of
+//!   a task stores every element of its rectangle before any read, so no stale value survives
+//!   in `y` (debug builds poison it with NaN first, which the tests would see).
 
 use kiln_backend::{shape_err, Result};
 use kiln_core::GgmlType;
@@ -227,9 +227,10 @@ pub(crate) struct Exec<'a> {
 /// `exec.pool` when it has several threads and the product is large enough (same result either
 /// way).
 ///
-/// `y` is allocated uninitialized and every element is written exactly once by the first
-/// k-block of the task that owns it: zeroing it first (or `calloc`'s page-zeroing on the calling
-/// thread) measured 5% (1 thread) to 8% (2 threads) of an encoder FFN product.
+/// `y` comes from the recycled buffers (`crate::buffers`) with stale contents, and every element
+/// is written by the first k-block of the task that owns it: zeroing it first (or `calloc`'s
+/// page-zeroing on the calling thread) measured 5% (1 thread) to 8% (2 threads) of an encoder
+/// FFN product.
 pub(crate) fn sgemm(
     exec: Exec<'_>,
     x: &[f32],
@@ -250,18 +251,17 @@ pub(crate) fn sgemm(
         ));
     }
     let len = m * n;
-    let mut y: Vec<f32> = Vec::with_capacity(len);
+    let mut y = crate::buffers::take(len);
     if m == 0 {
         return Ok(y);
     }
-    let spare = &mut y.spare_capacity_mut()[..len];
     // Debug builds (and so the tests) poison `y`, so that an element read before its first
     // write, or never written, shows as NaN.
     #[cfg(debug_assertions)]
-    spare.fill(std::mem::MaybeUninit::new(f32::NAN));
+    y.fill(f32::NAN);
     let plan = Plan::new(m, n, k);
     let out = Out {
-        ptr: spare.as_mut_ptr().cast::<f32>(),
+        ptr: y.as_mut_ptr(),
         len,
         ld: n,
     };
@@ -273,15 +273,14 @@ pub(crate) fn sgemm(
     } else {
         (0..plan.tasks()).for_each(run);
     }
-    // SAFETY: the capacity is at least `len`, and all `len` values are initialized: the tasks'
-    // rectangles cover `y` (`Plan::task`), and a task's first k-block stores every element of
-    // each tile of its rectangle (`Epilogue::first`, in `store_tile` and the AVX2 kernel).
-    unsafe { y.set_len(len) };
+    // Every element has been written: the tasks' rectangles cover `y` (`Plan::task`), and a
+    // task's first k-block stores every element of each tile of its rectangle
+    // (`Epilogue::first`, in `store_tile` and the AVX2 kernel).
     Ok(y)
 }
 
-/// `y` as the tasks see it: a row-major `[len / ld, ld]` buffer, uninitialized until the first
-/// k-block writes it, accessed only through this raw pointer (no reference to it exists while the
+/// `y` as the tasks see it: a row-major `[len / ld, ld]` buffer, of stale contents until the
+/// first k-block writes it, accessed only through this raw pointer (no reference to it exists while the
 /// tasks run).
 struct Out {
     ptr: *mut f32,
@@ -388,6 +387,64 @@ fn pack_activations(
             }
         }
     }
+}
+
+/// Packs six rows as one activation panel: `dst[p·MR + i] = rows[i][p]` for
+/// `p < dst.len() / MR` (each row at least that long). For kernels outside this module that
+/// reuse the micro-kernel (attention).
+pub(crate) fn pack_rows(isa: Isa, rows: &[&[f32]; MR], dst: &mut [f32]) {
+    let kc = dst.len() / MR;
+    assert!(rows.iter().all(|r| r.len() >= kc), "short activation row");
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` exists only where the CPU has AVX2; lengths are checked above.
+        Isa::Avx2 => unsafe { avx2::pack_panel(rows, dst) },
+        Isa::Scalar => {
+            for (p, step) in dst.chunks_exact_mut(MR).enumerate() {
+                for (d, r) in step.iter_mut().zip(rows) {
+                    *d = r[p];
+                }
+            }
+        }
+    }
+}
+
+/// The `MR × NR` sums `Σ_p a[p·MR + i] · b[p][c]` over `kc` steps, one fused multiply-add per
+/// step in order of `p`, as an array: the AVX2 micro-kernel, or `f32::mul_add` in the same
+/// order (identical bits) elsewhere. Panics when `a` has fewer than `kc·MR` values or `b`
+/// fewer than `kc` rows.
+#[inline(always)]
+pub(crate) fn fma_tile(isa: Isa, kc: usize, a: &[f32], b: &[PanelRow]) -> [[f32; NR]; MR] {
+    assert!(
+        a.len() >= kc * MR && b.len() >= kc,
+        "fma_tile out of bounds"
+    );
+    let mut sums = [[0.0f32; NR]; MR];
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => {
+            use std::arch::x86_64::_mm256_storeu_ps;
+            // SAFETY: `Isa::Avx2` exists only where the CPU has AVX2 and FMA; the assert proves
+            // `a` and `b` hold `kc` steps; each store writes 8 floats inside a 16-float row.
+            unsafe {
+                let acc = avx2::accumulate(kc, a.as_ptr(), b.as_ptr());
+                for (i, row) in sums.iter_mut().enumerate() {
+                    _mm256_storeu_ps(row.as_mut_ptr(), acc[2 * i]);
+                    _mm256_storeu_ps(row.as_mut_ptr().add(8), acc[2 * i + 1]);
+                }
+            }
+        }
+        Isa::Scalar => {
+            for (ap, bp) in a.chunks_exact(MR).zip(&b[..kc]) {
+                for (row, &av) in sums.iter_mut().zip(ap) {
+                    for (c, &bv) in row.iter_mut().zip(&bp.0) {
+                        *c = av.mul_add(bv, *c);
+                    }
+                }
+            }
+        }
+    }
+    sums
 }
 
 /// The `rows × cols` tile of `y` at `(r0, c0)` from `kc` steps of an activation panel `a`
@@ -534,26 +591,20 @@ mod avx2 {
         }
     }
 
-    /// The AVX2+FMA micro-kernel: 6 × 16 sums in 12 ymm accumulators; per k-step two weight
-    /// loads, six broadcasts, twelve FMAs.
+    /// The sums of the micro-kernel: `acc[2i + h]` holds `Σ_p a[p·MR + i] · b[p][8h .. 8h + 8]`,
+    /// one FMA per step in order `p = 0, 1, …` (so `f32::mul_add` in the same order gives the
+    /// same bits).
     ///
     /// # Safety
-    /// The CPU has AVX2 and FMA; `a` points to `kc·MR` readable values and `b` to `kc` rows;
-    /// the `rows × cols` tile at `(r0, c0)` fits `out` (`Out::tile_fits`), `ep.bias` holds at
-    /// least `cols` values, and no other thread accesses that tile.
-    #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn tile(
+    /// The CPU has AVX2 and FMA; `a` points to `kc·MR` readable values and `b` to `kc` rows.
+    /// Only called from functions built with AVX2 and FMA enabled, into which it is inlined
+    /// (a function of its own with the features could not be forced inline).
+    #[inline(always)]
+    pub(crate) unsafe fn accumulate(
         kc: usize,
         a: *const f32,
         b: *const PanelRow,
-        out: &Out,
-        r0: usize,
-        c0: usize,
-        rows: usize,
-        cols: usize,
-        ep: Epilogue<'_>,
-    ) {
+    ) -> [__m256; 2 * MR] {
         let mut acc = [_mm256_setzero_ps(); 2 * MR];
         let (mut a, mut b) = (a, b.cast::<f32>());
         // One k-step `s` past the current position: two aligned weight loads (a `PanelRow` is
@@ -585,6 +636,30 @@ mod avx2 {
             a = a.add(MR);
             b = b.add(NR);
         }
+        acc
+    }
+
+    /// The AVX2+FMA micro-kernel: 6 × 16 sums in 12 ymm accumulators; per k-step two weight
+    /// loads, six broadcasts, twelve FMAs.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `a` points to `kc·MR` readable values and `b` to `kc` rows;
+    /// the `rows × cols` tile at `(r0, c0)` fits `out` (`Out::tile_fits`), `ep.bias` holds at
+    /// least `cols` values, and no other thread accesses that tile.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn tile(
+        kc: usize,
+        a: *const f32,
+        b: *const PanelRow,
+        out: &Out,
+        r0: usize,
+        c0: usize,
+        rows: usize,
+        cols: usize,
+        ep: Epilogue<'_>,
+    ) {
+        let acc = accumulate(kc, a, b);
         if rows == MR && cols == NR {
             let bias = ep.bias.map(|v| v.as_ptr());
             for i in 0..MR {
