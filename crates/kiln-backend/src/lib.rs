@@ -154,6 +154,15 @@ pub trait Backend: Send + Sync + Sized + 'static {
         let g = self.activation(gate, act)?;
         self.mul(&g, up)
     }
+    /// `act(x · Wᵀ + bias)`: a linear layer and its activation (an encoder FFN's first half).
+    fn matmul_activation(
+        &self,
+        x: &Self::Tensor,
+        w: &Linear<Self>,
+        act: Activation,
+    ) -> Result<Self::Tensor> {
+        self.activation(&self.matmul(x, w)?, act)
+    }
     /// `layer_norm(residual + x)`: BERT's post-norm residual connection.
     fn add_layer_norm(
         &self,

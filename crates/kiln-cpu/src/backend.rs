@@ -305,7 +305,21 @@ impl Backend for CpuBackend {
     }
 
     fn matmul(&self, x: &CpuTensor, w: &Linear<Self>) -> Result<CpuTensor> {
-        crate::matmul::matmul(self, x, w)
+        crate::matmul::matmul(self, x, w, false)
+    }
+
+    /// Exact GELU after a dense (float-weight) product runs in the GEMM's last store, while the
+    /// tile is in registers; other cases are the product, then the activation.
+    fn matmul_activation(
+        &self,
+        x: &CpuTensor,
+        w: &Linear<Self>,
+        act: Activation,
+    ) -> Result<CpuTensor> {
+        if act == Activation::Gelu && crate::matmul::is_dense(x, w) {
+            return crate::matmul::matmul(self, x, w, true);
+        }
+        self.activation(&self.matmul(x, w)?, act)
     }
 
     fn rms_norm(&self, x: &CpuTensor, weight: &CpuWeight, eps: f32) -> Result<CpuTensor> {
@@ -320,7 +334,26 @@ impl Backend for CpuBackend {
         eps: f32,
     ) -> Result<CpuTensor> {
         let b = bias.map(|b| b.vector("layer_norm bias")).transpose()?;
-        crate::ops::layer_norm(self, x, weight.vector("layer_norm")?, b, eps)
+        crate::ops::layer_norm(self, x, weight.vector("layer_norm")?, b, eps, None)
+    }
+
+    fn add_layer_norm(
+        &self,
+        residual: &CpuTensor,
+        x: &CpuTensor,
+        weight: &CpuWeight,
+        bias: Option<&CpuWeight>,
+        eps: f32,
+    ) -> Result<CpuTensor> {
+        let b = bias.map(|b| b.vector("layer_norm bias")).transpose()?;
+        crate::ops::layer_norm(
+            self,
+            x,
+            weight.vector("layer_norm")?,
+            b,
+            eps,
+            Some(residual),
+        )
     }
 
     fn packed_attention(

@@ -33,10 +33,18 @@ fn rows_per_task(n: usize, m: usize, threads: usize) -> usize {
     by_balance.clamp(1, (16_384 / m.max(1)).max(4))
 }
 
+/// Whether `x · Wᵀ` goes through the dense GEMM (float weight, enough rows).
+pub(crate) fn is_dense(x: &CpuTensor, lin: &Linear<CpuBackend>) -> bool {
+    is_float(lin.weight.ty) && x.rows >= DENSE_MIN_ROWS
+}
+
+/// `x · Wᵀ (+ bias)`; with `gelu` (dense products only, see [`is_dense`]) the exact GELU of
+/// each result, applied in the GEMM's last store.
 pub(crate) fn matmul(
     cpu: &CpuBackend,
     x: &CpuTensor,
     lin: &Linear<CpuBackend>,
+    gelu: bool,
 ) -> Result<CpuTensor> {
     let w = &*lin.weight;
     let (m, k, n) = (x.rows, x.cols, lin.out_features);
@@ -49,7 +57,7 @@ pub(crate) fn matmul(
             ),
         ));
     }
-    if is_float(w.ty) && m >= DENSE_MIN_ROWS {
+    if is_dense(x, lin) {
         let packed = cpu.pool.install(|| w.dense_packed())?;
         let bias = match &lin.bias {
             Some(b) => Some(b.vector("matmul bias")?),
@@ -60,8 +68,11 @@ pub(crate) fn matmul(
             pool: &cpu.pool,
             threads: cpu.threads,
         };
-        let y = sgemm::sgemm(exec, &x.data, m, packed, bias)?;
+        let y = sgemm::sgemm(exec, &x.data, m, packed, bias, gelu)?;
         return CpuTensor::new(y, m, n);
+    }
+    if gelu {
+        return Err(shape_err("matmul", "a fused GELU needs the dense product"));
     }
     let qerr = |e: kiln_quant::QuantError| shape_err("matmul", e.to_string());
     let act_ty = kiln_quant::vec_dot_type(w.ty).map_err(qerr)?;

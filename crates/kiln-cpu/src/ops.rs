@@ -133,43 +133,114 @@ pub(crate) fn rope(
     })
 }
 
-/// `y = (x − mean) / sqrt(var + eps) · w (+ b)` over each row, with mean and biased variance
-/// accumulated in f64 (two passes), so the result does not depend on summation order.
+/// `y = (x − mean) / sqrt(var + eps) · w (+ b)` over each row, of `residual + x` when a
+/// residual is given (in one pass: the same bits as adding first, without the intermediate
+/// tensor). Mean and biased variance are accumulated in f64 (two passes), so the result does not
+/// depend on summation order.
 pub(crate) fn layer_norm(
     cpu: &CpuBackend,
     x: &CpuTensor,
     w: &[f32],
     b: Option<&[f32]>,
     eps: f32,
+    residual: Option<&CpuTensor>,
 ) -> Result<CpuTensor> {
-    if w.len() != x.cols || b.is_some_and(|b| b.len() != x.cols) {
+    if w.len() != x.cols
+        || b.is_some_and(|b| b.len() != x.cols)
+        || residual.is_some_and(|r| (r.rows, r.cols) != (x.rows, x.cols))
+    {
         return Err(shape_err(
             "layer_norm",
             format!(
-                "weight {} / bias {:?} for rows of {}",
+                "weight {} / bias {:?} / residual {:?} for [{}, {}]",
                 w.len(),
                 b.map(|b| b.len()),
+                residual.map(|r| [r.rows, r.cols]),
+                x.rows,
                 x.cols
             ),
         ));
     }
-    Ok(map_rows(cpu, x, |_, xr, out_row| {
-        let n = xr.len() as f64;
-        let mean = xr.iter().map(|&v| v as f64).sum::<f64>() / n;
-        let var = xr
-            .iter()
-            .map(|&v| (v as f64 - mean) * (v as f64 - mean))
-            .sum::<f64>()
-            / n;
-        let inv = 1.0 / (var + eps as f64).sqrt();
-        let (mean, inv) = (mean as f32, inv as f32);
-        for ((o, &v), &g) in out_row.iter_mut().zip(xr).zip(w) {
-            *o = (v - mean) * inv * g;
+    let avx2 = cpu.avx2();
+    Ok(map_rows(cpu, x, |row, xr, out_row| {
+        layer_norm_row(avx2, xr, residual.map(|r| r.row(row)), w, b, eps, out_row)
+    }))
+}
+
+crate::math::avx2_dispatch!(
+    /// [`layer_norm_row_impl`], vectorized when `avx2`.
+    fn layer_norm_row(
+        x: &[f32],
+        residual: Option<&[f32]>,
+        w: &[f32],
+        b: Option<&[f32]>,
+        eps: f32,
+        out: &mut [f32]
+    ) => layer_norm_row_impl
+);
+
+/// One row of [`layer_norm`] (all slices of one length).
+#[inline(always)]
+fn layer_norm_row_impl(
+    x: &[f32],
+    residual: Option<&[f32]>,
+    w: &[f32],
+    b: Option<&[f32]>,
+    eps: f32,
+    out: &mut [f32],
+) {
+    let src = match residual {
+        Some(res) => {
+            for ((o, &r), &v) in out.iter_mut().zip(res).zip(x) {
+                *o = r + v;
+            }
+            &*out
         }
-        if let Some(b) = b {
-            for (o, &bv) in out_row.iter_mut().zip(b) {
-                *o += bv;
+        None => x,
+    };
+    let (mean, inv) = mean_inv_std(src, eps);
+    match residual {
+        Some(_) => {
+            for (o, &g) in out.iter_mut().zip(w) {
+                *o = (*o - mean) * inv * g;
             }
         }
-    }))
+        None => {
+            for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+                *o = (v - mean) * inv * g;
+            }
+        }
+    }
+    if let Some(b) = b {
+        for (o, &bv) in out.iter_mut().zip(b) {
+            *o += bv;
+        }
+    }
+}
+
+/// Mean and `1 / sqrt(var + eps)` of a non-empty row (biased variance), both accumulated in f64
+/// over eight running sums (element `i` into sum `i % 8`, then the sums in order), which
+/// vectorizes and keeps the result independent of how rows are split across threads.
+#[inline(always)]
+fn mean_inv_std(row: &[f32], eps: f32) -> (f32, f32) {
+    let n = row.len() as f64;
+    let mean = lanes_sum(row, |v| v as f64) / n;
+    let var = lanes_sum(row, |v| (v as f64 - mean) * (v as f64 - mean)) / n;
+    (mean as f32, (1.0 / (var + eps as f64).sqrt()) as f32)
+}
+
+/// `Σ f(row[i])` in f64: element `i` into running sum `i % 8`, then the eight sums in order.
+#[inline(always)]
+fn lanes_sum(row: &[f32], f: impl Fn(f32) -> f64) -> f64 {
+    let (chunks, tail) = row.split_at(row.len() / 8 * 8);
+    let mut acc = [0.0f64; 8];
+    for c in chunks.chunks_exact(8) {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += f(v);
+        }
+    }
+    for (a, &v) in acc.iter_mut().zip(tail) {
+        *a += f(v);
+    }
+    acc.iter().sum()
 }

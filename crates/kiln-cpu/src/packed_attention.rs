@@ -121,13 +121,17 @@ fn attend_impl(b: &Block<'_>, out: &mut [f32]) {
     // c·NR .. c·NR + NR of key j. Padding (keys past n, dims past hd) stays zero.
     let mut kp = vec![PanelRow([0.0; NR]); n_pad / NR * hd];
     let mut vp = vec![PanelRow([0.0; NR]); dim_panels * n_pad];
-    for j in 0..n {
-        let (panel, lane) = (j / NR, j % NR);
-        for (d, &x) in b.k[row(j)].iter().enumerate() {
-            kp[panel * hd + d].0[lane] = x;
+    for (p, panel) in kp.chunks_exact_mut(hd).enumerate() {
+        let keys: Vec<&[f32]> = (p * NR..n.min(p * NR + NR)).map(|j| &b.k[row(j)]).collect();
+        for (d, step) in panel.iter_mut().enumerate() {
+            for (x, key) in step.0.iter_mut().zip(&keys) {
+                *x = key[d];
+            }
         }
-        for (d, &x) in b.v[row(j)].iter().enumerate() {
-            vp[d / NR * n_pad + j].0[d % NR] = x;
+    }
+    for j in 0..n {
+        for (c, dims) in b.v[row(j)].chunks(NR).enumerate() {
+            vp[c * n_pad + j].0[..dims.len()].copy_from_slice(dims);
         }
     }
     let visible = |i: usize| match b.radius {

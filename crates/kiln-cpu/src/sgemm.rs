@@ -237,6 +237,7 @@ pub(crate) fn sgemm(
     m: usize,
     w: &PackedWeight,
     bias: Option<&[f32]>,
+    gelu: bool,
 ) -> Result<Vec<f32>> {
     let (n, k) = (w.n, w.k);
     let len = m.checked_mul(n);
@@ -265,7 +266,7 @@ pub(crate) fn sgemm(
         len,
         ld: n,
     };
-    let run = |t: usize| task(exec.isa, &plan, t, x, w, bias, &out);
+    let run = |t: usize| task(exec.isa, &plan, t, x, w, bias, gelu, &out);
     let flops = len.saturating_mul(k).saturating_mul(2);
     if exec.threads > 1 && flops >= PARALLEL_MIN_FLOPS && plan.tasks() > 1 {
         exec.pool
@@ -313,9 +314,12 @@ struct Epilogue<'a> {
     first: bool,
     /// Last k-block: add these `NR` (or fewer, at the edge) bias values after the sum.
     bias: Option<&'a [f32]>,
+    /// Last k-block: exact GELU of each finished value (after the bias).
+    gelu: bool,
 }
 
 /// One task: every k-block of the rectangle `plan.task(t)`.
+#[allow(clippy::too_many_arguments)]
 fn task(
     isa: Isa,
     plan: &Plan,
@@ -323,6 +327,7 @@ fn task(
     x: &[f32],
     w: &PackedWeight,
     bias: Option<&[f32]>,
+    gelu: bool,
     out: &Out,
 ) {
     let (r0, r1, p0, p1) = plan.task(t);
@@ -336,9 +341,11 @@ fn task(
             let b = w.block(panel, k0, kc);
             let c0 = panel * NR;
             let cols = NR.min(plan.n - c0);
+            let last = k0 + kc == k;
             let ep = Epilogue {
                 first: k0 == 0,
-                bias: bias.filter(|_| k0 + kc == k).map(|b| &b[c0..c0 + cols]),
+                bias: bias.filter(|_| last).map(|b| &b[c0..c0 + cols]),
+                gelu: gelu && last,
             };
             for (ip, a) in apack.chunks_exact(MR * kc).take(mpanels).enumerate() {
                 let row = r0 + ip * MR;
@@ -517,7 +524,7 @@ fn store_tile(
                     Some(b) => v + b[j],
                     None => v,
                 };
-                y.write(v);
+                y.write(if ep.gelu { crate::math::gelu(v) } else { v });
             }
         }
     }
@@ -673,6 +680,17 @@ mod avx2 {
                 if let Some(bv) = bias {
                     lo = _mm256_add_ps(lo, _mm256_loadu_ps(bv));
                     hi = _mm256_add_ps(hi, _mm256_loadu_ps(bv.add(8)));
+                }
+                if ep.gelu {
+                    // Through a 16-value row: `gelu_slice` compiles to 8-lane code here, with
+                    // the same roundings as the scalar `math::gelu` of `store_tile`.
+                    let mut row = [0.0f32; NR];
+                    _mm256_storeu_ps(row.as_mut_ptr(), lo);
+                    _mm256_storeu_ps(row.as_mut_ptr().add(8), hi);
+                    let mut g = [0.0f32; NR];
+                    crate::math::gelu_slice(&row, &mut g);
+                    lo = _mm256_loadu_ps(g.as_ptr());
+                    hi = _mm256_loadu_ps(g.as_ptr().add(8));
                 }
                 _mm256_storeu_ps(y, lo);
                 _mm256_storeu_ps(y.add(8), hi);
@@ -845,7 +863,7 @@ mod tests {
                     for isa in isas() {
                         let with_bias = m % 2 == 0;
                         let b = with_bias.then_some(&bias[..]);
-                        let y = sgemm(exec(&one, isa), &x, m, &packed, b).unwrap();
+                        let y = sgemm(exec(&one, isa), &x, m, &packed, b, false).unwrap();
                         check(&y, &x, &w, b, m, n, k);
                     }
                 }
@@ -863,7 +881,8 @@ mod tests {
             let mut first: Option<Vec<f32>> = None;
             for threads in [1, 2, 3] {
                 let threads_pool = pool(threads);
-                let y = sgemm(exec(&threads_pool, isa), &x, m, &packed, Some(&bias)).unwrap();
+                let y =
+                    sgemm(exec(&threads_pool, isa), &x, m, &packed, Some(&bias), false).unwrap();
                 match &first {
                     None => {
                         check(&y, &x, &w, Some(&bias), m, n, k);
@@ -879,12 +898,35 @@ mod tests {
     }
 
     #[test]
+    fn gelu_epilogue_equals_gelu_of_the_product() {
+        let pool2 = pool(2);
+        // One and two k-blocks (the GELU only after the last), edge tiles in m and n.
+        for (m, n, k) in [(13, 40, 384), (50, 17, 600)] {
+            let (x, w, bias) = (values(m * k, 7), values(n * k, 8), values(n, 9));
+            let packed = pack_f32(&w, n, k);
+            for isa in isas() {
+                let plain = sgemm(exec(&pool2, isa), &x, m, &packed, Some(&bias), false).unwrap();
+                let fused = sgemm(exec(&pool2, isa), &x, m, &packed, Some(&bias), true).unwrap();
+                let want: Vec<f32> = plain.iter().map(|&v| crate::math::gelu(v)).collect();
+                assert!(
+                    fused
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{isa:?} [{m}, {n}, {k}]"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn wrong_lengths_are_refused() {
         let one = pool(1);
         let packed = pack_f32(&values(12, 1), 4, 3);
         let x = values(6, 2);
-        let run =
-            |m: usize, bias: Option<&[f32]>| sgemm(exec(&one, Isa::Scalar), &x, m, &packed, bias);
+        let run = |m: usize, bias: Option<&[f32]>| {
+            sgemm(exec(&one, Isa::Scalar), &x, m, &packed, bias, false)
+        };
         assert_eq!(run(2, None).unwrap().len(), 8);
         assert!(run(0, None).is_err());
         assert!(run(3, None).is_err());

@@ -106,6 +106,9 @@ fn layer_norm_with_and_without_bias() {
     let xt = b.tensor_from_f32(&x, rows, cols).unwrap();
     let short = weight(&b, GgmlType::F32, &[cols - 1], &g[1..]);
     assert!(b.layer_norm(&xt, &short, None, 1e-5).is_err());
+    let gw = weight(&b, GgmlType::F32, &[cols], &g);
+    let fewer_rows = b.tensor_from_f32(&x[cols..], rows - 1, cols).unwrap();
+    assert!(b.add_layer_norm(&fewer_rows, &xt, &gw, None, 1e-5).is_err());
 }
 
 /// Attention of one sequence (rows `start..start+len`) in f64, from the definition.

@@ -180,10 +180,11 @@ impl<B: Backend> Encoder<B> {
                 }
                 None => &h,
             };
-            let up = b.matmul(x, &layer.up)?;
             let f = match &layer.gate {
-                Some(gate) => b.gated_activation(&up, &b.matmul(x, gate)?, act)?,
-                None => b.activation(&up, act)?,
+                Some(gate) => {
+                    b.gated_activation(&b.matmul(x, &layer.up)?, &b.matmul(x, gate)?, act)?
+                }
+                None => b.matmul_activation(x, &layer.up, act)?,
             };
             let f = b.matmul(&f, &layer.down)?;
             h = match &layer.out_norm {
