@@ -136,6 +136,19 @@ impl CpuBackend {
         self.simd == SimdLevel::Avx2 && kernels::simd_level() == SimdLevel::Avx2
     }
 
+    /// Layer norm of `x`, or of `residual + x`, with the weights as vectors.
+    fn norm(
+        &self,
+        x: &CpuTensor,
+        weight: &CpuWeight,
+        bias: Option<&CpuWeight>,
+        eps: f32,
+        residual: Option<&CpuTensor>,
+    ) -> Result<CpuTensor> {
+        let b = bias.map(|b| b.vector("layer_norm bias")).transpose()?;
+        crate::ops::layer_norm(self, x, weight.vector("layer_norm")?, b, eps, residual)
+    }
+
     fn check_same(op: &'static str, a: &CpuTensor, b: &CpuTensor) -> Result<()> {
         if (a.rows, a.cols) != (b.rows, b.cols) {
             return Err(shape_err(
@@ -333,8 +346,7 @@ impl Backend for CpuBackend {
         bias: Option<&CpuWeight>,
         eps: f32,
     ) -> Result<CpuTensor> {
-        let b = bias.map(|b| b.vector("layer_norm bias")).transpose()?;
-        crate::ops::layer_norm(self, x, weight.vector("layer_norm")?, b, eps, None)
+        self.norm(x, weight, bias, eps, None)
     }
 
     fn add_layer_norm(
@@ -345,15 +357,7 @@ impl Backend for CpuBackend {
         bias: Option<&CpuWeight>,
         eps: f32,
     ) -> Result<CpuTensor> {
-        let b = bias.map(|b| b.vector("layer_norm bias")).transpose()?;
-        crate::ops::layer_norm(
-            self,
-            x,
-            weight.vector("layer_norm")?,
-            b,
-            eps,
-            Some(residual),
-        )
+        self.norm(x, weight, bias, eps, Some(residual))
     }
 
     fn packed_attention(

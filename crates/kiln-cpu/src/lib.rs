@@ -5,6 +5,10 @@
 //! and splits work across a persistent thread pool (rayon, one pool per backend instance, built
 //! once; no thread is spawned per op).
 //!
+//! Memory: tensors of 1 MiB and more recycle their storage through a process-wide pool
+//! (`buffers`), as ONNX Runtime's arena does, instead of a fresh memory map (and a page fault per
+//! 4 KiB) per op; ops that overwrite their whole output take it from there.
+//!
 //! Determinism: every output element is computed by one thread with the same instruction sequence
 //! whatever the number of threads, so results are bit-identical across `--threads` settings.
 
