@@ -378,13 +378,11 @@ fn pack_activations(
             (r < r1).then(|| &x[r * k + k0..r * k + k0 + kc])
         };
         let rows: [Option<&[f32]>; MR] = std::array::from_fn(row);
-        match (isa, rows) {
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, [Some(a), Some(b), Some(c), Some(d), Some(e), Some(f)]) => {
-                // SAFETY: `Isa::Avx2` exists only where the CPU has AVX2; the six rows and the
-                // panel have the lengths `avx2::pack_panel` asserts.
-                unsafe { avx2::pack_panel(&[a, b, c, d, e, f], panel) }
+        match rows {
+            [Some(a), Some(b), Some(c), Some(d), Some(e), Some(f)] => {
+                pack_rows(isa, &[a, b, c, d, e, f], panel)
             }
+            // The last panel of a block: rows past `r1` are zero.
             _ => {
                 for (p, step) in panel.chunks_exact_mut(MR).enumerate() {
                     for (d, src) in step.iter_mut().zip(&rows) {
@@ -397,8 +395,8 @@ fn pack_activations(
 }
 
 /// Packs six rows as one activation panel: `dst[p·MR + i] = rows[i][p]` for
-/// `p < dst.len() / MR` (each row at least that long). For kernels outside this module that
-/// reuse the micro-kernel (attention).
+/// `p < dst.len() / MR` (each row at least that long); the GEMM's full panels and attention's
+/// query and probability panels.
 pub(crate) fn pack_rows(isa: Isa, rows: &[&[f32]; MR], dst: &mut [f32]) {
     let kc = dst.len() / MR;
     assert!(rows.iter().all(|r| r.len() >= kc), "short activation row");
