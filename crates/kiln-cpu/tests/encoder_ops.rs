@@ -3,56 +3,12 @@
 
 use std::sync::Arc;
 
-use kiln_backend::{Activation, Backend, Linear, PackedAttentionParams, WeightData};
-use kiln_core::{GgmlType, SharedBytes};
-use kiln_cpu::kernels::{simd_level, SimdLevel};
+use kiln_backend::{Activation, Backend, Linear, PackedAttentionParams};
+use kiln_core::GgmlType;
 use kiln_cpu::CpuBackend;
 
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
-
-fn backends() -> Vec<CpuBackend> {
-    let mut v = vec![CpuBackend::with_simd(1, SimdLevel::Scalar).unwrap()];
-    v.push(CpuBackend::with_simd(2, simd_level()).unwrap());
-    v.push(CpuBackend::with_simd(3, simd_level()).unwrap());
-    v
-}
-
-fn weight(
-    b: &CpuBackend,
-    ty: GgmlType,
-    dims: &[usize],
-    v: &[f32],
-) -> <CpuBackend as Backend>::Weight {
-    let bytes: Vec<u8> = match ty {
-        GgmlType::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        GgmlType::F16 => v
-            .iter()
-            .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
-            .collect(),
-        GgmlType::BF16 => v
-            .iter()
-            .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
-            .collect(),
-        _ => unreachable!(),
-    };
-    b.upload_weight(&WeightData {
-        name: "w".into(),
-        ty,
-        dims: dims.to_vec(),
-        bytes: SharedBytes::from_vec(bytes),
-    })
-    .unwrap()
-}
+mod common;
+use common::{backends, values};
 
 fn max_diff(got: &[f32], want: &[f64]) -> f64 {
     assert_eq!(got.len(), want.len());
@@ -72,8 +28,8 @@ fn layer_norm_with_and_without_bias() {
     let (g, bias) = (values(cols, 2), values(cols, 3));
     for b in backends() {
         let xt = b.tensor_from_f32(&x, rows, cols).unwrap();
-        let gw = weight(&b, GgmlType::F32, &[cols], &g);
-        let bw = weight(&b, GgmlType::F32, &[cols], &bias);
+        let gw = common::weight(&b, "w", GgmlType::F32, &[cols], &g);
+        let bw = common::weight(&b, "w", GgmlType::F32, &[cols], &bias);
         for with_bias in [false, true] {
             let y = b
                 .layer_norm(&xt, &gw, with_bias.then_some(&bw), 1e-5)
@@ -104,9 +60,9 @@ fn layer_norm_with_and_without_bias() {
     }
     let b = CpuBackend::new(1).unwrap();
     let xt = b.tensor_from_f32(&x, rows, cols).unwrap();
-    let short = weight(&b, GgmlType::F32, &[cols - 1], &g[1..]);
+    let short = common::weight(&b, "w", GgmlType::F32, &[cols - 1], &g[1..]);
     assert!(b.layer_norm(&xt, &short, None, 1e-5).is_err());
-    let gw = weight(&b, GgmlType::F32, &[cols], &g);
+    let gw = common::weight(&b, "w", GgmlType::F32, &[cols], &g);
     let fewer_rows = b.tensor_from_f32(&x[cols..], rows - 1, cols).unwrap();
     assert!(b.add_layer_norm(&fewer_rows, &xt, &gw, None, 1e-5).is_err());
 }
@@ -270,8 +226,8 @@ fn dense_float_matmul_with_bias_for_every_float_type() {
             }
             for b in backends() {
                 let lin = Linear::<CpuBackend> {
-                    weight: Arc::new(weight(&b, ty, &[k, n], &w)),
-                    bias: Some(weight(&b, GgmlType::F32, &[n], &bias)),
+                    weight: Arc::new(common::weight(&b, "w", ty, &[k, n], &w)),
+                    bias: Some(common::weight(&b, "b", GgmlType::F32, &[n], &bias)),
                     in_features: k,
                     out_features: n,
                     ty,

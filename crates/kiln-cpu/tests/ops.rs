@@ -7,50 +7,14 @@ use kiln_backend::{
     Activation, AttentionParams, Backend, Linear, RopeParams, RopeStyle, WeightData,
 };
 use kiln_core::{GgmlType, SharedBytes};
-use kiln_cpu::kernels::{simd_level, SimdLevel};
 use kiln_cpu::{CpuBackend, CpuTensor};
 
-/// Deterministic pseudo-random values in [-1, 1).
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
+mod common;
+use common::{backends, values};
 
-fn backends() -> Vec<CpuBackend> {
-    let mut v = vec![
-        CpuBackend::with_simd(1, SimdLevel::Scalar).unwrap(),
-        CpuBackend::with_simd(3, SimdLevel::Scalar).unwrap(),
-    ];
-    if simd_level() != SimdLevel::Scalar {
-        v.push(CpuBackend::with_simd(1, simd_level()).unwrap());
-        v.push(CpuBackend::with_simd(2, simd_level()).unwrap());
-    }
-    v
-}
-
-fn f32_weight(
-    b: &CpuBackend,
-    name: &str,
-    dims: &[usize],
-    v: &[f32],
-) -> <CpuBackend as Backend>::Weight {
-    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-    b.upload_weight(&WeightData {
-        name: name.into(),
-        ty: GgmlType::F32,
-        dims: dims.to_vec(),
-        bytes: SharedBytes::from_vec(bytes),
-    })
-    .unwrap()
+/// An f32 weight on `b`.
+fn weight(b: &CpuBackend, name: &str, dims: &[usize], v: &[f32]) -> kiln_cpu::CpuWeight {
+    common::weight(b, name, GgmlType::F32, dims, v)
 }
 
 fn assert_close(got: &[f32], want: &[f64], tol: f64, what: &str) {
@@ -73,7 +37,7 @@ fn rms_norm_whole_rows_and_per_head_groups() {
             let t = b.tensor_from_f32(&x, rows, cols).unwrap();
             let y = b
                 .to_f32(
-                    &b.rms_norm(&t, &f32_weight(&b, "w", &[group], &w), 1e-6)
+                    &b.rms_norm(&t, &weight(&b, "w", &[group], &w), 1e-6)
                         .unwrap(),
                 )
                 .unwrap();
@@ -95,7 +59,7 @@ fn rms_norm_whole_rows_and_per_head_groups() {
                 .unwrap();
             let fused = b
                 .to_f32(
-                    &b.add_rms_norm(&r, &t, &f32_weight(&b, "w", &[group], &w), 1e-6)
+                    &b.add_rms_norm(&r, &t, &weight(&b, "w", &[group], &w), 1e-6)
                         .unwrap(),
                 )
                 .unwrap();
@@ -369,7 +333,7 @@ fn elementwise_ops_and_embedding() {
         assert!((g[i] - Activation::GeluTanh.apply(*x) * u).abs() < 1e-6);
     }
     assert!(b.add(&a, &b.zeros(1, 2).unwrap()).is_err());
-    let table = f32_weight(&b, "embd", &[2, 3], &[0.0, 1.0, 10.0, 11.0, 20.0, 21.0]);
+    let table = weight(&b, "embd", &[2, 3], &[0.0, 1.0, 10.0, 11.0, 20.0, 21.0]);
     assert_eq!(
         b.to_f32(&b.embedding(&table, &[2, 0]).unwrap()).unwrap(),
         vec![20.0, 21.0, 0.0, 1.0]

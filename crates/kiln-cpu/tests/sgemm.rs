@@ -4,61 +4,13 @@
 
 use std::sync::Arc;
 
-use kiln_backend::{Backend, Linear, WeightData};
-use kiln_core::{GgmlType, SharedBytes};
+use kiln_backend::{Backend, Linear};
+use kiln_core::GgmlType;
 use kiln_cpu::kernels::{simd_level, SimdLevel};
 use kiln_cpu::CpuBackend;
 
-/// Deterministic values in [-1, 1).
-fn values(len: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
-}
-
-/// The weight's bytes in `ty`, and the f32 values those bytes hold (what the product must use).
-fn encode(ty: GgmlType, v: &[f32]) -> (Vec<u8>, Vec<f32>) {
-    match ty {
-        GgmlType::F32 => (v.iter().flat_map(|x| x.to_le_bytes()).collect(), v.to_vec()),
-        GgmlType::F16 => {
-            let h: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x)).collect();
-            (
-                h.iter().flat_map(|x| x.to_le_bytes()).collect(),
-                h.iter().map(|x| x.to_f32()).collect(),
-            )
-        }
-        GgmlType::BF16 => {
-            let h: Vec<half::bf16> = v.iter().map(|&x| half::bf16::from_f32(x)).collect();
-            (
-                h.iter().flat_map(|x| x.to_le_bytes()).collect(),
-                h.iter().map(|x| x.to_f32()).collect(),
-            )
-        }
-        _ => unreachable!("float types only"),
-    }
-}
-
-fn upload(
-    b: &CpuBackend,
-    name: &str,
-    ty: GgmlType,
-    dims: &[usize],
-    bytes: Vec<u8>,
-) -> kiln_cpu::CpuWeight {
-    b.upload_weight(&WeightData {
-        name: name.into(),
-        ty,
-        dims: dims.to_vec(),
-        bytes: SharedBytes::from_vec(bytes),
-    })
-    .unwrap()
-}
+mod common;
+use common::{encode, upload, values};
 
 /// A linear layer `[n, k]` of type `ty` (and an f32 bias when given) on `b`.
 fn linear(
