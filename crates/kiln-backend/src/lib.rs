@@ -84,6 +84,16 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn rows(&self, x: &Self::Tensor, range: Range<usize>) -> Result<Self::Tensor>;
     /// Overwrite rows `dst_row..dst_row + src.rows` of `dst` with `src` (KV-cache append).
     fn write_rows(&self, dst: &mut Self::Tensor, dst_row: usize, src: &Self::Tensor) -> Result<()>;
+    /// Rows `index[0], index[1], …` of `x`, in that order (the tokens routed to one expert).
+    fn gather_rows(&self, x: &Self::Tensor, index: &[u32]) -> Result<Self::Tensor>;
+    /// `dst[index[i]] += weights[i] · src[i]` for every row `i` of `src`, in order of `i`.
+    fn scatter_add_rows(
+        &self,
+        dst: &mut Self::Tensor,
+        index: &[u32],
+        src: &Self::Tensor,
+        weights: &[f32],
+    ) -> Result<()>;
 
     // ---- primitives ----------------------------------------------------------------------
     /// Rows of an embedding table `[vocab, d]` (any supported weight type), dequantized to f32.

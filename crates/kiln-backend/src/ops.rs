@@ -1,5 +1,9 @@
 //! Parameters of the backend primitives. Plain data, so every backend reads them the same way.
 
+use std::sync::Arc;
+
+use kiln_core::config::RopeConfig;
+
 /// Element-wise activation functions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {
@@ -54,7 +58,8 @@ pub enum RopeStyle {
 }
 
 /// Rotary embedding of each head: pair `i` of `rope_dim / 2` turns by
-/// `position · freq_scale · base^(-2i / rope_dim)`.
+/// `θ = position · freq_scale · base^(-2i / rope_dim) / freq_factors[i]`, and the rotation is
+/// scaled: `(x0, x1) ↦ mscale · (x0 cos θ − x1 sin θ, x0 sin θ + x1 cos θ)`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RopeParams {
     pub n_heads: usize,
@@ -64,7 +69,34 @@ pub struct RopeParams {
     pub base: f32,
     /// Linear position scaling (1.0 = none).
     pub freq_scale: f32,
+    /// `rope_dim / 2` frequency divisors (Llama 3.1 scaling, Phi-3 long-rope); `None` = all 1.
+    pub freq_factors: Option<Arc<[f32]>>,
+    /// Multiplies cos and sin (1.0 = none).
+    pub mscale: f32,
     pub style: RopeStyle,
+}
+
+impl RopeParams {
+    /// The rotation `rope` describes, on `n_heads` heads of `head_dim` whose first `rope_dim`
+    /// elements rotate.
+    pub fn new(
+        rope: &RopeConfig,
+        n_heads: usize,
+        head_dim: usize,
+        rope_dim: usize,
+        style: RopeStyle,
+    ) -> Self {
+        RopeParams {
+            n_heads,
+            head_dim,
+            rope_dim,
+            base: rope.base,
+            freq_scale: rope.freq_scale,
+            freq_factors: rope.freq_factors.clone(),
+            mscale: rope.mscale,
+            style,
+        }
+    }
 }
 
 /// Attention over a KV cache.

@@ -5,6 +5,8 @@
 //! embedding scale, soft-capping, sliding-window pattern); each difference is a field here, read
 //! once from the file's metadata by the family's loader, so that one forward pass serves all.
 
+use std::sync::Arc;
+
 /// How a layer attends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LayerAttention {
@@ -14,12 +16,52 @@ pub enum LayerAttention {
     Sliding { window: usize },
 }
 
-/// Rotary position embedding of one kind of layer.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// Rotary position embedding of one kind of layer: pair `i` of `rope_dim / 2` turns by
+/// `position · freq_scale · base^(-2i / rope_dim) / freq_factors[i]`, and cos/sin are multiplied
+/// by `mscale`.
+#[derive(Clone, Debug, PartialEq)]
 pub struct RopeConfig {
     pub base: f32,
     /// Linear position scaling (1.0 = none).
     pub freq_scale: f32,
+    /// One divisor per rotary pair (Llama 3.1's frequency scaling, Phi-3's long-rope factors);
+    /// `None` = all 1.
+    pub freq_factors: Option<Arc<[f32]>>,
+    /// Multiplies cos and sin (Phi-3 long-rope's attention factor; 1.0 = none).
+    pub mscale: f32,
+}
+
+impl RopeConfig {
+    /// Plain rotary embedding with base `base`: no scaling of any kind.
+    pub fn plain(base: f32) -> Self {
+        RopeConfig {
+            base,
+            freq_scale: 1.0,
+            freq_factors: None,
+            mscale: 1.0,
+        }
+    }
+}
+
+/// Phi-3's long-rope: a second rope for contexts longer than the training one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LongRope {
+    /// Contexts (KV-cache capacities) above this use `rope` instead of the short one.
+    pub original_context: usize,
+    pub rope: RopeConfig,
+}
+
+/// Mixture-of-experts feed-forward: a router picks `top_k` of `n_experts` expert FFNs per token.
+///
+/// Gating (Mixtral, Qwen-MoE): `p = softmax(router_logits)`, keep the `top_k` largest, and with
+/// `normalize_top_k` divide them by their sum; the layer's output is `Σ p_e · expert_e(x)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeConfig {
+    pub n_experts: usize,
+    pub top_k: usize,
+    pub normalize_top_k: bool,
+    /// Inner width of each expert's FFN.
+    pub expert_ffn_dim: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,6 +109,8 @@ pub struct DecoderConfig {
     pub rope_global: RopeConfig,
     /// Rope of sliding-window layers (Gemma 3 uses a smaller base there).
     pub rope_local: RopeConfig,
+    /// Phi-3 long-rope: replaces both ropes when the context exceeds its original length.
+    pub rope_long: Option<LongRope>,
     /// One entry per layer.
     pub layer_attention: Vec<LayerAttention>,
     /// Multiplies `q·k` before the softmax.
@@ -75,6 +119,8 @@ pub struct DecoderConfig {
     pub activation: FfnActivation,
     /// Multiplies the token embeddings (Gemma: `√d_model`).
     pub embed_scale: Option<f32>,
+    /// `Some`: every layer's FFN is a mixture of experts (`ffn_dim` is then unused).
+    pub moe: Option<MoeConfig>,
 }
 
 impl DecoderConfig {
@@ -89,6 +135,15 @@ impl DecoderConfig {
     /// Width of all value heads together.
     pub fn v_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim_v
+    }
+
+    /// The rope of a layer kind for a context of `context` positions (the KV cache's capacity).
+    pub fn rope_for(&self, attention: LayerAttention, context: usize) -> &RopeConfig {
+        match (&self.rope_long, attention) {
+            (Some(long), _) if context > long.original_context => &long.rope,
+            (_, LayerAttention::Global) => &self.rope_global,
+            (_, LayerAttention::Sliding { .. }) => &self.rope_local,
+        }
     }
 }
 
@@ -114,7 +169,7 @@ impl EncoderArch {
 }
 
 /// How an encoder knows where a token is.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum EncoderPositions {
     /// A learned table of `table_len` rows; token `i` of a sequence reads row `offset + i`
     /// (RoBERTa-style models start after the padding id: `offset = pad_id + 1`).

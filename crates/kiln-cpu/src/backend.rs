@@ -295,6 +295,61 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn gather_rows(&self, x: &CpuTensor, index: &[u32]) -> Result<CpuTensor> {
+        if let Some(&bad) = index.iter().find(|&&r| r as usize >= x.rows) {
+            return Err(shape_err("gather_rows", format!("row {bad} of {}", x.rows)));
+        }
+        let mut data = Vec::with_capacity(index.len() * x.cols);
+        for &r in index {
+            let r = r as usize;
+            data.extend_from_slice(&x.data[r * x.cols..(r + 1) * x.cols]);
+        }
+        Ok(CpuTensor {
+            data,
+            rows: index.len(),
+            cols: x.cols,
+        })
+    }
+
+    fn scatter_add_rows(
+        &self,
+        dst: &mut CpuTensor,
+        index: &[u32],
+        src: &CpuTensor,
+        weights: &[f32],
+    ) -> Result<()> {
+        if src.cols != dst.cols
+            || index.len() != src.rows
+            || weights.len() != src.rows
+            || index.iter().any(|&r| r as usize >= dst.rows)
+        {
+            return Err(shape_err(
+                "scatter_add_rows",
+                format!(
+                    "[{}, {}] with {} indices and {} weights into [{}, {}]",
+                    src.rows,
+                    src.cols,
+                    index.len(),
+                    weights.len(),
+                    dst.rows,
+                    dst.cols
+                ),
+            ));
+        }
+        let cols = dst.cols;
+        for ((&r, &w), row) in index
+            .iter()
+            .zip(weights)
+            .zip(src.data.chunks_exact(cols.max(1)))
+        {
+            let r = r as usize;
+            for (d, &s) in dst.data[r * cols..(r + 1) * cols].iter_mut().zip(row) {
+                *d += s * w;
+            }
+        }
+        Ok(())
+    }
+
     fn embedding(&self, table: &CpuWeight, ids: &[u32]) -> Result<CpuTensor> {
         let d = table.row_len;
         // Every row is decoded in full below.

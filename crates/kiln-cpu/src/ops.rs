@@ -83,6 +83,9 @@ pub(crate) fn rope(
         || p.n_heads * p.head_dim != x.cols
         || p.rope_dim > p.head_dim
         || !p.rope_dim.is_multiple_of(2)
+        || p.freq_factors
+            .as_ref()
+            .is_some_and(|f| f.len() != p.rope_dim / 2)
     {
         return Err(shape_err(
             "rope",
@@ -99,8 +102,16 @@ pub(crate) fn rope(
     }
     let half = p.rope_dim / 2;
     let inv_freq: Vec<f64> = (0..half)
-        .map(|i| (p.freq_scale as f64) * (p.base as f64).powf(-2.0 * i as f64 / p.rope_dim as f64))
+        .map(|i| {
+            let f =
+                (p.freq_scale as f64) * (p.base as f64).powf(-2.0 * i as f64 / p.rope_dim as f64);
+            match &p.freq_factors {
+                Some(factors) => f / factors[i] as f64,
+                None => f,
+            }
+        })
         .collect();
+    let mscale = p.mscale as f64;
     let mut out = crate::buffers::take(x.data.len());
     out.copy_from_slice(&x.data);
     let cols = x.cols.max(1);
@@ -111,7 +122,7 @@ pub(crate) fn rope(
             .iter()
             .map(|f| {
                 let theta = pos as f64 * f;
-                (theta.sin() as f32, theta.cos() as f32)
+                ((mscale * theta.sin()) as f32, (mscale * theta.cos()) as f32)
             })
             .unzip();
         for head in row.chunks_mut(p.head_dim) {

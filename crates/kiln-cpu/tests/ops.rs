@@ -79,17 +79,24 @@ fn rope_rotates_pairs_by_position() {
     let positions = [0u32, 1, 7, 1000];
     let x = values(positions.len() * n_heads * head_dim, 4);
     for b in backends() {
-        for (style, rope_dim) in [
-            (RopeStyle::Neox, 16),
-            (RopeStyle::Normal, 16),
-            (RopeStyle::Neox, 8),
+        for (style, rope_dim, scaled) in [
+            (RopeStyle::Neox, 16, false),
+            (RopeStyle::Normal, 16, false),
+            (RopeStyle::Neox, 8, false),
+            (RopeStyle::Neox, 16, true),
+            (RopeStyle::Normal, 8, true),
         ] {
+            // Scaled: per-pair frequency divisors (Llama 3.1, Phi-3) and a cos/sin factor.
+            let factors: Vec<f32> = (0..rope_dim / 2).map(|i| 1.0 + i as f32 * 0.75).collect();
+            let mscale = if scaled { 1.19 } else { 1.0 };
             let p = RopeParams {
                 n_heads,
                 head_dim,
                 rope_dim,
                 base: 10_000.0,
                 freq_scale: 0.5,
+                freq_factors: scaled.then(|| factors.clone().into()),
+                mscale,
                 style,
             };
             let t = b
@@ -100,16 +107,19 @@ fn rope_rotates_pairs_by_position() {
             for (r, &pos) in positions.iter().enumerate() {
                 for h in 0..n_heads {
                     let base = r * n_heads * head_dim + h * head_dim;
-                    for i in 0..rope_dim / 2 {
+                    for (i, &factor) in factors.iter().enumerate() {
+                        let divisor = if scaled { factor as f64 } else { 1.0 };
                         let theta =
-                            pos as f64 * 0.5 * 10_000f64.powf(-2.0 * i as f64 / rope_dim as f64);
+                            pos as f64 * 0.5 * 10_000f64.powf(-2.0 * i as f64 / rope_dim as f64)
+                                / divisor;
+                        let (sin, cos) = (mscale as f64 * theta.sin(), mscale as f64 * theta.cos());
                         let (a, c) = match style {
                             RopeStyle::Neox => (base + i, base + i + rope_dim / 2),
                             RopeStyle::Normal => (base + 2 * i, base + 2 * i + 1),
                         };
                         let (x0, x1) = (x[a] as f64, x[c] as f64);
-                        want[a] = x0 * theta.cos() - x1 * theta.sin();
-                        want[c] = x0 * theta.sin() + x1 * theta.cos();
+                        want[a] = x0 * cos - x1 * sin;
+                        want[c] = x0 * sin + x1 * cos;
                     }
                 }
             }
@@ -355,4 +365,39 @@ fn elementwise_ops_and_embedding() {
     );
     assert!(b.write_rows(&mut dst, 3, &t).is_err());
     let _ = CpuTensor::new(vec![0.0; 3], 2, 2).unwrap_err();
+}
+
+#[test]
+fn gather_and_scatter_add_rows() {
+    let (rows, cols) = (5, 7);
+    let x = values(rows * cols, 9);
+    for b in backends() {
+        let t = b.tensor_from_f32(&x, rows, cols).unwrap();
+        let g = b.to_f32(&b.gather_rows(&t, &[3, 0, 3]).unwrap()).unwrap();
+        assert_eq!(&g[..cols], &x[3 * cols..4 * cols]);
+        assert_eq!(&g[cols..2 * cols], &x[..cols]);
+        assert_eq!(&g[2 * cols..], &x[3 * cols..4 * cols]);
+        assert!(b.gather_rows(&t, &[5]).is_err());
+
+        // dst[i[r]] += w[r] * src[r], a repeated index accumulating in order.
+        let mut dst = b.tensor_from_f32(&x, rows, cols).unwrap();
+        let src = values(3 * cols, 10);
+        let s = b.tensor_from_f32(&src, 3, cols).unwrap();
+        b.scatter_add_rows(&mut dst, &[4, 1, 4], &s, &[0.5, 2.0, -1.0])
+            .unwrap();
+        let got = b.to_f32(&dst).unwrap();
+        let mut want = x.clone();
+        for (r, (&i, &w)) in [4usize, 1, 4].iter().zip(&[0.5f32, 2.0, -1.0]).enumerate() {
+            for c in 0..cols {
+                want[i * cols + c] += src[r * cols + c] * w;
+            }
+        }
+        assert_eq!(got, want);
+        assert!(b
+            .scatter_add_rows(&mut dst, &[5], &b.rows(&s, 0..1).unwrap(), &[1.0])
+            .is_err());
+        assert!(b
+            .scatter_add_rows(&mut dst, &[0, 1], &s, &[1.0, 1.0])
+            .is_err());
+    }
 }

@@ -20,6 +20,8 @@ use crate::{KvCache, ModelError};
 /// layer against a reference.
 pub trait Trace<B: Backend>: Sync {
     fn trace(&self, _backend: &B, _name: &str, _layer: usize, _x: &B::Tensor) {}
+    /// The router's choices of a mixture-of-experts layer, one per token of the forward pass.
+    fn routes(&self, _layer: usize, _routes: &[Route]) {}
 }
 
 /// The default hook: does nothing.
@@ -37,10 +39,59 @@ pub struct DecoderLayer<B: Backend> {
     pub o: Linear<B>,                      // (d_model, n_heads * head_dim_v)
     pub post_attn_norm: Option<B::Weight>, // (d_model) Gemma's sandwich norm
     pub ffn_norm: B::Weight,               // (d_model)
-    pub gate: Linear<B>,                   // (ffn_dim, d_model)
-    pub up: Linear<B>,                     // (ffn_dim, d_model)
-    pub down: Linear<B>,                   // (d_model, ffn_dim)
-    pub post_ffn_norm: Option<B::Weight>,  // (d_model)
+    pub ffn: Ffn<B>,
+    pub post_ffn_norm: Option<B::Weight>, // (d_model)
+}
+
+/// A layer's feed-forward block.
+pub enum Ffn<B: Backend> {
+    /// `down(act(gate(h)) · up(h))`.
+    Dense {
+        gate: Linear<B>, // (ffn_dim, d_model)
+        up: Linear<B>,   // (ffn_dim, d_model)
+        down: Linear<B>, // (d_model, ffn_dim)
+    },
+    Moe(MoeFfn<B>),
+}
+
+/// A mixture of experts: a router and, per expert, a gated FFN of its own (zero-copy views of
+/// the file, so an expert's weights are only read when a token is routed to it).
+pub struct MoeFfn<B: Backend> {
+    pub router: Linear<B>,    // (n_experts, d_model)
+    pub gate: Vec<Linear<B>>, // per expert (expert_ffn_dim, d_model)
+    pub up: Vec<Linear<B>>,   // per expert (expert_ffn_dim, d_model)
+    pub down: Vec<Linear<B>>, // per expert (d_model, expert_ffn_dim)
+}
+
+/// The router's choice for one token: experts in descending weight order, and their weights.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Route {
+    pub experts: Vec<u32>,
+    pub weights: Vec<f32>,
+}
+
+/// Softmax over `logits`, the `top_k` largest probabilities (ties to the lower index, as
+/// `torch.topk` on CPU), divided by their sum when `normalize`.
+pub fn route(logits: &[f32], top_k: usize, normalize: bool) -> Route {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let exps: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
+    let sum: f32 = exps.iter().sum();
+    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+    order.sort_by(|&a, &b| {
+        exps[b as usize]
+            .total_cmp(&exps[a as usize])
+            .then(a.cmp(&b))
+    });
+    order.truncate(top_k);
+    let mut weights: Vec<f32> = order.iter().map(|&e| exps[e as usize] / sum).collect();
+    if normalize {
+        let total: f32 = weights.iter().sum();
+        weights.iter_mut().for_each(|w| *w /= total);
+    }
+    Route {
+        experts: order,
+        weights,
+    }
 }
 
 /// A decoder-only language model resident on backend `B`.
@@ -110,18 +161,14 @@ impl<B: Backend> Decoder<B> {
         };
 
         for (il, layer) in self.layers.iter().enumerate() {
-            let (rope, window) = match c.layer_attention[il] {
-                LayerAttention::Global => (c.rope_global, None),
-                LayerAttention::Sliding { window } => (c.rope_local, Some(window)),
+            let attention = c.layer_attention[il];
+            let window = match attention {
+                LayerAttention::Global => None,
+                LayerAttention::Sliding { window } => Some(window),
             };
-            let rope_params = |n_heads| RopeParams {
-                n_heads,
-                head_dim: c.head_dim,
-                rope_dim: c.rope_dim,
-                base: rope.base,
-                freq_scale: rope.freq_scale,
-                style,
-            };
+            let rope = c.rope_for(attention, cache.capacity());
+            let rope_params =
+                |n_heads| RopeParams::new(rope, n_heads, c.head_dim, c.rope_dim, style);
 
             // Attention block.
             let h = b.rms_norm(&x, &layer.attn_norm, c.norm_eps)?;
@@ -158,10 +205,13 @@ impl<B: Backend> Decoder<B> {
 
             // Feed-forward block.
             let h = b.rms_norm(&x, &layer.ffn_norm, c.norm_eps)?;
-            let gate = b.matmul(&h, &layer.gate)?;
-            let up = b.matmul(&h, &layer.up)?;
-            let f = b.gated_activation(&gate, &up, act)?;
-            let f = b.matmul(&f, &layer.down)?;
+            let f = match &layer.ffn {
+                Ffn::Dense { gate, up, down } => {
+                    let f = b.gated_activation(&b.matmul(&h, gate)?, &b.matmul(&h, up)?, act)?;
+                    b.matmul(&f, down)?
+                }
+                Ffn::Moe(moe) => self.moe_ffn(b, &h, moe, act, il, trace)?,
+            };
             trace.trace(b, "ffn_out", il, &f);
             x = match &layer.post_ffn_norm {
                 Some(w) => b.add_rms_norm(&x, &f, w, c.norm_eps)?,
@@ -173,6 +223,54 @@ impl<B: Backend> Decoder<B> {
         Ok(b.rms_norm(&x, &self.output_norm, c.norm_eps)?)
     }
 
+    /// `Σ_e p_e · expert_e(h)` over each token's routed experts. Tokens are grouped by expert so
+    /// that each selected expert runs once over all its tokens; experts nobody chose are not
+    /// touched. Each token's sum runs over its experts in ascending expert order, so a token's
+    /// result does not depend on the other tokens of the batch.
+    fn moe_ffn(
+        &self,
+        b: &B,
+        h: &B::Tensor,
+        moe: &MoeFfn<B>,
+        act: Activation,
+        layer: usize,
+        trace: &dyn Trace<B>,
+    ) -> Result<B::Tensor, ModelError> {
+        let Some(cfg) = &self.config.moe else {
+            return Err(ModelError::Metadata {
+                key: "expert_count".into(),
+                detail: "a mixture-of-experts layer in a model without experts".into(),
+            });
+        };
+        let (n, d) = b.shape(h);
+        let logits = b.to_f32(&b.matmul(h, &moe.router)?)?;
+        let routes: Vec<Route> = logits
+            .chunks_exact(cfg.n_experts)
+            .map(|l| route(l, cfg.top_k, cfg.normalize_top_k))
+            .collect();
+        trace.routes(layer, &routes);
+        let mut rows: Vec<Vec<u32>> = vec![Vec::new(); cfg.n_experts];
+        let mut weights: Vec<Vec<f32>> = vec![Vec::new(); cfg.n_experts];
+        for (t, r) in routes.iter().enumerate() {
+            for (&e, &w) in r.experts.iter().zip(&r.weights) {
+                rows[e as usize].push(t as u32);
+                weights[e as usize].push(w);
+            }
+        }
+        let mut out = b.zeros(n, d)?;
+        for e in 0..cfg.n_experts {
+            if rows[e].is_empty() {
+                continue;
+            }
+            let x = b.gather_rows(h, &rows[e])?;
+            let g = b.matmul(&x, &moe.gate[e])?;
+            let u = b.matmul(&x, &moe.up[e])?;
+            let y = b.matmul(&b.gated_activation(&g, &u, act)?, &moe.down[e])?;
+            b.scatter_add_rows(&mut out, &rows[e], &y, &weights[e])?;
+        }
+        Ok(out)
+    }
+
     /// Logits `(rows, vocab)` of final hidden states (any rows of `forward`'s result).
     pub fn logits(&self, b: &B, hidden: &B::Tensor) -> Result<B::Tensor, ModelError> {
         Ok(b.run(|| b.matmul(hidden, &self.output))?)
@@ -181,5 +279,32 @@ impl<B: Backend> Decoder<B> {
     /// A KV cache for this model holding `capacity` positions.
     pub fn new_cache(&self, b: &B, capacity: usize) -> Result<KvCache<B>, ModelError> {
         KvCache::new(b, &self.config, capacity)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::route;
+
+    #[test]
+    fn routing_keeps_the_top_k_softmax_weights() {
+        let logits = [0.5f32, 2.0, -1.0, 2.0, 1.0];
+        let exps: Vec<f64> = logits.iter().map(|&l| (l as f64).exp()).collect();
+        let sum: f64 = exps.iter().sum();
+        // Ties go to the lower index; weights are the full softmax's.
+        let r = route(&logits, 3, false);
+        assert_eq!(r.experts, [1, 3, 4]);
+        for (&e, &w) in r.experts.iter().zip(&r.weights) {
+            assert!((w as f64 - exps[e as usize] / sum).abs() < 1e-7, "{r:?}");
+        }
+        // Renormalised: the kept weights sum to 1, in the same proportions.
+        let n = route(&logits, 3, true);
+        assert_eq!(n.experts, r.experts);
+        assert!((n.weights.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        let kept: f64 = r.experts.iter().map(|&e| exps[e as usize]).sum();
+        assert!((n.weights[2] as f64 - exps[4] / kept).abs() < 1e-7);
+        // top_k = all experts and normalising changes nothing but rounding.
+        let all = route(&logits, 5, true);
+        assert_eq!(all.experts, [1, 3, 4, 0, 2]);
     }
 }

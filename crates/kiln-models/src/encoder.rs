@@ -110,9 +110,9 @@ impl<B: Backend> Encoder<B> {
 
         let mut h = b.embedding(&self.tok_embeddings, &ids)?;
         if let (Some(table), EncoderPositions::Absolute { offset, .. }) =
-            (&self.pos_embeddings, c.positions)
+            (&self.pos_embeddings, &c.positions)
         {
-            let rows: Vec<u32> = local_pos.iter().map(|&p| p + offset as u32).collect();
+            let rows: Vec<u32> = local_pos.iter().map(|&p| p + *offset as u32).collect();
             h = b.add(&h, &b.embedding(table, &rows)?)?;
         }
         if let Some(types) = &self.type_embeddings {
@@ -139,19 +139,12 @@ impl<B: Backend> Encoder<B> {
             let mut q = b.matmul(x, &layer.q)?;
             let mut k = b.matmul(x, &layer.k)?;
             let v = b.matmul(x, &layer.v)?;
-            if let EncoderPositions::Rope { global, local } = c.positions {
+            if let EncoderPositions::Rope { global, local } = &c.positions {
                 let rc = match layer.attention {
                     EncoderAttention::Global => global,
                     EncoderAttention::Local { .. } => local,
                 };
-                let rp = RopeParams {
-                    n_heads: c.n_heads,
-                    head_dim: c.head_dim,
-                    rope_dim: c.head_dim,
-                    base: rc.base,
-                    freq_scale: rc.freq_scale,
-                    style: RopeStyle::Neox,
-                };
+                let rp = RopeParams::new(rc, c.n_heads, c.head_dim, c.head_dim, RopeStyle::Neox);
                 q = b.rope(&q, &local_pos, &rp)?;
                 k = b.rope(&k, &local_pos, &rp)?;
             }

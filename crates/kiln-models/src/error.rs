@@ -6,6 +6,8 @@ use kiln_core::GgmlType;
 pub enum ModelError {
     #[error("architecture '{0}' is not supported (supported: {supported})", supported = crate::arch::SUPPORTED.join(", "))]
     UnsupportedArchitecture(String),
+    #[error("Hugging Face model type '{0}' is not supported as a decoder (supported: {supported})", supported = crate::arch::SUPPORTED_HF_DECODERS.join(", "))]
+    UnsupportedHfModel(String),
     #[error("metadata key {key}: {detail}")]
     Metadata { key: String, detail: String },
     #[error("tensor {0} is missing from the model file")]

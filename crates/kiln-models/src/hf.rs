@@ -56,7 +56,7 @@ impl HfConfig {
         }
     }
 
-    fn err(&self, key: &str, detail: impl Into<String>) -> ModelError {
+    pub(crate) fn error(&self, key: &str, detail: impl Into<String>) -> ModelError {
         ModelError::Config {
             file: self.file.clone(),
             key: key.into(),
@@ -81,8 +81,8 @@ impl HfConfig {
     pub fn str(&self, key: &str) -> Result<&str, ModelError> {
         match self.json.get(key) {
             Some(Value::String(s)) => Ok(s),
-            Some(_) => Err(self.err(key, "expected a string")),
-            None => Err(self.err(key, "missing")),
+            Some(_) => Err(self.error(key, "expected a string")),
+            None => Err(self.error(key, "missing")),
         }
     }
 
@@ -95,11 +95,14 @@ impl HfConfig {
 
     /// A positive integer no larger than 2³².
     pub fn usize(&self, key: &str) -> Result<usize, ModelError> {
-        let v = self.json.get(key).ok_or_else(|| self.err(key, "missing"))?;
+        let v = self
+            .json
+            .get(key)
+            .ok_or_else(|| self.error(key, "missing"))?;
         v.as_u64()
             .filter(|&n| n > 0 && n <= 1 << 32)
             .map(|n| n as usize)
-            .ok_or_else(|| self.err(key, format!("expected a positive integer, found {v}")))
+            .ok_or_else(|| self.error(key, format!("expected a positive integer, found {v}")))
     }
 
     pub fn usize_or(&self, key: &str, default: usize) -> Result<usize, ModelError> {
@@ -116,17 +119,20 @@ impl HfConfig {
             Some(v) => v
                 .as_u64()
                 .and_then(|n| u32::try_from(n).ok())
-                .ok_or_else(|| self.err(key, format!("expected a token id, found {v}"))),
+                .ok_or_else(|| self.error(key, format!("expected a token id, found {v}"))),
         }
     }
 
     /// A finite number.
     pub fn f32(&self, key: &str) -> Result<f32, ModelError> {
-        let v = self.json.get(key).ok_or_else(|| self.err(key, "missing"))?;
+        let v = self
+            .json
+            .get(key)
+            .ok_or_else(|| self.error(key, "missing"))?;
         v.as_f64()
             .filter(|x| x.is_finite())
             .map(|x| x as f32)
-            .ok_or_else(|| self.err(key, format!("expected a finite number, found {v}")))
+            .ok_or_else(|| self.error(key, format!("expected a finite number, found {v}")))
     }
 
     pub fn f32_or(&self, key: &str, default: f32) -> Result<f32, ModelError> {
@@ -140,7 +146,7 @@ impl HfConfig {
         match self.json.get(key) {
             None | Some(Value::Null) => Ok(default),
             Some(Value::Bool(b)) => Ok(*b),
-            Some(v) => Err(self.err(key, format!("expected true or false, found {v}"))),
+            Some(v) => Err(self.error(key, format!("expected true or false, found {v}"))),
         }
     }
 }

@@ -1,85 +1,263 @@
 //! Tensor lookup by role, with type and shape checks, and upload to the backend.
 //!
-//! GGUF names are the same for every family (llama.cpp's `LLM_TENSOR_*` table), so one table
-//! serves all decoders; tensors a family may lack are marked optional.
+//! Model code names every tensor as llama.cpp's GGUF files do (`blk.3.attn_q.weight`, the
+//! `LLM_TENSOR_*` table), whatever file it comes from: a [`TensorSource`] answers those names,
+//! from a GGUF directly ([`GgufSource`]) or from a Hugging Face safetensors checkpoint through the
+//! family's name map ([`HfSource`]). One loader then serves every family and both formats.
+//!
+//! Invariants:
+//! - every tensor's dims are checked against the config before it is uploaded; a wrong shape, a
+//!   missing tensor or a type kiln cannot compute is a typed error naming the tensor as the file
+//!   names it;
+//! - fused matrices (Phi-3's `attn_qkv` and gate/up `ffn_up`) and stacked experts (GGUF's 3-D
+//!   `ffn_*_exps`) are split into zero-copy row views ([`WeightData::slice_rows`]), so every
+//!   expert is a weight of its own that is only touched when the router selects it.
 
 use std::sync::Arc;
 
 use kiln_backend::{Backend, Linear, WeightData};
 use kiln_core::config::DecoderConfig;
-use kiln_formats::GgufFile;
+use kiln_formats::{GgufFile, SafetensorsModel};
 
+use crate::decoder::{Ffn, MoeFfn};
 use crate::{Decoder, DecoderLayer, ModelError};
 
-/// Fetches tensors from a GGUF file and uploads them, checking every shape against the config.
-struct Loader<'a, B: Backend> {
-    backend: &'a B,
-    file: &'a GgufFile,
+/// Tensors by GGUF name, with GGUF-order dims (`dims[0]` contiguous).
+pub(crate) trait TensorSource {
+    /// The tensor named `name`, or `None` when the file has none.
+    fn tensor(&self, name: &str) -> Result<Option<WeightData>, ModelError>;
+
+    /// Expert `e` of `n_experts` of the stacked expert matrix `name` (`blk.N.ffn_up_exps.weight`):
+    /// a 2-D weight of `[in, out]`.
+    fn expert(
+        &self,
+        name: &str,
+        e: usize,
+        n_experts: usize,
+    ) -> Result<Option<WeightData>, ModelError>;
 }
 
-impl<'a, B: Backend> Loader<'a, B> {
-    fn data(&self, name: &str) -> Result<Option<WeightData>, ModelError> {
-        let Some(info) = self.file.tensor(name) else {
+/// `dims` as `usize`, or a shape error naming the tensor.
+fn usize_dims(name: &str, dims: &[u64]) -> Result<Vec<usize>, ModelError> {
+    dims.iter()
+        .map(|&d| usize::try_from(d))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| ModelError::Shape {
+            name: name.into(),
+            expected: vec![],
+            found: vec![],
+        })
+}
+
+/// A GGUF file: names as they are.
+pub(crate) struct GgufSource<'a>(pub &'a GgufFile);
+
+impl TensorSource for GgufSource<'_> {
+    fn tensor(&self, name: &str) -> Result<Option<WeightData>, ModelError> {
+        let Some(info) = self.0.tensor(name) else {
             return Ok(None);
         };
-        if !info.ty.is_supported() {
-            return Err(ModelError::UnsupportedType {
-                name: name.to_string(),
-                ty: info.ty,
-            });
-        }
-        let dims = info
-            .dims
-            .iter()
-            .map(|&d| usize::try_from(d))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|_| ModelError::Shape {
-                name: name.into(),
-                expected: vec![],
-                found: vec![],
-            })?;
         Ok(Some(WeightData {
             name: name.to_string(),
             ty: info.ty,
-            dims,
-            bytes: self.file.tensor_data(info),
+            dims: usize_dims(name, &info.dims)?,
+            bytes: self.0.tensor_data(info),
         }))
     }
 
-    /// A tensor that may be absent, with GGUF dims `expected` (`[row_len, rows]`, 1-D as `[n]`).
-    fn optional(
+    fn expert(
         &self,
         name: &str,
-        expected: &[usize],
-    ) -> Result<Option<(B::Weight, WeightData)>, ModelError> {
-        let Some(data) = self.data(name)? else {
+        e: usize,
+        n_experts: usize,
+    ) -> Result<Option<WeightData>, ModelError> {
+        let Some(all) = self.tensor(name)? else {
             return Ok(None);
         };
-        if data.dims != expected {
+        if all.dims.len() != 3 || all.dims[2] != n_experts {
             return Err(ModelError::Shape {
                 name: name.into(),
+                expected: vec![
+                    all.row_len(),
+                    all.dims.get(1).copied().unwrap_or(0),
+                    n_experts,
+                ],
+                found: all.dims,
+            });
+        }
+        let rows = all.dims[1];
+        Ok(all.slice_rows(e * rows..(e + 1) * rows, format!("{name}[expert {e}]")))
+    }
+}
+
+/// How a Hugging Face family names its tensors (the `model.layers.N.` part is common to all).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HfNames {
+    /// Llama, Mistral, Qwen2, Qwen3, Phi-3 (`qkv_proj`, `gate_up_proj`) and Qwen3-MoE
+    /// (`mlp.gate`, `mlp.experts.E.{gate,up,down}_proj`).
+    Llama,
+    /// Mixtral: `block_sparse_moe.gate` and `block_sparse_moe.experts.E.{w1,w3,w2}`.
+    Mixtral,
+}
+
+/// A safetensors checkpoint seen through its family's name map.
+pub(crate) struct HfSource<'a> {
+    pub st: &'a SafetensorsModel,
+    pub names: HfNames,
+}
+
+impl HfSource<'_> {
+    /// The HF name of the GGUF tensor `name`, `None` for names the family does not have.
+    fn hf_name(&self, name: &str) -> Option<String> {
+        let fixed = match name {
+            "token_embd.weight" => Some("model.embed_tokens.weight"),
+            "output_norm.weight" => Some("model.norm.weight"),
+            "output.weight" => Some("lm_head.weight"),
+            _ => None,
+        };
+        if let Some(f) = fixed {
+            return Some(f.to_string());
+        }
+        let rest = name.strip_prefix("blk.")?;
+        let (layer, role) = rest.split_once('.')?;
+        let (role, suffix) = role.rsplit_once('.')?;
+        let hf_role = match (role, self.names) {
+            ("attn_norm", _) => "input_layernorm",
+            ("attn_q", _) => "self_attn.q_proj",
+            ("attn_k", _) => "self_attn.k_proj",
+            ("attn_v", _) => "self_attn.v_proj",
+            ("attn_qkv", _) => "self_attn.qkv_proj",
+            ("attn_q_norm", _) => "self_attn.q_norm",
+            ("attn_k_norm", _) => "self_attn.k_norm",
+            ("attn_output", _) => "self_attn.o_proj",
+            ("ffn_norm", _) => "post_attention_layernorm",
+            ("ffn_gate", _) => "mlp.gate_proj",
+            ("ffn_up", _) => "mlp.up_proj",
+            ("ffn_gate_up", _) => "mlp.gate_up_proj",
+            ("ffn_down", _) => "mlp.down_proj",
+            ("ffn_gate_inp", HfNames::Llama) => "mlp.gate",
+            ("ffn_gate_inp", HfNames::Mixtral) => "block_sparse_moe.gate",
+            _ => return None,
+        };
+        Some(format!("model.layers.{layer}.{hf_role}.{suffix}"))
+    }
+
+    fn data(&self, hf: &str) -> Result<Option<WeightData>, ModelError> {
+        let Some(t) = self.st.tensor(hf) else {
+            return Ok(None);
+        };
+        let ty = t.ggml_type().ok_or_else(|| ModelError::UnsupportedDtype {
+            name: hf.into(),
+            dtype: format!("{:?}", t.dtype),
+        })?;
+        Ok(Some(WeightData {
+            name: hf.into(),
+            ty,
+            dims: t.ggml_dims(),
+            bytes: t.bytes.clone(),
+        }))
+    }
+}
+
+impl TensorSource for HfSource<'_> {
+    fn tensor(&self, name: &str) -> Result<Option<WeightData>, ModelError> {
+        match self.hf_name(name) {
+            Some(hf) => self.data(&hf),
+            None => Ok(None),
+        }
+    }
+
+    fn expert(
+        &self,
+        name: &str,
+        e: usize,
+        _n_experts: usize,
+    ) -> Result<Option<WeightData>, ModelError> {
+        let Some((layer, role)) = name
+            .strip_prefix("blk.")
+            .and_then(|r| r.split_once('.'))
+            .map(|(l, r)| (l, r.trim_end_matches(".weight")))
+        else {
+            return Ok(None);
+        };
+        let role = match (role, self.names) {
+            ("ffn_gate_exps", HfNames::Llama) => "mlp.experts.{e}.gate_proj",
+            ("ffn_up_exps", HfNames::Llama) => "mlp.experts.{e}.up_proj",
+            ("ffn_down_exps", HfNames::Llama) => "mlp.experts.{e}.down_proj",
+            ("ffn_gate_exps", HfNames::Mixtral) => "block_sparse_moe.experts.{e}.w1",
+            ("ffn_up_exps", HfNames::Mixtral) => "block_sparse_moe.experts.{e}.w3",
+            ("ffn_down_exps", HfNames::Mixtral) => "block_sparse_moe.experts.{e}.w2",
+            _ => return Ok(None),
+        };
+        let role = role.replace("{e}", &e.to_string());
+        self.data(&format!("model.layers.{layer}.{role}.weight"))
+    }
+}
+
+/// Fetches tensors from a source and uploads them, checking every shape against the config.
+struct Loader<'a, B: Backend> {
+    backend: &'a B,
+    source: &'a dyn TensorSource,
+}
+
+impl<'a, B: Backend> Loader<'a, B> {
+    /// `data` if its type is computable and its dims are `expected`.
+    fn checked(&self, data: WeightData, expected: &[usize]) -> Result<WeightData, ModelError> {
+        if !data.ty.is_supported() {
+            return Err(ModelError::UnsupportedType {
+                name: data.name,
+                ty: data.ty,
+            });
+        }
+        if data.dims != expected {
+            return Err(ModelError::Shape {
+                name: data.name,
                 expected: expected.to_vec(),
                 found: data.dims,
             });
         }
-        Ok(Some((self.backend.upload_weight(&data)?, data)))
+        Ok(data)
     }
 
-    fn required(
-        &self,
-        name: &str,
-        expected: &[usize],
-    ) -> Result<(B::Weight, WeightData), ModelError> {
+    /// A tensor that may be absent, with GGUF dims `expected` (`[row_len, rows]`, 1-D as `[n]`).
+    fn optional(&self, name: &str, expected: &[usize]) -> Result<Option<WeightData>, ModelError> {
+        self.source
+            .tensor(name)?
+            .map(|d| self.checked(d, expected))
+            .transpose()
+    }
+
+    fn required(&self, name: &str, expected: &[usize]) -> Result<WeightData, ModelError> {
         self.optional(name, expected)?
             .ok_or_else(|| ModelError::MissingTensor(name.into()))
     }
 
+    fn upload(&self, data: &WeightData) -> Result<B::Weight, ModelError> {
+        Ok(self.backend.upload_weight(data)?)
+    }
+
     fn vector(&self, name: &str, len: usize) -> Result<B::Weight, ModelError> {
-        Ok(self.required(name, &[len])?.0)
+        self.upload(&self.required(name, &[len])?)
     }
 
     fn optional_vector(&self, name: &str, len: usize) -> Result<Option<B::Weight>, ModelError> {
-        Ok(self.optional(name, &[len])?.map(|(w, _)| w))
+        self.optional(name, &[len])?
+            .map(|d| self.upload(&d))
+            .transpose()
+    }
+
+    fn make_linear(
+        &self,
+        weight: &WeightData,
+        bias: Option<&WeightData>,
+    ) -> Result<Linear<B>, ModelError> {
+        Ok(Linear {
+            weight: Arc::new(self.upload(weight)?),
+            bias: bias.map(|b| self.upload(b)).transpose()?,
+            in_features: weight.row_len(),
+            out_features: weight.n_rows(),
+            ty: weight.ty,
+        })
     }
 
     /// A linear layer `out_features × in_features`, with an optional bias `<prefix>.bias`.
@@ -89,61 +267,170 @@ impl<'a, B: Backend> Loader<'a, B> {
         in_features: usize,
         out_features: usize,
     ) -> Result<Linear<B>, ModelError> {
-        let (weight, data) =
-            self.required(&format!("{prefix}.weight"), &[in_features, out_features])?;
-        let bias = self.optional_vector(&format!("{prefix}.bias"), out_features)?;
-        Ok(Linear {
-            weight: Arc::new(weight),
-            bias,
-            in_features,
-            out_features,
-            ty: data.ty,
-        })
+        let w = self.required(&format!("{prefix}.weight"), &[in_features, out_features])?;
+        let b = self.optional(&format!("{prefix}.bias"), &[out_features])?;
+        self.make_linear(&w, b.as_ref())
+    }
+
+    /// Consecutive row blocks of `outs` rows each of the fused linear `<prefix>` (weight and
+    /// optional bias), as separate layers.
+    fn split_linear(
+        &self,
+        prefix: &str,
+        in_features: usize,
+        outs: &[usize],
+    ) -> Result<Vec<Linear<B>>, ModelError> {
+        let total: usize = outs.iter().sum();
+        let w = self.required(&format!("{prefix}.weight"), &[in_features, total])?;
+        let b = self.optional(&format!("{prefix}.bias"), &[total])?;
+        let mut start = 0;
+        let mut parts = Vec::with_capacity(outs.len());
+        for &n in outs {
+            let rows = start..start + n;
+            let part = |d: &WeightData| {
+                // A 1-D bias is one row of `total` elements: view it as `total` rows of one.
+                let view = WeightData {
+                    dims: if d.dims.len() == 1 {
+                        vec![1, total]
+                    } else {
+                        d.dims.clone()
+                    },
+                    ..d.clone()
+                };
+                let mut s = view
+                    .slice_rows(
+                        rows.clone(),
+                        format!("{}[{}..{}]", d.name, rows.start, rows.end),
+                    )
+                    .ok_or_else(|| ModelError::Shape {
+                        name: d.name.clone(),
+                        expected: vec![in_features, total],
+                        found: d.dims.clone(),
+                    })?;
+                if d.dims.len() == 1 {
+                    s.dims = vec![n];
+                }
+                Ok::<_, ModelError>(s)
+            };
+            let pw = part(&w)?;
+            let pb = b.as_ref().map(part).transpose()?;
+            parts.push(self.make_linear(&pw, pb.as_ref())?);
+            start += n;
+        }
+        Ok(parts)
+    }
+
+    /// Expert `e` of the stacked matrix `name`, `in_features → out_features`.
+    fn expert(
+        &self,
+        name: &str,
+        e: usize,
+        n_experts: usize,
+        in_features: usize,
+        out_features: usize,
+    ) -> Result<Linear<B>, ModelError> {
+        let w = self
+            .source
+            .expert(name, e, n_experts)?
+            .ok_or_else(|| ModelError::MissingTensor(format!("{name} (expert {e})")))?;
+        let w = self.checked(w, &[in_features, out_features])?;
+        self.make_linear(&w, None)
     }
 }
 
 pub(crate) fn load_decoder<B: Backend>(
     backend: &B,
-    file: &GgufFile,
+    source: &dyn TensorSource,
     config: DecoderConfig,
 ) -> Result<Decoder<B>, ModelError> {
-    let l = Loader { backend, file };
+    let l = Loader { backend, source };
     let c = &config;
     let (d, vocab) = (c.d_model, c.vocab_size);
-    let (embd, embd_data) = l.required("token_embd.weight", &[d, vocab])?;
-    let token_embd = Arc::new(embd);
+    let embd = l.required("token_embd.weight", &[d, vocab])?;
+    let token_embd = Arc::new(l.upload(&embd)?);
     let output = match l.optional("output.weight", &[d, vocab])? {
-        Some((w, data)) => Linear {
-            weight: Arc::new(w),
-            bias: None,
-            in_features: d,
-            out_features: vocab,
-            ty: data.ty,
-        },
+        Some(w) => l.make_linear(&w, None)?,
         None => Linear {
             weight: token_embd.clone(),
             bias: None,
             in_features: d,
             out_features: vocab,
-            ty: embd_data.ty,
+            ty: embd.ty,
         },
     };
     let mut layers = Vec::with_capacity(c.n_layers);
     for i in 0..c.n_layers {
         let p = |role: &str| format!("blk.{i}.{role}");
+        let (q, k, v) = if source.tensor(&p("attn_qkv.weight"))?.is_some() {
+            let mut qkv = l.split_linear(&p("attn_qkv"), d, &[c.q_dim(), c.kv_dim(), c.v_dim()])?;
+            let v = qkv.pop();
+            let k = qkv.pop();
+            let q = qkv.pop();
+            match (q, k, v) {
+                (Some(q), Some(k), Some(v)) => (q, k, v),
+                _ => return Err(ModelError::MissingTensor(p("attn_qkv.weight"))),
+            }
+        } else {
+            (
+                l.linear(&p("attn_q"), d, c.q_dim())?,
+                l.linear(&p("attn_k"), d, c.kv_dim())?,
+                l.linear(&p("attn_v"), d, c.v_dim())?,
+            )
+        };
+        let ffn = match &c.moe {
+            Some(moe) => {
+                let (n, f) = (moe.n_experts, moe.expert_ffn_dim);
+                let stacked = |role: &str, inp, out| {
+                    (0..n)
+                        .map(|e| l.expert(&p(role), e, n, inp, out))
+                        .collect::<Result<Vec<_>, _>>()
+                };
+                Ffn::Moe(MoeFfn {
+                    router: l.linear(&p("ffn_gate_inp"), d, n)?,
+                    gate: stacked("ffn_gate_exps.weight", d, f)?,
+                    up: stacked("ffn_up_exps.weight", d, f)?,
+                    down: stacked("ffn_down_exps.weight", f, d)?,
+                })
+            }
+            None => {
+                let f = c.ffn_dim;
+                let (gate, up) = if source.tensor(&p("ffn_gate.weight"))?.is_some() {
+                    (
+                        l.linear(&p("ffn_gate"), d, f)?,
+                        l.linear(&p("ffn_up"), d, f)?,
+                    )
+                } else {
+                    // Phi-3: one matrix of 2·ffn rows, gate first (GGUF `ffn_up`, HF
+                    // `gate_up_proj`).
+                    let fused = if source.tensor(&p("ffn_gate_up.weight"))?.is_some() {
+                        p("ffn_gate_up")
+                    } else {
+                        p("ffn_up")
+                    };
+                    let mut gu = l.split_linear(&fused, d, &[f, f])?;
+                    match (gu.pop(), gu.pop()) {
+                        (Some(up), Some(gate)) => (gate, up),
+                        _ => return Err(ModelError::MissingTensor(p("ffn_gate.weight"))),
+                    }
+                };
+                Ffn::Dense {
+                    gate,
+                    up,
+                    down: l.linear(&p("ffn_down"), f, d)?,
+                }
+            }
+        };
         layers.push(DecoderLayer {
             attn_norm: l.vector(&p("attn_norm.weight"), d)?,
-            q: l.linear(&p("attn_q"), d, c.q_dim())?,
-            k: l.linear(&p("attn_k"), d, c.kv_dim())?,
-            v: l.linear(&p("attn_v"), d, c.v_dim())?,
+            q,
+            k,
+            v,
             q_norm: l.optional_vector(&p("attn_q_norm.weight"), c.head_dim)?,
             k_norm: l.optional_vector(&p("attn_k_norm.weight"), c.head_dim)?,
             o: l.linear(&p("attn_output"), c.n_heads * c.head_dim_v, d)?,
             post_attn_norm: l.optional_vector(&p("post_attention_norm.weight"), d)?,
             ffn_norm: l.vector(&p("ffn_norm.weight"), d)?,
-            gate: l.linear(&p("ffn_gate"), d, c.ffn_dim)?,
-            up: l.linear(&p("ffn_up"), d, c.ffn_dim)?,
-            down: l.linear(&p("ffn_down"), c.ffn_dim, d)?,
+            ffn,
             post_ffn_norm: l.optional_vector(&p("post_ffw_norm.weight"), d)?,
         });
     }

@@ -173,14 +173,8 @@ fn modernbert(c: &HfConfig) -> Result<EncoderConfig, ModelError> {
         gated_ffn: true,
         activation: activation(c, "hidden_activation")?,
         positions: EncoderPositions::Rope {
-            global: RopeConfig {
-                base: global,
-                freq_scale: 1.0,
-            },
-            local: RopeConfig {
-                base: local_theta,
-                freq_scale: 1.0,
-            },
+            global: RopeConfig::plain(global),
+            local: RopeConfig::plain(local_theta),
         },
         type_vocab_size: 0,
         layer_attention,

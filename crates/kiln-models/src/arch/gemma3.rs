@@ -60,13 +60,11 @@ pub(crate) fn config(file: &GgufFile) -> Result<DecoderConfig, ModelError> {
         rope_kind: RopeKind::Neox,
         rope_dim: m.usize_or("rope.dimension_count", head_dim)?,
         rope_global: RopeConfig {
-            base: m.f32_or("rope.freq_base", 1_000_000.0)?,
             freq_scale: 1.0 / scaling,
+            ..RopeConfig::plain(m.f32_or("rope.freq_base", 1_000_000.0)?)
         },
-        rope_local: RopeConfig {
-            base: LOCAL_ROPE_BASE,
-            freq_scale: 1.0,
-        },
+        rope_local: RopeConfig::plain(LOCAL_ROPE_BASE),
+        rope_long: None,
         layer_attention: (0..n_layers)
             .map(|i| {
                 if (i + 1) % SLIDING_WINDOW_PATTERN == 0 {
@@ -80,5 +78,6 @@ pub(crate) fn config(file: &GgufFile) -> Result<DecoderConfig, ModelError> {
         attn_logit_softcap: None,
         activation: FfnActivation::GeluTanh,
         embed_scale: Some((d_model as f32).sqrt()),
+        moe: None,
     })
 }

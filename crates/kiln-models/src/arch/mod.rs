@@ -2,23 +2,39 @@
 
 mod encoders;
 mod gemma3;
+mod llama;
 
 pub use encoders::{encoder_config, SUPPORTED_ENCODERS};
 
 use kiln_core::config::DecoderConfig;
 use kiln_formats::GgufFile;
 
+use crate::hf::HfConfig;
+use crate::weights::HfNames;
 use crate::ModelError;
 
-/// Architectures (`general.architecture`) kiln can run.
-pub const SUPPORTED: &[&str] = &["gemma3"];
+/// GGUF architectures (`general.architecture`) kiln can run as decoders.
+pub const SUPPORTED: &[&str] = &["gemma3", "llama", "qwen2", "qwen3", "qwen3moe", "phi3"];
+
+/// Hugging Face `model_type`s kiln can run as decoders from safetensors.
+pub const SUPPORTED_HF_DECODERS: &[&str] = llama::HF_TYPES;
 
 /// Read the decoder configuration of architecture `arch` from a GGUF file.
 pub fn decoder_config(arch: &str, file: &GgufFile) -> Result<DecoderConfig, ModelError> {
     match arch {
         "gemma3" => gemma3::config(file),
+        a if llama::GGUF_ARCHES.contains(&a) => llama::gguf_config(a, file),
         other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
     }
+}
+
+/// The decoder configuration of a Hugging Face `config.json`, and its tensor naming.
+pub(crate) fn hf_decoder_config(c: &HfConfig) -> Result<(DecoderConfig, HfNames), ModelError> {
+    let model_type = c.model_type()?;
+    if !SUPPORTED_HF_DECODERS.contains(&model_type) {
+        return Err(ModelError::UnsupportedHfModel(model_type.to_string()));
+    }
+    llama::hf_config(c)
 }
 
 /// Typed access to `<arch>.<key>` metadata with errors that name the key.
@@ -56,6 +72,25 @@ impl<'a> Meta<'a> {
             return Ok(default);
         }
         self.usize(key)
+    }
+
+    /// A count that may be absent or 0 (absent reads as 0).
+    pub(crate) fn usize_or_zero(&self, key: &str) -> Result<usize, ModelError> {
+        let k = self.key(key);
+        if self.file.get(&k).is_none() {
+            return Ok(0);
+        }
+        let v = self.file.get_u64(&k).map_err(|e| ModelError::Metadata {
+            key: k.clone(),
+            detail: e.to_string(),
+        })?;
+        usize::try_from(v)
+            .ok()
+            .filter(|&v| v <= 1 << 32)
+            .ok_or(ModelError::Metadata {
+                key: k,
+                detail: format!("value {v} is out of range"),
+            })
     }
 
     pub(crate) fn f32(&self, key: &str) -> Result<f32, ModelError> {

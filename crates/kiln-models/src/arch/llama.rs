@@ -1,0 +1,463 @@
+//! The Llama lineage: Llama 2/3.x, Mistral, Mixtral, Qwen2/2.5, Qwen3, Qwen3-MoE and Phi-3, from
+//! GGUF metadata or a Hugging Face `config.json`. They share one block (pre-norm RMSNorm, rotary
+//! attention with grouped KV heads, SiLU-gated FFN) and differ only in the fields of
+//! [`DecoderConfig`] set here.
+//!
+//! Facts that differ between the two formats:
+//! - **Rotary layout.** llama.cpp's converter permutes the Q/K rows of `llama`-architecture GGUFs
+//!   (Llama, Mistral, Mixtral) so that rotation pairs are adjacent ([`RopeKind::Normal`]); every
+//!   other GGUF and every HF checkpoint rotates halves ([`RopeKind::Neox`]). The weights are never
+//!   permuted back: the rope style follows the file.
+//! - **Frequency scaling.** Llama 3.1's scaling and Phi-3's long-rope factors are per-pair
+//!   divisors: GGUF stores them as tensors (`rope_freqs`, `rope_factors_short/long`); from HF they
+//!   are computed here from `rope_scaling` / `rope_parameters` as transformers does.
+//! - **Sliding windows.** The converter drops Mistral's `sliding_window` (llama.cpp runs Mistral
+//!   with full attention), so a Mistral GGUF attends globally and its HF checkpoint does not;
+//!   kiln follows the file. Phi-3's window is in both.
+//! - **Expert weights normalisation.** llama.cpp always renormalises Qwen3-MoE's top-k weights
+//!   (`expert_weights_norm` absent); HF follows `norm_topk_prob`.
+
+use std::f64::consts::PI;
+use std::sync::Arc;
+
+use kiln_core::config::{
+    DecoderConfig, FfnActivation, LayerAttention, LongRope, MoeConfig, RopeConfig, RopeKind,
+};
+use kiln_formats::GgufFile;
+use serde_json::Value;
+
+use super::Meta;
+use crate::hf::HfConfig;
+use crate::weights::HfNames;
+use crate::ModelError;
+
+/// GGUF architectures of this lineage.
+pub(crate) const GGUF_ARCHES: &[&str] = &["llama", "qwen2", "qwen3", "qwen3moe", "phi3"];
+
+/// HF `model_type`s of this lineage.
+pub(crate) const HF_TYPES: &[&str] = &[
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "phi3",
+];
+
+/// Shape fields every family has, before the family's particulars are applied.
+struct Common {
+    arch: String,
+    vocab_size: usize,
+    d_model: usize,
+    n_layers: usize,
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    ffn_dim: usize,
+    norm_eps: f32,
+    context_length: usize,
+    rope_dim: usize,
+}
+
+impl Common {
+    fn build(
+        self,
+        rope_kind: RopeKind,
+        rope: RopeConfig,
+        rope_long: Option<LongRope>,
+        layer_attention: Vec<LayerAttention>,
+        moe: Option<MoeConfig>,
+    ) -> Result<DecoderConfig, String> {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
+            return Err(format!(
+                "{} KV heads do not divide {} query heads",
+                self.n_kv_heads, self.n_heads
+            ));
+        }
+        if self.rope_dim > self.head_dim || !self.rope_dim.is_multiple_of(2) {
+            return Err(format!(
+                "rotary width {} does not fit heads of {}",
+                self.rope_dim, self.head_dim
+            ));
+        }
+        let pairs = self.rope_dim / 2;
+        for r in std::iter::once(&rope).chain(rope_long.as_ref().map(|l| &l.rope)) {
+            if let Some(f) = &r.freq_factors {
+                if f.len() != pairs || f.iter().any(|&x| !(x.is_finite() && x > 0.0)) {
+                    return Err(format!(
+                        "{} rope frequency factors for {pairs} rotary pairs (each must be a \
+                         positive number)",
+                        f.len()
+                    ));
+                }
+            }
+        }
+        if let Some(m) = &moe {
+            if m.top_k == 0 || m.top_k > m.n_experts {
+                return Err(format!(
+                    "{} experts per token out of {}",
+                    m.top_k, m.n_experts
+                ));
+            }
+        }
+        Ok(DecoderConfig {
+            arch: self.arch,
+            vocab_size: self.vocab_size,
+            d_model: self.d_model,
+            n_layers: self.n_layers,
+            n_heads: self.n_heads,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
+            head_dim_v: self.head_dim,
+            ffn_dim: self.ffn_dim,
+            norm_eps: self.norm_eps,
+            context_length: self.context_length,
+            rope_kind,
+            rope_dim: self.rope_dim,
+            rope_global: rope.clone(),
+            rope_local: rope,
+            rope_long,
+            layer_attention,
+            attention_scale: 1.0 / (self.head_dim as f32).sqrt(),
+            attn_logit_softcap: None,
+            activation: FfnActivation::Silu,
+            embed_scale: None,
+            moe,
+        })
+    }
+}
+
+/// A 1-D F32 tensor of the file (rope factors), `None` when absent.
+fn f32_vector(file: &GgufFile, name: &str) -> Result<Option<Arc<[f32]>>, ModelError> {
+    let Some(info) = file.tensor(name) else {
+        return Ok(None);
+    };
+    if info.ty != kiln_core::GgmlType::F32 || info.dims.len() != 1 {
+        return Err(ModelError::Metadata {
+            key: name.into(),
+            detail: format!(
+                "expected a 1-D F32 tensor, found {} {:?}",
+                info.ty, info.dims
+            ),
+        });
+    }
+    let bytes = file.tensor_data(info);
+    Ok(Some(
+        bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+    ))
+}
+
+/// The decoder configuration of a GGUF of this lineage (`arch` is one of [`GGUF_ARCHES`]).
+pub(crate) fn gguf_config(arch: &str, file: &GgufFile) -> Result<DecoderConfig, ModelError> {
+    let m = Meta::new(file, arch);
+    let bad = |key: &str, detail: String| ModelError::Metadata {
+        key: format!("{arch}.{key}"),
+        detail,
+    };
+    let d_model = m.usize("embedding_length")?;
+    let n_layers = m.usize("block_count")?;
+    let n_heads = m.usize("attention.head_count")?;
+    let head_dim = m.usize_or("attention.key_length", d_model / n_heads)?;
+    let vocab_size = file
+        .tensor("token_embd.weight")
+        .and_then(|t| t.dims.get(1).copied())
+        .and_then(|v| usize::try_from(v).ok())
+        .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?;
+    let common = Common {
+        arch: arch.to_string(),
+        vocab_size,
+        d_model,
+        n_layers,
+        n_heads,
+        n_kv_heads: m.usize_or("attention.head_count_kv", n_heads)?,
+        head_dim,
+        ffn_dim: m.usize("feed_forward_length")?,
+        norm_eps: m.f32("attention.layer_norm_rms_epsilon")?,
+        context_length: m.usize("context_length")?,
+        rope_dim: m.usize_or("rope.dimension_count", head_dim)?,
+    };
+
+    let mut rope = RopeConfig::plain(m.f32_or("rope.freq_base", 10_000.0)?);
+    let scaling = file
+        .get_str(&format!("{arch}.rope.scaling.type"))
+        .unwrap_or("none");
+    match scaling {
+        "none" => {}
+        "linear" => rope.freq_scale = 1.0 / m.f32("rope.scaling.factor")?,
+        other => {
+            return Err(bad(
+                "rope.scaling.type",
+                format!("rope scaling \"{other}\" is not supported (supported: none, linear)"),
+            ))
+        }
+    }
+    rope.freq_factors = f32_vector(file, "rope_freqs.weight")?;
+    let mut rope_long = None;
+    if let Some(long) = f32_vector(file, "rope_factors_long.weight")? {
+        // Phi-3 long-rope: short factors up to the original context, long ones beyond.
+        let mscale = m.f32_or("rope.scaling.attn_factor", 1.0)?;
+        rope.freq_factors = f32_vector(file, "rope_factors_short.weight")?;
+        rope.mscale = mscale;
+        rope_long = Some(LongRope {
+            original_context: m.usize("rope.scaling.original_context_length")?,
+            rope: RopeConfig {
+                freq_factors: Some(long),
+                ..rope.clone()
+            },
+        });
+    }
+
+    let window = m.usize_or_zero("attention.sliding_window")?;
+    let layer_attention = vec![
+        if window > 0 {
+            LayerAttention::Sliding { window }
+        } else {
+            LayerAttention::Global
+        };
+        n_layers
+    ];
+    let n_experts = m.usize_or_zero("expert_count")?;
+    let moe = if n_experts > 0 {
+        Some(MoeConfig {
+            n_experts,
+            top_k: m.usize("expert_used_count")?,
+            normalize_top_k: file
+                .get_bool(&format!("{arch}.expert_weights_norm"))
+                .unwrap_or(true),
+            expert_ffn_dim: m.usize_or("expert_feed_forward_length", common.ffn_dim)?,
+        })
+    } else {
+        None
+    };
+    let rope_kind = if arch == "llama" {
+        RopeKind::Normal
+    } else {
+        RopeKind::Neox
+    };
+    common
+        .build(rope_kind, rope, rope_long, layer_attention, moe)
+        .map_err(|detail| bad("", detail))
+}
+
+/// A Hugging Face decoder of this lineage: its configuration and how its tensors are named.
+pub(crate) fn hf_config(c: &HfConfig) -> Result<(DecoderConfig, HfNames), ModelError> {
+    let model_type = c.model_type()?.to_string();
+    let d_model = c.usize("hidden_size")?;
+    let n_layers = c.usize("num_hidden_layers")?;
+    let n_heads = c.usize("num_attention_heads")?;
+    let head_dim = c.usize_or("head_dim", d_model / n_heads)?;
+    let partial = c.f32_or("partial_rotary_factor", 1.0)?;
+    let rope_dim = if partial == 1.0 {
+        head_dim
+    } else {
+        ((head_dim as f32 * partial) as usize) & !1
+    };
+    let context_length = c.usize("max_position_embeddings")?;
+    let common = Common {
+        arch: model_type.clone(),
+        vocab_size: c.usize("vocab_size")?,
+        d_model,
+        n_layers,
+        n_heads,
+        n_kv_heads: c.usize_or("num_key_value_heads", n_heads)?,
+        head_dim,
+        ffn_dim: c.usize("intermediate_size")?,
+        norm_eps: c.f32("rms_norm_eps")?,
+        context_length,
+        rope_dim,
+    };
+    let act = c.str_or("hidden_act", "silu")?;
+    if act != "silu" {
+        return Err(c.error(
+            "hidden_act",
+            format!("activation \"{act}\" is not supported (this family uses silu)"),
+        ));
+    }
+
+    let (rope, rope_long) = hf_rope(c, rope_dim, context_length)?;
+    let layer_attention = hf_layer_attention(c, &model_type, n_layers)?;
+    let (moe, names) = match model_type.as_str() {
+        "qwen3_moe" => {
+            let step = c.usize_or("decoder_sparse_step", 1)?;
+            let dense_layers = c
+                .raw("mlp_only_layers")
+                .and_then(Value::as_array)
+                .is_some_and(|a| !a.is_empty());
+            if step != 1 || dense_layers {
+                return Err(c.error(
+                    "decoder_sparse_step",
+                    "models that mix dense and expert layers are not supported",
+                ));
+            }
+            let moe = MoeConfig {
+                n_experts: c.usize("num_experts")?,
+                top_k: c.usize("num_experts_per_tok")?,
+                normalize_top_k: c.bool_or("norm_topk_prob", false)?,
+                expert_ffn_dim: c.usize("moe_intermediate_size")?,
+            };
+            (Some(moe), HfNames::Llama)
+        }
+        "mixtral" => {
+            let moe = MoeConfig {
+                n_experts: c.usize("num_local_experts")?,
+                top_k: c.usize("num_experts_per_tok")?,
+                normalize_top_k: true,
+                expert_ffn_dim: c.usize("intermediate_size")?,
+            };
+            (Some(moe), HfNames::Mixtral)
+        }
+        _ => (None, HfNames::Llama),
+    };
+    let config = common
+        .build(RopeKind::Neox, rope, rope_long, layer_attention, moe)
+        .map_err(|detail| c.error("", detail))?;
+    Ok((config, names))
+}
+
+/// The rope scaling dictionary (`rope_parameters` in transformers 5, `rope_scaling` before) and
+/// the base, which transformers 5 moved inside it.
+fn hf_rope(
+    c: &HfConfig,
+    rope_dim: usize,
+    context_length: usize,
+) -> Result<(RopeConfig, Option<LongRope>), ModelError> {
+    let (key, params) = ["rope_parameters", "rope_scaling"]
+        .into_iter()
+        .find_map(|k| match c.raw(k) {
+            Some(Value::Object(o)) => Some((k, Some(o))),
+            _ => None,
+        })
+        .unwrap_or(("rope_scaling", None));
+    let num = |name: &str| params.and_then(|p| p.get(name)).and_then(Value::as_f64);
+    let base = match num("rope_theta") {
+        Some(b) => b as f32,
+        None => c.f32_or("rope_theta", 10_000.0)?,
+    };
+    let mut rope = RopeConfig::plain(base);
+    let kind = params
+        .and_then(|p| p.get("rope_type").or_else(|| p.get("type")))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let need = |name: &str| {
+        num(name).ok_or_else(|| c.error(key, format!("\"{kind}\" scaling needs \"{name}\"")))
+    };
+    let pairs = rope_dim / 2;
+    // Rotary frequencies as transformers computes them (f32 exponent, then the reciprocal).
+    let inv_freq = |i: usize| 1.0 / (base as f64).powf((2 * i) as f64 / rope_dim as f64);
+    let mut long = None;
+    match kind {
+        "default" => {}
+        "linear" => rope.freq_scale = 1.0 / need("factor")? as f32,
+        "llama3" => {
+            let factor = need("factor")?;
+            let low = need("low_freq_factor")?;
+            let high = need("high_freq_factor")?;
+            let old_ctx = need("original_max_position_embeddings")?;
+            let (low_wavelen, high_wavelen) = (old_ctx / low, old_ctx / high);
+            let factors = (0..pairs)
+                .map(|i| {
+                    let wavelen = 2.0 * PI / inv_freq(i);
+                    if wavelen < high_wavelen {
+                        1.0
+                    } else if wavelen > low_wavelen {
+                        factor as f32
+                    } else {
+                        let smooth = (old_ctx / wavelen - low) / (high - low);
+                        (1.0 / ((1.0 - smooth) / factor + smooth)) as f32
+                    }
+                })
+                .collect();
+            rope.freq_factors = Some(factors);
+        }
+        "longrope" | "su" => {
+            let list = |name: &str| -> Result<Arc<[f32]>, ModelError> {
+                params
+                    .and_then(|p| p.get(name))
+                    .and_then(Value::as_array)
+                    .and_then(|a| a.iter().map(|v| v.as_f64().map(|x| x as f32)).collect())
+                    .ok_or_else(|| c.error(key, format!("\"{kind}\" scaling needs \"{name}\"")))
+            };
+            let original = match num("original_max_position_embeddings") {
+                Some(o) => o as usize,
+                None => c.usize("original_max_position_embeddings")?,
+            };
+            let factor = num("factor").unwrap_or(context_length as f64 / original as f64);
+            rope.mscale = match num("attention_factor") {
+                Some(a) => a as f32,
+                None if factor <= 1.0 => 1.0,
+                None => (1.0 + factor.ln() / (original as f64).ln()).sqrt() as f32,
+            };
+            rope.freq_factors = Some(list("short_factor")?);
+            long = Some(LongRope {
+                original_context: original,
+                rope: RopeConfig {
+                    freq_factors: Some(list("long_factor")?),
+                    ..rope.clone()
+                },
+            });
+        }
+        other => {
+            return Err(c.error(
+                key,
+                format!(
+                    "rope scaling \"{other}\" is not supported \
+                     (supported: default, linear, llama3, longrope)"
+                ),
+            ))
+        }
+    }
+    Ok((rope, long))
+}
+
+/// Which layers attend through a sliding window: `layer_types` when the config lists them,
+/// otherwise the family's rule for `sliding_window`.
+fn hf_layer_attention(
+    c: &HfConfig,
+    model_type: &str,
+    n_layers: usize,
+) -> Result<Vec<LayerAttention>, ModelError> {
+    let window = match c.raw("sliding_window") {
+        None | Some(Value::Null) => None,
+        Some(_) => Some(c.usize("sliding_window")?),
+    };
+    if let Some(types) = c.raw("layer_types").and_then(Value::as_array) {
+        if types.len() != n_layers {
+            return Err(c.error(
+                "layer_types",
+                format!("{} entries for {n_layers} layers", types.len()),
+            ));
+        }
+        return types
+            .iter()
+            .map(|t| match (t.as_str(), window) {
+                (Some("full_attention"), _) => Ok(LayerAttention::Global),
+                (Some("sliding_attention"), Some(window)) => Ok(LayerAttention::Sliding { window }),
+                _ => Err(c.error(
+                    "layer_types",
+                    format!("layer type {t} is not supported (or no sliding_window is given)"),
+                )),
+            })
+            .collect();
+    }
+    let sliding_from = match model_type {
+        // Qwen: only with `use_sliding_window`, and only from `max_window_layers` on.
+        "qwen2" | "qwen3" | "qwen3_moe" => {
+            if c.bool_or("use_sliding_window", false)? {
+                c.usize_or("max_window_layers", 0)?
+            } else {
+                n_layers
+            }
+        }
+        _ => 0,
+    };
+    Ok((0..n_layers)
+        .map(|i| match window {
+            Some(window) if i >= sliding_from => LayerAttention::Sliding { window },
+            _ => LayerAttention::Global,
+        })
+        .collect())
+}
