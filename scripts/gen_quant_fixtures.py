@@ -28,6 +28,19 @@ each quantized weight type, random activations and what ggml makes of them:
     <TYPE>.dot.act   ggml's quantize_row_q8_0_ref / q8_1_ref / q8_K_ref of each row
     <TYPE>.dot.out   ggml's ggml_vec_dot_<type>_<q8> of the <TYPE>.bin row with each, f32
 
+and, for every type kiln quantizes weights to (F16, BF16, the legacy and k-quant formats, and
+Q8_K), f32 inputs and what ggml's reference quantizer makes of them:
+
+    <TYPE>.quant.x     inputs, little-endian f32, a whole number of blocks
+    <TYPE>.quant.bin   ggml's quantize_row_<type>_ref of them (F16: ggml_fp32_to_fp16_row,
+                       BF16: ggml_fp32_to_bf16_row_ref), the bytes a GGUF file would hold
+
+The inputs are one block per case: typical weights (normal, sigma 0.02), an all-zero block, a
+block with one huge outlier, tiny values (1e-6, and 1e-18, below ggml's GROUP_MAX_EPS), a
+negative-only, a positive-only and a constant negative block, uniform and heavy-tailed values,
+a block that is half zeros, and a few more normal blocks. F16/BF16 get rounding ties, subnormals,
+overflow, signed zeros, infinities and NaNs with payloads instead.
+
 Without the flag those files are left as they are.
 
 gguf has no Q8_K dequantizer (Q8_K is an activation format that never appears in model files).
@@ -84,6 +97,15 @@ GGML_DOTS = {
     "Q6_K": ("Q8_K", "ggml_vec_dot_q6_K_q8_K"),
 }
 ACT_BLOCK = {"Q8_0": (32, 34), "Q8_1": (32, 36), "Q8_K": (QK_K, 292)}
+# Types whose reference quantizer is recorded, with ggml's function for it.
+GGML_QUANTIZERS = {
+    "F16": "ggml_fp32_to_fp16_row",
+    "BF16": "ggml_fp32_to_bf16_row_ref",
+    **{name: f"quantize_row_{name.lower().replace('_k', '_K')}_ref"
+       for name in ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K"]},
+}
+# Extra normal blocks after the special cases (legacy blocks are short, so more of them).
+QUANT_EXTRA_BLOCKS = {32: 20, QK_K: 1}
 
 # A tiny driver around ggml's C: argv = dot name, activation format, n, weights, x, act out, dot out.
 HARNESS_C = r"""
@@ -101,6 +123,13 @@ DOT(ggml_vec_dot_q6_K_q8_K)
 void quantize_row_q8_0_ref(const float *, void *, int64_t);
 void quantize_row_q8_1_ref(const float *, void *, int64_t);
 void quantize_row_q8_K_ref(const float *, void *, int64_t);
+#define QUANT(name) void name(const float *, void *, int64_t);
+QUANT(quantize_row_q4_0_ref) QUANT(quantize_row_q4_1_ref) QUANT(quantize_row_q5_0_ref)
+QUANT(quantize_row_q5_1_ref) QUANT(quantize_row_q2_K_ref) QUANT(quantize_row_q3_K_ref)
+QUANT(quantize_row_q4_K_ref) QUANT(quantize_row_q5_K_ref) QUANT(quantize_row_q6_K_ref)
+/* GGML_FP32_TO_FP16 / _BF16 of ggml-impl.h, in their own file (see F16_C). */
+void kiln_fp32_to_fp16_row(const float *, void *, int64_t);
+void kiln_fp32_to_bf16_row(const float *, void *, int64_t);
 /* What the rest of ggml would provide: the f16 table of the CPU backend and error hooks. */
 float ggml_table_f32_f16[1 << 16];
 void ggml_abort(const char *file, int line, const char *fmt, ...) { fprintf(stderr, "ggml_abort %s:%d\n", file, line); abort(); }
@@ -116,9 +145,32 @@ static void *slurp(const char *path, long *len) {
     fclose(f);
     return buf;
 }
+/* argv = quant, ggml function, x file, bytes per element block, elements per block, out file. */
+static int quant_main(char **argv) {
+    struct { const char *name; quant_fn fn; } fns[] = {
+        {"ggml_fp32_to_fp16_row", kiln_fp32_to_fp16_row}, {"ggml_fp32_to_bf16_row_ref", kiln_fp32_to_bf16_row},
+        {"quantize_row_q4_0_ref", quantize_row_q4_0_ref}, {"quantize_row_q4_1_ref", quantize_row_q4_1_ref},
+        {"quantize_row_q5_0_ref", quantize_row_q5_0_ref}, {"quantize_row_q5_1_ref", quantize_row_q5_1_ref},
+        {"quantize_row_q8_0_ref", quantize_row_q8_0_ref}, {"quantize_row_q2_K_ref", quantize_row_q2_K_ref},
+        {"quantize_row_q3_K_ref", quantize_row_q3_K_ref}, {"quantize_row_q4_K_ref", quantize_row_q4_K_ref},
+        {"quantize_row_q5_K_ref", quantize_row_q5_K_ref}, {"quantize_row_q6_K_ref", quantize_row_q6_K_ref},
+        {"quantize_row_q8_K_ref", quantize_row_q8_K_ref}};
+    quant_fn fn = NULL;
+    for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) if (!strcmp(argv[2], fns[i].name)) fn = fns[i].fn;
+    if (!fn) return 3;
+    long xl;
+    float *x = slurp(argv[3], &xl);
+    size_t type_size = atoi(argv[4]), block = atoi(argv[5]), n = xl / 4;
+    size_t out_len = n / block * type_size;
+    unsigned char *out = calloc(out_len + 64, 1);
+    fn(x, out, n);
+    FILE *fo = fopen(argv[6], "wb"); fwrite(out, 1, out_len, fo); fclose(fo);
+    return 0;
+}
 int main(int argc, char **argv) {
-    if (argc != 8) return 2;
     for (int i = 0; i < (1 << 16); i++) { uint16_t h = i; _Float16 v; memcpy(&v, &h, 2); ggml_table_f32_f16[i] = v; }
+    if (argc == 7 && !strcmp(argv[1], "quant")) return quant_main(argv);
+    if (argc != 8) return 2;
     struct { const char *name; dot_fn fn; } dots[] = {
         {"ggml_vec_dot_q4_0_q8_0", ggml_vec_dot_q4_0_q8_0}, {"ggml_vec_dot_q4_1_q8_1", ggml_vec_dot_q4_1_q8_1},
         {"ggml_vec_dot_q5_0_q8_0", ggml_vec_dot_q5_0_q8_0}, {"ggml_vec_dot_q5_1_q8_1", ggml_vec_dot_q5_1_q8_1},
@@ -147,6 +199,18 @@ int main(int argc, char **argv) {
     FILE *fa = fopen(argv[6], "wb"); fwrite(act, 1, rows * row_act, fa); fclose(fa);
     FILE *fo = fopen(argv[7], "wb"); fwrite(out, sizeof(float), rows, fo); fclose(fo);
     return 0;
+}
+"""
+
+# ggml's own fp32 -> fp16/bf16 conversions (static inline in ggml-impl.h, which the harness cannot
+# include next to its stand-ins for ggml.c), exported for the harness.
+F16_C = r"""
+#include "ggml-impl.h"
+void kiln_fp32_to_fp16_row(const float *x, void *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) ((ggml_fp16_t *)y)[i] = GGML_FP32_TO_FP16(x[i]);
+}
+void kiln_fp32_to_bf16_row(const float *x, void *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) ((ggml_bf16_t *)y)[i] = GGML_FP32_TO_BF16(x[i]);
 }
 """
 
@@ -205,40 +269,116 @@ def build_harness(llama_cpp: pathlib.Path, workdir: pathlib.Path) -> pathlib.Pat
     flags = ["-O2", "-std=gnu11", "-ffp-contract=off", "-DGGML_CPU_GENERIC", "-w",
              f"-I{ggml / 'include'}", f"-I{ggml / 'src'}", f"-I{ggml / 'src' / 'ggml-cpu'}"]
     (workdir / "harness.c").write_text(HARNESS_C)
+    (workdir / "f16.c").write_text(F16_C)
     exe = workdir / "harness"
-    sources = [ggml / "src" / "ggml-quants.c", ggml / "src" / "ggml-cpu" / "quants.c", workdir / "harness.c"]
+    sources = [ggml / "src" / "ggml-quants.c", ggml / "src" / "ggml-cpu" / "quants.c", workdir / "harness.c",
+               workdir / "f16.c"]
     subprocess.run(["gcc", *flags, *map(str, sources), "-lm", "-o", str(exe)], check=True)
     return exe
 
 
-def ggml_dots(rng: np.random.Generator, llama_cpp: pathlib.Path) -> list[str]:
+def quant_blocks(rng: np.random.Generator, block: int) -> np.ndarray:
+    """The quantizer inputs of one block type: one block per case of the module doc."""
+    normal = lambda: rng.normal(0.0, 0.02, block)  # noqa: E731
+    outlier = normal()
+    outlier[rng.integers(block)] = 40.0 * rng.choice([-1.0, 1.0])
+    half_zero = normal()
+    # Every other group of 16 is zero (for a legacy block of 32: its first half).
+    half_zero.reshape(-1, 16)[::2] = 0.0
+    cases = [
+        normal(),
+        np.zeros(block),
+        outlier,
+        normal() * 5e-5,
+        normal() * 5e-17,
+        -np.abs(normal()),
+        np.abs(normal()),
+        np.full(block, -0.0371),
+        rng.uniform(-1.0, 1.0, block),
+        rng.standard_t(3, block) * 0.05,
+        half_zero,
+        *[normal() for _ in range(QUANT_EXTRA_BLOCKS[block])],
+    ]
+    return np.concatenate(cases).astype(np.float32)
+
+
+def float_cases(rng: np.random.Generator, name: str) -> np.ndarray:
+    """F16/BF16 inputs: rounding ties and their neighbours, subnormals, overflow, ±0, ±inf, NaNs."""
+    if name == "F16":
+        lo = rng.integers(0, 0x7BFF, 96).astype(np.uint16).view(np.float16).astype(np.float32)
+        hi = (lo.astype(np.float16).view(np.uint16) + 1).view(np.float16).astype(np.float32)
+        ties = lo + (hi - lo) / 2  # exact in f32: f16 has 11 significant bits
+        special = [65504.0, 65519.0, 65519.996, 65520.0, 1e5, 6.1e-5, 6e-8, 2.9e-8, 3e-8, 1e-10]
+    else:
+        bits = rng.integers(0, 0x7F7F, 96).astype(np.uint32) << 16
+        lo = bits.view(np.float32)
+        ties = (bits | 0x8000).view(np.float32)
+        special = [3.3895314e38, 3.4e38, 1e-40, 1e-45, 9.2e-41]
+    near = np.concatenate([ties.view(np.uint32) - 1, ties.view(np.uint32) + 1]).view(np.float32)
+    # NaNs built from bits and every piece kept in float32: a trip through float64 would quiet
+    # the signalling ones.
+    nans = np.array([0x7FC00000, 0x7F800001, 0xFFC00123, 0x7FA5A5A5, 0x7F80FFFF], dtype=np.uint32).view(np.float32)
+    pieces = [lo, ties, near, special, [0.0, -0.0, np.inf, -np.inf], rng.normal(0.0, 1.0, 64)]
+    values = np.concatenate([np.asarray(p, dtype=np.float32) for p in pieces])
+    # Random signs by flipping the sign bit (no arithmetic on the values).
+    flip = (rng.random(values.size) < 0.5).astype(np.uint32) << 31
+    return np.concatenate([(values.view(np.uint32) ^ flip).view(np.float32), nans])
+
+
+def ggml_quants(rng: np.random.Generator, exe: pathlib.Path) -> list[str]:
+    """Writes <TYPE>.quant.{x,bin}: inputs and ggml's reference quantization of them."""
+    lines = []
+    for name, fn in GGML_QUANTIZERS.items():
+        if name in ("F16", "BF16"):
+            x, block, type_size = float_cases(rng, name), 1, 2
+        else:
+            block, type_size = LAYOUTS[name][:2]
+            x = quant_blocks(rng, block)
+        (OUT / f"{name}.quant.x").write_bytes(x.astype("<f4").tobytes())
+        subprocess.run(
+            [str(exe), "quant", fn, str(OUT / f"{name}.quant.x"), str(type_size), str(block),
+             str(OUT / f"{name}.quant.bin")],
+            check=True,
+        )
+        assert (OUT / f"{name}.quant.bin").stat().st_size == x.size // block * type_size
+        lines.append(f"| {name} | {x.size} | {fn} |")
+    return lines
+
+
+def ggml_fixtures(llama_cpp: pathlib.Path) -> tuple[list[str], list[str]]:
+    """Builds the harness once and writes the dot (seed SEED + 1) and quantizer (SEED + 2) fixtures."""
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = build_harness(llama_cpp, pathlib.Path(tmp))
+        dots = ggml_dots(np.random.default_rng(SEED + 1), exe)
+        quants = ggml_quants(np.random.default_rng(SEED + 2), exe)
+    return dots, quants
+
+
+def ggml_dots(rng: np.random.Generator, exe: pathlib.Path) -> list[str]:
     """Writes <TYPE>.dot.{x,act,out}: random activations, ggml's Q8 encoding and ggml's dot."""
     lines = []
-    with tempfile.TemporaryDirectory() as tmp:
-        workdir = pathlib.Path(tmp)
-        exe = build_harness(llama_cpp, workdir)
-        for name, (act_ty, dot) in GGML_DOTS.items():
-            block_size, type_size, _, n_blocks = LAYOUTS[name]
-            n = n_blocks * block_size
-            rows = DOT_ROUNDS[block_size]
-            x = rng.uniform(-1.0, 1.0, size=(rows, n)).astype(np.float32)
-            outliers = rng.random(size=x.shape) < 1 / 64
-            x[outliers] *= 30.0
-            (OUT / f"{name}.dot.x").write_bytes(x.astype("<f4").tobytes())
-            subprocess.run(
-                [str(exe), dot, act_ty, str(n), str(OUT / f"{name}.bin"), str(OUT / f"{name}.dot.x"),
-                 str(OUT / f"{name}.dot.act"), str(OUT / f"{name}.dot.out")],
-                check=True,
-            )
-            act_block, act_bytes = ACT_BLOCK[act_ty]
-            assert (OUT / f"{name}.dot.act").stat().st_size == rows * n // act_block * act_bytes
-            lines.append(f"| {name} | {rows} x {n} | {act_ty} | {dot} |")
+    for name, (act_ty, dot) in GGML_DOTS.items():
+        block_size, type_size, _, n_blocks = LAYOUTS[name]
+        n = n_blocks * block_size
+        rows = DOT_ROUNDS[block_size]
+        x = rng.uniform(-1.0, 1.0, size=(rows, n)).astype(np.float32)
+        outliers = rng.random(size=x.shape) < 1 / 64
+        x[outliers] *= 30.0
+        (OUT / f"{name}.dot.x").write_bytes(x.astype("<f4").tobytes())
+        subprocess.run(
+            [str(exe), dot, act_ty, str(n), str(OUT / f"{name}.bin"), str(OUT / f"{name}.dot.x"),
+             str(OUT / f"{name}.dot.act"), str(OUT / f"{name}.dot.out")],
+            check=True,
+        )
+        act_block, act_bytes = ACT_BLOCK[act_ty]
+        assert (OUT / f"{name}.dot.act").stat().st_size == rows * n // act_block * act_bytes
+        lines.append(f"| {name} | {rows} x {n} | {act_ty} | {dot} |")
     return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--llama-cpp", type=pathlib.Path, help="llama.cpp source tree: also write the ggml dot fixtures")
+    parser.add_argument("--llama-cpp", type=pathlib.Path, help="llama.cpp source tree: also write the ggml dot and quantizer fixtures")
     args = parser.parse_args()
     rng = np.random.default_rng(SEED)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -263,7 +403,7 @@ def main() -> None:
         (OUT / f"{name}.f32").write_bytes(expected.astype("<f4").tobytes())
         lines.append(f"| {name} | {expected.size} | {source} |")
 
-    dot_lines = ggml_dots(np.random.default_rng(SEED + 1), args.llama_cpp) if args.llama_cpp else None
+    ggml_lines = ggml_fixtures(args.llama_cpp) if args.llama_cpp else None
 
     gguf_version = importlib.metadata.version("gguf")
     readme = [
@@ -280,14 +420,15 @@ def main() -> None:
         *lines,
         "",
     ]
-    if dot_lines is None:
-        # Keep the ggml dot section of an earlier run with --llama-cpp.
+    if ggml_lines is None:
+        # Keep the ggml sections of an earlier run with --llama-cpp.
         previous = (OUT / "README.md").read_text() if (OUT / "README.md").exists() else ""
         marker = "## ggml dot products"
         if marker in previous:
             readme.append(previous[previous.index(marker):].rstrip("\n"))
             readme.append("")
     else:
+        dot_lines, quant_lines = ggml_lines
         readme += [
             "## ggml dot products",
             "",
@@ -299,6 +440,18 @@ def main() -> None:
             "| weights | activations (rows x elements) | format | ggml function |",
             "|---|---|---|---|",
             *dot_lines,
+            "",
+            "## ggml reference quantizers",
+            "",
+            f"Written with `--llama-cpp` (seed {SEED + 2}) by the same build: `<TYPE>.quant.x` inputs",
+            "(f32, one block per case: normal weights, all zero, one huge outlier, tiny values above",
+            "and below GROUP_MAX_EPS, negative-only, positive-only, constant, uniform, heavy-tailed,",
+            "half zero, more normal blocks; F16/BF16: ties, subnormals, overflow, ±0, ±inf, NaNs) and",
+            "`<TYPE>.quant.bin` the bytes ggml's reference quantizer writes for them.",
+            "",
+            "| type | elements | ggml function |",
+            "|---|---|---|",
+            *quant_lines,
             "",
         ]
     (OUT / "README.md").write_text("\n".join(readme))

@@ -13,9 +13,11 @@
 //! mismatches are programming errors of the caller but are still reported as
 //! [`BackendError::Shape`] rather than panics, so a malformed model file can never crash a server.
 
+pub mod gptq;
 mod ops;
 mod weight;
 
+pub use gptq::{GptqError, GptqMatrix, GptqTensors};
 pub use ops::{Activation, AttentionParams, PackedAttentionParams, RopeParams, RopeStyle};
 pub use weight::{Linear, WeightData};
 
@@ -70,6 +72,16 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Make a weight usable by this device. The CPU keeps a zero-copy view of the file; a GPU
     /// copies it once. Fails with [`BackendError::Weight`] for a type the device cannot compute.
     fn upload_weight(&self, data: &WeightData) -> Result<Self::Weight>;
+
+    /// Make a GPTQ 4-bit matrix usable by this device, kept packed. Devices without a GPTQ
+    /// kernel refuse it by name.
+    fn upload_gptq(&self, name: &str, matrix: std::sync::Arc<GptqMatrix>) -> Result<Self::Weight> {
+        let _ = matrix;
+        Err(BackendError::Weight {
+            name: name.to_string(),
+            detail: format!("the {} backend has no GPTQ kernel", self.name()),
+        })
+    }
 
     // ---- tensors -------------------------------------------------------------------------
     /// A `[rows, cols]` tensor of zeros.

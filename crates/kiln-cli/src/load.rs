@@ -61,9 +61,10 @@ pub fn load(model: &str, threads: usize) -> Result<Loaded> {
     let path = resolve(model)?;
     let t0 = Instant::now();
     let file = open_path(&path)?;
-    let tokenizer = tokenizer(&file)?;
     let backend = CpuBackend::new(threads)?;
+    // The model first: an architecture kiln does not run is the error worth reporting.
     let model = kiln_models::load_gguf_decoder(&backend, &file).context("loading the model")?;
+    let tokenizer = tokenizer(&file)?;
     Ok(Loaded {
         backend,
         model,

@@ -37,6 +37,8 @@ enum Command {
     Embed(commands::embed::EmbedArgs),
     /// Measure throughput (`kiln bench embed -f FILE`).
     Bench(commands::bench::BenchArgs),
+    /// Convert a GGUF model to a quantization mix (q4_k_m, q8_0, ...), as llama-quantize does.
+    Quantize(commands::quantize::QuantizeArgs),
 }
 
 fn main() -> ExitCode {
@@ -50,6 +52,7 @@ fn main() -> ExitCode {
         Command::Perplexity(a) => commands::perplexity::run(a),
         Command::Embed(a) => commands::embed::run(a),
         Command::Bench(a) => commands::bench::run(a),
+        Command::Quantize(a) => commands::quantize::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

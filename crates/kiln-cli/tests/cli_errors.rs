@@ -222,3 +222,64 @@ fn embedding_folders_with_missing_or_broken_files_are_named() {
         "line 1",
     );
 }
+
+/// `kiln inspect` ends with a verdict line: the architecture and whether kiln runs it, or the
+/// reason it does not, for GGUF files and Hugging Face folders alike.
+#[test]
+fn inspect_names_the_architecture_and_says_whether_kiln_runs_it() {
+    let home = temp_dir("inspect");
+    let fixtures =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kiln-models/tests/fixtures");
+    let verdict = |target: &std::path::Path| {
+        let out = kiln(&["inspect", target.to_str().unwrap()], "", &home);
+        assert!(out.status.success(), "{out:?}");
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        stdout.lines().last().unwrap_or_default().to_string()
+    };
+    let qwen3 = fixtures.join("decoders/qwen3");
+    let line = verdict(&qwen3.join("model-bf16.gguf"));
+    assert!(
+        line.starts_with("kiln: architecture qwen3 (decoder): supported"),
+        "{line}"
+    );
+    let line = verdict(&qwen3);
+    assert!(
+        line.starts_with("kiln: architecture qwen3 (decoder): supported"),
+        "{line}"
+    );
+
+    // An architecture kiln does not run is named, with the list of those it does.
+    let mut w = kiln_formats::GgufWriter::new();
+    w.add_meta(
+        "general.architecture",
+        kiln_formats::MetaValue::String("falcon".into()),
+    )
+    .unwrap();
+    let falcon = home.join("falcon.gguf");
+    std::fs::write(&falcon, w.to_bytes()).unwrap();
+    let line = verdict(&falcon);
+    assert!(
+        line.contains("architecture falcon (decoder): NOT supported") && line.contains("qwen3moe"),
+        "{line}"
+    );
+    let out = kiln(
+        &["run", "-m", falcon.to_str().unwrap(), "-p", "x"],
+        "",
+        &home,
+    );
+    assert_clean_failure(&out, "falcon");
+
+    // A Hugging Face folder of an unknown model type.
+    let folder = home.join("gpt-bigcode");
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::write(
+        folder.join("config.json"),
+        r#"{"model_type": "gpt_bigcode"}"#,
+    )
+    .unwrap();
+    let line = verdict(&folder);
+    assert!(
+        line.contains("gpt_bigcode") && line.contains("NOT supported"),
+        "{line}"
+    );
+}

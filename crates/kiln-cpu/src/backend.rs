@@ -1,9 +1,9 @@
 use std::ops::Range;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use kiln_backend::{
-    shape_err, Activation, AttentionParams, Backend, BackendError, Linear, PackedAttentionParams,
-    Result, RopeParams, WeightData,
+    shape_err, Activation, AttentionParams, Backend, BackendError, GptqMatrix, Linear,
+    PackedAttentionParams, Result, RopeParams, WeightData,
 };
 use kiln_core::{GgmlType, SharedBytes};
 
@@ -56,6 +56,8 @@ pub struct CpuWeight {
     /// A float matrix packed for the dense GEMM (`sgemm`), made on first dense use (F16 and
     /// BF16 converted while packing); the error is kept so every later call reports it.
     pub(crate) packed: OnceLock<std::result::Result<PackedWeight, String>>,
+    /// A GPTQ 4-bit matrix (then `ty` is I32, the checkpoint's word type, and `bytes` empty).
+    pub(crate) gptq: Option<Arc<GptqMatrix>>,
 }
 
 impl CpuWeight {
@@ -246,6 +248,20 @@ impl Backend for CpuBackend {
             bytes: data.bytes.clone(),
             values,
             packed: OnceLock::new(),
+            gptq: None,
+        })
+    }
+
+    fn upload_gptq(&self, _name: &str, matrix: Arc<GptqMatrix>) -> Result<CpuWeight> {
+        Ok(CpuWeight {
+            ty: GgmlType::I32,
+            row_len: matrix.in_features,
+            n_rows: matrix.out_features,
+            row_bytes: 0,
+            bytes: SharedBytes::from_vec(Vec::new()),
+            values: None,
+            packed: OnceLock::new(),
+            gptq: Some(matrix),
         })
     }
 

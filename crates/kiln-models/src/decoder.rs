@@ -123,29 +123,60 @@ impl<B: Backend> Decoder<B> {
         cache: &mut KvCache<B>,
         trace: &dyn Trace<B>,
     ) -> Result<B::Tensor, ModelError> {
-        b.run(|| self.forward_inner(b, ids, cache, trace))
+        b.run(|| self.forward_inner(b, &[ids], &mut [cache], trace))
+    }
+
+    /// Several sequences in one pass: sequence `i` continues `caches[i]`. Every matrix product
+    /// runs once over the tokens of all sequences; attention runs per sequence over its own
+    /// cache. Returns the final normalized hidden states of all tokens, sequence after sequence
+    /// (`(Σ len, d_model)`). A sequence's results do not depend on the others in the batch
+    /// beyond the rounding of matrix products over more rows.
+    pub fn forward_batch(
+        &self,
+        b: &B,
+        seqs: &[&[u32]],
+        caches: &mut [&mut KvCache<B>],
+        trace: &dyn Trace<B>,
+    ) -> Result<B::Tensor, ModelError> {
+        b.run(|| self.forward_inner(b, seqs, caches, trace))
     }
 
     fn forward_inner(
         &self,
         b: &B,
-        ids: &[u32],
-        cache: &mut KvCache<B>,
+        seqs: &[&[u32]],
+        caches: &mut [&mut KvCache<B>],
         trace: &dyn Trace<B>,
     ) -> Result<B::Tensor, ModelError> {
         let c = &self.config;
-        let n = ids.len();
+        if seqs.len() != caches.len() || seqs.is_empty() {
+            return Err(ModelError::Batch(format!(
+                "{} sequences with {} caches",
+                seqs.len(),
+                caches.len()
+            )));
+        }
+        let ids: Vec<u32> = seqs.concat();
         if let Some(&id) = ids.iter().find(|&&id| id as usize >= c.vocab_size) {
             return Err(ModelError::BadToken {
                 id,
                 vocab: c.vocab_size,
             });
         }
-        cache.check_room(n)?;
-        let pos0 = cache.len();
-        let positions: Vec<u32> = (pos0..pos0 + n).map(|p| p as u32).collect();
+        // Row range and first position of each sequence.
+        let mut spans = Vec::with_capacity(seqs.len());
+        let mut positions = Vec::with_capacity(ids.len());
+        let mut row = 0;
+        for (seq, cache) in seqs.iter().zip(caches.iter()) {
+            cache.check_room(seq.len())?;
+            let pos0 = cache.len();
+            positions.extend((pos0..pos0 + seq.len()).map(|p| p as u32));
+            spans.push((row..row + seq.len(), pos0));
+            row += seq.len();
+        }
+        let single = seqs.len() == 1;
 
-        let mut x = b.embedding(&self.token_embd, ids)?;
+        let mut x = b.embedding(&self.token_embd, &ids)?;
         if let Some(s) = c.embed_scale {
             x = b.scale(&x, s)?;
         }
@@ -166,9 +197,14 @@ impl<B: Backend> Decoder<B> {
                 LayerAttention::Global => None,
                 LayerAttention::Sliding { window } => Some(window),
             };
-            let rope = c.rope_for(attention, cache.capacity());
-            let rope_params =
-                |n_heads| RopeParams::new(rope, n_heads, c.head_dim, c.rope_dim, style);
+            let params = AttentionParams {
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv_heads,
+                head_dim: c.head_dim,
+                scale: c.attention_scale,
+                sliding_window: window,
+                softcap: c.attn_logit_softcap,
+            };
 
             // Attention block.
             let h = b.rms_norm(&x, &layer.attn_norm, c.norm_eps)?;
@@ -181,21 +217,52 @@ impl<B: Backend> Decoder<B> {
             if let Some(w) = &layer.k_norm {
                 k = b.rms_norm(&k, w, c.norm_eps)?;
             }
-            let q = b.rope(&q, &positions, &rope_params(c.n_heads))?;
-            let k = b.rope(&k, &positions, &rope_params(c.n_kv_heads))?;
-            trace.trace(b, "q", il, &q);
-            trace.trace(b, "k", il, &k);
-            b.write_rows(&mut cache.k[il], pos0, &k)?;
-            b.write_rows(&mut cache.v[il], pos0, &v)?;
-            let params = AttentionParams {
-                n_heads: c.n_heads,
-                n_kv_heads: c.n_kv_heads,
-                head_dim: c.head_dim,
-                scale: c.attention_scale,
-                sliding_window: window,
-                softcap: c.attn_logit_softcap,
+            // Per sequence: rope (its cache's capacity picks long-rope), cache append, attention.
+            let mut a = if single {
+                None
+            } else {
+                Some(b.zeros(ids.len(), c.n_heads * c.head_dim_v)?)
             };
-            let a = b.attention(&q, &cache.k[il], &cache.v[il], pos0, pos0 + n, &params)?;
+            let mut single_out = None;
+            for ((rows, pos0), cache) in spans.iter().zip(caches.iter_mut()) {
+                let rope = c.rope_for(attention, cache.capacity());
+                let rope_params =
+                    |n_heads| RopeParams::new(rope, n_heads, c.head_dim, c.rope_dim, style);
+                let pos = &positions[rows.clone()];
+                let (qs, ks, vs);
+                let (q_in, k_in, v_in) = if single {
+                    (&q, &k, &v)
+                } else {
+                    qs = b.rows(&q, rows.clone())?;
+                    ks = b.rows(&k, rows.clone())?;
+                    vs = b.rows(&v, rows.clone())?;
+                    (&qs, &ks, &vs)
+                };
+                let q_r = b.rope(q_in, pos, &rope_params(c.n_heads))?;
+                let k_r = b.rope(k_in, pos, &rope_params(c.n_kv_heads))?;
+                if single {
+                    trace.trace(b, "q", il, &q_r);
+                    trace.trace(b, "k", il, &k_r);
+                }
+                b.write_rows(&mut cache.k[il], *pos0, &k_r)?;
+                b.write_rows(&mut cache.v[il], *pos0, v_in)?;
+                let out = b.attention(
+                    &q_r,
+                    &cache.k[il],
+                    &cache.v[il],
+                    *pos0,
+                    *pos0 + rows.len(),
+                    &params,
+                )?;
+                match &mut a {
+                    Some(all) => b.write_rows(all, rows.start, &out)?,
+                    None => single_out = Some(out),
+                }
+            }
+            let a = match (a, single_out) {
+                (Some(a), _) | (None, Some(a)) => a,
+                (None, None) => return Err(ModelError::Batch("no sequence".into())),
+            };
             let a = b.matmul(&a, &layer.o)?;
             trace.trace(b, "attn_out", il, &a);
             x = match &layer.post_attn_norm {
@@ -219,7 +286,9 @@ impl<B: Backend> Decoder<B> {
             };
             trace.trace(b, "l_out", il, &x);
         }
-        cache.advance(n);
+        for (seq, cache) in seqs.iter().zip(caches.iter_mut()) {
+            cache.advance(seq.len());
+        }
         Ok(b.rms_norm(&x, &self.output_norm, c.norm_eps)?)
     }
 

@@ -25,6 +25,8 @@ pub enum ModelError {
     UnsupportedType { name: String, ty: GgmlType },
     #[error("context full: {needed} positions needed, the KV cache holds {capacity}")]
     ContextFull { needed: usize, capacity: usize },
+    #[error("bad batch: {0}")]
+    Batch(String),
     #[error("token id {id} is outside the vocabulary of {vocab} tokens")]
     BadToken { id: u32, vocab: usize },
     #[error("{file}: {detail}")]

@@ -15,11 +15,14 @@
 
 use std::sync::Arc;
 
-use kiln_backend::{Backend, Linear, WeightData};
+use kiln_backend::{Backend, GptqMatrix, GptqTensors, Linear, WeightData};
 use kiln_core::config::DecoderConfig;
+use kiln_formats::safetensors::Dtype;
 use kiln_formats::{GgufFile, SafetensorsModel};
+use serde_json::Value;
 
 use crate::decoder::{Ffn, MoeFfn};
+use crate::hf::HfConfig;
 use crate::{Decoder, DecoderLayer, ModelError};
 
 /// Tensors by GGUF name, with GGUF-order dims (`dims[0]` contiguous).
@@ -35,6 +38,16 @@ pub(crate) trait TensorSource {
         e: usize,
         n_experts: usize,
     ) -> Result<Option<WeightData>, ModelError>;
+
+    /// The linear layer `prefix` (`blk.N.attn_q`) as a GPTQ matrix, when the file stores it so.
+    fn gptq(
+        &self,
+        _prefix: &str,
+        _in_features: usize,
+        _out_features: usize,
+    ) -> Result<Option<GptqMatrix>, ModelError> {
+        Ok(None)
+    }
 }
 
 /// `dims` as `usize`, or a shape error naming the tensor.
@@ -100,10 +113,56 @@ pub(crate) enum HfNames {
     Mixtral,
 }
 
+/// `quantization_config` of a GPTQ checkpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct GptqConfig {
+    /// Inputs per group; `None`: one group over all inputs (`group_size: -1`).
+    pub group_size: Option<usize>,
+    /// Zero points stored minus one (`checkpoint_format: "gptq"`, not `"gptq_v2"`).
+    pub v1_zeros: bool,
+}
+
+impl GptqConfig {
+    /// The GPTQ settings of `config.json`; `None` for an unquantized checkpoint, an error for
+    /// any quantization kiln does not run.
+    pub(crate) fn read(hf: &HfConfig) -> Result<Option<GptqConfig>, ModelError> {
+        let Some(q) = hf.raw("quantization_config") else {
+            return Ok(None);
+        };
+        let key = "quantization_config";
+        let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("?");
+        if method != "gptq" {
+            return Err(hf.error(
+                key,
+                format!("{method} quantization is not supported (kiln runs GPTQ 4-bit)"),
+            ));
+        }
+        let bits = q.get("bits").and_then(Value::as_u64).unwrap_or(0);
+        if bits != 4 {
+            return Err(hf.error(key, format!("GPTQ with {bits} bits: kiln runs 4-bit only")));
+        }
+        let group_size = match q.get("group_size").and_then(Value::as_i64) {
+            Some(-1) => None,
+            Some(g) if g > 0 => Some(g as usize),
+            other => return Err(hf.error(key, format!("group_size {other:?}: expected -1 or > 0"))),
+        };
+        let v1_zeros = match q.get("checkpoint_format").and_then(Value::as_str) {
+            None | Some("gptq") => true,
+            Some("gptq_v2") => false,
+            Some(other) => return Err(hf.error(key, format!("GPTQ checkpoint format \"{other}\""))),
+        };
+        Ok(Some(GptqConfig {
+            group_size,
+            v1_zeros,
+        }))
+    }
+}
+
 /// A safetensors checkpoint seen through its family's name map.
 pub(crate) struct HfSource<'a> {
     pub st: &'a SafetensorsModel,
     pub names: HfNames,
+    pub gptq: Option<GptqConfig>,
 }
 
 impl HfSource<'_> {
@@ -192,6 +251,71 @@ impl TensorSource for HfSource<'_> {
         let role = role.replace("{e}", &e.to_string());
         self.data(&format!("model.layers.{layer}.{role}.weight"))
     }
+
+    fn gptq(
+        &self,
+        prefix: &str,
+        in_features: usize,
+        out_features: usize,
+    ) -> Result<Option<GptqMatrix>, ModelError> {
+        let Some(cfg) = self.gptq else {
+            return Ok(None);
+        };
+        let Some(hf) = self.hf_name(&format!("{prefix}.weight")) else {
+            return Ok(None);
+        };
+        let p = hf.trim_end_matches(".weight");
+        let Some(qweight) = self.st.tensor(&format!("{p}.qweight")) else {
+            return Ok(None);
+        };
+        let group_size = cfg.group_size.unwrap_or(in_features);
+        let groups = in_features / group_size.max(1);
+        let get = |suffix: &str, dtype: Dtype, shape: &[usize]| {
+            let name = format!("{p}.{suffix}");
+            let t = self
+                .st
+                .tensor(&name)
+                .ok_or_else(|| ModelError::MissingTensor(name.clone()))?;
+            if t.dtype != dtype || t.shape != shape {
+                return Err(ModelError::File {
+                    file: name,
+                    detail: format!(
+                        "{:?} {:?}, expected {dtype:?} {shape:?} for a {out_features}×\
+                         {in_features} GPTQ layer in groups of {group_size}",
+                        t.dtype, t.shape
+                    ),
+                });
+            }
+            Ok(t)
+        };
+        let qweight =
+            get("qweight", Dtype::I32, &[in_features / 8, out_features]).map(|_| qweight)?;
+        let qzeros = get("qzeros", Dtype::I32, &[groups, out_features / 8])?;
+        let scales = get("scales", Dtype::F16, &[groups, out_features])?;
+        let g_idx = match self.st.tensor(&format!("{p}.g_idx")) {
+            Some(_) => Some(get("g_idx", Dtype::I32, &[in_features])?),
+            None => None,
+        };
+        let tensors = GptqTensors {
+            qweight: &qweight.bytes,
+            qzeros: &qzeros.bytes,
+            scales: &scales.bytes,
+            g_idx: g_idx.map(|t| &t.bytes[..]),
+        };
+        GptqMatrix::from_checkpoint(
+            p,
+            &tensors,
+            in_features,
+            out_features,
+            group_size,
+            cfg.v1_zeros,
+        )
+        .map(Some)
+        .map_err(|e| ModelError::File {
+            file: p.to_string(),
+            detail: e.detail,
+        })
+    }
 }
 
 /// Fetches tensors from a source and uploads them, checking every shape against the config.
@@ -260,16 +384,30 @@ impl<'a, B: Backend> Loader<'a, B> {
         })
     }
 
-    /// A linear layer `out_features × in_features`, with an optional bias `<prefix>.bias`.
+    /// A linear layer `out_features × in_features` (a float or GGUF-quantized `<prefix>.weight`,
+    /// or a GPTQ matrix), with an optional bias `<prefix>.bias`.
     fn linear(
         &self,
         prefix: &str,
         in_features: usize,
         out_features: usize,
     ) -> Result<Linear<B>, ModelError> {
-        let w = self.required(&format!("{prefix}.weight"), &[in_features, out_features])?;
+        let name = format!("{prefix}.weight");
         let b = self.optional(&format!("{prefix}.bias"), &[out_features])?;
-        self.make_linear(&w, b.as_ref())
+        if let Some(w) = self.optional(&name, &[in_features, out_features])? {
+            return self.make_linear(&w, b.as_ref());
+        }
+        let matrix = self
+            .source
+            .gptq(prefix, in_features, out_features)?
+            .ok_or(ModelError::MissingTensor(name.clone()))?;
+        Ok(Linear {
+            weight: Arc::new(self.backend.upload_gptq(&name, Arc::new(matrix))?),
+            bias: b.map(|b| self.upload(&b)).transpose()?,
+            in_features,
+            out_features,
+            ty: kiln_core::GgmlType::I32,
+        })
     }
 
     /// Consecutive row blocks of `outs` rows each of the fused linear `<prefix>` (weight and
@@ -394,23 +532,30 @@ pub(crate) fn load_decoder<B: Backend>(
             }
             None => {
                 let f = c.ffn_dim;
-                let (gate, up) = if source.tensor(&p("ffn_gate.weight"))?.is_some() {
-                    (
+                // Phi-3 fuses gate and up into one matrix of 2·ffn rows, gate first: HF
+                // `gate_up_proj`, GGUF `ffn_up` (then without `ffn_gate`).
+                let fused = if source.tensor(&p("ffn_gate_up.weight"))?.is_some() {
+                    Some(p("ffn_gate_up"))
+                } else if source.tensor(&p("ffn_gate.weight"))?.is_none()
+                    && source
+                        .tensor(&p("ffn_up.weight"))?
+                        .is_some_and(|t| t.n_rows() == 2 * f)
+                {
+                    Some(p("ffn_up"))
+                } else {
+                    None
+                };
+                let (gate, up) = match fused {
+                    None => (
                         l.linear(&p("ffn_gate"), d, f)?,
                         l.linear(&p("ffn_up"), d, f)?,
-                    )
-                } else {
-                    // Phi-3: one matrix of 2·ffn rows, gate first (GGUF `ffn_up`, HF
-                    // `gate_up_proj`).
-                    let fused = if source.tensor(&p("ffn_gate_up.weight"))?.is_some() {
-                        p("ffn_gate_up")
-                    } else {
-                        p("ffn_up")
-                    };
-                    let mut gu = l.split_linear(&fused, d, &[f, f])?;
-                    match (gu.pop(), gu.pop()) {
-                        (Some(up), Some(gate)) => (gate, up),
-                        _ => return Err(ModelError::MissingTensor(p("ffn_gate.weight"))),
+                    ),
+                    Some(fused) => {
+                        let mut gu = l.split_linear(&fused, d, &[f, f])?;
+                        match (gu.pop(), gu.pop()) {
+                            (Some(up), Some(gate)) => (gate, up),
+                            _ => return Err(ModelError::MissingTensor(p("ffn_gate.weight"))),
+                        }
                     }
                 };
                 Ffn::Dense {

@@ -9,6 +9,10 @@
 //!   rounded product or sum, evaluated in ggml's order).
 //! - [`quantize_activations`] turns f32 activations into [`vec_dot_type`] of a weight type, as
 //!   ggml's `quantize_row_q8_0_ref` / `q8_1_ref` / `q8_K_ref`.
+//! - [`quantize()`] turns f32 weights into any of those formats exactly as ggml's
+//!   `quantize_row_*_ref` does (what `llama-quantize` writes without an importance matrix), bit
+//!   for bit, in parallel for large inputs. [`mix`] decides, as `llama-quantize` does, which
+//!   type each tensor of a model gets for a mix such as Q4_K_M.
 //! - [`vec_dot`] is the integer dot product of ggml's scalar `ggml_vec_dot_<w>_<a>_generic`:
 //!   exact integer sums per block, then the same f32 operations in the same order. No fused
 //!   multiply-add is used; a C build of ggml that contracts to FMA may differ in the last bits.
@@ -23,9 +27,11 @@ compile_error!(
 );
 
 pub mod blocks;
+mod cfloat;
 mod error;
 mod float;
 mod lanes;
+pub mod mix;
 mod q2_k;
 mod q3_k;
 mod q4_0;
@@ -38,10 +44,14 @@ mod q6_k;
 mod q8_0;
 mod q8_1;
 mod q8_k;
+mod quantize;
+mod search;
 
 pub use blocks::{as_blocks, as_bytes, Block};
 pub use error::QuantError;
 use kiln_core::GgmlType;
+pub use mix::{plan_types, QuantMix};
+pub use quantize::{can_quantize, quantize, quantized_size};
 
 use blocks::{with_blocks, BlockQ8K, BlockQ8_0, BlockQ8_1};
 use float::FloatFormat;

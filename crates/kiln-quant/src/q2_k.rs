@@ -8,8 +8,15 @@
 //! - Dot with Q8_K activations `a = da * p` (with `bsums[g] = Σ p` over group `g`): per block the
 //!   exact integers `t = Σ_g sc[g] * Σ_{e in g} q * p` and `u = Σ_g mn[g] * bsums[g]`, then
 //!   `sum += (da * d) * t - (da * dmin) * u` in f32 (ggml's `ggml_vec_dot_q2_K_q8_K`).
+//! - Quantize (ggml's `quantize_row_q2_K_ref`): per group, [`make_qkx2_quants`] (weights `|x|`,
+//!   absolute error) picks a scale and a minimum; the 16 scales and the 16 minimums are each
+//!   quantized to 4 bits against their largest (`d = max_scale / 15`, `dmin = max_min / 15`);
+//!   then every group whose quantized scale is nonzero is re-coded against the stored f16
+//!   values, `q = clamp(nearest_int((x + dmin * mn) / (d * sc)), 0, 3)`.
 
 use crate::blocks::{BlockQ2K, BlockQ8K, QK_K};
+use crate::cfloat::{fp32_to_fp16, nearest_int};
+use crate::search::{make_qkx2_quants, Qkx2};
 
 /// The 256 codes in element order, 0..4.
 fn codes(block: &BlockQ2K) -> [i8; QK_K] {
@@ -55,4 +62,89 @@ pub(crate) fn vec_dot(w: &[BlockQ2K], act: &[BlockQ8K]) -> f32 {
         sum += dall * scaled as f32 - dmin * mins as f32;
     }
     sum
+}
+
+/// Packs 256 two-bit codes: element `128h + 32j + l` into bits `2j..2j+2` of byte `32h + l`
+/// (shared with the low bits of Q3_K).
+pub(crate) fn pack2(codes: &[u8; QK_K]) -> [u8; QK_K / 4] {
+    let mut qs = [0u8; QK_K / 4];
+    for (i, q) in qs.iter_mut().enumerate() {
+        let (h, l) = (i / 32, i % 32);
+        let at = |j: usize| codes[128 * h + 32 * j + l] << (2 * j);
+        *q = at(0) | at(1) | at(2) | at(3);
+    }
+    qs
+}
+
+const SEARCH: Qkx2 = Qkx2 {
+    nmax: 3,
+    rmin: -0.5,
+    rdelta: 0.1,
+    nstep: 15,
+    use_mad: true,
+};
+
+pub(crate) fn quantize_block(x: &[f32; QK_K]) -> BlockQ2K {
+    const Q4SCALE: f32 = 15.0;
+    let mut codes = [0u8; QK_K];
+    let mut scales = [0.0f32; QK_K / 16];
+    let mut mins = [0.0f32; QK_K / 16];
+    let mut aux = [0u8; 16];
+    let mut max_scale = 0.0f32;
+    let mut max_min = 0.0f32;
+    for (g, (xs, ls)) in x
+        .chunks_exact(16)
+        .zip(codes.chunks_exact_mut(16))
+        .enumerate()
+    {
+        let weights: [f32; 16] = std::array::from_fn(|l| xs[l].abs());
+        let (scale, min) = make_qkx2_quants(&SEARCH, xs, &weights, ls, &mut aux);
+        scales[g] = scale;
+        mins[g] = min;
+        if scale > max_scale {
+            max_scale = scale;
+        }
+        if min > max_min {
+            max_min = min;
+        }
+    }
+
+    let mut block = BlockQ2K {
+        scales: [0; QK_K / 16],
+        qs: [0; QK_K / 4],
+        d: half::f16::ZERO,
+        dmin: half::f16::ZERO,
+    };
+    if max_scale > 0.0 {
+        let iscale = Q4SCALE / max_scale;
+        for (packed, &scale) in block.scales.iter_mut().zip(&scales) {
+            *packed = nearest_int(iscale * scale) as u8;
+        }
+        block.d = half::f16::from_bits(fp32_to_fp16(max_scale / Q4SCALE));
+    }
+    if max_min > 0.0 {
+        let iscale = Q4SCALE / max_min;
+        for (packed, &min) in block.scales.iter_mut().zip(&mins) {
+            *packed |= (nearest_int(iscale * min) << 4) as u8;
+        }
+        block.dmin = half::f16::from_bits(fp32_to_fp16(max_min / Q4SCALE));
+    }
+
+    let (d_all, dmin_all) = (block.d.to_f32(), block.dmin.to_f32());
+    for ((xs, ls), &packed) in x
+        .chunks_exact(16)
+        .zip(codes.chunks_exact_mut(16))
+        .zip(&block.scales)
+    {
+        let d = d_all * f32::from(packed & 0x0F);
+        if d == 0.0 {
+            continue;
+        }
+        let dm = dmin_all * f32::from(packed >> 4);
+        for (l, &v) in ls.iter_mut().zip(xs) {
+            *l = nearest_int((v + dm) / d).clamp(0, 3) as u8;
+        }
+    }
+    block.qs = pack2(&codes);
+    block
 }

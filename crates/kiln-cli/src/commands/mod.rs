@@ -3,6 +3,7 @@ pub mod embed;
 pub mod inspect;
 pub mod perplexity;
 pub mod pull;
+pub mod quantize;
 pub mod run;
 pub mod score;
 pub mod tokenize;

@@ -1,0 +1,518 @@
+//! `kiln quantize IN.gguf OUT.gguf --type TYPE`: convert a GGUF model to a quantization mix, as
+//! `llama-quantize` does without an importance matrix.
+//!
+//! - Each tensor's type comes from [`kiln_quant::plan_types`] (llama.cpp's per-tensor rules and
+//!   row-length fallbacks, see `kiln_quant::mix`). A tensor already of its planned type is
+//!   copied byte for byte; any other is dequantized to f32 and quantized with
+//!   [`kiln_quant::quantize`], whose bytes are those of ggml's reference quantizers. Converting
+//!   a tensor that is already quantized loses more than quantizing the original weights: kiln
+//!   warns once (llama-quantize refuses unless `--allow-requantize`).
+//! - All metadata is copied in order, except that `general.file_type` becomes llama.cpp's
+//!   `LLAMA_FTYPE` number for the mix and `general.quantization_version` 2 (both replaced in
+//!   place, or appended), and the `split.*` keys of a sharded file are dropped. Tensors keep
+//!   their order and the input's alignment.
+//! - The output is streamed: the header is computed from the plan, then each tensor is converted
+//!   in slabs of rows and written, so memory stays near one slab whatever the model's size. It
+//!   goes to a temporary file next to OUT, renamed over OUT only when complete (and removed on
+//!   failure).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+use indicatif::{ProgressBar, ProgressStyle};
+use kiln_core::GgmlType;
+use kiln_formats::{GgufFile, MetaValue, TensorInfo, GGUF_MAGIC};
+use kiln_quant::mix::{MixModel, MixTensor, TensorPlan};
+use kiln_quant::{plan_types, QuantMix};
+
+use crate::load::resolve;
+
+#[derive(clap::Args)]
+pub struct QuantizeArgs {
+    /// The GGUF model to convert (F32/F16/BF16 or any quantized type kiln reads), or a known
+    /// model alias.
+    input: String,
+    /// Where to write the result (replaced only once it is complete).
+    output: PathBuf,
+    /// The quantization mix (case-insensitive).
+    #[arg(long = "type", value_name = "TYPE", ignore_case = true, value_parser = mix_parser())]
+    mix: QuantMix,
+}
+
+/// What `--help` says about each mix.
+fn describe(mix: QuantMix) -> &'static str {
+    use QuantMix::*;
+    match mix {
+        Q4_0 => "Q4_0; output Q6_K",
+        Q4_1 => "Q4_1; output Q6_K",
+        Q5_0 => "Q5_0; output Q6_K",
+        Q5_1 => "Q5_1; output Q6_K",
+        Q8_0 => "Q8_0",
+        Q2_K => "Q2_K; attn_v Q3_K/Q4_K, ffn_down and attn_output Q3_K; output Q6_K",
+        Q3_K_S => "Q3_K; output Q6_K",
+        Q3_K_M => "Q3_K; attn_v, ffn_down and attn_output Q4_K/Q5_K; output Q6_K",
+        Q3_K_L => "Q3_K; attn_v, ffn_down and attn_output Q5_K; output Q6_K",
+        Q4_K_S => "Q4_K; the first attn_v and ffn_down Q5_K; output Q6_K",
+        Q4_K_M => "Q4_K; half of attn_v and ffn_down Q6_K; output Q6_K",
+        Q5_K_S => "Q5_K; output Q6_K",
+        Q5_K_M => "Q5_K; half of attn_v and ffn_down Q6_K; output Q6_K",
+        Q6_K => "Q6_K",
+        F16 => "F16 (every 2-D weight)",
+        BF16 => "BF16 (every 2-D weight)",
+    }
+}
+
+fn mix_parser() -> impl TypedValueParser<Value = QuantMix> {
+    let values = QuantMix::ALL.map(|m| PossibleValue::new(m.name()).help(describe(m)));
+    // The names are the possible values, so the parse cannot fail; keep the error typed anyway.
+    PossibleValuesParser::new(values).try_map(|s| s.parse::<QuantMix>())
+}
+
+/// Rows of f32 converted at a time: bounds memory for the largest embedding tables.
+const SLAB_ELEMENTS: usize = 1 << 24;
+
+/// One output tensor.
+struct Planned<'f> {
+    info: &'f TensorInfo,
+    plan: TensorPlan,
+    /// Relative to the data section.
+    offset: u64,
+    n_bytes: u64,
+}
+
+impl Planned<'_> {
+    fn converts(&self) -> bool {
+        self.plan.ty != self.info.ty
+    }
+}
+
+pub fn run(a: QuantizeArgs) -> Result<()> {
+    let started = Instant::now();
+    let input = input_path(&a.input)?;
+    if same_file(&input, &a.output) {
+        bail!(
+            "the output {} is the input file: write the quantized model to another path",
+            a.output.display()
+        );
+    }
+    let file = GgufFile::open(&input).with_context(|| format!("reading {}", input.display()))?;
+    let model = mix_model(&file);
+    let tensors: Vec<MixTensor> = file
+        .tensors()
+        .iter()
+        .map(|t| MixTensor {
+            name: &t.name,
+            dims: &t.dims,
+            ty: t.ty,
+        })
+        .collect();
+    let plans = plan_types(a.mix, &model, &tensors)
+        .with_context(|| format!("choosing the tensor types of {}", input.display()))?;
+    let planned = lay_out(&file, &plans)?;
+    check_sources(&planned, &input)?;
+
+    let meta = output_metadata(&file, a.mix);
+    let header = header(&meta, &planned, file.alignment());
+    let mut tmp = TempFile::create(&a.output)?;
+    write_model(&file, &planned, &header, &mut tmp)?;
+    tmp.commit(&a.output)?;
+
+    report(&a, &input, &file, &planned, started);
+    Ok(())
+}
+
+/// IN as a path; a name that is not an existing file may be a model alias (`gemma3-270m`).
+fn input_path(input: &str) -> Result<PathBuf> {
+    let path = Path::new(input);
+    if path.exists() {
+        return Ok(path.to_path_buf());
+    }
+    let looks_like_path = input.contains(std::path::MAIN_SEPARATOR) || input.ends_with(".gguf");
+    if looks_like_path {
+        bail!("{input}: no such file");
+    }
+    resolve(input).with_context(|| format!("{input} is neither a file nor a known model"))
+}
+
+/// Whether `output` names the same file as `input` (which exists), through any path spelling.
+fn same_file(input: &Path, output: &Path) -> bool {
+    let Ok(input) = input.canonicalize() else {
+        return false;
+    };
+    if let Ok(out) = output.canonicalize() {
+        return out == input;
+    }
+    // OUT does not exist yet: compare its directory and name.
+    let dir = match output.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    match (dir.canonicalize(), output.file_name()) {
+        (Ok(dir), Some(name)) => dir.join(name) == input,
+        _ => false,
+    }
+}
+
+/// The model facts the mix rules read, from the metadata (missing keys: the rules that need
+/// them do not fire, as for a model llama.cpp knows nothing special about).
+fn mix_model(file: &GgufFile) -> MixModel {
+    let architecture = file.architecture().unwrap_or_default().to_owned();
+    let number = |key: &str| -> Option<u32> {
+        let value = file.get(&format!("{architecture}.{key}"))?;
+        // Per-layer arrays (some models vary heads by layer): llama.cpp's rules read layer 0.
+        let first = match value {
+            MetaValue::Array(array) => array.items.first()?,
+            other => other,
+        };
+        first.as_u64().and_then(|v| u32::try_from(v).ok())
+    };
+    let n_layer = number("block_count").unwrap_or_else(|| {
+        // No block count: one past the highest `blk.N.` layer.
+        file.tensors()
+            .iter()
+            .filter_map(|t| {
+                t.name
+                    .strip_prefix("blk.")?
+                    .split('.')
+                    .next()?
+                    .parse::<u32>()
+                    .ok()
+            })
+            .max()
+            .map_or(0, |n| n.saturating_add(1))
+    });
+    let n_head = number("attention.head_count").unwrap_or(0);
+    MixModel {
+        n_layer,
+        n_head,
+        n_head_kv: number("attention.head_count_kv").unwrap_or(n_head),
+        n_expert: number("expert_count").unwrap_or(0),
+        architecture,
+    }
+}
+
+/// Output offsets and sizes of every tensor, in file order, each at the next aligned offset.
+fn lay_out<'f>(file: &'f GgufFile, plans: &[TensorPlan]) -> Result<Vec<Planned<'f>>> {
+    let alignment = file.alignment();
+    let mut offset = 0u64;
+    let mut planned = Vec::with_capacity(plans.len());
+    for (info, &plan) in file.tensors().iter().zip(plans) {
+        let row_len = info.dims.first().copied().unwrap_or(1);
+        let n_bytes = plan
+            .ty
+            .row_bytes(row_len)
+            .and_then(|row| row.checked_mul(info.n_elements() / row_len.max(1)))
+            .with_context(|| format!("{}: {} does not fit {:?}", info.name, plan.ty, info.dims))?;
+        planned.push(Planned {
+            info,
+            plan,
+            offset,
+            n_bytes,
+        });
+        offset = offset
+            .checked_add(n_bytes)
+            .map(|end| end.next_multiple_of(alignment))
+            .context("the output would be larger than 2^64 bytes")?;
+    }
+    Ok(planned)
+}
+
+/// Every tensor to convert must be readable; requantizing is allowed with one warning.
+fn check_sources(planned: &[Planned], input: &Path) -> Result<()> {
+    let mut requantized: BTreeMap<GgmlType, usize> = BTreeMap::new();
+    for p in planned.iter().filter(|p| p.converts()) {
+        let from = p.info.ty;
+        if !from.is_supported() {
+            bail!(
+                "{}: tensor {} is {from}, which kiln cannot read, so it cannot become {}",
+                input.display(),
+                p.info.name,
+                p.plan.ty
+            );
+        }
+        if from.block_size() > 1 {
+            *requantized.entry(from).or_default() += 1;
+        }
+    }
+    if !requantized.is_empty() {
+        let list: Vec<String> = requantized
+            .iter()
+            .map(|(ty, n)| format!("{n} {ty}"))
+            .collect();
+        eprintln!(
+            "warning: requantizing tensors that are already quantized ({}): the result is less \
+             accurate than quantizing the original F32/F16/BF16 weights",
+            list.join(", ")
+        );
+    }
+    Ok(())
+}
+
+const FILE_TYPE_KEY: &str = "general.file_type";
+const QUANTIZATION_VERSION_KEY: &str = "general.quantization_version";
+/// ggml's `GGML_QNT_VERSION`, which llama-quantize writes.
+const QUANTIZATION_VERSION: u32 = 2;
+
+/// The input's metadata with the mix's file type and the quantization version set, and the
+/// split keys of a sharded input dropped.
+fn output_metadata(file: &GgufFile, mix: QuantMix) -> Vec<(String, MetaValue)> {
+    let mut meta: Vec<(String, MetaValue)> = file
+        .metadata()
+        .iter()
+        .filter(|(key, _)| !key.starts_with("split."))
+        .cloned()
+        .collect();
+    for (key, value) in [
+        (
+            QUANTIZATION_VERSION_KEY,
+            MetaValue::U32(QUANTIZATION_VERSION),
+        ),
+        (FILE_TYPE_KEY, MetaValue::U32(mix.file_type())),
+    ] {
+        match meta.iter_mut().find(|(k, _)| k == key) {
+            Some((_, v)) => *v = value,
+            None => meta.push((key.to_owned(), value)),
+        }
+    }
+    meta
+}
+
+/// The GGUF v3 header (everything before the data section, padding included), laid out as
+/// `kiln_formats::GgufWriter` lays it out (the CLI test compares the two byte for byte); built
+/// here because the writer holds all tensor data in memory and this command streams it.
+fn header(meta: &[(String, MetaValue)], planned: &[Planned], alignment: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&GGUF_MAGIC);
+    out.extend_from_slice(&3u32.to_le_bytes());
+    out.extend_from_slice(&(planned.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(meta.len() as u64).to_le_bytes());
+    for (key, value) in meta {
+        put_str(&mut out, key);
+        out.extend_from_slice(&value.meta_type().id().to_le_bytes());
+        put_value(&mut out, value);
+    }
+    for p in planned {
+        put_str(&mut out, &p.info.name);
+        out.extend_from_slice(&(p.info.dims.len() as u32).to_le_bytes());
+        for d in &p.info.dims {
+            out.extend_from_slice(&d.to_le_bytes());
+        }
+        out.extend_from_slice(&p.plan.ty.id().to_le_bytes());
+        out.extend_from_slice(&p.offset.to_le_bytes());
+    }
+    let padded = (out.len() as u64).next_multiple_of(alignment);
+    out.resize(padded as usize, 0);
+    out
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn put_value(out: &mut Vec<u8>, value: &MetaValue) {
+    match value {
+        MetaValue::U8(v) => out.push(*v),
+        MetaValue::I8(v) => out.extend_from_slice(&v.to_le_bytes()),
+        MetaValue::U16(v) => out.extend_from_slice(&v.to_le_bytes()),
+        MetaValue::I16(v) => out.extend_from_slice(&v.to_le_bytes()),
+        MetaValue::U32(v) => out.extend_from_slice(&v.to_le_bytes()),
+        MetaValue::I32(v) => out.extend_from_slice(&v.to_le_bytes()),
+        MetaValue::F32(v) => out.extend_from_slice(&v.to_le_bytes()),
+        MetaValue::Bool(v) => out.push(u8::from(*v)),
+        MetaValue::String(s) => put_str(out, s),
+        MetaValue::Array(a) => {
+            out.extend_from_slice(&a.elem_type.id().to_le_bytes());
+            out.extend_from_slice(&(a.items.len() as u64).to_le_bytes());
+            for item in &a.items {
+                put_value(out, item);
+            }
+        }
+        MetaValue::U64(v) => out.extend_from_slice(&v.to_le_bytes()),
+        MetaValue::I64(v) => out.extend_from_slice(&v.to_le_bytes()),
+        MetaValue::F64(v) => out.extend_from_slice(&v.to_le_bytes()),
+    }
+}
+
+/// Writes the header and every tensor (copied or converted), each padded to the alignment.
+fn write_model(
+    file: &GgufFile,
+    planned: &[Planned],
+    header: &[u8],
+    tmp: &mut TempFile,
+) -> Result<()> {
+    let total: u64 = planned.iter().map(|p| p.info.n_elements()).sum();
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {percent:>3}%  eta {eta}  {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let path = tmp.path.clone();
+    let write_err = || format!("writing {}", path.display());
+    let out = &mut tmp.writer;
+    out.write_all(header).with_context(write_err)?;
+    for p in planned {
+        bar.set_message(p.info.name.clone());
+        let src = file.tensor_data(p.info);
+        if p.converts() {
+            convert(&src, p, out, &bar)
+                .with_context(|| format!("converting tensor {} to {}", p.info.name, p.plan.ty))?;
+        } else {
+            out.write_all(&src).with_context(write_err)?;
+            bar.inc(p.info.n_elements());
+        }
+        // Offsets are aligned, so padding each tensor's end aligns the next one.
+        let padding = p.n_bytes.next_multiple_of(file.alignment()) - p.n_bytes;
+        out.write_all(&vec![0u8; padding as usize])
+            .with_context(write_err)?;
+    }
+    out.flush().with_context(write_err)?;
+    bar.finish_and_clear();
+    Ok(())
+}
+
+/// Dequantizes a tensor to f32 and quantizes it to its planned type, a slab of rows at a time.
+fn convert(src: &[u8], p: &Planned, out: &mut impl Write, bar: &ProgressBar) -> Result<()> {
+    let (from, to) = (p.info.ty, p.plan.ty);
+    let row_len = usize::try_from(p.info.dims.first().copied().unwrap_or(1))?;
+    let src_row = kiln_quant::quantized_size(from, row_len)?;
+    let dst_row = kiln_quant::quantized_size(to, row_len)?;
+    let rows_per_slab = (SLAB_ELEMENTS / row_len.max(1)).max(1);
+    let mut values = vec![0.0f32; rows_per_slab * row_len];
+    let mut bytes = vec![0u8; rows_per_slab * dst_row];
+    for slab in src.chunks(rows_per_slab * src_row.max(1)) {
+        let rows = slab.len() / src_row.max(1);
+        let (Some(values), Some(bytes)) = (
+            values.get_mut(..rows * row_len),
+            bytes.get_mut(..rows * dst_row),
+        ) else {
+            bail!("a slab of {rows} rows does not fit its buffers");
+        };
+        kiln_quant::dequantize(from, slab, values)?;
+        kiln_quant::quantize(to, values, bytes)?;
+        out.write_all(bytes)?;
+        bar.inc(values.len() as u64);
+    }
+    Ok(())
+}
+
+/// A file next to the output that becomes the output only when complete.
+struct TempFile {
+    path: PathBuf,
+    writer: BufWriter<File>,
+    committed: bool,
+}
+
+impl TempFile {
+    fn create(output: &Path) -> Result<TempFile> {
+        let name = output
+            .file_name()
+            .with_context(|| format!("{} is not a file path", output.display()))?;
+        let mut tmp_name = std::ffi::OsString::from(".");
+        tmp_name.push(name);
+        tmp_name.push(format!(".{}.tmp", std::process::id()));
+        let path = output.with_file_name(tmp_name);
+        let file = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(TempFile {
+            path,
+            writer: BufWriter::with_capacity(1 << 20, file),
+            committed: false,
+        })
+    }
+
+    fn commit(mut self, output: &Path) -> Result<()> {
+        self.writer
+            .get_ref()
+            .sync_all()
+            .with_context(|| format!("writing {}", self.path.display()))?;
+        std::fs::rename(&self.path, output)
+            .with_context(|| format!("renaming {} to {}", self.path.display(), output.display()))?;
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if !self.committed {
+            // Best effort: the error that got us here is what the user needs to see.
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Prints what was written: sizes, types, fallbacks, time.
+fn report(a: &QuantizeArgs, input: &Path, file: &GgufFile, planned: &[Planned], started: Instant) {
+    let mib = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
+    let elements: u64 = planned.iter().map(|p| p.info.n_elements()).sum();
+    let bits_per_weight = |bytes: u64| 8.0 * bytes as f64 / elements.max(1) as f64;
+    let before: u64 = planned.iter().map(|p| p.info.n_bytes).sum();
+    let after: u64 = planned.iter().map(|p| p.n_bytes).sum();
+    let out_size = std::fs::metadata(&a.output).map_or(0, |m| m.len());
+    println!(
+        "{} -> {} as {} (general.file_type {}) in {:.1} s",
+        input.display(),
+        a.output.display(),
+        a.mix,
+        a.mix.file_type(),
+        started.elapsed().as_secs_f64()
+    );
+    println!(
+        "  tensor data: {:.2} MiB ({:.2} bits/weight) -> {:.2} MiB ({:.2} bits/weight)",
+        mib(before),
+        bits_per_weight(before),
+        mib(after),
+        bits_per_weight(after)
+    );
+    println!(
+        "  file: {:.2} MiB -> {:.2} MiB",
+        mib(file.file_size()),
+        mib(out_size)
+    );
+    let mut by_type: BTreeMap<GgmlType, (usize, usize)> = BTreeMap::new();
+    for p in planned {
+        let entry = by_type.entry(p.plan.ty).or_default();
+        if p.converts() {
+            entry.0 += 1;
+        } else {
+            entry.1 += 1;
+        }
+    }
+    let counts: Vec<String> = by_type
+        .iter()
+        .map(|(ty, (converted, copied))| match (converted, copied) {
+            (0, n) => format!("{ty} {n} (copied)"),
+            (n, 0) => format!("{ty} {n}"),
+            (c, k) => format!("{ty} {} ({k} copied)", c + k),
+        })
+        .collect();
+    println!("  tensors: {}", counts.join(", "));
+    let mut fallbacks: BTreeMap<(GgmlType, GgmlType, u64), Vec<&str>> = BTreeMap::new();
+    for p in planned {
+        if let Some(wanted) = p.plan.fallback_from {
+            let row_len = p.info.dims.first().copied().unwrap_or(1);
+            fallbacks
+                .entry((wanted, p.plan.ty, row_len))
+                .or_default()
+                .push(&p.info.name);
+        }
+    }
+    for ((wanted, got, row_len), names) in fallbacks {
+        let first = names.first().copied().unwrap_or_default();
+        let others = names.len().saturating_sub(1);
+        let also = if others > 0 {
+            format!(" and {others} more")
+        } else {
+            String::new()
+        };
+        println!(
+            "  fallback: {wanted} -> {got} for rows of {row_len} (not a multiple of {}): {first}{also}",
+            wanted.block_size()
+        );
+    }
+}

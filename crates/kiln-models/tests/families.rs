@@ -1,0 +1,668 @@
+//! Every decoder family against Hugging Face transformers in float32, from both file formats.
+//!
+//! The fixtures (`tests/fixtures/decoders/<family>/`, made by `scripts/gen_decoder_fixtures.py`)
+//! are tiny random checkpoints saved by transformers, converted to GGUF by llama.cpp's own
+//! `convert_hf_to_gguf.py` at the same dtype, with HF's float32 logits for every position of
+//! each prompt, its greedy continuation, and for MoE models the router's choices.
+//!
+//! Tolerance: the safetensors file and the GGUF hold bit-identical weights, and the reference
+//! ran in float32 on exactly those weights (F16/BF16 upcast), so the only difference is the
+//! order of f32 arithmetic. Relative f32 rounding is 6e-8 per operation; through a few dot
+//! products of ≤ 512 terms, two layers and a softmax it stays well below 1e-5 of the logits'
+//! scale. The tests allow `LOGIT_TOL = 1e-5 · max|logit|` (measured: at most 1.4e-6, printed by
+//! each test)
+//! and require every greedy token to be equal (the fixtures' smallest greedy margin is 0.09,
+//! three orders of magnitude above that tolerance).
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use kiln_backend::Backend;
+use kiln_core::SharedBytes;
+use kiln_cpu::CpuBackend;
+use kiln_formats::{GgufFile, GgufWriter};
+use kiln_models::{load_gguf_decoder, load_hf_decoder, Decoder, Route, Trace};
+use serde_json::Value;
+
+const LOGIT_TOL: f32 = 1e-5;
+
+fn fixture(family: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/decoders")
+        .join(family)
+}
+
+fn reference(family: &str) -> Value {
+    let text = std::fs::read_to_string(fixture(family).join("reference.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn read_f32(path: &Path) -> Vec<f32> {
+    std::fs::read(path)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+fn u32s(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Format {
+    Safetensors,
+    Gguf,
+}
+
+fn load(family: &str, format: Format, b: &CpuBackend) -> Decoder<CpuBackend> {
+    let dir = fixture(family);
+    match format {
+        Format::Safetensors => load_hf_decoder(b, &dir).unwrap(),
+        Format::Gguf => {
+            let name = reference(family)["gguf"].as_str().unwrap().to_string();
+            let file = GgufFile::open(&dir.join(name)).unwrap();
+            load_gguf_decoder(b, &file).unwrap()
+        }
+    }
+}
+
+/// Records every MoE layer's routing of the forward pass.
+#[derive(Default)]
+struct Routes(Mutex<Vec<(usize, Vec<Route>)>>);
+
+impl<B: Backend> Trace<B> for Routes {
+    fn routes(&self, layer: usize, routes: &[Route]) {
+        self.0.lock().unwrap().push((layer, routes.to_vec()));
+    }
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Runs every case of `family` that applies to `format`: logits of every prompt position,
+/// greedy continuation, and routing where the reference has it. Returns the largest logit
+/// difference relative to the logits' scale.
+fn check_family(family: &str, format: Format) -> f32 {
+    let r = reference(family);
+    let label = match format {
+        Format::Safetensors => "safetensors",
+        Format::Gguf => "gguf",
+    };
+    let b = CpuBackend::new(2).unwrap();
+    let model = load(family, format, &b);
+    let vocab = model.config.vocab_size;
+    let mut worst = 0f32;
+    let mut n_cases = 0;
+    for case in r["cases"].as_array().unwrap() {
+        let applies = case["applies_to"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a.as_str() == Some(label));
+        if !applies {
+            continue;
+        }
+        n_cases += 1;
+        let name = case["name"].as_str().unwrap();
+        let ids = u32s(&case["ids"]);
+        let greedy = u32s(&case["greedy"]);
+        let want = read_f32(&fixture(family).join(case["logits"].as_str().unwrap()));
+        assert_eq!(
+            want.len(),
+            ids.len() * vocab,
+            "{family}/{name}: reference size"
+        );
+
+        let mut cache = model.new_cache(&b, ids.len() + greedy.len()).unwrap();
+        let routes = Routes::default();
+        let hidden = model.forward_traced(&b, &ids, &mut cache, &routes).unwrap();
+        let got = b.to_f32(&model.logits(&b, &hidden).unwrap()).unwrap();
+        let scale = want.iter().fold(0f32, |m, &x| m.max(x.abs()));
+        let diff = got
+            .iter()
+            .zip(&want)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        let rel = diff / scale;
+        eprintln!("{family} [{label}] {name}: max |Δlogit| {diff:.3e} (scale {scale:.2}, relative {rel:.2e})");
+        assert!(
+            rel <= LOGIT_TOL,
+            "{family} [{label}] {name}: logits differ by {diff} (scale {scale})"
+        );
+        worst = worst.max(rel);
+
+        if let Some(layers) = case.get("routing").and_then(Value::as_array) {
+            let seen = routes.0.lock().unwrap();
+            assert_eq!(seen.len(), layers.len(), "{family}/{name}: MoE layers");
+            for (layer, want_layer) in layers.iter().enumerate() {
+                let (l, got_routes) = &seen[layer];
+                assert_eq!(*l, layer);
+                let want_layer = want_layer.as_array().unwrap();
+                assert_eq!(got_routes.len(), want_layer.len());
+                for (t, (g, w)) in got_routes.iter().zip(want_layer).enumerate() {
+                    assert_eq!(
+                        g.experts,
+                        u32s(w),
+                        "{family} [{label}] {name}: layer {layer} token {t} routed differently"
+                    );
+                }
+            }
+        }
+
+        // Greedy continuation, one token at a time through the cache.
+        let last = &got[(ids.len() - 1) * vocab..];
+        let mut next = argmax(last);
+        let mut generated = vec![next];
+        while generated.len() < greedy.len() {
+            let h = model.forward(&b, &[next], &mut cache).unwrap();
+            next = argmax(&b.to_f32(&model.logits(&b, &h).unwrap()).unwrap());
+            generated.push(next);
+        }
+        assert_eq!(
+            generated, greedy,
+            "{family} [{label}] {name}: greedy tokens differ"
+        );
+    }
+    assert!(n_cases > 0, "{family}: no case applies to {label}");
+    worst
+}
+
+/// The prompts of `family` (those that apply to `format`) run alone and then together in one
+/// batch, prefill and greedy decode: each sequence's logits match its solo run (up to the
+/// rounding of products over more rows) and every batched decode step picks the reference's
+/// greedy token.
+fn check_batch(family: &str, format: Format) {
+    let r = reference(family);
+    let label = match format {
+        Format::Safetensors => "safetensors",
+        Format::Gguf => "gguf",
+    };
+    let b = CpuBackend::new(2).unwrap();
+    let model = load(family, format, &b);
+    let vocab = model.config.vocab_size;
+    let cases: Vec<&Value> = r["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| {
+            c["applies_to"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|a| a.as_str() == Some(label))
+        })
+        .collect();
+    let prompts: Vec<Vec<u32>> = cases.iter().map(|c| u32s(&c["ids"])).collect();
+    let greedy: Vec<Vec<u32>> = cases.iter().map(|c| u32s(&c["greedy"])).collect();
+    let steps = greedy[0].len();
+
+    let mut solo = Vec::new();
+    for p in &prompts {
+        let mut cache = model.new_cache(&b, p.len() + steps).unwrap();
+        let h = model.forward(&b, p, &mut cache).unwrap();
+        solo.push(b.to_f32(&model.logits(&b, &h).unwrap()).unwrap());
+    }
+
+    let mut caches: Vec<_> = prompts
+        .iter()
+        .map(|p| model.new_cache(&b, p.len() + steps).unwrap())
+        .collect();
+    let seqs: Vec<&[u32]> = prompts.iter().map(|p| p.as_slice()).collect();
+    let mut refs: Vec<&mut kiln_models::KvCache<CpuBackend>> = caches.iter_mut().collect();
+    let h = model
+        .forward_batch(&b, &seqs, &mut refs, &kiln_models::NoTrace)
+        .unwrap();
+    let all = b.to_f32(&model.logits(&b, &h).unwrap()).unwrap();
+    let mut offset = 0;
+    let mut next = Vec::new();
+    for (p, want) in prompts.iter().zip(&solo) {
+        let got = &all[offset * vocab..(offset + p.len()) * vocab];
+        let scale = want.iter().fold(0f32, |m, &x| m.max(x.abs()));
+        let diff = got
+            .iter()
+            .zip(want)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        eprintln!("{family} [{label}] batched vs alone: max |Δlogit| {diff:.3e}");
+        assert!(
+            diff <= LOGIT_TOL * scale,
+            "{family}: batched logits differ by {diff}"
+        );
+        next.push(argmax(&got[(p.len() - 1) * vocab..]));
+        offset += p.len();
+    }
+    let mut generated: Vec<Vec<u32>> = next.iter().map(|&t| vec![t]).collect();
+    for _ in 1..steps {
+        let step: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+        let seqs: Vec<&[u32]> = step.iter().map(|s| s.as_slice()).collect();
+        let mut refs: Vec<_> = caches.iter_mut().collect();
+        let h = model
+            .forward_batch(&b, &seqs, &mut refs, &kiln_models::NoTrace)
+            .unwrap();
+        let logits = b.to_f32(&model.logits(&b, &h).unwrap()).unwrap();
+        next = logits.chunks_exact(vocab).map(argmax).collect();
+        for (g, &t) in generated.iter_mut().zip(&next) {
+            g.push(t);
+        }
+    }
+    assert_eq!(
+        generated, greedy,
+        "{family} [{label}]: batched greedy decode"
+    );
+}
+
+macro_rules! family_tests {
+    ($($name:ident: $family:literal,)*) => {
+        $(
+            mod $name {
+                use super::*;
+                #[test]
+                fn safetensors() {
+                    check_family($family, Format::Safetensors);
+                }
+                #[test]
+                fn gguf() {
+                    check_family($family, Format::Gguf);
+                }
+                #[test]
+                fn batch() {
+                    check_batch($family, Format::Safetensors);
+                    check_batch($family, Format::Gguf);
+                }
+            }
+        )*
+    };
+}
+
+family_tests! {
+    llama: "llama",
+    mistral: "mistral",
+    qwen2: "qwen2",
+    qwen3: "qwen3",
+    phi3: "phi3",
+    qwen3moe: "qwen3moe",
+    mixtral: "mixtral",
+}
+
+/// A copy of `file` in which the rows of the stacked expert tensors that `poison(layer, expert)`
+/// selects are NaN (the F32 Qwen3-MoE fixture).
+fn poisoned(file: &GgufFile, poison: impl Fn(usize, usize) -> bool) -> GgufFile {
+    let mut w = GgufWriter::new();
+    for (k, v) in file.metadata() {
+        if k != "general.alignment" {
+            w.add_meta(k.clone(), v.clone()).unwrap();
+        }
+    }
+    for t in file.tensors() {
+        let mut data = file.tensor_data(t).to_vec();
+        let layer = t
+            .name
+            .strip_prefix("blk.")
+            .and_then(|r| r.split_once('.'))
+            .filter(|(_, role)| role.contains("_exps"))
+            .map(|(l, _)| l.parse::<usize>().unwrap());
+        if let Some(layer) = layer {
+            assert_eq!(t.ty, kiln_core::GgmlType::F32);
+            let n_experts = t.dims[2] as usize;
+            let per_expert = data.len() / n_experts;
+            for (e, chunk) in data.chunks_mut(per_expert).enumerate() {
+                if poison(layer, e) {
+                    for x in chunk.chunks_mut(4) {
+                        x.copy_from_slice(&f32::NAN.to_le_bytes());
+                    }
+                }
+            }
+        }
+        w.add_tensor(t.name.clone(), &t.dims, t.ty, &data).unwrap();
+    }
+    GgufFile::from_bytes(SharedBytes::from_vec(w.to_bytes())).unwrap()
+}
+
+/// Only the experts the router selects are read: filling every other expert's weights with NaN
+/// changes no bit of the output (a NaN weight that entered any product would spread to the
+/// logits, even multiplied by a zero gate weight), while poisoning a selected one does.
+#[test]
+fn unselected_experts_are_never_read() {
+    let dir = fixture("qwen3moe");
+    let clean = GgufFile::open(&dir.join("model-f32.gguf")).unwrap();
+    let b = CpuBackend::new(2).unwrap();
+    let ids = [12u32, 7, 301];
+    let run = |file: &GgufFile| {
+        let model = load_gguf_decoder(&b, file).unwrap();
+        let mut cache = model.new_cache(&b, ids.len()).unwrap();
+        let routes = Routes::default();
+        let h = model.forward_traced(&b, &ids, &mut cache, &routes).unwrap();
+        let logits = b.to_f32(&model.logits(&b, &h).unwrap()).unwrap();
+        let routes = routes.0.into_inner().unwrap();
+        (logits, routes)
+    };
+    let (want, routes) = run(&clean);
+    let selected = |layer: usize, e: usize| {
+        routes[layer]
+            .1
+            .iter()
+            .any(|r| r.experts.contains(&(e as u32)))
+    };
+    let n_experts = clean.get_u64("qwen3moe.expert_count").unwrap() as usize;
+    let unselected = (0..routes.len())
+        .flat_map(|l| (0..n_experts).map(move |e| (l, e)))
+        .filter(|&(l, e)| !selected(l, e))
+        .count();
+    assert!(
+        unselected > 0,
+        "every expert was selected: use fewer tokens"
+    );
+
+    let (got, _) = run(&poisoned(&clean, |l, e| !selected(l, e)));
+    assert!(
+        got.iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "poisoning {unselected} unselected experts changed the output"
+    );
+    // The control: a selected expert's NaN does reach the logits.
+    let (got, _) = run(&poisoned(&clean, |l, e| {
+        l == 0 && e == routes[0].1[0].experts[0] as usize
+    }));
+    assert!(got.iter().any(|x| x.is_nan()));
+}
+
+/// Hard strings (whitespace runs, digits, code, CJK, emoji, specials) through each family's
+/// tokenizer, against the reference libraries' ids (`add_special_tokens=False`):
+/// - `tokenizer.json` through the HF `tokenizers` crate equals transformers' fast tokenizer on
+///   every string;
+/// - the GGUF's tokenizer (kiln's port of llama.cpp): byte-level BPE families equal the fast
+///   tokenizer with special-token parsing on; SentencePiece families equal the `sentencepiece`
+///   library (`tokenizer.model`, no special parsing). transformers' fast Llama tokenizer itself
+///   differs from `sentencepiece` on leading whitespace, which is why SentencePiece is the
+///   reference there.
+///
+/// One known difference is asserted as such: Qwen's `tokenizer.json` declares an NFC
+/// normalizer that llama.cpp does not apply (a GGUF has no field for it), so a decomposed
+/// accent tokenizes differently from a GGUF, as it does in llama.cpp.
+#[test]
+fn tokenizers_match_the_reference_on_hard_strings() {
+    const NOT_NFC: &str = "Cafe\u{301} with a combining accent";
+    for family in [
+        "llama", "mistral", "qwen2", "qwen3", "phi3", "qwen3moe", "mixtral",
+    ] {
+        let r = reference(family);
+        let t = &r["tokenizer"];
+        let strings: Vec<&str> = t["strings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_str().unwrap())
+            .collect();
+        let want: Vec<Vec<u32>> = t["ids"].as_array().unwrap().iter().map(u32s).collect();
+        let spm: Option<Vec<Vec<u32>>> = t
+            .get("sentencepiece_ids")
+            .map(|v| v.as_array().unwrap().iter().map(u32s).collect());
+        let dir = fixture(family);
+        let file = GgufFile::open(&dir.join(r["gguf"].as_str().unwrap())).unwrap();
+        let gguf = kiln_tokenizer::Tokenizer::from_gguf(&file).unwrap();
+        let hf = kiln_tokenizer::HfTokenizer::from_file(
+            &dir.join("tokenizer.json"),
+            kiln_tokenizer::Truncation::None,
+        )
+        .unwrap();
+        assert!(strings.len() >= 30 && strings.contains(&NOT_NFC));
+        for (i, text) in strings.iter().enumerate() {
+            assert_eq!(
+                hf.encode(text, false).unwrap(),
+                want[i],
+                "{family} tokenizer.json: {text:?}"
+            );
+            let (got, reference) = match &spm {
+                Some(spm) => (gguf.encode(text, false, false), &spm[i]),
+                None => (gguf.encode(text, false, true), &want[i]),
+            };
+            if family.starts_with("qwen") && *text == NOT_NFC {
+                assert_ne!(
+                    &got, reference,
+                    "{family}: llama.cpp does not normalize to NFC"
+                );
+            } else {
+                assert_eq!(&got, reference, "{family} GGUF: {text:?}");
+            }
+        }
+    }
+}
+
+/// GPTQ: kiln's repacked matrices dequantize to exactly what llama.cpp's converter
+/// (`dequant_gptq`, after GPTQModel) makes of the same tensors, for group sizes 32/64/128 with and
+/// without act-order; and a GPTQ Llama run on its packed weights gives the logits of HF float32
+/// on the dequantized weights.
+#[test]
+fn gptq_dequantizes_exactly_as_the_reference() {
+    use kiln_backend::{GptqMatrix, GptqTensors};
+    for family in ["llama-gptq-g32", "llama-gptq-g64", "llama-gptq-g128"] {
+        let dir = fixture(family);
+        let config: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap();
+        let q = &config["quantization_config"];
+        let group_size = q["group_size"].as_u64().unwrap() as usize;
+        let st = kiln_formats::SafetensorsModel::open(&dir).unwrap();
+        let mut act_order = false;
+        for layer in ["self_attn.q_proj", "mlp.down_proj"] {
+            let p = format!("model.layers.0.{layer}");
+            let t = |s: &str| st.tensor(&format!("{p}.{s}")).unwrap();
+            let (qweight, qzeros, scales, g_idx) =
+                (t("qweight"), t("qzeros"), t("scales"), t("g_idx"));
+            let (n_in, n_out) = (qweight.shape[0] * 8, qweight.shape[1]);
+            let m = GptqMatrix::from_checkpoint(
+                &p,
+                &GptqTensors {
+                    qweight: &qweight.bytes,
+                    qzeros: &qzeros.bytes,
+                    scales: &scales.bytes,
+                    g_idx: Some(&g_idx.bytes),
+                },
+                n_in,
+                n_out,
+                group_size,
+                true,
+            )
+            .unwrap();
+            act_order |= m.perm.is_some();
+            let want = read_f32(&dir.join(format!("dequant-{p}.f32")));
+            let got = m.dequantize();
+            assert_eq!(got.len(), want.len());
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{family} {layer}: dequantized values differ");
+        }
+        assert_eq!(
+            act_order,
+            q["desc_act"].as_bool().unwrap(),
+            "{family}: act-order must show as a permutation"
+        );
+    }
+}
+
+#[test]
+fn gptq_llama_matches_hf_on_the_dequantized_weights() {
+    check_family("llama-gptq-g32", Format::Safetensors);
+    check_batch("llama-gptq-g32", Format::Safetensors);
+}
+
+/// The Llama fixture of k-quant shapes (rows of 256) quantized to Q4_K_M by kiln's quantizer (the
+/// types llama-quantize picks, bytes identical to ggml's reference quantizers) and run against HF
+/// float32 on the unquantized weights.
+///
+/// The error the quantization implies is measured, not guessed: a control model gets, in every
+/// matrix, exactly that matrix's quantization error values but shuffled (same size and
+/// distribution, no structure), and runs in f32. Random tiny models amplify weight noise strongly
+/// (≈ 6× the relative weight error, in units of the logits' RMS), so a fixed bound would be
+/// arbitrary; the quantized model must stay within 2× the control's logit error (RMS), and it
+/// must pick the reference's greedy token at every confident step: a flip needs the difference
+/// of two logit errors (standard deviation √2·rms Δ) to exceed the margin, so a step whose
+/// reference margin is above 6·rms Δ (more than 4 such deviations) is confident.
+#[test]
+fn k_quant_gguf_stays_within_its_quantization_error() {
+    use kiln_quant::mix::{MixModel, MixTensor};
+    let dir = fixture("llama-kq");
+    let r = reference("llama-kq");
+    let src = GgufFile::open(&dir.join(r["gguf"].as_str().unwrap())).unwrap();
+    let u32_meta = |k: &str| src.get_u64(k).unwrap() as u32;
+    let model = MixModel {
+        architecture: "llama".into(),
+        n_layer: u32_meta("llama.block_count"),
+        n_head: u32_meta("llama.attention.head_count"),
+        n_head_kv: u32_meta("llama.attention.head_count_kv"),
+        n_expert: 0,
+    };
+    let infos = src.tensors();
+    let mix_tensors: Vec<MixTensor> = infos
+        .iter()
+        .map(|t| MixTensor {
+            name: &t.name,
+            dims: &t.dims,
+            ty: t.ty,
+        })
+        .collect();
+    let plans = kiln_quant::plan_types(kiln_quant::QuantMix::Q4_K_M, &model, &mix_tensors).unwrap();
+    let new_writer = || {
+        let mut w = GgufWriter::new();
+        for (k, v) in src.metadata() {
+            if k != "general.alignment" {
+                w.add_meta(k.clone(), v.clone()).unwrap();
+            }
+        }
+        w
+    };
+    let (mut quantized, mut control) = (new_writer(), new_writer());
+    let (mut err2, mut norm2) = (0f64, 0f64);
+    let mut types = std::collections::BTreeMap::new();
+    let mut rng = 0x2545_F491_4F6C_DD1Du64;
+    for (t, plan) in infos.iter().zip(&plans) {
+        let n = t.dims.iter().product::<u64>() as usize;
+        let mut x = vec![0f32; n];
+        kiln_quant::dequantize(t.ty, &src.tensor_data(t), &mut x).unwrap();
+        let mut q = vec![0u8; kiln_quant::quantized_size(plan.ty, n).unwrap()];
+        kiln_quant::quantize(plan.ty, &x, &mut q).unwrap();
+        quantized
+            .add_tensor(t.name.clone(), &t.dims, plan.ty, &q)
+            .unwrap();
+        let mut back = vec![0f32; n];
+        kiln_quant::dequantize(plan.ty, &q, &mut back).unwrap();
+        let mut noise: Vec<f32> = back.iter().zip(&x).map(|(b, a)| b - a).collect();
+        if t.dims.len() == 2 {
+            *types.entry(plan.ty.to_string()).or_insert(0) += 1;
+            err2 += noise.iter().map(|&e| (e as f64).powi(2)).sum::<f64>();
+            norm2 += x.iter().map(|&a| (a as f64).powi(2)).sum::<f64>();
+        }
+        for i in (1..n).rev() {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            noise.swap(i, (rng % (i as u64 + 1)) as usize);
+        }
+        let noisy: Vec<u8> = x
+            .iter()
+            .zip(&noise)
+            .flat_map(|(a, e)| (a + e).to_le_bytes())
+            .collect();
+        control
+            .add_tensor(t.name.clone(), &t.dims, kiln_core::GgmlType::F32, &noisy)
+            .unwrap();
+    }
+    let eps = (err2 / norm2).sqrt();
+    eprintln!("llama-kq Q4_K_M: matrices {types:?}, relative RMS weight error {eps:.4}");
+    assert!(
+        types.contains_key("Q4_K") && types.contains_key("Q6_K"),
+        "{types:?}"
+    );
+    let open = |w: GgufWriter| GgufFile::from_bytes(SharedBytes::from_vec(w.to_bytes())).unwrap();
+    let b = CpuBackend::new(2).unwrap();
+    let m = load_gguf_decoder(&b, &open(quantized)).unwrap();
+    let m_control = load_gguf_decoder(&b, &open(control)).unwrap();
+    let vocab = m.config.vocab_size;
+    let rms = |v: &mut dyn Iterator<Item = f32>| {
+        let (s, n) = v.fold((0f64, 0usize), |(s, n), x| (s + (x as f64).powi(2), n + 1));
+        (s / n as f64).sqrt() as f32
+    };
+    let mut confident_steps = 0;
+    for case in r["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let ids = u32s(&case["ids"]);
+        let greedy = u32s(&case["greedy"]);
+        let want = read_f32(&dir.join(case["logits"].as_str().unwrap()));
+        let run = |m: &Decoder<CpuBackend>| {
+            let mut cache = m.new_cache(&b, ids.len() + greedy.len()).unwrap();
+            let h = m.forward(&b, &ids, &mut cache).unwrap();
+            (b.to_f32(&m.logits(&b, &h).unwrap()).unwrap(), cache)
+        };
+        let (got, mut cache) = run(&m);
+        let (noisy, _) = run(&m_control);
+        let diff_rms = rms(&mut got.iter().zip(&want).map(|(a, b)| a - b));
+        let control_rms = rms(&mut noisy.iter().zip(&want).map(|(a, b)| a - b));
+        let max_diff = got
+            .iter()
+            .zip(&want)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        eprintln!(
+            "llama-kq [q4_k_m] {name}: rms Δlogit {diff_rms:.3} (control with the same weight \
+             error: {control_rms:.3}; logits rms {:.2}), max {max_diff:.3}",
+            rms(&mut want.iter().copied())
+        );
+        assert!(
+            diff_rms <= 2.0 * control_rms,
+            "{name}: rms Δlogit {diff_rms}"
+        );
+
+        // Next-token choices at every prompt position: the confident ones must agree.
+        for (pos, (g, w)) in got
+            .chunks_exact(vocab)
+            .zip(want.chunks_exact(vocab))
+            .enumerate()
+        {
+            let top = argmax(w) as usize;
+            let second = w
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| i != top)
+                .fold(f32::NEG_INFINITY, |m, (_, &v)| m.max(v));
+            if w[top] - second > 6.0 * diff_rms {
+                confident_steps += 1;
+                assert_eq!(argmax(g) as usize, top, "{name}: confident position {pos}");
+            }
+        }
+
+        // Greedy, following the reference's tokens so that one early flip does not derail the
+        // rest; the confident steps must agree.
+        let margins: Vec<f32> = case["greedy_margins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m.as_f64().unwrap() as f32)
+            .collect();
+        let mut logits = got[(ids.len() - 1) * vocab..].to_vec();
+        for (step, (&want_tok, &margin)) in greedy.iter().zip(&margins).enumerate() {
+            if margin > 6.0 * diff_rms {
+                confident_steps += 1;
+                assert_eq!(argmax(&logits), want_tok, "{name}: confident step {step}");
+            }
+            let h = m.forward(&b, &[want_tok], &mut cache).unwrap();
+            logits = b.to_f32(&m.logits(&b, &h).unwrap()).unwrap();
+        }
+    }
+    eprintln!("llama-kq [q4_k_m]: {confident_steps} confident next-token choices (prompt positions and greedy steps) agree");
+    assert!(
+        confident_steps >= 10,
+        "only {confident_steps} confident steps"
+    );
+}
