@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use kiln_cpu::CpuBackend;
-use kiln_engine::EmbeddingModel;
+use kiln_engine::{EmbeddingModel, TextTokenizer};
 use kiln_formats::GgufFile;
 use kiln_hub::Hub;
 use kiln_models::Decoder;
@@ -17,7 +17,8 @@ pub const DEFAULT_MODEL: &str = "gemma3-270m";
 /// `-m MODEL`: an alias known to `kiln pull` or a path to a GGUF file.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArg {
-    /// Model: a known alias (fetched on first use; see `kiln pull --list`) or a GGUF file path.
+    /// Model: a known alias (fetched on first use; see `kiln pull --list`), a GGUF file, or a
+    /// Hugging Face folder (config.json, safetensors, tokenizer.json).
     #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
     pub model: String,
 }
@@ -51,20 +52,45 @@ pub fn tokenizer(file: &GgufFile) -> Result<Tokenizer> {
 pub struct Loaded {
     pub backend: CpuBackend,
     pub model: Decoder<CpuBackend>,
-    pub tokenizer: Tokenizer,
+    pub tokenizer: TextTokenizer,
     pub load_ms: f64,
 }
 
 /// Load `model` (fetching it first when it is a known alias not yet cached; the fetch is not
-/// counted in `load_ms`).
+/// counted in `load_ms`): a GGUF file, or a Hugging Face decoder folder (`config.json`,
+/// safetensors, `tokenizer.json`).
 pub fn load(model: &str, threads: usize) -> Result<Loaded> {
     let path = resolve(model)?;
     let t0 = Instant::now();
-    let file = open_path(&path)?;
     let backend = CpuBackend::new(threads)?;
+    if path.is_dir() {
+        if !kiln_engine::is_hf_decoder_dir(&path) {
+            let support = kiln_models::check_hf_dir(&path);
+            anyhow::bail!(
+                "{}: not a decoder kiln runs ({} model type {}){}",
+                path.display(),
+                support.kind,
+                support.architecture,
+                match support.verdict {
+                    Err(e) => format!(": {e}"),
+                    Ok(_) => "; use `kiln embed` for encoders".into(),
+                }
+            );
+        }
+        let model = kiln_models::load_hf_decoder(&backend, &path)
+            .with_context(|| format!("loading the model in {}", path.display()))?;
+        let tokenizer = TextTokenizer::from_hf_dir(&path)?;
+        return Ok(Loaded {
+            backend,
+            model,
+            tokenizer,
+            load_ms: t0.elapsed().as_secs_f64() * 1e3,
+        });
+    }
+    let file = open_path(&path)?;
     // The model first: an architecture kiln does not run is the error worth reporting.
     let model = kiln_models::load_gguf_decoder(&backend, &file).context("loading the model")?;
-    let tokenizer = tokenizer(&file)?;
+    let tokenizer = TextTokenizer::Gguf(Box::new(tokenizer(&file)?));
     Ok(Loaded {
         backend,
         model,

@@ -9,6 +9,7 @@ mod perplexity;
 mod rng;
 mod sampler;
 mod score;
+mod text;
 
 pub use embed::{Embedding, EmbeddingModel};
 pub use error::EngineError;
@@ -17,6 +18,7 @@ pub use perplexity::{perplexity, Perplexity};
 pub use rng::Rng;
 pub use sampler::{Sampler, SamplingParams};
 pub use score::{log_softmax, score, PositionScore};
+pub use text::{is_hf_decoder_dir, HfText, TextStream, TextTokenizer};
 
 /// Prompt tokens evaluated per forward call (as llama.cpp's default `n_batch`/`n_ubatch` of 512).
 pub const PREFILL_CHUNK: usize = 512;

@@ -1,4 +1,4 @@
-//! Byte-level BPE (`tokenizer.ggml.model = "gpt2"`), as llama.cpp's `llm_tokenizer_bpe_session`.
+//! BPE (`tokenizer.ggml.model = "gpt2"` or `"gemma4"`), as llama.cpp's `llm_tokenizer_bpe_session`.
 //!
 //! A text fragment is split into words by the pre-tokenizer; each word's UTF-8 bytes are mapped to
 //! GPT-2's printable stand-in characters (`bytes_to_unicode`); the word starts as one symbol per
@@ -6,15 +6,22 @@
 //! no pair has a rank. Each final symbol is emitted as its token, or, when the vocabulary lacks it,
 //! byte by byte as single-byte tokens where those exist (llama.cpp drops the others).
 //!
+//! SentencePiece-style BPE (Gemma 4, Sarvam: `escape_whitespaces`, no `byte_encode`) differs in
+//! three places: spaces become `▁` before the split, words are merged as raw UTF-8, and the byte
+//! fallback uses `<0xNN>` tokens. For Gemma 4 a word of newlines that is itself a token is emitted
+//! whole (llama.cpp's fix for its merges, which cannot build runs of newlines).
+//!
 //! Invariants: symbols of a word are contiguous and tile it; a merged-away symbol has length 0;
 //! a queued pair is applied only if both symbols still have the lengths it was queued with.
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
+use crate::bpe_pre::BpeSettings;
 use crate::hash::{Duplicates, TextIndex};
-use crate::pretokenize::{split_words, PreTokenizer};
+use crate::pretokenize::PreTokenizer;
 use crate::vocab::Vocab;
+use crate::TokenizerError;
 
 /// GPT-2's `bytes_to_unicode`: printable bytes stand for themselves, the other 68 bytes for
 /// U+0100.. in byte order.
@@ -63,9 +70,8 @@ pub(crate) fn char_to_byte(c: char) -> Option<u8> {
 
 /// The BPE model: pre-tokenizer and merge ranks.
 pub(crate) struct Bpe {
+    settings: BpeSettings,
     pre: PreTokenizer,
-    /// llama.cpp's `ignore_merges`: a word that is itself a token is emitted whole.
-    ignore_merges: bool,
     /// `tokenizer.ggml.merges`; a merge's rank is its index.
     merges: Vec<String>,
     /// Merge line -> rank; the first of two equal lines wins (llama.cpp's `emplace`).
@@ -108,20 +114,36 @@ pub(crate) fn utf8_len(lead: u8) -> usize {
     LOOKUP[(lead >> 4) as usize]
 }
 
+/// The `<0xNN>` token of byte `b`, as SentencePiece vocabularies name it.
+pub(crate) fn byte_token_text(b: u8) -> [u8; 6] {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    [
+        b'<',
+        b'0',
+        b'x',
+        HEX[(b >> 4) as usize],
+        HEX[(b & 15) as usize],
+        b'>',
+    ]
+}
+
 impl Bpe {
-    pub(crate) fn pre(&self) -> PreTokenizer {
-        self.pre
+    /// The pre-tokenizer settings it was built with.
+    pub(crate) fn settings(&self) -> &BpeSettings {
+        &self.settings
     }
 
-    /// Builds the ranks from `tokenizer.ggml.merges` lines `"left right"`.
-    pub(crate) fn new(pre: PreTokenizer, ignore_merges: bool, merges: Vec<String>) -> Bpe {
+    /// Compiles the pre-tokenizer and builds the ranks from `tokenizer.ggml.merges` lines
+    /// `"left right"`.
+    pub(crate) fn new(settings: BpeSettings, merges: Vec<String>) -> Result<Bpe, TokenizerError> {
+        let pre = PreTokenizer::new(settings.regexes)?;
         let index = TextIndex::build(&merges, Duplicates::FirstWins);
-        Bpe {
+        Ok(Bpe {
+            settings,
             pre,
-            ignore_merges,
             merges,
             index,
-        }
+        })
     }
 
     /// The rank of merging `left` with `right`. llama.cpp splits each merge line at its first
@@ -144,14 +166,29 @@ impl Bpe {
         let mut encoded = String::new();
         let mut symbols: Vec<Symbol> = Vec::new();
         let mut queue: BinaryHeap<Bigram> = BinaryHeap::new();
-        for word in split_words(self.pre, text) {
-            encoded.clear();
-            encoded.extend(word.bytes().map(|b| BYTE_TO_CHAR[b as usize]));
-            let bytes = encoded.as_bytes();
+        let settings = &self.settings;
+        let escaped;
+        let text = if settings.escape_whitespaces {
+            escaped = text.replace(' ', "\u{2581}");
+            &escaped
+        } else {
+            text
+        };
+        for word in self.pre.split_words(text) {
+            let bytes = if settings.byte_encode {
+                encoded.clear();
+                encoded.extend(word.bytes().map(|b| BYTE_TO_CHAR[b as usize]));
+                encoded.as_bytes()
+            } else {
+                word.as_bytes()
+            };
 
             symbols.clear();
             queue.clear();
-            if self.ignore_merges && vocab.lookup(bytes).is_some() {
+            let whole = (settings.ignore_merges
+                || (settings.kind == "GEMMA4" && bytes.iter().all(|&b| b == b'\n')))
+                && vocab.lookup(bytes).is_some();
+            if whole {
                 symbols.push(Symbol {
                     start: 0,
                     len: bytes.len(),
@@ -210,7 +247,14 @@ impl Bpe {
                 let piece = &bytes[sym.start..sym.start + sym.len];
                 match vocab.lookup(piece) {
                     Some(id) => out.push(id),
-                    None => out.extend(piece.iter().filter_map(|&b| vocab.lookup(&[b]))),
+                    None if settings.byte_encode => {
+                        out.extend(piece.iter().filter_map(|&b| vocab.lookup(&[b])))
+                    }
+                    None => out.extend(
+                        piece
+                            .iter()
+                            .filter_map(|&b| vocab.lookup(&byte_token_text(b))),
+                    ),
                 }
             }
         }

@@ -2,8 +2,9 @@
 //!
 //! A token's piece follows llama.cpp's `token_to_piece`: CONTROL and UNKNOWN tokens render only
 //! when asked (`render_special`); USER_DEFINED tokens always render as their text; NORMAL tokens
-//! render with `▁` turned back into spaces (SentencePiece) or with GPT-2's byte stand-ins turned
-//! back into bytes (BPE); BYTE tokens render as their single byte; UNUSED and UNDEFINED tokens
+//! render with `▁` turned back into spaces (SentencePiece, WordPiece, and SentencePiece-style BPE
+//! such as Gemma 4's) or with GPT-2's byte stand-ins turned back into bytes (byte-level BPE); BYTE
+//! tokens render as their single byte (`<0xNN>`); UNUSED and UNDEFINED tokens
 //! render as nothing. When the vocabulary adds a space prefix, the first token of a sequence loses
 //! one leading space (llama.cpp's `detokenize`). llama.cpp's `clean_up_tokenization_spaces` pass is
 //! not applied: it rewrites text across token boundaries, which a stream cannot do, and decoding
@@ -39,16 +40,19 @@ impl Tokenizer {
         if a & (attr::UNKNOWN | attr::CONTROL | attr::USER_DEFINED) != 0 {
             out.extend_from_slice(text.as_bytes());
         } else if a & attr::NORMAL != 0 {
-            match &self.kind {
-                Kind::Spm => {
-                    for (i, part) in text.split('\u{2581}').enumerate() {
-                        if i > 0 {
-                            out.push(b' ');
-                        }
-                        out.extend_from_slice(part.as_bytes());
+            let byte_level = match &self.kind {
+                Kind::Bpe(bpe) => !bpe.settings().escape_whitespaces,
+                Kind::Spm | Kind::Wpm(_) => false,
+            };
+            if byte_level {
+                decode_byte_level(text, out);
+            } else {
+                for (i, part) in text.split('\u{2581}').enumerate() {
+                    if i > 0 {
+                        out.push(b' ');
                     }
+                    out.extend_from_slice(part.as_bytes());
                 }
-                Kind::Bpe(_) => decode_byte_level(text, out),
             }
         } else if a & attr::BYTE != 0 {
             out.push(byte_of_byte_token(text));

@@ -16,11 +16,20 @@ pub enum TokenizerError {
         reason: String,
     },
     /// `tokenizer.ggml.model` names a tokenizer kind this crate does not implement.
-    #[error("unsupported tokenizer model `{0}` (tokenizer.ggml.model); supported: llama (SentencePiece), gpt2 (byte-level BPE)")]
+    #[error("unsupported tokenizer model `{0}` (tokenizer.ggml.model); supported: llama (SentencePiece), gpt2 and gemma4 (BPE), bert (WordPiece)")]
     UnsupportedModel(String),
-    /// `tokenizer.ggml.pre` names a BPE pre-tokenizer this crate does not implement.
-    #[error("unsupported pre-tokenizer `{0}` (tokenizer.ggml.pre); supported: llama3/llama-bpe, qwen2, gpt-2, default")]
+    /// `tokenizer.ggml.pre` names a BPE pre-tokenizer this crate does not implement (one llama.cpp
+    /// does not know either, or `kimi-k2`).
+    #[error("unsupported pre-tokenizer `{0}` (tokenizer.ggml.pre); supported: the names llama.cpp knows, except kimi-k2")]
     UnsupportedPreTokenizer(String),
+    /// A pre-tokenizer regex cannot be run as llama.cpp runs it.
+    #[error("pre-tokenizer regex `{regex}`: {reason}")]
+    PreTokenizerRegex {
+        /// The regex, as llama.cpp lists it.
+        regex: String,
+        /// Why it is refused.
+        reason: String,
+    },
     /// A `tokenizer.json` file could not be read or parsed.
     #[error("{path}: {reason}")]
     TokenizerJson { path: String, reason: String },

@@ -7,7 +7,8 @@ Usage (from the workspace root):
 
 The reference is llama.cpp as vendored in llama-cpp-python 0.3.36 (upstream 0c1e57098). The flags are
 computed per code point exactly as llama.cpp's `unicode_cpt_flags_array()` does, then reduced to the
-bits the pre-tokenizers read and run-length compressed.
+bits the pre-tokenizers read and run-length compressed. The lowercase map and the NFD ranges (used by
+WordPiece's normalizer) are copied as they are.
 """
 import re
 import sys
@@ -61,6 +62,25 @@ def main(path):
     out.write("pub(crate) const CPT_FLAG_RUNS: &[(u32, u16)] = &[\n")
     for i in range(0, len(runs), 6):
         out.write("    " + " ".join("(0x%06X, 0x%04X)," % r for r in runs[i:i + 6]) + "\n")
+    out.write("];\n\n")
+
+    out.write("/// `unicode_map_lowercase`: `(code point, lowercase)`, sorted by code point.\n")
+    out.write("#[rustfmt::skip]\n")
+    out.write("pub(crate) const LOWERCASE: &[(u32, u32)] = &[\n")
+    pairs = [(int(a, 16), int(b, 16)) for a, b in lower]
+    assert pairs == sorted(pairs)  # llama.cpp binary-searches it
+    for i in range(0, len(pairs), 6):
+        out.write("    " + " ".join("(0x%06X, 0x%06X)," % r for r in pairs[i:i + 6]) + "\n")
+    out.write("];\n\n")
+
+    out.write("/// `unicode_ranges_nfd`: `(first, last, replacement)`, sorted by `first`; llama.cpp's \"NFD\" maps\n")
+    out.write("/// every code point in `first..=last` to the single code point `replacement`.\n")
+    out.write("#[rustfmt::skip]\n")
+    out.write("pub(crate) const NFD_RANGES: &[(u32, u32, u32)] = &[\n")
+    triples = [(int(a, 16), int(b, 16), int(c, 16)) for a, b, c in nfd]
+    assert triples == sorted(triples)
+    for i in range(0, len(triples), 4):
+        out.write("    " + " ".join("(0x%06X, 0x%06X, 0x%06X)," % r for r in triples[i:i + 4]) + "\n")
     out.write("];\n")
 
 

@@ -141,6 +141,8 @@ pub(crate) fn spec_from_gguf(file: &GgufFile) -> Result<VocabSpec, TokenizerErro
         add_bos: boolean(file, keys::ADD_BOS)?,
         add_eos: boolean(file, keys::ADD_EOS)?,
         add_space_prefix: boolean(file, keys::ADD_SPACE_PREFIX)?,
+        normalizer_lowercase: boolean(file, keys::NORMALIZER_LOWERCASE)?,
+        normalizer_strip_accents: boolean(file, keys::NORMALIZER_STRIP_ACCENTS)?,
         model_name: string(file, keys::GENERAL_NAME)?,
         architecture: string(file, keys::GENERAL_ARCHITECTURE)?,
     })

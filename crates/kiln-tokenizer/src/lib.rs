@@ -1,40 +1,57 @@
 //! kiln-tokenizer: tokenizers built from GGUF metadata that give exactly llama.cpp's ids.
 //!
-//! Two kinds, chosen by `tokenizer.ggml.model`:
-//! - `"llama"`: SentencePiece with score-ordered merges and `<0xNN>` byte fallback (Llama 2,
-//!   Gemma 3, ...), spaces written as `▁`;
-//! - `"gpt2"`: byte-level BPE with ranked merges, after a pre-tokenizer named by
-//!   `tokenizer.ggml.pre`: `llama3`/`llama-bpe`, `qwen2`, `gpt-2`, `default`, and the names
-//!   llama.cpp treats identically to one of those (`llama-v3`, `deepseek-r1-qwen`, `phi-2`, `mpt`,
-//!   `olmo`, ...). Other pre-tokenizers are refused by name.
+//! Kinds, chosen by `tokenizer.ggml.model` (llama.cpp's `LLAMA_VOCAB_TYPE_*`):
+//! - `"llama"` (SPM): SentencePiece with score-ordered merges and `<0xNN>` byte fallback (Llama 2,
+//!   Gemma 3, Phi-3, Baichuan, ...), spaces written as `▁`;
+//! - `"gpt2"` (BPE): byte-level BPE with ranked merges, after the pre-tokenizer named by
+//!   `tokenizer.ggml.pre`. Every name llama.cpp knows is supported (`bpe_pre.rs` lists them:
+//!   `llama-bpe`, `qwen2`, `qwen35`, `gpt-2`, `falcon`, `starcoder`, `refact`, `command-r`,
+//!   `deepseek-llm`, `deepseek-coder`, `deepseek-v3`, `gpt-4o`, `tekken`, `chatglm-bpe`, `bloom`,
+//!   `default`, ... ) except `kimi-k2`; unknown names are refused by name, as llama.cpp refuses
+//!   them;
+//! - `"gemma4"` (BPE): SentencePiece-style BPE over `▁`-escaped raw UTF-8 with `<0xNN>` byte
+//!   fallback, split only at newline runs (Gemma 4);
+//! - `"bert"` (WPM): WordPiece with BERT's normalizer (lowercasing, accent stripping), `▁`-prefixed
+//!   word-initial pieces and `[UNK]` for words it cannot cut; `add_special` wraps the text in
+//!   CLS (BOS) and SEP.
+//!
+//! Other kinds (`t5`/UGM, `rwkv`, `plamo2`, ...) are refused by name.
 //!
 //! The reference is llama.cpp's `src/llama-vocab.cpp` and `src/unicode.cpp` as vendored in
 //! llama-cpp-python 0.3.36 (upstream `0c1e57098`). Behaviour is ported, not approximated: the
 //! special-token partition order, the per-kind defaults, the attribute fixes llama.cpp applies by
-//! token text, and llama.cpp's Unicode tables are all reproduced.
+//! token text, llama.cpp's Unicode tables, its hand-written pre-tokenizer splitters, and for the
+//! pre-tokenizer regexes it runs through `std::regex`, the same regexes on the same "collapsed"
+//! text through an engine with the same (ECMAScript, leftmost-first) semantics.
 //!
 //! `tokenizer.json` models (WordPiece, Unigram, BPE as Hugging Face describes them) are run by the
 //! HF `tokenizers` crate through [`HfTokenizer`].
 //!
 //! Invariants:
 //! - [`Tokenizer`] is immutable after construction (`Send + Sync`); all lookup structures (piece to
-//!   id map, merge ranks, special-token trie) are built once in [`Tokenizer::from_spec`].
+//!   id map, merge ranks, compiled pre-tokenizer regexes, special-token trie) are built once in
+//!   [`Tokenizer::from_spec`].
 //! - encoding never fails and never panics: any `&str` encodes; decoding accepts any id (ids
 //!   outside the vocabulary decode to nothing).
 //! - [`Tokenizer::decode`] equals the concatenation of a [`StreamDecoder`]'s output over the same
 //!   ids.
 
 mod bpe;
+mod bpe_pre;
 mod decode;
+mod ecma_regex;
 mod error;
 mod gguf;
 mod hash;
 mod hf;
 mod pretokenize;
+mod regex_split;
 mod special;
 mod spm;
+mod unicode;
 mod unicode_tables;
 mod vocab;
+mod wpm;
 
 pub use decode::StreamDecoder;
 pub use error::TokenizerError;
@@ -42,14 +59,16 @@ pub use hf::{HfTokenizer, Truncation};
 pub use vocab::VocabSpec;
 
 use bpe::Bpe;
-use pretokenize::PreTokenizer;
+use bpe_pre::bpe_settings;
 use special::{partition, Fragment, SpecialMatcher};
 use vocab::{attr, keys, KindDefaults, Vocab};
+use wpm::WordPiece;
 
 /// The tokenizer kind and its model data.
 pub(crate) enum Kind {
     Spm,
     Bpe(Bpe),
+    Wpm(WordPiece),
 }
 
 /// A tokenizer: encodes text to ids and decodes ids to text as llama.cpp does for the same GGUF.
@@ -64,7 +83,8 @@ impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let kind = match &self.kind {
             Kind::Spm => "SentencePiece".to_string(),
-            Kind::Bpe(bpe) => format!("BPE ({:?})", bpe.pre()),
+            Kind::Bpe(bpe) => format!("BPE ({})", bpe.settings().kind),
+            Kind::Wpm(_) => "WordPiece".to_string(),
         };
         f.debug_struct("Tokenizer")
             .field("kind", &kind)
@@ -76,25 +96,6 @@ impl std::fmt::Debug for Tokenizer {
     }
 }
 
-/// What a BPE pre-tokenizer name sets in llama.cpp: the splitter, `ignore_merges`, and `add_bos`.
-fn bpe_pre(name: Option<&str>) -> Result<(PreTokenizer, bool, bool), TokenizerError> {
-    Ok(match name {
-        None | Some("default") => (PreTokenizer::Default, false, false),
-        Some(
-            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
-            | "lfm2" | "jina-v5-nano",
-        ) => (PreTokenizer::Llama3, true, true),
-        Some("qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2") => {
-            (PreTokenizer::Qwen2, false, false)
-        }
-        Some(
-            "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de"
-            | "a.x-4.0" | "mellum" | "modern-bert" | "mpt" | "olmo",
-        ) => (PreTokenizer::Gpt2, false, false),
-        Some(other) => return Err(TokenizerError::UnsupportedPreTokenizer(other.to_string())),
-    })
-}
-
 impl Tokenizer {
     /// Builds the tokenizer described by a GGUF file's `tokenizer.ggml.*` metadata.
     pub fn from_gguf(file: &kiln_formats::GgufFile) -> Result<Tokenizer, TokenizerError> {
@@ -103,42 +104,73 @@ impl Tokenizer {
 
     /// Builds the tokenizer described by `spec` (the GGUF metadata as plain data).
     pub fn from_spec(mut spec: VocabSpec) -> Result<Tokenizer, TokenizerError> {
-        let (kind, defaults) = match spec.model.as_str() {
-            "llama" => (
-                None,
-                KindDefaults {
+        // The kind's defaults (llama.cpp's `load`), which explicit metadata overrides.
+        let none = KindDefaults {
+            bos: None,
+            eos: None,
+            unk: None,
+            sep: None,
+            add_bos: false,
+            add_eos: false,
+            add_space_prefix: false,
+        };
+        let (defaults, bpe) = match spec.model.as_str() {
+            "llama" => {
+                let spm = KindDefaults {
                     bos: Some(1),
                     eos: Some(2),
                     unk: Some(0),
                     add_bos: true,
-                    add_eos: false,
                     add_space_prefix: true,
-                },
-            ),
-            "gpt2" => {
-                let (pre, ignore_merges, add_bos) = bpe_pre(spec.pre.as_deref())?;
+                    ..none
+                };
+                (spm, None)
+            }
+            "bert" => {
+                let wpm = KindDefaults {
+                    bos: Some(101),
+                    unk: Some(100),
+                    sep: Some(102),
+                    add_bos: true,
+                    ..none
+                };
+                (wpm, None)
+            }
+            model @ ("gpt2" | "gemma4") => {
+                // The "gemma4" model ignores `tokenizer.ggml.pre` and has no default ids.
+                let gemma4_model = model == "gemma4";
+                let settings = bpe_settings(if gemma4_model {
+                    Some("gemma4")
+                } else {
+                    spec.pre.as_deref()
+                })?;
+                let bpe_defaults = KindDefaults {
+                    bos: (!gemma4_model && !settings.no_default_bos).then_some(11),
+                    eos: (!gemma4_model).then_some(11),
+                    add_bos: settings.add_bos,
+                    ..none
+                };
+                // llama.cpp's Gemma 4 workaround: BOS is added whatever the metadata says.
+                if settings.kind == "GEMMA4" {
+                    spec.add_bos = Some(true);
+                }
                 let merges = spec
                     .merges
                     .take()
                     .ok_or_else(|| TokenizerError::MissingKey(keys::MERGES.to_string()))?;
-                (
-                    Some(Bpe::new(pre, ignore_merges, merges)),
-                    KindDefaults {
-                        bos: Some(11),
-                        eos: Some(11),
-                        unk: None,
-                        add_bos,
-                        add_eos: false,
-                        add_space_prefix: false,
-                    },
-                )
+                (bpe_defaults, Some(Bpe::new(settings, merges)?))
             }
             other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
         };
+        let wordpiece = (spec.model == "bert")
+            .then_some((spec.normalizer_lowercase, spec.normalizer_strip_accents));
         let vocab = Vocab::build(spec, defaults)?;
-        let kind = match kind {
-            Some(bpe) => Kind::Bpe(bpe),
-            None => Kind::Spm,
+        let kind = match (bpe, wordpiece) {
+            (Some(bpe), _) => Kind::Bpe(bpe),
+            (None, Some((lowercase, strip_accents))) => {
+                Kind::Wpm(WordPiece::new(&vocab, lowercase, strip_accents))
+            }
+            (None, None) => Kind::Spm,
         };
         let special = SpecialMatcher::new(&vocab);
         Ok(Tokenizer {
@@ -148,14 +180,15 @@ impl Tokenizer {
         })
     }
 
-    /// Encodes `text`. `add_special`: add BOS (and EOS) as the model's add_bos/add_eos flags say.
+    /// Encodes `text`. `add_special`: add BOS (and EOS) as the model's add_bos/add_eos flags say;
+    /// for WordPiece, always CLS (BOS) first and SEP last, as llama.cpp does.
     /// `parse_special`: match control tokens in the text (llama.cpp's `special=true`);
     /// user-defined tokens are matched either way.
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
         let vocab = &self.vocab;
         let fragments = partition(vocab, &self.special, text, parse_special);
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
-        if add_special && vocab.add_bos {
+        if add_special && self.add_bos() {
             out.extend(vocab.bos);
         }
         match &self.kind {
@@ -196,9 +229,24 @@ impl Tokenizer {
                     }
                 }
             }
+            Kind::Wpm(wpm) => {
+                for fragment in &fragments {
+                    match fragment {
+                        Fragment::Text(range) => wpm.encode_fragment(
+                            vocab,
+                            text.get(range.clone()).unwrap_or(""),
+                            &mut out,
+                        ),
+                        Fragment::Token(id) => out.push(*id),
+                    }
+                }
+            }
         }
-        if add_special && vocab.add_eos {
+        if add_special && self.add_eos() {
             out.extend(vocab.eos);
+        }
+        if add_special && self.add_sep() {
+            out.extend(vocab.sep);
         }
         out
     }
@@ -246,14 +294,25 @@ impl Tokenizer {
         self.vocab.eot
     }
 
-    /// Whether `encode(.., add_special = true, ..)` starts with BOS.
-    pub fn add_bos(&self) -> bool {
-        self.vocab.add_bos && self.vocab.bos.is_some()
+    /// The separator token (WordPiece's SEP).
+    pub fn sep(&self) -> Option<u32> {
+        self.vocab.sep
     }
 
-    /// Whether `encode(.., add_special = true, ..)` ends with EOS.
+    /// Whether `encode(.., add_special = true, ..)` starts with BOS (WordPiece: CLS, always).
+    pub fn add_bos(&self) -> bool {
+        let wanted = matches!(self.kind, Kind::Wpm(_)) || self.vocab.add_bos;
+        wanted && self.vocab.bos.is_some()
+    }
+
+    /// Whether `encode(.., add_special = true, ..)` ends with EOS (never for WordPiece).
     pub fn add_eos(&self) -> bool {
-        self.vocab.add_eos && self.vocab.eos.is_some()
+        !matches!(self.kind, Kind::Wpm(_)) && self.vocab.add_eos && self.vocab.eos.is_some()
+    }
+
+    /// Whether `encode(.., add_special = true, ..)` ends with SEP (WordPiece, always).
+    pub fn add_sep(&self) -> bool {
+        matches!(self.kind, Kind::Wpm(_)) && self.vocab.sep.is_some()
     }
 
     /// Whether generation stops at `id`: EOS, EOT, EOM, the FIM pad/repo/separator tokens and
@@ -360,23 +419,21 @@ mod tests {
     #[test]
     fn unsupported_kinds_are_named() {
         let err = Tokenizer::from_spec(VocabSpec {
-            model: "bert".into(),
+            model: "t5".into(),
             tokens: vec!["a".into()],
             ..VocabSpec::default()
         })
         .unwrap_err();
-        assert!(matches!(err, TokenizerError::UnsupportedModel(ref m) if m == "bert"));
+        assert!(matches!(err, TokenizerError::UnsupportedModel(ref m) if m == "t5"));
         let err = Tokenizer::from_spec(VocabSpec {
             model: "gpt2".into(),
-            pre: Some("deepseek-coder".into()),
+            pre: Some("kimi-k2".into()),
             tokens: vec!["a".into()],
             merges: Some(vec![]),
             ..VocabSpec::default()
         })
         .unwrap_err();
-        assert!(
-            matches!(err, TokenizerError::UnsupportedPreTokenizer(ref p) if p == "deepseek-coder")
-        );
+        assert!(matches!(err, TokenizerError::UnsupportedPreTokenizer(ref p) if p == "kimi-k2"));
         let err = Tokenizer::from_spec(VocabSpec {
             model: "gpt2".into(),
             pre: Some("qwen2".into()),

@@ -17,7 +17,7 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use crate::bpe::utf8_len;
+use crate::bpe::{byte_token_text, utf8_len};
 use crate::vocab::Vocab;
 
 #[derive(Debug, Clone, Copy)]
@@ -139,17 +139,8 @@ impl<'a> Session<'a> {
     /// llama.cpp's `byte_to_token` for SPM: `<0xNN>`, else the byte itself as a token. Where the
     /// vocabulary has neither, llama.cpp throws; we emit the unknown token (if any) instead.
     fn byte_to_token(&self, b: u8) -> Option<u32> {
-        const HEX: &[u8; 16] = b"0123456789ABCDEF";
-        let name = [
-            b'<',
-            b'0',
-            b'x',
-            HEX[(b >> 4) as usize],
-            HEX[(b & 15) as usize],
-            b'>',
-        ];
         self.vocab
-            .lookup(&name)
+            .lookup(&byte_token_text(b))
             .or_else(|| self.vocab.lookup(&[b]))
             .or(self.vocab.unk)
     }

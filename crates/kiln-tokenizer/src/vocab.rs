@@ -60,6 +60,8 @@ pub(crate) mod keys {
     pub const ADD_BOS: &str = "tokenizer.ggml.add_bos_token";
     pub const ADD_EOS: &str = "tokenizer.ggml.add_eos_token";
     pub const ADD_SPACE_PREFIX: &str = "tokenizer.ggml.add_space_prefix";
+    pub const NORMALIZER_LOWERCASE: &str = "tokenizer.ggml.normalizer.lowercase";
+    pub const NORMALIZER_STRIP_ACCENTS: &str = "tokenizer.ggml.normalizer.strip_accents";
     pub const GENERAL_NAME: &str = "general.name";
     pub const GENERAL_ARCHITECTURE: &str = "general.architecture";
 }
@@ -68,7 +70,8 @@ pub(crate) mod keys {
 /// `None` means the key is absent (llama.cpp's per-kind default applies).
 #[derive(Debug, Clone, Default)]
 pub struct VocabSpec {
-    /// `tokenizer.ggml.model`: `"llama"` (SentencePiece) or `"gpt2"` (byte-level BPE).
+    /// `tokenizer.ggml.model`: `"llama"` (SentencePiece), `"gpt2"` (BPE), `"gemma4"` (BPE over
+    /// `▁`-escaped text) or `"bert"` (WordPiece).
     pub model: String,
     /// `tokenizer.ggml.pre`: the BPE pre-tokenizer name (`"llama-bpe"`, `"qwen2"`, `"gpt-2"`, ...).
     pub pre: Option<String>,
@@ -114,6 +117,10 @@ pub struct VocabSpec {
     pub add_eos: Option<bool>,
     /// `tokenizer.ggml.add_space_prefix`.
     pub add_space_prefix: Option<bool>,
+    /// `tokenizer.ggml.normalizer.lowercase` (WordPiece; llama.cpp's default is true).
+    pub normalizer_lowercase: Option<bool>,
+    /// `tokenizer.ggml.normalizer.strip_accents` (WordPiece; defaults to `normalizer_lowercase`).
+    pub normalizer_strip_accents: Option<bool>,
     /// `general.name` (llama.cpp sets LSTRIP/RSTRIP attributes for some model names).
     pub model_name: Option<String>,
     /// `general.architecture` (same use as `model_name`).
@@ -127,6 +134,7 @@ pub(crate) struct KindDefaults {
     pub bos: Option<u32>,
     pub eos: Option<u32>,
     pub unk: Option<u32>,
+    pub sep: Option<u32>,
     pub add_bos: bool,
     pub add_eos: bool,
     pub add_space_prefix: bool,
@@ -142,6 +150,7 @@ pub(crate) struct Vocab {
     pub eos: Option<u32>,
     pub eot: Option<u32>,
     pub unk: Option<u32>,
+    pub sep: Option<u32>,
     pub add_bos: bool,
     pub add_eos: bool,
     pub add_space_prefix: bool,
@@ -315,6 +324,7 @@ impl Vocab {
         let bos = pick(defaults.bos, spec.bos_id);
         let eos = pick(defaults.eos, spec.eos_id);
         let unk = pick(defaults.unk, spec.unk_id);
+        let sep = pick(defaults.sep, spec.sep_id);
         let mut eot = pick(None, spec.eot_id);
         let mut eom = pick(None, spec.eom_id);
         let mut fim_pre = pick(None, spec.fim_pre_id);
@@ -430,6 +440,7 @@ impl Vocab {
             eos,
             eot,
             unk,
+            sep,
             add_bos,
             add_eos,
             add_space_prefix,

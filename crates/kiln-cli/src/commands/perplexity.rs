@@ -26,7 +26,7 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&a.file)
         .with_context(|| format!("reading {}", a.file.display()))?;
     let m = load(&a.model.model, a.threads.threads)?;
-    let ids = m.tokenizer.encode(&text, true, false);
+    let ids = m.tokenizer.encode(&text, true, false)?;
     eprintln!(
         "{} tokens, {} chunks of {}",
         ids.len(),

@@ -82,7 +82,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     sampling.validate()?;
     let m = load(&a.model.model, a.threads.threads)?;
     let tok = &m.tokenizer;
-    let prompt_ids = tok.encode(&a.prompt, true, true);
+    let prompt_ids = tok.encode(&a.prompt, true, true)?;
     let opts = GenerateOptions {
         max_tokens: a.n_predict,
         sampling,
@@ -91,7 +91,7 @@ pub fn run(a: RunArgs) -> Result<()> {
 
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let mut stream = tok.stream_decoder();
+    let mut stream = tok.stream();
     let streaming = !a.json;
     let mut write_failed = None;
     let generation = generate(

@@ -39,7 +39,7 @@ pub fn run(a: ScoreArgs) -> Result<()> {
                 .ok_or_else(|| {
                     anyhow::anyhow!("stdin line {line_no}: \"ids\" must be token ids below {vocab}")
                 })?,
-            (None, Some(Value::String(text))) => m.tokenizer.encode(text, true, true),
+            (None, Some(Value::String(text))) => m.tokenizer.encode(text, true, true)?,
             _ => bail!("stdin line {line_no}: expected {{\"text\": string}} or {{\"ids\": [ids]}}"),
         };
         let scores = kiln_engine::score(&m.backend, &m.model, &ids, a.top_k)?;

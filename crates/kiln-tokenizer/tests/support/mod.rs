@@ -122,13 +122,38 @@ pub fn read_vocab_cases(vocab: &Path) -> Vec<Case> {
         .collect()
 }
 
-/// The names of the vocabularies the tests need from the cache.
-pub const VOCABS: [&str; 6] = ["llama-spm", "llama-bpe", "qwen2", "gpt-2", "phi-3", "mpt"];
+/// Every `models/ggml-vocab-*.gguf` of llama.cpp 0c1e57098, and whether it comes with test cases
+/// (`.gguf.inp` / `.gguf.out`).
+pub const VOCABS: [(&str, bool); 19] = [
+    ("aquila", false),
+    ("baichuan", false),
+    ("bert-bge", true),
+    ("command-r", true),
+    ("deepseek-coder", true),
+    ("deepseek-llm", true),
+    ("falcon", true),
+    ("gemma-4", true),
+    ("gpt-2", true),
+    ("gpt-neox", false),
+    ("llama-bpe", true),
+    ("llama-spm", true),
+    ("mpt", true),
+    ("nomic-bert-moe", false),
+    ("phi-3", true),
+    ("qwen2", true),
+    ("qwen35", true),
+    ("refact", true),
+    ("starcoder", true),
+];
 
 fn cache_complete(dir: &Path) -> bool {
-    VOCABS.iter().all(|v| {
-        ["gguf", "gguf.inp", "gguf.out"]
-            .iter()
+    VOCABS.iter().all(|&(v, has_cases)| {
+        let exts: &[&str] = if has_cases {
+            &["gguf", "gguf.inp", "gguf.out"]
+        } else {
+            &["gguf"]
+        };
+        exts.iter()
             .all(|ext| dir.join(format!("ggml-vocab-{v}.{ext}")).is_file())
     })
 }
