@@ -10,8 +10,8 @@ mod gguf;
 pub mod safetensors;
 
 pub use gguf::{
-    write_dump, DumpOptions, GgufError, GgufFile, GgufWriteError, GgufWriter, MetaArray, MetaType,
-    MetaValue, ShapeError, TensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC,
-    MAX_ARRAY_DEPTH, MAX_DIMS, MAX_STRING_CHARS,
+    put_str, put_value, write_dump, DumpOptions, GgufError, GgufFile, GgufWriteError, GgufWriter,
+    MetaArray, MetaType, MetaValue, ShapeError, TensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT,
+    GGUF_MAGIC, MAX_ARRAY_DEPTH, MAX_DIMS, MAX_STRING_CHARS,
 };
 pub use safetensors::{write_safetensors, SafeTensor, SafetensorsError, SafetensorsModel};

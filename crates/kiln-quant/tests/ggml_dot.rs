@@ -30,13 +30,6 @@ fn read(name: &str) -> Vec<u8> {
     std::fs::read(dir.join(name)).unwrap()
 }
 
-fn floats(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
 #[test]
 fn quantized_activations_and_dots_equal_ggmls_bit_for_bit() {
     for ty in TYPES {
@@ -44,9 +37,9 @@ fn quantized_activations_and_dots_equal_ggmls_bit_for_bit() {
         let n = w_values.len();
         let act_ty = vec_dot_type(ty).unwrap();
         let row_act = activation_bytes(act_ty, n).unwrap();
-        let xs = floats(&read(&format!("{ty}.dot.x")));
+        let xs = common::f32s(&read(&format!("{ty}.dot.x")));
         let ggml_act = read(&format!("{ty}.dot.act"));
-        let ggml_dot = floats(&read(&format!("{ty}.dot.out")));
+        let ggml_dot = common::f32s(&read(&format!("{ty}.dot.out")));
         assert!(!ggml_dot.is_empty());
         assert_eq!(xs.len(), n * ggml_dot.len(), "{ty} fixture rows");
 

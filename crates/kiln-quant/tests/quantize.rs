@@ -14,35 +14,14 @@ use common::{Placed, Rng};
 use kiln_core::GgmlType;
 use kiln_quant::{can_quantize, dequantize, quantize, quantized_size, QuantError};
 
-/// Every type `quantize` writes, with a ggml fixture for all but F32 (a plain copy).
-const QUANT_TYPES: [GgmlType; 14] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-    GgmlType::Q8_K,
-];
-
-fn read_f32(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
+/// Every type `quantize` writes (the weight types), with a ggml fixture for all but F32 (a plain
+/// copy).
+const QUANT_TYPES: [GgmlType; 14] = common::WEIGHT_TYPES;
 
 /// ggml's inputs and output bytes for `ty`.
 fn ggml_fixture(ty: GgmlType) -> (Vec<f32>, Vec<u8>) {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    let x = read_f32(&std::fs::read(dir.join(format!("{ty}.quant.x"))).unwrap());
+    let x = common::f32s(&std::fs::read(dir.join(format!("{ty}.quant.x"))).unwrap());
     let expected = std::fs::read(dir.join(format!("{ty}.quant.bin"))).unwrap();
     (x, expected)
 }
@@ -115,7 +94,7 @@ fn large_inputs_split_across_threads_give_the_same_bytes() {
 fn f32_is_a_copy() {
     let x = [1.5f32, -0.0, f32::NAN, f32::INFINITY, 1e-45];
     let got = quantized(GgmlType::F32, &x);
-    let back = read_f32(&got);
+    let back = common::f32s(&got);
     for (a, b) in x.iter().zip(&back) {
         assert_eq!(a.to_bits(), b.to_bits());
     }

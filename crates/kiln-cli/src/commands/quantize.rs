@@ -26,7 +26,7 @@ use anyhow::{bail, Context, Result};
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_core::GgmlType;
-use kiln_formats::{GgufFile, MetaValue, TensorInfo, GGUF_MAGIC};
+use kiln_formats::{put_str, put_value, GgufFile, MetaValue, TensorInfo, GGUF_MAGIC};
 use kiln_quant::mix::{MixModel, MixTensor, TensorPlan};
 use kiln_quant::{plan_types, QuantMix};
 
@@ -308,35 +308,6 @@ fn header(meta: &[(String, MetaValue)], planned: &[Planned], alignment: u64) -> 
     let padded = (out.len() as u64).next_multiple_of(alignment);
     out.resize(padded as usize, 0);
     out
-}
-
-fn put_str(out: &mut Vec<u8>, s: &str) {
-    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
-    out.extend_from_slice(s.as_bytes());
-}
-
-fn put_value(out: &mut Vec<u8>, value: &MetaValue) {
-    match value {
-        MetaValue::U8(v) => out.push(*v),
-        MetaValue::I8(v) => out.extend_from_slice(&v.to_le_bytes()),
-        MetaValue::U16(v) => out.extend_from_slice(&v.to_le_bytes()),
-        MetaValue::I16(v) => out.extend_from_slice(&v.to_le_bytes()),
-        MetaValue::U32(v) => out.extend_from_slice(&v.to_le_bytes()),
-        MetaValue::I32(v) => out.extend_from_slice(&v.to_le_bytes()),
-        MetaValue::F32(v) => out.extend_from_slice(&v.to_le_bytes()),
-        MetaValue::Bool(v) => out.push(u8::from(*v)),
-        MetaValue::String(s) => put_str(out, s),
-        MetaValue::Array(a) => {
-            out.extend_from_slice(&a.elem_type.id().to_le_bytes());
-            out.extend_from_slice(&(a.items.len() as u64).to_le_bytes());
-            for item in &a.items {
-                put_value(out, item);
-            }
-        }
-        MetaValue::U64(v) => out.extend_from_slice(&v.to_le_bytes()),
-        MetaValue::I64(v) => out.extend_from_slice(&v.to_le_bytes()),
-        MetaValue::F64(v) => out.extend_from_slice(&v.to_le_bytes()),
-    }
 }
 
 /// Writes the header and every tensor (copied or converted), each padded to the alignment.

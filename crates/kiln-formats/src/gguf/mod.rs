@@ -14,7 +14,7 @@ pub use dump::{write_dump, DumpOptions, MAX_STRING_CHARS};
 pub use error::{GgufError, GgufWriteError, ShapeError};
 pub use reader::{GgufFile, TensorInfo};
 pub use value::{MetaArray, MetaType, MetaValue};
-pub use writer::GgufWriter;
+pub use writer::{put_str, put_value, GgufWriter};
 
 /// The first four bytes of every GGUF file.
 pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";

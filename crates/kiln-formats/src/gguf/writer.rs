@@ -230,12 +230,14 @@ fn check_value(key: &str, value: &MetaValue, depth: usize) -> Result<(), GgufWri
     Ok(())
 }
 
-fn put_str(out: &mut Vec<u8>, s: &str) {
+/// Appends a GGUF string (u64 length, then the bytes): for writers that stream their own header.
+pub fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(&(s.len() as u64).to_le_bytes());
     out.extend_from_slice(s.as_bytes());
 }
 
-fn put_value(out: &mut Vec<u8>, value: &MetaValue) {
+/// Appends a metadata value's GGUF encoding (without its type id), arrays included.
+pub fn put_value(out: &mut Vec<u8>, value: &MetaValue) {
     match value {
         MetaValue::U8(v) => out.push(*v),
         MetaValue::I8(v) => out.extend_from_slice(&v.to_le_bytes()),

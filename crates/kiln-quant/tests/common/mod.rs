@@ -28,12 +28,16 @@ pub const WEIGHT_TYPES: [GgmlType; 14] = [
 pub fn fixture(ty: GgmlType) -> (Vec<u8>, Vec<f32>) {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     let raw = std::fs::read(dir.join(format!("{ty}.bin"))).unwrap();
-    let expected = std::fs::read(dir.join(format!("{ty}.f32"))).unwrap();
-    let expected = expected
+    let expected = f32s(&std::fs::read(dir.join(format!("{ty}.f32"))).unwrap());
+    (raw, expected)
+}
+
+/// Little-endian f32 values.
+pub fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    (raw, expected)
+        .collect()
 }
 
 /// splitmix64: a small, seeded generator so every run sees the same data.
