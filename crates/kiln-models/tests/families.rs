@@ -59,6 +59,32 @@ enum Format {
     Gguf,
 }
 
+impl Format {
+    /// The reference's `applies_to` label.
+    fn label(self) -> &'static str {
+        match self {
+            Format::Safetensors => "safetensors",
+            Format::Gguf => "gguf",
+        }
+    }
+}
+
+/// The reference's cases that apply to `format`.
+fn cases(r: &Value, format: Format) -> Vec<&Value> {
+    r["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| {
+            c["applies_to"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|a| a.as_str() == Some(format.label()))
+        })
+        .collect()
+}
+
 fn load(family: &str, format: Format, b: &CpuBackend) -> Decoder<CpuBackend> {
     let dir = fixture(family);
     match format {
@@ -96,24 +122,13 @@ fn argmax(row: &[f32]) -> u32 {
 /// difference relative to the logits' scale.
 fn check_family(family: &str, format: Format) -> f32 {
     let r = reference(family);
-    let label = match format {
-        Format::Safetensors => "safetensors",
-        Format::Gguf => "gguf",
-    };
+    let label = format.label();
     let b = CpuBackend::new(2).unwrap();
     let model = load(family, format, &b);
     let vocab = model.config.vocab_size;
     let mut worst = 0f32;
     let mut n_cases = 0;
-    for case in r["cases"].as_array().unwrap() {
-        let applies = case["applies_to"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|a| a.as_str() == Some(label));
-        if !applies {
-            continue;
-        }
+    for case in cases(&r, format) {
         n_cases += 1;
         let name = case["name"].as_str().unwrap();
         let ids = u32s(&case["ids"]);
@@ -184,25 +199,11 @@ fn check_family(family: &str, format: Format) -> f32 {
 /// greedy token.
 fn check_batch(family: &str, format: Format) {
     let r = reference(family);
-    let label = match format {
-        Format::Safetensors => "safetensors",
-        Format::Gguf => "gguf",
-    };
+    let label = format.label();
     let b = CpuBackend::new(2).unwrap();
     let model = load(family, format, &b);
     let vocab = model.config.vocab_size;
-    let cases: Vec<&Value> = r["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| {
-            c["applies_to"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|a| a.as_str() == Some(label))
-        })
-        .collect();
+    let cases = cases(&r, format);
     let prompts: Vec<Vec<u32>> = cases.iter().map(|c| u32s(&c["ids"])).collect();
     let greedy: Vec<Vec<u32>> = cases.iter().map(|c| u32s(&c["greedy"])).collect();
     let steps = greedy[0].len();

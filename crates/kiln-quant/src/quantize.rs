@@ -29,23 +29,7 @@ const CHUNK_ELEMENTS: usize = 1 << 13;
 /// The types [`quantize`] writes: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K,
 /// Q4_K, Q5_K, Q6_K and Q8_K (every type kiln computes with).
 pub fn can_quantize(ty: GgmlType) -> bool {
-    use GgmlType::*;
-    matches!(
-        ty,
-        F32 | F16
-            | BF16
-            | Q4_0
-            | Q4_1
-            | Q5_0
-            | Q5_1
-            | Q8_0
-            | Q2_K
-            | Q3_K
-            | Q4_K
-            | Q5_K
-            | Q6_K
-            | Q8_K
-    )
+    ty.is_supported()
 }
 
 /// Bytes of `n` elements of `ty`: whole blocks only (`n` a multiple of `ty.block_size()`).

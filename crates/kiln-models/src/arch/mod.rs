@@ -53,6 +53,11 @@ impl<'a> Meta<'a> {
     }
 
     pub(crate) fn usize(&self, key: &str) -> Result<usize, ModelError> {
+        self.count(key, 1)
+    }
+
+    /// `<arch>.key` as a count of at least `min` and at most 2³².
+    fn count(&self, key: &str, min: usize) -> Result<usize, ModelError> {
         let k = self.key(key);
         let v = self.file.get_u64(&k).map_err(|e| ModelError::Metadata {
             key: k.clone(),
@@ -60,7 +65,7 @@ impl<'a> Meta<'a> {
         })?;
         usize::try_from(v)
             .ok()
-            .filter(|&v| v > 0 && v <= 1 << 32)
+            .filter(|&v| v >= min && v <= 1 << 32)
             .ok_or(ModelError::Metadata {
                 key: k,
                 detail: format!("value {v} is out of range"),
@@ -76,21 +81,10 @@ impl<'a> Meta<'a> {
 
     /// A count that may be absent or 0 (absent reads as 0).
     pub(crate) fn usize_or_zero(&self, key: &str) -> Result<usize, ModelError> {
-        let k = self.key(key);
-        if self.file.get(&k).is_none() {
+        if self.file.get(&self.key(key)).is_none() {
             return Ok(0);
         }
-        let v = self.file.get_u64(&k).map_err(|e| ModelError::Metadata {
-            key: k.clone(),
-            detail: e.to_string(),
-        })?;
-        usize::try_from(v)
-            .ok()
-            .filter(|&v| v <= 1 << 32)
-            .ok_or(ModelError::Metadata {
-                key: k,
-                detail: format!("value {v} is out of range"),
-            })
+        self.count(key, 0)
     }
 
     pub(crate) fn f32(&self, key: &str) -> Result<f32, ModelError> {
