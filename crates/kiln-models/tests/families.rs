@@ -667,3 +667,159 @@ fn k_quant_gguf_stays_within_its_quantization_error() {
         "only {confident_steps} confident steps"
     );
 }
+
+/// The configuration kiln reads from `config.json` equals the one it reads from the GGUF
+/// llama.cpp's converter wrote, field by field, except where the formats really differ (the
+/// rotary layout of `llama`-architecture GGUFs, Mistral's dropped window, Qwen3-MoE's
+/// renormalisation): in particular the rope factors kiln computes from `rope_scaling` equal the
+/// converter's `rope_freqs` / `rope_factors_*` tensors.
+#[test]
+fn configs_agree_across_formats() {
+    use kiln_core::config::{LayerAttention, RopeKind};
+    let b = CpuBackend::new(1).unwrap();
+    for family in [
+        "llama", "mistral", "qwen2", "qwen3", "phi3", "qwen3moe", "mixtral",
+    ] {
+        let hf = load(family, Format::Safetensors, &b).config;
+        let gguf = load(family, Format::Gguf, &b).config;
+        let close =
+            |a: &Option<std::sync::Arc<[f32]>>, b: &Option<std::sync::Arc<[f32]>>| match (a, b) {
+                (None, None) => true,
+                (Some(a), Some(b)) => {
+                    a.len() == b.len()
+                        && a.iter()
+                            .zip(b.iter())
+                            .all(|(x, y)| (x - y).abs() <= 1e-6 * x.abs())
+                }
+                _ => false,
+            };
+        assert!(
+            close(&hf.rope_global.freq_factors, &gguf.rope_global.freq_factors),
+            "{family}: rope factors {:?} vs {:?}",
+            hf.rope_global.freq_factors,
+            gguf.rope_global.freq_factors
+        );
+        assert!(
+            (hf.rope_global.mscale - gguf.rope_global.mscale).abs() < 1e-6,
+            "{family}"
+        );
+        assert_eq!(hf.rope_global.base, gguf.rope_global.base, "{family}");
+        assert_eq!(hf.rope_long.is_some(), gguf.rope_long.is_some(), "{family}");
+        if let (Some(a), Some(b)) = (&hf.rope_long, &gguf.rope_long) {
+            assert_eq!(a.original_context, b.original_context);
+            assert!(
+                close(&a.rope.freq_factors, &b.rope.freq_factors),
+                "{family}: long factors"
+            );
+        }
+        let llama_arch = matches!(family, "llama" | "mistral" | "mixtral");
+        assert_eq!(
+            gguf.rope_kind,
+            if llama_arch {
+                RopeKind::Normal
+            } else {
+                RopeKind::Neox
+            }
+        );
+        assert_eq!(hf.rope_kind, RopeKind::Neox);
+        for (field, a, b) in [
+            ("d_model", hf.d_model, gguf.d_model),
+            ("n_layers", hf.n_layers, gguf.n_layers),
+            ("n_heads", hf.n_heads, gguf.n_heads),
+            ("n_kv_heads", hf.n_kv_heads, gguf.n_kv_heads),
+            ("head_dim", hf.head_dim, gguf.head_dim),
+            ("ffn_dim", hf.ffn_dim, gguf.ffn_dim),
+            ("vocab_size", hf.vocab_size, gguf.vocab_size),
+            ("context_length", hf.context_length, gguf.context_length),
+            ("rope_dim", hf.rope_dim, gguf.rope_dim),
+        ] {
+            assert_eq!(a, b, "{family}: {field}");
+        }
+        assert_eq!(hf.norm_eps, gguf.norm_eps, "{family}");
+        if family == "mistral" {
+            assert!(hf
+                .layer_attention
+                .iter()
+                .all(|a| matches!(a, LayerAttention::Sliding { window: 8 })));
+            assert!(gguf
+                .layer_attention
+                .iter()
+                .all(|a| *a == LayerAttention::Global));
+        } else {
+            assert_eq!(hf.layer_attention, gguf.layer_attention, "{family}");
+        }
+        match (&hf.moe, &gguf.moe) {
+            (None, None) => {}
+            (Some(a), Some(b)) => {
+                assert_eq!(
+                    (a.n_experts, a.top_k, a.expert_ffn_dim),
+                    (b.n_experts, b.top_k, b.expert_ffn_dim)
+                );
+                assert!(b.normalize_top_k, "{family}: llama.cpp renormalises");
+                assert_eq!(a.normalize_top_k, family == "mixtral", "{family}");
+            }
+            _ => panic!("{family}: MoE in one format only"),
+        }
+    }
+}
+
+/// Rope scalings and quantizations kiln does not implement are refused by name, from either
+/// format.
+#[test]
+fn unsupported_scalings_and_quantizations_are_refused_by_name() {
+    let dir = fixture("llama");
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let st = kiln_formats::SafetensorsModel::open(&dir).unwrap();
+    let b = CpuBackend::new(1).unwrap();
+    let try_config = |edit: &dyn Fn(&mut Value)| {
+        let mut c = config.clone();
+        edit(&mut c);
+        let hf = kiln_models::hf::HfConfig::parse("config.json", &c.to_string()).unwrap();
+        kiln_models::load_hf_decoder_from(&b, &hf, &st)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    let e = try_config(&|c| {
+        c["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 4.0})
+    });
+    assert!(e.contains("\"yarn\"") && e.contains("not supported"), "{e}");
+    let e = try_config(&|c| {
+        c["quantization_config"] = serde_json::json!({"quant_method": "awq", "bits": 4})
+    });
+    assert!(e.contains("awq"), "{e}");
+    let e = try_config(&|c| {
+        c["quantization_config"] =
+            serde_json::json!({"quant_method": "gptq", "bits": 3, "group_size": 128})
+    });
+    assert!(e.contains("3 bits"), "{e}");
+    let e = try_config(&|c| c["hidden_act"] = "gelu".into());
+    assert!(e.contains("gelu"), "{e}");
+    let e = try_config(&|c| c["model_type"] = "gpt_neox".into());
+    assert!(e.contains("gpt_neox") && e.contains("not supported"), "{e}");
+
+    // A GGUF with YaRN scaling.
+    let file = GgufFile::open(&dir.join("model-f32.gguf")).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in file.metadata() {
+        if k != "general.alignment" {
+            w.add_meta(k.clone(), v.clone()).unwrap();
+        }
+    }
+    w.add_meta(
+        "llama.rope.scaling.type",
+        kiln_formats::MetaValue::String("yarn".into()),
+    )
+    .unwrap();
+    for t in file.tensors() {
+        w.add_tensor(t.name.clone(), &t.dims, t.ty, &file.tensor_data(t))
+            .unwrap();
+    }
+    let yarn = GgufFile::from_bytes(SharedBytes::from_vec(w.to_bytes())).unwrap();
+    let e = load_gguf_decoder(&b, &yarn).err().unwrap().to_string();
+    assert!(
+        e.contains("\"yarn\"") && e.contains("llama.rope.scaling.type"),
+        "{e}"
+    );
+}
