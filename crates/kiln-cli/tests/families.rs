@@ -69,6 +69,32 @@ fn run_reproduces_transformers_greedy_from_folders_and_ggufs() {
                 "{family} {format}"
             );
             assert_eq!(ids(&line["ids"]), ids(&case["greedy"]), "{family} {format}");
+
+            // `kiln tokenize` gives the same prompt ids.
+            let text = case["text"].as_str().unwrap();
+            let out = common::run(
+                &[
+                    "tokenize",
+                    "-m",
+                    target.to_str().unwrap(),
+                    "--add-special",
+                    "--special",
+                    text,
+                ],
+                "",
+                None,
+            );
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let line: Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(
+                ids(&line["ids"]),
+                ids(&case["ids"]),
+                "tokenize {family} {format}"
+            );
         }
     }
 }

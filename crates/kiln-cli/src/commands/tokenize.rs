@@ -2,13 +2,15 @@ use anyhow::{bail, Result};
 use serde_json::json;
 
 use super::{for_each_jsonl, text_field};
-use crate::load::{open_gguf, tokenizer, ModelArg};
+use crate::load::{open_gguf, resolve, tokenizer, ModelArg};
+use kiln_engine::TextTokenizer;
 
 #[derive(clap::Args)]
 pub struct TokenizeArgs {
     #[command(flatten)]
     model: ModelArg,
-    /// Parse control tokens written in the text (e.g. `<start_of_turn>`).
+    /// Parse control tokens written in the text (e.g. `<start_of_turn>`). A Hugging Face
+    /// folder's tokenizer.json always does.
     #[arg(long)]
     special: bool,
     /// Add BOS/EOS as the model's metadata says (off by default).
@@ -22,12 +24,16 @@ pub struct TokenizeArgs {
 }
 
 pub fn run(a: TokenizeArgs) -> Result<()> {
-    let file = open_gguf(&a.model.model)?;
-    let tok = tokenizer(&file)?;
+    let path = resolve(&a.model.model)?;
+    let tok = if path.is_dir() {
+        TextTokenizer::from_hf_dir(&path)?
+    } else {
+        TextTokenizer::Gguf(Box::new(tokenizer(&open_gguf(&a.model.model)?)?))
+    };
     if a.jsonl {
         return for_each_jsonl(|line_no, obj, out| {
             let text = text_field(line_no, obj)?;
-            let ids = tok.encode(text, a.add_special, a.special);
+            let ids = tok.encode(text, a.add_special, a.special)?;
             writeln!(out, "{}", json!({ "text": text, "ids": ids }))?;
             Ok(())
         });
@@ -36,11 +42,8 @@ pub fn run(a: TokenizeArgs) -> Result<()> {
         bail!("give texts to tokenize, or --jsonl to read JSON lines from stdin");
     }
     for text in &a.texts {
-        let ids = tok.encode(text, a.add_special, a.special);
-        let pieces: Vec<String> = ids
-            .iter()
-            .map(|&id| String::from_utf8_lossy(&tok.token_to_piece(id, true)).into_owned())
-            .collect();
+        let ids = tok.encode(text, a.add_special, a.special)?;
+        let pieces: Vec<String> = ids.iter().map(|&id| tok.piece(id)).collect();
         println!("{}", json!({ "ids": ids, "pieces": pieces }));
     }
     Ok(())
