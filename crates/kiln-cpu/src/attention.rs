@@ -8,6 +8,7 @@
 use kiln_backend::{shape_err, AttentionParams, Result};
 
 use crate::kernels::{simd_level, SimdLevel};
+use crate::math;
 use crate::{CpuBackend, CpuTensor};
 
 pub(crate) fn attention(
@@ -95,7 +96,7 @@ fn attend_row(row: &Row<'_>, out: &mut [f32]) {
         let mut max = f32::NEG_INFINITY;
         for (s, j) in scores.iter_mut().zip(lo..hi) {
             let kj = &row.k[j * kv_cols + kvh * hd..j * kv_cols + (kvh + 1) * hd];
-            let mut v = dot(qh, kj) * p.scale;
+            let mut v = math::dot(qh, kj) * p.scale;
             if let Some(cap) = p.softcap {
                 v = cap * (v / cap).tanh();
             }
@@ -117,22 +118,4 @@ fn attend_row(row: &Row<'_>, out: &mut [f32]) {
             }
         }
     }
-}
-
-/// f32 dot product with eight independent accumulators (vectorizes; fixed summation order).
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ta, tb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    let mut tail = 0.0;
-    for (x, y) in ta.iter().zip(tb) {
-        tail += x * y;
-    }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }

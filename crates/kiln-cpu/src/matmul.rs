@@ -17,6 +17,7 @@ use rayon::prelude::*;
 use kiln_core::GgmlType;
 
 use crate::kernels;
+use crate::math;
 use crate::sgemm::{self, Exec, Isa};
 use crate::{CpuBackend, CpuTensor};
 
@@ -92,30 +93,14 @@ pub(crate) fn matmul(
     crate::for_each_chunk(cpu, &mut acts, act_bytes, m >= 4, |t, a| {
         quantize(x.row(t), a)
     });
-    let mut out_t = vec![0.0f32; n * m]; // [n, m]: each task owns a contiguous run of weight rows
-    let chunk = rows_per_task(n, m, cpu.threads);
     let wbytes: &[u8] = &w.bytes;
     let rb = w.row_bytes;
-    cpu.pool.install(|| {
-        out_t
-            .par_chunks_mut(chunk * m)
-            .enumerate()
-            .for_each(|(task, out)| {
-                let first = task * chunk * rb;
-                let rows = wbytes[first..first + out.len() / m * rb].chunks_exact(rb);
-                for (out_r, wrow) in out.chunks_mut(m).zip(rows) {
-                    for (o, a) in out_r.iter_mut().zip(acts.chunks_exact(act_bytes)) {
-                        *o = dot(k, wrow, a);
-                    }
-                }
-            });
+    let mut y = by_weight_rows(cpu, n, m, |_, j, out_r| {
+        let wrow = &wbytes[j * rb..(j + 1) * rb];
+        for (o, a) in out_r.iter_mut().zip(acts.chunks_exact(act_bytes)) {
+            *o = dot(k, wrow, a);
+        }
     });
-
-    let mut y = if m == 1 {
-        out_t
-    } else {
-        transpose(&out_t, n, m)
-    };
     add_bias(&mut y, lin)?;
     Ok(CpuTensor {
         data: y,
@@ -140,32 +125,44 @@ fn gptq_matmul(cpu: &CpuBackend, x: &CpuTensor, g: &GptqMatrix) -> Vec<f32> {
         None => &x.data,
     };
     let (gs, groups, half_k) = (g.group_size, g.n_groups(), k / 2);
-    let mut out_t = vec![0.0f32; n * m];
+    by_weight_rows(cpu, n, m, |row: &mut Vec<f32>, j, out_r| {
+        row.resize(k, 0.0);
+        let codes = &g.codes[j * half_k..(j + 1) * half_k];
+        let zeros = &g.zeros[j * groups..(j + 1) * groups];
+        for (p, v) in row.iter_mut().enumerate() {
+            let q = (codes[p / 2] >> (4 * (p % 2))) & 15;
+            *v = (i32::from(q) - i32::from(zeros[p / gs])) as f32;
+        }
+        let scales = &g.scales[j * groups..(j + 1) * groups];
+        for (o, xr) in out_r.iter_mut().zip(xp.chunks_exact(k)) {
+            let mut y = 0.0f32;
+            for ((wg, xg), &s) in row.chunks_exact(gs).zip(xr.chunks_exact(gs)).zip(scales) {
+                y += s * math::dot(wg, xg);
+            }
+            *o = y;
+        }
+    })
+}
+
+/// `y[m, n]` computed one weight row at a time: weight rows are split across the pool in
+/// contiguous runs; `row(scratch, j, out)` fills `out[t]` for every activation row `t` of weight
+/// row `j` (`scratch` is a buffer of the task's own, reused across its rows).
+fn by_weight_rows(
+    cpu: &CpuBackend,
+    n: usize,
+    m: usize,
+    row: impl Fn(&mut Vec<f32>, usize, &mut [f32]) + Sync,
+) -> Vec<f32> {
+    let mut out_t = vec![0.0f32; n * m]; // [n, m]: each task owns a contiguous run of weight rows
     let chunk = rows_per_task(n, m, cpu.threads);
     cpu.pool.install(|| {
         out_t
             .par_chunks_mut(chunk * m)
             .enumerate()
             .for_each(|(task, out)| {
-                let mut row = vec![0.0f32; k];
+                let mut scratch = Vec::new();
                 for (r, out_r) in out.chunks_mut(m).enumerate() {
-                    let j = task * chunk + r;
-                    let codes = &g.codes[j * half_k..(j + 1) * half_k];
-                    let zeros = &g.zeros[j * groups..(j + 1) * groups];
-                    for (p, v) in row.iter_mut().enumerate() {
-                        let q = (codes[p / 2] >> (4 * (p % 2))) & 15;
-                        *v = (i32::from(q) - i32::from(zeros[p / gs])) as f32;
-                    }
-                    let scales = &g.scales[j * groups..(j + 1) * groups];
-                    for (o, xr) in out_r.iter_mut().zip(xp.chunks_exact(k)) {
-                        let mut y = 0.0f32;
-                        for ((wg, xg), &s) in
-                            row.chunks_exact(gs).zip(xr.chunks_exact(gs)).zip(scales)
-                        {
-                            y += s * dot8(wg, xg);
-                        }
-                        *o = y;
-                    }
+                    row(&mut scratch, task * chunk + r, out_r);
                 }
             });
     });
@@ -174,24 +171,6 @@ fn gptq_matmul(cpu: &CpuBackend, x: &CpuTensor, g: &GptqMatrix) -> Vec<f32> {
     } else {
         transpose(&out_t, n, m)
     }
-}
-
-/// `Σ a·b` in eight interleaved partial sums (vectorizable, independent of the caller).
-fn dot8(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ac
-        .remainder()
-        .iter()
-        .zip(bc.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ac.zip(bc) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
 }
 
 fn is_float(ty: GgmlType) -> bool {

@@ -158,6 +158,13 @@ impl GptqConfig {
     }
 }
 
+/// `blk.N.role.suffix` as `(N, role, suffix)` (`suffix`: `weight`, `bias`, ...).
+fn layer_role(name: &str) -> Option<(&str, &str, &str)> {
+    let (layer, rest) = name.strip_prefix("blk.")?.split_once('.')?;
+    let (role, suffix) = rest.rsplit_once('.')?;
+    Some((layer, role, suffix))
+}
+
 /// A safetensors checkpoint seen through its family's name map.
 pub(crate) struct HfSource<'a> {
     pub st: &'a SafetensorsModel,
@@ -177,9 +184,7 @@ impl HfSource<'_> {
         if let Some(f) = fixed {
             return Some(f.to_string());
         }
-        let rest = name.strip_prefix("blk.")?;
-        let (layer, role) = rest.split_once('.')?;
-        let (role, suffix) = role.rsplit_once('.')?;
+        let (layer, role, suffix) = layer_role(name)?;
         let hf_role = match (role, self.names) {
             ("attn_norm", _) => "input_layernorm",
             ("attn_q", _) => "self_attn.q_proj",
@@ -232,11 +237,7 @@ impl TensorSource for HfSource<'_> {
         e: usize,
         _n_experts: usize,
     ) -> Result<Option<WeightData>, ModelError> {
-        let Some((layer, role)) = name
-            .strip_prefix("blk.")
-            .and_then(|r| r.split_once('.'))
-            .map(|(l, r)| (l, r.trim_end_matches(".weight")))
-        else {
+        let Some((layer, role, "weight")) = layer_role(name) else {
             return Ok(None);
         };
         let role = match (role, self.names) {

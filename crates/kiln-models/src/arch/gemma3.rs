@@ -38,16 +38,9 @@ pub(crate) fn config(file: &GgufFile) -> Result<DecoderConfig, ModelError> {
     } else {
         head_dim
     };
-    let vocab_size = file
-        .tensor("token_embd.weight")
-        .and_then(|t| t.dims.get(1).copied())
-        .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?;
     Ok(DecoderConfig {
         arch: "gemma3".into(),
-        vocab_size: usize::try_from(vocab_size).map_err(|_| ModelError::Metadata {
-            key: "token_embd.weight".into(),
-            detail: "vocabulary too large".into(),
-        })?,
+        vocab_size: super::gguf_vocab_size(file)?,
         d_model,
         n_layers,
         n_heads,

@@ -162,14 +162,9 @@ pub(crate) fn gguf_config(arch: &str, file: &GgufFile) -> Result<DecoderConfig, 
     let n_layers = m.usize("block_count")?;
     let n_heads = m.usize("attention.head_count")?;
     let head_dim = m.usize_or("attention.key_length", d_model / n_heads)?;
-    let vocab_size = file
-        .tensor("token_embd.weight")
-        .and_then(|t| t.dims.get(1).copied())
-        .and_then(|v| usize::try_from(v).ok())
-        .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?;
     let common = Common {
         arch: arch.to_string(),
-        vocab_size,
+        vocab_size: super::gguf_vocab_size(file)?,
         d_model,
         n_layers,
         n_heads,

@@ -37,6 +37,18 @@ pub(crate) fn hf_decoder_config(c: &HfConfig) -> Result<(DecoderConfig, HfNames)
     llama::hf_config(c)
 }
 
+/// Vocabulary size: the rows of `token_embd.weight` (the metadata has no reliable key for it).
+pub(crate) fn gguf_vocab_size(file: &GgufFile) -> Result<usize, ModelError> {
+    let rows = file
+        .tensor("token_embd.weight")
+        .and_then(|t| t.dims.get(1).copied())
+        .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?;
+    usize::try_from(rows).map_err(|_| ModelError::Metadata {
+        key: "token_embd.weight".into(),
+        detail: "vocabulary too large".into(),
+    })
+}
+
 /// Typed access to `<arch>.<key>` metadata with errors that name the key.
 pub(crate) struct Meta<'a> {
     file: &'a GgufFile,
