@@ -112,6 +112,13 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn embedding(&self, table: &Self::Weight, ids: &[u32]) -> Result<Self::Tensor>;
     /// `y[m, n] = x[m, k] · Wᵀ (+ bias)`.
     fn matmul(&self, x: &Self::Tensor, w: &Linear<Self>) -> Result<Self::Tensor>;
+    /// `x · Wᵢᵀ` for several weights that share the input (Q/K/V, gate/up), in order. Same values
+    /// as one `matmul` per weight; one call lets a backend prepare `x` once and run the products
+    /// as one parallel job (a decode step's products are small enough for the per-job cost to
+    /// show).
+    fn matmul_many(&self, x: &Self::Tensor, ws: &[&Linear<Self>]) -> Result<Vec<Self::Tensor>> {
+        ws.iter().map(|w| self.matmul(x, w)).collect()
+    }
     /// RMS norm over every group of `weight.len()` consecutive elements of each row:
     /// `y = x / sqrt(mean(x²) + eps) * weight`. With the group equal to the row this is the usual
     /// norm; with a group of `head_dim` it is a per-head (QK) norm.

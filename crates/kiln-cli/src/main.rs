@@ -35,7 +35,8 @@ enum Command {
     Perplexity(commands::perplexity::PerplexityArgs),
     /// Sentence embeddings of texts (arguments, or JSON lines on stdin with --jsonl).
     Embed(commands::embed::EmbedArgs),
-    /// Measure throughput (`kiln bench embed -f FILE`).
+    /// Measure throughput: decoder prompt and decode tests as llama-bench runs them, or
+    /// embeddings (`kiln bench embed -f FILE`).
     Bench(commands::bench::BenchArgs),
     /// Convert a GGUF model to a quantization mix (q4_k_m, q8_0, ...), as llama-quantize does.
     Quantize(commands::quantize::QuantizeArgs),

@@ -92,6 +92,8 @@ impl CpuWeight {
 /// The CPU backend: kernels chosen once for this machine, a private thread pool.
 pub struct CpuBackend {
     pub(crate) pool: rayon::ThreadPool,
+    /// Spinning fork-join team for the small ops of decode steps (see `team`).
+    pub(crate) team: crate::team::Team,
     pub(crate) threads: usize,
     pub(crate) simd: SimdLevel,
 }
@@ -118,8 +120,14 @@ impl CpuBackend {
                 backend: "cpu",
                 detail: format!("thread pool: {e}"),
             })?;
+        let team =
+            crate::team::Team::new(threads, "kiln-team").map_err(|e| BackendError::Device {
+                backend: "cpu",
+                detail: format!("worker threads: {e}"),
+            })?;
         Ok(CpuBackend {
             pool,
+            team,
             threads,
             simd,
         })
@@ -392,6 +400,13 @@ impl Backend for CpuBackend {
         crate::matmul::matmul(self, x, w, false)
     }
 
+    fn matmul_many(&self, x: &CpuTensor, ws: &[&Linear<Self>]) -> Result<Vec<CpuTensor>> {
+        match crate::matmul::gemv_many(self, x, ws)? {
+            Some(ys) => Ok(ys),
+            None => ws.iter().map(|w| self.matmul(x, w)).collect(),
+        }
+    }
+
     /// Exact GELU after a dense (float-weight) product runs in the GEMM's last store, while the
     /// tile is in registers; other cases are the product, then the activation.
     fn matmul_activation(
@@ -490,12 +505,16 @@ impl Backend for CpuBackend {
         up: &CpuTensor,
         act: Activation,
     ) -> Result<CpuTensor> {
-        if act == Activation::Gelu {
-            Self::check_same("gated_activation", gate, up)?;
-            let g = self.activation(gate, act)?;
-            return self.mul(&g, up);
-        }
-        self.zip("gated_activation", gate, up, |g, u| act.apply(g) * u)
+        Self::check_same("gated_activation", gate, up)?;
+        let mut out = crate::buffers::take(gate.data.len());
+        let avx2 = self.avx2();
+        const CHUNK: usize = 8192;
+        let parallel = out.len() >= crate::PARALLEL_MIN_ELEMENTS;
+        crate::for_each_chunk(self, &mut out, CHUNK, parallel, |i, o| {
+            let r = i * CHUNK..i * CHUNK + o.len();
+            crate::math::gated_into(avx2, act, &gate.data[r.clone()], &up.data[r], o)
+        });
+        CpuTensor::new(out, gate.rows, gate.cols)
     }
 
     fn add_rms_norm(

@@ -20,11 +20,12 @@ mod math;
 mod matmul;
 mod ops;
 mod packed_attention;
+mod probe;
 mod sgemm;
+mod team;
 
 pub use backend::{CpuBackend, CpuTensor, CpuWeight};
-
-use rayon::prelude::*;
+pub use probe::{memory_bandwidth, memory_bandwidth_with, Bandwidth};
 
 /// Elements below which a row-wise op runs on the calling thread: handing a few microseconds of
 /// work to the pool costs more than it saves (decode steps are made of such ops).
@@ -41,11 +42,7 @@ pub(crate) fn for_each_chunk<T: Send>(
 ) {
     let chunk = chunk.max(1);
     if parallel {
-        cpu.pool.install(|| {
-            data.par_chunks_mut(chunk)
-                .enumerate()
-                .for_each(|(i, c)| f(i, c))
-        });
+        cpu.team.for_each_chunk(data, chunk, f);
     } else {
         data.chunks_mut(chunk)
             .enumerate()

@@ -1,10 +1,14 @@
 //! `y[m, n] = x[m, k] · Wᵀ` on quantized weight rows.
 //!
 //! The activations are quantized once per call into the weight type's dot format (Q8_0, Q8_1 or
-//! Q8_K, as llama.cpp does; f32 for float weights); then weight rows are split across the pool in
-//! contiguous chunks and each weight row, once in L1, is dotted with every activation row. The
-//! weights are read once per call whatever `m` is, which is what makes batched decode and prompt
-//! processing cheaper per token than single-token decode.
+//! Q8_K, as llama.cpp does; f32 for float weights); then weight rows are split across the team in
+//! contiguous blocks, and each task passes blocks of [`ACT_TILE`] activation rows over its weight
+//! block through the tile kernels of `kernels::gemm_fn`, which unpack each weight block once for
+//! several activation rows and write `y[m, n]` directly. The weights are read once per call
+//! whatever `m` is, which is what makes batched decode and prompt processing cheaper per token
+//! than single-token decode. One-row products (decode) dot each weight row straight from memory
+//! instead (see [`TILED_MIN_ROWS`]), and [`gemv_many`] runs the one-row products that share an
+//! input (Q/K/V, gate/up) as one job.
 //!
 //! Float weights (F32, F16, BF16) with at least [`DENSE_MIN_ROWS`] activation rows go through the
 //! packed GEMM of `sgemm` instead (weight packed once, bias added in its last store): at encoder
@@ -12,18 +16,27 @@
 //! times the flops of row-by-row dots.
 
 use kiln_backend::{shape_err, GptqMatrix, Linear, Result};
-use rayon::prelude::*;
 
 use kiln_core::GgmlType;
 
 use crate::kernels;
 use crate::math;
 use crate::sgemm::{self, Exec, Isa};
+use crate::team::Disjoint;
 use crate::{CpuBackend, CpuTensor};
 
 /// Activation rows from which float weights go through the dense GEMM (packed panels, register
 /// blocking); below it each weight row is dotted with the few activation rows directly.
 const DENSE_MIN_ROWS: usize = 8;
+
+/// Activation rows from which quantized weights go through the tile kernels ([`tiled`]). A
+/// one-row product (decode) streams its weights from memory once and is bound by that: there the
+/// row dots, which read each block straight into registers, beat the tile kernels, which unpack
+/// 8-row panels into a scratch buffer first (measured 69 vs 42 tok/s on Gemma 3 270M decode).
+const TILED_MIN_ROWS: usize = 2;
+
+/// Activation rows per tile-kernel call: a block of quantized rows that stays in L1/L2.
+const ACT_TILE: usize = 64;
 
 /// Weight rows per parallel task: enough work to amortize scheduling, small enough to balance.
 fn rows_per_task(n: usize, m: usize, threads: usize) -> usize {
@@ -87,7 +100,6 @@ pub(crate) fn matmul(
     let act_ty = kiln_quant::vec_dot_type(w.ty).map_err(qerr)?;
     let act_bytes = kiln_quant::activation_bytes(act_ty, k).map_err(qerr)?;
     let quantize = kernels::quantize_fn(act_ty, cpu.simd).map_err(qerr)?;
-    let dot = kernels::vec_dot_fn(w.ty, cpu.simd).map_err(qerr)?;
 
     let mut acts = vec![0u8; m * act_bytes];
     crate::for_each_chunk(cpu, &mut acts, act_bytes, m >= 4, |t, a| {
@@ -95,18 +107,139 @@ pub(crate) fn matmul(
     });
     let wbytes: &[u8] = &w.bytes;
     let rb = w.row_bytes;
-    let mut y = by_weight_rows(cpu, n, m, |_, j, out_r| {
-        let wrow = &wbytes[j * rb..(j + 1) * rb];
-        for (o, a) in out_r.iter_mut().zip(acts.chunks_exact(act_bytes)) {
-            *o = dot(k, wrow, a);
-        }
-    });
+    let mut y = if m >= TILED_MIN_ROWS {
+        let gemm = kernels::gemm_fn(w.ty, cpu.simd).map_err(qerr)?;
+        tiled(cpu, wbytes, rb, &acts, act_bytes, m, n, k, gemm)
+    } else {
+        let dot = kernels::vec_dot_fn(w.ty, cpu.simd).map_err(qerr)?;
+        by_weight_rows(cpu, n, m, |_, j, out_r| {
+            let wrow = &wbytes[j * rb..(j + 1) * rb];
+            for (o, a) in out_r.iter_mut().zip(acts.chunks_exact(act_bytes)) {
+                *o = dot(k, wrow, a);
+            }
+        })
+    };
     add_bias(&mut y, lin)?;
     Ok(CpuTensor {
         data: y,
         rows: m,
         cols: n,
     })
+}
+
+/// Decode-step products of one activation row with several quantized weights (Q/K/V, gate/up)
+/// as ONE parallel job: the row is quantized once per activation type, and the tasks of all
+/// matrices are claimed from one queue, so the threads stream the weights back to back instead
+/// of meeting at a barrier after each small matrix. Each output value is computed exactly as
+/// [`matmul`] computes it (same kernel, same row). `None` when the case is not one of these
+/// (several rows, float or GPTQ weights): the caller then runs the products one by one.
+pub(crate) fn gemv_many(
+    cpu: &CpuBackend,
+    x: &CpuTensor,
+    lins: &[&Linear<CpuBackend>],
+) -> Result<Option<Vec<CpuTensor>>> {
+    let k = x.cols;
+    if x.rows != 1
+        || lins.iter().any(|l| {
+            let w = &*l.weight;
+            is_float(w.ty)
+                || w.gptq.is_some()
+                || l.in_features != k
+                || w.row_len != k
+                || w.n_rows != l.out_features
+        })
+    {
+        return Ok(None);
+    }
+    let qerr = |e: kiln_quant::QuantError| shape_err("matmul", e.to_string());
+    // The activation row in each dot format the weights need (usually one).
+    let mut formats: Vec<(GgmlType, Vec<u8>)> = Vec::new();
+    let mut plan = Vec::with_capacity(lins.len());
+    for l in lins {
+        let act_ty = kiln_quant::vec_dot_type(l.weight.ty).map_err(qerr)?;
+        let f = match formats.iter().position(|(t, _)| *t == act_ty) {
+            Some(f) => f,
+            None => {
+                let mut a = vec![0u8; kiln_quant::activation_bytes(act_ty, k).map_err(qerr)?];
+                kernels::quantize_fn(act_ty, cpu.simd).map_err(qerr)?(x.row(0), &mut a);
+                formats.push((act_ty, a));
+                formats.len() - 1
+            }
+        };
+        plan.push((f, kernels::vec_dot_fn(l.weight.ty, cpu.simd).map_err(qerr)?));
+    }
+    let mut outs: Vec<Vec<f32>> = lins.iter().map(|l| vec![0.0f32; l.out_features]).collect();
+    // (matrix, first row, rows) of every task, matrix after matrix.
+    let mut tasks = Vec::new();
+    for (i, l) in lins.iter().enumerate() {
+        let n = l.out_features;
+        let chunk = rows_per_task(n, 1, cpu.threads);
+        tasks.extend((0..n).step_by(chunk).map(|r| (i, r, chunk.min(n - r))));
+    }
+    {
+        let sinks: Vec<Disjoint<'_, f32>> = outs.iter_mut().map(|o| Disjoint::new(o)).collect();
+        cpu.team.run(tasks.len(), |t| {
+            let (i, r0, rows) = tasks[t];
+            let w = &*lins[i].weight;
+            let (f, dot) = plan[i];
+            let a = &formats[f].1;
+            // SAFETY: tasks cover disjoint row ranges of matrix i's output.
+            let out = unsafe { sinks[i].slice(r0..r0 + rows) };
+            for (o, r) in out.iter_mut().zip(r0..) {
+                *o = dot(k, w.row_bytes_of(r), a);
+            }
+        });
+    }
+    let mut ys = Vec::with_capacity(lins.len());
+    for (mut y, l) in outs.into_iter().zip(lins) {
+        add_bias(&mut y, l)?;
+        ys.push(CpuTensor::new(y, 1, l.out_features)?);
+    }
+    Ok(Some(ys))
+}
+
+/// `y[m, n]` from quantized activation rows and weight rows through a tile kernel: each task
+/// owns a block of weight rows (kept in L1/L2) and passes every block of [`ACT_TILE`] activation
+/// rows over it; the kernel unpacks each weight block once per activation block instead of once
+/// per activation row, and writes the task's `[cols, rows]` tile, which lands in `y`'s columns.
+#[allow(clippy::too_many_arguments)]
+fn tiled(
+    cpu: &CpuBackend,
+    wbytes: &[u8],
+    row_bytes: usize,
+    acts: &[u8],
+    act_bytes: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    gemm: kernels::GemmFn,
+) -> Vec<f32> {
+    let mut y = crate::buffers::take(m * n);
+    // Weight rows per task: at least 4 tasks per thread to balance, at most 64 rows (a block of
+    // 64 rows of K=2048 Q8-size weights is ~140 KB, within L2), a multiple of 4.
+    let nb = n
+        .div_ceil(cpu.threads * 4)
+        .next_multiple_of(4)
+        .clamp(4, 64)
+        .min(n);
+    let out = Disjoint::new(&mut y);
+    cpu.team.run(n.div_ceil(nb), |task| {
+        let j0 = task * nb;
+        let rows = nb.min(n - j0);
+        let wblk = &wbytes[j0 * row_bytes..(j0 + rows) * row_bytes];
+        let mut tile = vec![0.0f32; ACT_TILE.min(m) * rows];
+        for t0 in (0..m).step_by(ACT_TILE) {
+            let cols = ACT_TILE.min(m - t0);
+            let a = &acts[t0 * act_bytes..(t0 + cols) * act_bytes];
+            gemm(k, wblk, rows, a, cols, &mut tile, rows);
+            for (c, src) in tile.chunks_exact(rows).take(cols).enumerate() {
+                let at = (t0 + c) * n + j0;
+                // SAFETY: this task alone writes columns j0..j0 + rows of y.
+                unsafe { out.slice(at..at + rows) }.copy_from_slice(src);
+            }
+        }
+    });
+    y
 }
 
 /// `x · Wᵀ` for a GPTQ matrix, on its 4-bit codes: the activations are gathered once in the
@@ -155,16 +288,11 @@ fn by_weight_rows(
 ) -> Vec<f32> {
     let mut out_t = vec![0.0f32; n * m]; // [n, m]: each task owns a contiguous run of weight rows
     let chunk = rows_per_task(n, m, cpu.threads);
-    cpu.pool.install(|| {
-        out_t
-            .par_chunks_mut(chunk * m)
-            .enumerate()
-            .for_each(|(task, out)| {
-                let mut scratch = Vec::new();
-                for (r, out_r) in out.chunks_mut(m).enumerate() {
-                    row(&mut scratch, task * chunk + r, out_r);
-                }
-            });
+    cpu.team.for_each_chunk(&mut out_t, chunk * m, |task, out| {
+        let mut scratch = Vec::new();
+        for (r, out_r) in out.chunks_mut(m).enumerate() {
+            row(&mut scratch, task * chunk + r, out_r);
+        }
     });
     if m == 1 {
         out_t

@@ -70,6 +70,17 @@ pub struct Route {
     pub weights: Vec<f32>,
 }
 
+/// The `N` products of one `matmul_many` call, in order.
+fn products<T, const N: usize>(ys: Vec<T>) -> Result<[T; N], ModelError> {
+    let got = ys.len();
+    ys.try_into().map_err(|_| {
+        ModelError::Backend(kiln_backend::shape_err(
+            "matmul_many",
+            format!("{got} products for {N} weights"),
+        ))
+    })
+}
+
 /// Softmax over `logits`, the `top_k` largest probabilities (ties to the lower index, as
 /// `torch.topk` on CPU), divided by their sum when `normalize`.
 pub fn route(logits: &[f32], top_k: usize, normalize: bool) -> Route {
@@ -208,9 +219,7 @@ impl<B: Backend> Decoder<B> {
 
             // Attention block.
             let h = b.rms_norm(&x, &layer.attn_norm, c.norm_eps)?;
-            let mut q = b.matmul(&h, &layer.q)?;
-            let mut k = b.matmul(&h, &layer.k)?;
-            let v = b.matmul(&h, &layer.v)?;
+            let [mut q, mut k, v] = products(b.matmul_many(&h, &[&layer.q, &layer.k, &layer.v])?)?;
             if let Some(w) = &layer.q_norm {
                 q = b.rms_norm(&q, w, c.norm_eps)?;
             }
@@ -274,7 +283,8 @@ impl<B: Backend> Decoder<B> {
             let h = b.rms_norm(&x, &layer.ffn_norm, c.norm_eps)?;
             let f = match &layer.ffn {
                 Ffn::Dense { gate, up, down } => {
-                    let f = b.gated_activation(&b.matmul(&h, gate)?, &b.matmul(&h, up)?, act)?;
+                    let [g, u] = products(b.matmul_many(&h, &[gate, up])?)?;
+                    let f = b.gated_activation(&g, &u, act)?;
                     b.matmul(&f, down)?
                 }
                 Ffn::Moe(moe) => self.moe_ffn(b, &h, moe, act, il, trace)?,

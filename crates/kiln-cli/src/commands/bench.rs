@@ -1,18 +1,26 @@
-//! `kiln bench`: throughput measurements. `kiln bench embed` times sentence embedding of a text
-//! file end to end (tokenization included), as a user running `kiln embed` would see it.
+//! `kiln bench`: throughput measurements.
+//!
+//! - `kiln bench [-m MODEL] [-p 512] [-n 128] [-b 1] [-t 0] [-r 5] [--json]` measures a decoder
+//!   as llama.cpp's `llama-bench` does, test for test (see [`super::bench_decode`]).
+//! - `kiln bench embed` times sentence embedding of a text file end to end (tokenization
+//!   included), as a user running `kiln embed` would see it.
 
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 
+use super::bench_decode::DecodeBenchArgs;
 use super::embed::EmbedModelArg;
 use crate::load::{load_embedding, ThreadsArg};
 
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
     #[command(subcommand)]
-    what: BenchWhat,
+    what: Option<BenchWhat>,
+    #[command(flatten)]
+    decode: DecodeBenchArgs,
 }
 
 #[derive(clap::Subcommand)]
@@ -43,7 +51,8 @@ pub struct BenchEmbedArgs {
 
 pub fn run(a: BenchArgs) -> Result<()> {
     match a.what {
-        BenchWhat::Embed(e) => embed(e),
+        Some(BenchWhat::Embed(e)) => embed(e),
+        None => super::bench_decode::run(a.decode),
     }
 }
 

@@ -1,4 +1,6 @@
 pub mod bench;
+pub mod bench_decode;
+pub mod bench_report;
 pub mod embed;
 pub mod inspect;
 pub mod perplexity;

@@ -1,10 +1,11 @@
-//! Row-dot kernels of quantized weights against quantized activations, and the activation
-//! quantizers, chosen once at run time (AVX2+FMA+F16C on x86-64, the scalar reference of
-//! kiln-quant everywhere else).
+//! Row-dot kernels of quantized weights against quantized activations, GEMM tile kernels built on
+//! the same arithmetic, and the activation quantizers, chosen once at run time (AVX2+FMA+F16C on
+//! x86-64, the scalar reference of kiln-quant everywhere else).
 //!
-//! The matmul driver asks for a kernel once per op ([`vec_dot_fn`], [`quantize_fn`]) and calls the
-//! returned plain `fn` in its hottest loop, so the kernels allocate nothing, return no `Result` and
-//! dispatch on nothing. Invariants:
+//! The matmul driver asks for a kernel once per op ([`vec_dot_fn`], [`gemm_fn`], [`quantize_fn`])
+//! and calls the returned plain `fn` in its hottest loop, so the kernels return no `Result` and
+//! dispatch on nothing; the row dots and quantizers allocate nothing (a GEMM tile kernel keeps a
+//! per-thread scratch that grows to its largest call). Invariants:
 //!
 //! - **Same value as the reference.** Every kernel computes what `kiln_quant::vec_dot` computes:
 //!   the integer products of a block are exact in both, only the order (and fusing) of the f32
@@ -28,6 +29,7 @@ use std::sync::OnceLock;
 use kiln_core::GgmlType;
 use kiln_quant::QuantError;
 
+mod gemm;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -78,6 +80,37 @@ pub fn vec_dot_fn(ty: GgmlType, level: SimdLevel) -> Result<VecDotFn, QuantError
         SimdLevel::Scalar => reference,
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx2 => x86::vec_dot_fn(ty).unwrap_or(reference),
+        #[cfg(not(target_arch = "x86_64"))]
+        SimdLevel::Avx2 => reference,
+    })
+}
+
+/// Signature of a GEMM kernel: `out[c * ldo + r] = dot(weight row r, activation row c)` for
+/// `r < rows`, `c < cols`.
+///
+/// Arguments: `(k, w, rows, a, cols, out, ldo)`. `w` holds `rows` consecutive weight rows of
+/// `ty.row_bytes(k)` bytes; `a` holds `cols` consecutive activation rows of
+/// `activation_bytes(vec_dot_type(ty), k)` bytes, as the quantizers write them; `out` is row-major
+/// `[activation row][weight row]` with stride `ldo >= rows`, so a driver writes straight into
+/// `y[m, n]`. Only the named elements of `out` are written. Same contract style as [`VecDotFn`]:
+/// lengths checked once per call, panics on a broken contract; same values as the row dots up to
+/// the order of the f32 additions.
+pub type GemmFn =
+    fn(k: usize, w: &[u8], rows: usize, a: &[u8], cols: usize, out: &mut [f32], ldo: usize);
+
+/// The GEMM kernel for `ty` at `level`: the AVX2 tile kernel where there is one (Q4_0, Q4_1, Q5_0,
+/// Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), else the loop over [`vec_dot_fn`]`(ty, level)`. Scalar is
+/// exactly that loop over `kiln_quant::vec_dot`. Err for types kiln-quant cannot dot.
+///
+/// A tile kernel is never slower than the row-dot loop, whatever `cols`: below its measured
+/// crossover (fewer than 3 activation rows for Q4_K and Q5_K, 4 for Q6_K) it runs that loop
+/// itself, so a driver may call it for every `m`, decode included.
+pub fn gemm_fn(ty: GgmlType, level: SimdLevel) -> Result<GemmFn, QuantError> {
+    let reference = scalar::gemm_fn(ty)?;
+    Ok(match usable(level) {
+        SimdLevel::Scalar => reference,
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 => x86::gemm_fn(ty).unwrap_or(reference),
         #[cfg(not(target_arch = "x86_64"))]
         SimdLevel::Avx2 => reference,
     })

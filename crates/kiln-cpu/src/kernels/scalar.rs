@@ -3,20 +3,35 @@
 //!
 //! The reference returns a `Result` for bad lengths; here that is a broken caller contract (the
 //! matmul driver validates shapes once per op), so it panics with the reference's message.
+//!
+//! The scalar GEMM of each type is the loop of its reference dot (`gemm::dot_loop`): the
+//! definition the tile kernels are tested against.
 
 use kiln_core::GgmlType;
 use kiln_quant::QuantError;
 
-use super::{QuantizeFn, VecDotFn};
+use super::{gemm, GemmFn, QuantizeFn, VecDotFn};
 
 macro_rules! reference_dots {
-    ($($name:ident => $ty:ident),* $(,)?) => {
+    ($($name:ident, $gemm:ident => $ty:ident),* $(,)?) => {
         $(
             fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
                 match kiln_quant::vec_dot(GgmlType::$ty, n, w, a) {
                     Ok(dot) => dot,
                     Err(e) => panic!("{} row dot of {n} elements: {e}", GgmlType::$ty),
                 }
+            }
+
+            fn $gemm(
+                k: usize,
+                w: &[u8],
+                rows: usize,
+                a: &[u8],
+                cols: usize,
+                out: &mut [f32],
+                ldo: usize,
+            ) {
+                gemm::dot_loop(GgmlType::$ty, $name, k, w, rows, a, cols, out, ldo)
             }
         )*
 
@@ -26,24 +41,31 @@ macro_rules! reference_dots {
                 _ => None,
             }
         }
+
+        fn reference_gemm(ty: GgmlType) -> Option<GemmFn> {
+            match ty {
+                $(GgmlType::$ty => Some($gemm),)*
+                _ => None,
+            }
+        }
     };
 }
 
 reference_dots! {
-    dot_f32 => F32,
-    dot_f16 => F16,
-    dot_bf16 => BF16,
-    dot_q4_0 => Q4_0,
-    dot_q4_1 => Q4_1,
-    dot_q5_0 => Q5_0,
-    dot_q5_1 => Q5_1,
-    dot_q8_0 => Q8_0,
-    dot_q2_k => Q2_K,
-    dot_q3_k => Q3_K,
-    dot_q4_k => Q4_K,
-    dot_q5_k => Q5_K,
-    dot_q6_k => Q6_K,
-    dot_q8_k => Q8_K,
+    dot_f32, gemm_f32 => F32,
+    dot_f16, gemm_f16 => F16,
+    dot_bf16, gemm_bf16 => BF16,
+    dot_q4_0, gemm_q4_0 => Q4_0,
+    dot_q4_1, gemm_q4_1 => Q4_1,
+    dot_q5_0, gemm_q5_0 => Q5_0,
+    dot_q5_1, gemm_q5_1 => Q5_1,
+    dot_q8_0, gemm_q8_0 => Q8_0,
+    dot_q2_k, gemm_q2_k => Q2_K,
+    dot_q3_k, gemm_q3_k => Q3_K,
+    dot_q4_k, gemm_q4_k => Q4_K,
+    dot_q5_k, gemm_q5_k => Q5_K,
+    dot_q6_k, gemm_q6_k => Q6_K,
+    dot_q8_k, gemm_q8_k => Q8_K,
 }
 
 macro_rules! reference_quantizers {
@@ -77,6 +99,12 @@ pub(super) fn vec_dot_fn(ty: GgmlType) -> Result<VecDotFn, QuantError> {
     // kiln-quant decides which types it can dot; this table only names a `fn` for each of them.
     kiln_quant::vec_dot_type(ty)?;
     reference_dot(ty).ok_or(QuantError::UnsupportedType(ty))
+}
+
+/// The loop of the reference dot for weights of type `ty`.
+pub(super) fn gemm_fn(ty: GgmlType) -> Result<GemmFn, QuantError> {
+    kiln_quant::vec_dot_type(ty)?;
+    reference_gemm(ty).ok_or(QuantError::UnsupportedType(ty))
 }
 
 /// The reference quantizer for activations of type `act_ty`.

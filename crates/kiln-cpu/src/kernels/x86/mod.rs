@@ -3,8 +3,9 @@
 //! Soundness rests on two invariants:
 //!
 //! - **The CPU has AVX2, FMA and F16C.** The safe wrappers defined here execute those
-//!   instructions; they are private to `kernels` and handed out only by `super::vec_dot_fn` and
-//!   `super::quantize_fn`, which check [`cpu_has_avx2_fma_f16c`] (cached) first.
+//!   instructions; they are private to `kernels` and handed out only by `super::vec_dot_fn`,
+//!   `super::gemm_fn` and `super::quantize_fn`, which check [`cpu_has_avx2_fma_f16c`] (cached)
+//!   first.
 //! - **Every load stays inside its slice.** Each wrapper checks the slice lengths once, exactly as
 //!   the block count requires; the kernels then read through raw pointers with unaligned loads at
 //!   offsets below `blocks * block_bytes`. (Prefetch hints may name addresses past the end: they
@@ -18,9 +19,10 @@ use std::arch::x86_64::*;
 
 use kiln_core::GgmlType;
 
-use super::{QuantizeFn, VecDotFn};
+use super::{GemmFn, QuantizeFn, VecDotFn};
 
 mod float;
+mod gemm;
 mod kquants;
 mod legacy;
 mod quantize;
@@ -52,6 +54,57 @@ pub(super) fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
         _ => return None,
     };
     Some(kernel)
+}
+
+/// The AVX2 GEMM for weights of type `ty`: a tile kernel where there is one, else the loop over
+/// the AVX2 row dot.
+pub(super) fn gemm_fn(ty: GgmlType) -> Option<GemmFn> {
+    let kernel: GemmFn = match ty {
+        GgmlType::Q4_0 => gemm::q4_0,
+        GgmlType::Q4_1 => gemm::q4_1,
+        GgmlType::Q5_0 => gemm::q5_0,
+        GgmlType::Q5_1 => gemm::q5_1,
+        GgmlType::Q8_0 => gemm::q8_0,
+        GgmlType::Q4_K => gemm::q4_k,
+        GgmlType::Q5_K => gemm::q5_k,
+        GgmlType::Q6_K => gemm::q6_k,
+        GgmlType::Q2_K => dot_loop_q2_k,
+        GgmlType::Q3_K => dot_loop_q3_k,
+        GgmlType::Q8_K => dot_loop_q8_k,
+        GgmlType::F32 => dot_loop_f32,
+        GgmlType::F16 => dot_loop_f16,
+        GgmlType::BF16 => dot_loop_bf16,
+        _ => return None,
+    };
+    Some(kernel)
+}
+
+/// Defines `$name`, the GEMM of `$ty` as the loop over its AVX2 row dot `$dot`.
+macro_rules! dot_loops {
+    ($($name:ident => $ty:ident, $dot:path;)*) => {
+        $(
+            fn $name(
+                k: usize,
+                w: &[u8],
+                rows: usize,
+                a: &[u8],
+                cols: usize,
+                out: &mut [f32],
+                ldo: usize,
+            ) {
+                super::gemm::dot_loop(GgmlType::$ty, $dot, k, w, rows, a, cols, out, ldo)
+            }
+        )*
+    };
+}
+
+dot_loops! {
+    dot_loop_q2_k => Q2_K, kquants::q2_k_q8_k;
+    dot_loop_q3_k => Q3_K, kquants::q3_k_q8_k;
+    dot_loop_q8_k => Q8_K, kquants::q8_k_q8_k;
+    dot_loop_f32 => F32, float::f32_f32;
+    dot_loop_f16 => F16, float::f16_f32;
+    dot_loop_bf16 => BF16, float::bf16_f32;
 }
 
 /// The AVX2 quantizer of activations of type `act_ty`, if there is one.

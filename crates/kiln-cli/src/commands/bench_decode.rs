@@ -1,0 +1,711 @@
+//! `kiln bench` for decoders: llama.cpp's `llama-bench` tests, a memory-bandwidth roofline and
+//! the process's peak memory.
+//!
+//! Tests (each runs once untimed as a warm-up, then `-r` timed repetitions; caches are made
+//! before the clock starts and emptied before every run):
+//! - `ppP`: one forward pass over P token ids on an empty KV cache, logits of the last token
+//!   only; t/s = P / time. The ids are what llama-bench feeds: BOS first when the model adds
+//!   one, then ids drawn with a fixed seed from the normal vocabulary (no control, unused or
+//!   byte tokens), the same ids in every repetition.
+//! - `tgN` at batch B: N decode steps from an empty cache, the first token BOS (llama-bench's tg
+//!   starts from a BOS-only context). Each step is one forward pass of one token per sequence
+//!   (B independent sequences with B caches, [`kiln_models::Decoder::forward_batch`]) and the
+//!   logits of every row over the whole vocabulary, as decoding needs; the next token of each
+//!   sequence is the argmax. t/s = B·N / time. Prompt tests run at batch 1 only. (llama-bench's
+//!   `-b` is the prompt batch size; kiln's is the number of concurrent sequences.)
+//!
+//! Reported per test: mean ± sample standard deviation of the repetitions' t/s (llama-bench's
+//! `avg_ts` and `stddev_ts`), and the samples.
+//!
+//! Roofline (decode tests): a decode step reads every weight the step uses once (all layer
+//! weights and the output projection; the token embedding lookup reads one row per sequence,
+//! so a tied embedding counts once, as the output; a mixture of experts reads the experts its
+//! tokens are routed to, counted for uniform routing) plus the KV cache of every sequence at
+//! each step's context, averaged over the test's steps. Divided by the machine's read bandwidth
+//! (measured by [`kiln_cpu::memory_bandwidth`] at the test's thread count before the model is
+//! loaded) that gives the fastest the step could be; the reached fraction is
+//! `steps/s · bytes/step / bandwidth`.
+//!
+//! Peak RSS: `VmHWM` of `/proc/self/status` after the last test. The bandwidth probe runs first
+//! and frees its buffer; the peak mark is then reset (`5` written to `/proc/self/clear_refs`),
+//! so the figure is the model's and the tests', not the probe's (the output says so when the
+//! reset was refused).
+//!
+//! `--json` prints one JSON array on stdout, one object per test, with `test`, `threads`,
+//! `batch`, `tps_mean`, `tps_std`, `samples`, the model's fields and `peak_rss_bytes`; decode
+//! tests carry a `roofline` object. Progress goes to stderr.
+
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use kiln_backend::{Backend, Linear};
+use kiln_core::config::{DecoderConfig, LayerAttention};
+use kiln_core::GgmlType;
+use kiln_cpu::{Bandwidth, CpuBackend, CpuTensor};
+use kiln_models::{Decoder, DecoderLayer, Ffn, KvCache, NoTrace};
+use serde_json::{json, Value};
+
+use crate::load::{load, Loaded, ModelArg};
+
+/// Most concurrent sequences `-b` accepts.
+const MAX_BATCH: u32 = 1024;
+/// Seed of the random prompt ids.
+const SEED: u64 = 0x6b69_6c6e;
+
+/// Decoder benchmark flags (`kiln bench` without a subcommand).
+#[derive(clap::Args)]
+pub struct DecodeBenchArgs {
+    #[command(flatten)]
+    model: ModelArg,
+    /// Prompt lengths: test ppP is one forward pass over P tokens (0 = no prompt tests).
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        value_name = "P,..",
+        value_delimiter = ',',
+        default_value = "512"
+    )]
+    n_prompt: Vec<usize>,
+    /// Decode lengths: test tgN is N one-token steps from an empty context (0 = no decode tests).
+    #[arg(
+        short = 'n',
+        long = "n-gen",
+        value_name = "N,..",
+        value_delimiter = ',',
+        default_value = "128"
+    )]
+    n_gen: Vec<usize>,
+    /// Concurrent sequences of the decode tests: at B, each step decodes one token of each of
+    /// B independent sequences in one batched forward pass (t/s counts all B). Not llama-bench's
+    /// -b, which is its prompt batch size. Prompt tests run at batch 1.
+    #[arg(short = 'b', long = "batch", value_name = "B,..", value_delimiter = ',',
+          default_value = "1",
+          value_parser = clap::value_parser!(u32).range(1..=MAX_BATCH as i64))]
+    batch: Vec<u32>,
+    /// Worker threads, one or more settings (0 = one per core).
+    #[arg(
+        short = 't',
+        long = "threads",
+        value_name = "T,..",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    threads: Vec<usize>,
+    /// Timed repetitions of each test (after one untimed warm-up run).
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    repetitions: u32,
+    /// Print one JSON array (an object per test) instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One test's definition.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Test {
+    Prompt(usize),
+    Gen { n: usize, batch: usize },
+}
+
+impl Test {
+    fn name(self) -> String {
+        match self {
+            Test::Prompt(p) => format!("pp{p}"),
+            Test::Gen { n, .. } => format!("tg{n}"),
+        }
+    }
+    fn batch(self) -> usize {
+        match self {
+            Test::Prompt(_) => 1,
+            Test::Gen { batch, .. } => batch,
+        }
+    }
+    /// Tokens one run processes.
+    fn tokens(self) -> usize {
+        match self {
+            Test::Prompt(p) => p,
+            Test::Gen { n, batch } => n * batch,
+        }
+    }
+}
+
+/// A measured test.
+struct Row {
+    test: Test,
+    threads: usize,
+    backend: String,
+    samples: Vec<f64>,
+    roofline: Option<Roofline>,
+}
+
+/// What a decode test reads per step, and how close it came to the bandwidth bound.
+struct Roofline {
+    weight_bytes: f64,
+    kv_bytes: f64,
+    bandwidth: Bandwidth,
+    /// Steps per second reached (t/s / batch).
+    steps_per_s: f64,
+}
+
+impl Roofline {
+    fn bytes_per_step(&self) -> f64 {
+        self.weight_bytes + self.kv_bytes
+    }
+    /// t/s if every step ran at the probe's bandwidth.
+    fn bound_tps(&self, batch: usize) -> f64 {
+        batch as f64 * self.bandwidth.bytes_per_s / self.bytes_per_step()
+    }
+    fn fraction(&self) -> f64 {
+        self.steps_per_s * self.bytes_per_step() / self.bandwidth.bytes_per_s
+    }
+}
+
+pub fn run(a: DecodeBenchArgs) -> Result<()> {
+    let tests = plan(&a)?;
+    let info = super::bench_report::ModelInfo::read(&a.model.model)?;
+    let threads: Vec<usize> = a.threads.iter().map(|&t| resolve_threads(t)).collect();
+
+    // The probe first, then its buffer is gone and the peak mark reset: the reported peak RSS
+    // is the model's.
+    let mut bandwidths = Vec::new();
+    if tests.iter().any(|t| matches!(t, Test::Gen { .. })) {
+        for &t in &threads {
+            if bandwidths.iter().any(|b: &Bandwidth| b.threads == t) {
+                continue;
+            }
+            let bw = kiln_cpu::memory_bandwidth(t).context("measuring the memory bandwidth")?;
+            eprintln!(
+                "[bench] memory read bandwidth, {t} threads: {:.1} GB/s (best of {} passes over {} MiB, {})",
+                bw.bytes_per_s / 1e9,
+                bw.passes,
+                bw.buffer_bytes >> 20,
+                if bw.avx2 { "AVX2" } else { "scalar" }
+            );
+            bandwidths.push(bw);
+        }
+    }
+    let peak_reset = std::fs::write("/proc/self/clear_refs", "5").is_ok();
+
+    let mut rows = Vec::new();
+    for &t in &threads {
+        let m = load(&a.model.model, t)?;
+        eprintln!(
+            "[bench] {} loaded in {:.0} ms on {}",
+            info.desc,
+            m.load_ms,
+            m.backend.name()
+        );
+        check_context(&m.model.config, &tests)?;
+        let ids = TestIds::new(&m, &info);
+        let bandwidth = bandwidths.iter().find(|b| b.threads == t).copied();
+        for &test in &tests {
+            let samples = measure(&m, &ids, test, a.repetitions)?;
+            let (mean, sd) = mean_sd(&samples);
+            eprintln!(
+                "[bench] {} batch {} threads {t}: {mean:.2} ± {sd:.2} t/s",
+                test.name(),
+                test.batch()
+            );
+            let roofline = match (test, bandwidth) {
+                (Test::Gen { n, batch }, Some(bandwidth)) => Some(Roofline {
+                    weight_bytes: step_weight_bytes(&m.model, batch),
+                    kv_bytes: batch as f64 * mean_kv_bytes(&m.model.config, n),
+                    bandwidth,
+                    steps_per_s: mean / batch as f64,
+                }),
+                _ => None,
+            };
+            rows.push(Row {
+                test,
+                threads: t,
+                backend: m.backend.name(),
+                samples,
+                roofline,
+            });
+        }
+    }
+    let peak = peak_rss_bytes();
+    if a.json {
+        let out: Vec<Value> = rows
+            .iter()
+            .map(|r| row_json(r, &a.model.model, &info, peak, a.repetitions))
+            .collect();
+        println!("{}", Value::Array(out));
+    } else {
+        print_tables(&rows, &info, peak, peak_reset);
+    }
+    Ok(())
+}
+
+/// The tests `a` asks for, in llama-bench's order: prompt tests, then decode tests by batch.
+fn plan(a: &DecodeBenchArgs) -> Result<Vec<Test>> {
+    let mut tests: Vec<Test> = a
+        .n_prompt
+        .iter()
+        .filter(|&&p| p > 0)
+        .map(|&p| Test::Prompt(p))
+        .collect();
+    for &batch in &a.batch {
+        for &n in a.n_gen.iter().filter(|&&n| n > 0) {
+            tests.push(Test::Gen {
+                n,
+                batch: batch as usize,
+            });
+        }
+    }
+    if tests.is_empty() {
+        bail!("nothing to measure: -p and -n are both 0");
+    }
+    Ok(tests)
+}
+
+fn resolve_threads(t: usize) -> usize {
+    if t == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        t
+    }
+}
+
+fn check_context(c: &DecoderConfig, tests: &[Test]) -> Result<()> {
+    for t in tests {
+        let len = match *t {
+            Test::Prompt(p) => p,
+            Test::Gen { n, .. } => n,
+        };
+        if len > c.context_length {
+            bail!(
+                "test {} needs {len} positions; the model's context holds {}",
+                t.name(),
+                c.context_length
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The token ids the tests feed.
+struct TestIds {
+    /// What the tokenizer puts before a text (BOS), possibly nothing.
+    prefix: Vec<u32>,
+    /// The normal vocabulary, to draw prompt ids from.
+    normal: Vec<u32>,
+}
+
+impl TestIds {
+    fn new(m: &Loaded, info: &super::bench_report::ModelInfo) -> TestIds {
+        let prefix = m.tokenizer.encode("", true, false).unwrap_or_default();
+        let vocab = m.model.config.vocab_size as u32;
+        // Without GGUF token types (a Hugging Face folder): every id but BOS and the
+        // end-of-generation tokens.
+        let mut normal: Vec<u32> = match &info.normal_ids {
+            Some(ids) => ids.iter().copied().filter(|&i| i < vocab).collect(),
+            None => (0..vocab)
+                .filter(|&i| Some(i) != m.tokenizer.bos() && !m.tokenizer.is_end_of_generation(i))
+                .collect(),
+        };
+        if normal.is_empty() {
+            normal = (0..vocab).collect();
+        }
+        TestIds { prefix, normal }
+    }
+
+    /// `len` ids: the prefix, then ids drawn from the normal vocabulary (seeded by `len`).
+    fn prompt(&self, len: usize) -> Vec<u32> {
+        let mut rng = SplitMix64(SEED ^ len as u64);
+        let mut ids: Vec<u32> = self.prefix.iter().copied().take(len).collect();
+        while ids.len() < len {
+            let i = (rng.next() % self.normal.len().max(1) as u64) as usize;
+            ids.push(self.normal.get(i).copied().unwrap_or(0));
+        }
+        ids
+    }
+
+    /// The first token of a decode test.
+    fn first(&self) -> u32 {
+        self.prompt(1).first().copied().unwrap_or(0)
+    }
+}
+
+/// SplitMix64: a fixed, dependency-free generator for reproducible prompt ids.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+/// t/s of `reps` timed runs of `test`, after one untimed run.
+fn measure(m: &Loaded, ids: &TestIds, test: Test, reps: u32) -> Result<Vec<f64>> {
+    let (b, model) = (&m.backend, &m.model);
+    let what = || format!("running {}", test.name());
+    let mut samples = Vec::with_capacity(reps as usize);
+    match test {
+        Test::Prompt(p) => {
+            let prompt = ids.prompt(p);
+            let mut cache = model.new_cache(b, p).with_context(what)?;
+            for rep in 0..=reps {
+                let secs = time_prompt(b, model, &prompt, &mut cache).with_context(what)?;
+                if rep > 0 {
+                    samples.push(p as f64 / secs.max(1e-9));
+                }
+            }
+        }
+        Test::Gen { n, batch } => {
+            let mut caches = (0..batch)
+                .map(|_| model.new_cache(b, n))
+                .collect::<Result<Vec<_>, _>>()
+                .with_context(what)?;
+            for rep in 0..=reps {
+                let secs = time_gen(b, model, ids.first(), n, &mut caches).with_context(what)?;
+                if rep > 0 {
+                    samples.push((n * batch) as f64 / secs.max(1e-9));
+                }
+            }
+        }
+    }
+    Ok(samples)
+}
+
+/// Seconds of one prompt pass (last token's logits) over `prompt` on the emptied `cache`.
+fn time_prompt(
+    b: &CpuBackend,
+    model: &Decoder<CpuBackend>,
+    prompt: &[u32],
+    cache: &mut KvCache<CpuBackend>,
+) -> Result<f64> {
+    cache.clear();
+    let t0 = Instant::now();
+    let hidden = model.forward(b, prompt, cache)?;
+    let n = prompt.len();
+    let last = b.rows(&hidden, n.saturating_sub(1)..n)?;
+    let logits = model.logits(b, &last)?;
+    std::hint::black_box(argmax_rows(b, &logits));
+    Ok(t0.elapsed().as_secs_f64())
+}
+
+/// Seconds of `n` decode steps of `caches.len()` sequences starting from `first`, each step one
+/// batched forward pass and the logits of every sequence.
+fn time_gen(
+    b: &CpuBackend,
+    model: &Decoder<CpuBackend>,
+    first: u32,
+    n: usize,
+    caches: &mut [KvCache<CpuBackend>],
+) -> Result<f64> {
+    caches.iter_mut().for_each(KvCache::clear);
+    let mut next = vec![first; caches.len()];
+    let t0 = Instant::now();
+    for _ in 0..n {
+        let logits = {
+            let seqs: Vec<&[u32]> = next.iter().map(std::slice::from_ref).collect();
+            let mut refs: Vec<&mut KvCache<CpuBackend>> = caches.iter_mut().collect();
+            let hidden = model.forward_batch(b, &seqs, &mut refs, &NoTrace)?;
+            model.logits(b, &hidden)?
+        };
+        next = argmax_rows(b, &logits);
+    }
+    std::hint::black_box(&next);
+    Ok(t0.elapsed().as_secs_f64())
+}
+
+/// The index of the largest logit of each row (the first on ties; NaN never wins).
+fn argmax_rows(b: &CpuBackend, logits: &CpuTensor) -> Vec<u32> {
+    let (_, cols) = b.shape(logits);
+    logits
+        .data()
+        .chunks_exact(cols.max(1))
+        .map(|row| {
+            let mut best = (0usize, f32::NEG_INFINITY);
+            for (i, &x) in row.iter().enumerate() {
+                if x > best.1 {
+                    best = (i, x);
+                }
+            }
+            best.0 as u32
+        })
+        .collect()
+}
+
+/// Mean and sample standard deviation (0 for one sample).
+fn mean_sd(xs: &[f64]) -> (f64, f64) {
+    if xs.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    let n = xs.len() as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    if xs.len() < 2 {
+        return (mean, 0.0);
+    }
+    let var = xs.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1.0);
+    (mean, var.sqrt())
+}
+
+// ---- roofline ---------------------------------------------------------------------------
+
+/// Bytes of a linear layer's weight and bias. A GPTQ matrix (type I32, the checkpoint's word
+/// type) is counted as its 4-bit codes; its scales and zeros add about 3% at group size 128.
+fn linear_bytes<B: Backend>(l: &Linear<B>) -> f64 {
+    let (k, n) = (l.in_features as f64, l.out_features as f64);
+    let weight = if l.ty == GgmlType::I32 {
+        k * n / 2.0
+    } else {
+        l.ty.row_bytes(l.in_features as u64).unwrap_or(0) as f64 * n
+    };
+    weight + if l.bias.is_some() { 4.0 * n } else { 0.0 }
+}
+
+/// Bytes of weights one decode step over `batch` sequences reads. Norm weights are f32 vectors
+/// on the CPU; an untied embedding row is counted at f32 width (an upper bound, and a tiny one).
+fn step_weight_bytes<B: Backend>(model: &Decoder<B>, batch: usize) -> f64 {
+    let c = &model.config;
+    let vector = |present: bool, len: usize| if present { 4.0 * len as f64 } else { 0.0 };
+    let layer = |l: &DecoderLayer<B>| {
+        let norms = vector(true, c.d_model) * 2.0
+            + vector(l.q_norm.is_some(), c.head_dim)
+            + vector(l.k_norm.is_some(), c.head_dim)
+            + vector(l.post_attn_norm.is_some(), c.d_model)
+            + vector(l.post_ffn_norm.is_some(), c.d_model);
+        let attention =
+            linear_bytes(&l.q) + linear_bytes(&l.k) + linear_bytes(&l.v) + linear_bytes(&l.o);
+        let ffn = match &l.ffn {
+            Ffn::Dense { gate, up, down } => {
+                linear_bytes(gate) + linear_bytes(up) + linear_bytes(down)
+            }
+            Ffn::Moe(moe) => {
+                let n = moe.gate.len().max(1) as f64;
+                let experts: f64 = moe
+                    .gate
+                    .iter()
+                    .chain(&moe.up)
+                    .chain(&moe.down)
+                    .map(linear_bytes)
+                    .sum();
+                let top_k = c.moe.as_ref().map_or(1, |m| m.top_k) as f64;
+                // Expected distinct experts chosen by `batch` tokens under uniform routing.
+                let read = n * (1.0 - (1.0 - (top_k / n).min(1.0)).powi(batch as i32));
+                linear_bytes(&moe.router) + experts / n * read
+            }
+        };
+        norms + attention + ffn
+    };
+    let tied = std::sync::Arc::ptr_eq(&model.token_embd, &model.output.weight);
+    let embedding_rows = if tied {
+        0.0
+    } else {
+        batch as f64 * vector(true, c.d_model)
+    };
+    model.layers.iter().map(layer).sum::<f64>()
+        + vector(true, c.d_model)
+        + linear_bytes(&model.output)
+        + embedding_rows
+}
+
+/// Bytes of one sequence's KV cache (f32 keys and values) read per step, averaged over the `n`
+/// steps of a decode test from an empty cache: step `i` (1-based) attends to `i` positions, or
+/// to the window on sliding-window layers.
+fn mean_kv_bytes(c: &DecoderConfig, n: usize) -> f64 {
+    let row = 4.0 * (c.kv_dim() + c.v_dim()) as f64;
+    let positions: f64 = c
+        .layer_attention
+        .iter()
+        .map(|a| {
+            let window = match a {
+                LayerAttention::Global => usize::MAX,
+                LayerAttention::Sliding { window } => *window,
+            };
+            (1..=n).map(|i| i.min(window) as f64).sum::<f64>()
+        })
+        .sum();
+    row * positions / n.max(1) as f64
+}
+
+/// The process's peak resident set (`VmHWM`), in bytes.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line
+        .trim_start_matches("VmHWM:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
+// ---- output -----------------------------------------------------------------------------
+
+fn row_json(
+    r: &Row,
+    model: &str,
+    info: &super::bench_report::ModelInfo,
+    peak: Option<u64>,
+    reps: u32,
+) -> Value {
+    let (mean, sd) = mean_sd(&r.samples);
+    let (n_prompt, n_gen) = match r.test {
+        Test::Prompt(p) => (p, 0),
+        Test::Gen { n, .. } => (0, n),
+    };
+    let mut v = json!({
+        "test": r.test.name(),
+        "threads": r.threads,
+        "batch": r.test.batch(),
+        "tps_mean": mean,
+        "tps_std": sd,
+        "samples": r.samples,
+        "n_prompt": n_prompt,
+        "n_gen": n_gen,
+        "tokens": r.test.tokens(),
+        "repetitions": reps,
+        "model": model,
+        "model_desc": info.desc,
+        "model_bytes": info.bytes,
+        "model_params": info.params,
+        "backend": r.backend,
+        "peak_rss_bytes": peak,
+    });
+    if let (Some(rl), Value::Object(obj)) = (&r.roofline, &mut v) {
+        obj.insert(
+            "roofline".into(),
+            json!({
+                "weight_bytes_per_step": rl.weight_bytes,
+                "kv_bytes_per_step": rl.kv_bytes,
+                "bytes_per_step": rl.bytes_per_step(),
+                "bytes_per_token": rl.bytes_per_step() / r.test.batch() as f64,
+                "bandwidth_bytes_per_s": rl.bandwidth.bytes_per_s,
+                "bandwidth_probe_bytes": rl.bandwidth.buffer_bytes,
+                "bound_tps": rl.bound_tps(r.test.batch()),
+                "bandwidth_fraction": rl.fraction(),
+            }),
+        );
+    }
+    v
+}
+
+fn print_tables(
+    rows: &[Row],
+    info: &super::bench_report::ModelInfo,
+    peak: Option<u64>,
+    peak_reset: bool,
+) {
+    use super::bench_report::{human_bytes, human_count, Table};
+    let mut t = Table::new(&[
+        ("model", false),
+        ("size", true),
+        ("params", true),
+        ("backend", false),
+        ("threads", true),
+        ("batch", true),
+        ("test", true),
+        ("t/s", true),
+    ]);
+    for r in rows {
+        let (mean, sd) = mean_sd(&r.samples);
+        t.row(vec![
+            info.desc.clone(),
+            human_bytes(info.bytes as f64),
+            human_count(info.params as f64),
+            r.backend.clone(),
+            r.threads.to_string(),
+            r.test.batch().to_string(),
+            r.test.name(),
+            format!("{mean:.2} ± {sd:.2}"),
+        ]);
+    }
+    println!("{t}");
+
+    let decode: Vec<&Row> = rows.iter().filter(|r| r.roofline.is_some()).collect();
+    if !decode.is_empty() {
+        println!(
+            "roofline: a decode step reads every weight it uses once, plus the KV cache at the \
+             test's mean context; bound = bandwidth / bytes per step"
+        );
+        let mut t = Table::new(&[
+            ("threads", true),
+            ("batch", true),
+            ("test", true),
+            ("weights/step", true),
+            ("KV/step", true),
+            ("bandwidth", true),
+            ("bound t/s", true),
+            ("t/s", true),
+            ("of bandwidth", true),
+        ]);
+        for r in decode {
+            let Some(rl) = &r.roofline else { continue };
+            let batch = r.test.batch();
+            t.row(vec![
+                r.threads.to_string(),
+                batch.to_string(),
+                r.test.name(),
+                human_bytes(rl.weight_bytes),
+                human_bytes(rl.kv_bytes),
+                format!("{:.1} GB/s", rl.bandwidth.bytes_per_s / 1e9),
+                format!("{:.1}", rl.bound_tps(batch)),
+                format!("{:.2}", rl.steps_per_s * batch as f64),
+                format!("{:.1}%", 100.0 * rl.fraction()),
+            ]);
+        }
+        println!("{t}");
+    }
+    match peak {
+        Some(p) => println!(
+            "peak RSS {}{}",
+            human_bytes(p as f64),
+            if peak_reset {
+                " (VmHWM; the bandwidth probe ran before and is not counted)"
+            } else {
+                " (VmHWM; /proc/self/clear_refs refused the reset, so it includes the probe's buffer)"
+            }
+        ),
+        None => println!("peak RSS unavailable (no /proc/self/status)"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sample_statistics_are_llama_bench_s() {
+        let (m, s) = mean_sd(&[10.0, 12.0, 14.0]);
+        assert!((m - 12.0).abs() < 1e-12);
+        assert!((s - 2.0).abs() < 1e-12);
+        assert_eq!(mean_sd(&[5.0]), (5.0, 0.0));
+    }
+
+    #[test]
+    fn prompt_ids_start_with_the_prefix_and_come_from_the_normal_vocabulary() {
+        let ids = TestIds {
+            prefix: vec![2],
+            normal: vec![10, 11, 12, 13],
+        };
+        let p = ids.prompt(64);
+        assert_eq!(p.len(), 64);
+        assert_eq!(p[0], 2);
+        assert!(p[1..].iter().all(|i| (10..=13).contains(i)), "{p:?}");
+        assert_eq!(p, ids.prompt(64), "fixed seed");
+        assert_eq!(ids.prompt(1), [2]);
+        assert_eq!(ids.first(), 2);
+        let no_bos = TestIds {
+            prefix: vec![],
+            normal: vec![7],
+        };
+        assert_eq!(no_bos.prompt(3), [7, 7, 7]);
+    }
+
+    #[test]
+    fn argmax_takes_the_first_largest_of_each_row() {
+        let logits =
+            CpuTensor::new(vec![0.0, 3.0, 3.0, 1.0, f32::NAN, -1.0, 0.5, -2.0], 2, 4).unwrap();
+        let b = CpuBackend::new(1).unwrap();
+        assert_eq!(argmax_rows(&b, &logits), [1, 2]);
+    }
+}

@@ -1,0 +1,240 @@
+//! Causal attention on Gemma 3 270M's shape (4 query heads sharing 1 KV head of 256): kiln's
+//! tiled kernel against the row-at-a-time kernel it replaced, in the same run.
+//!
+//! `cargo run --release -p kiln-cpu --example attn_bench [threads] [rounds]` (2 threads and 7
+//! rounds by default). Prefill of 512 rows at position 0 (no window, and Gemma's window of
+//! 512) and decode of one row over 512, 2048 and 8192 cached keys. Each round times the old
+//! kernel, then the new one (alternating, so that load from other processes hits both alike);
+//! the best round of each is reported.
+
+use std::time::Instant;
+
+use kiln_backend::{AttentionParams, Backend};
+use kiln_cpu::kernels::{simd_level, SimdLevel};
+use kiln_cpu::{CpuBackend, CpuTensor};
+use rayon::prelude::*;
+
+const HEADS: usize = 4;
+const KV_HEADS: usize = 1;
+const HEAD_DIM: usize = 256;
+
+fn values(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let threads = args.next().and_then(|s| s.parse().ok()).unwrap_or(2);
+    let rounds = args.next().and_then(|s| s.parse().ok()).unwrap_or(7);
+    let b = CpuBackend::new(threads).unwrap();
+    // The old kernel ran on the backend's rayon pool of `threads` threads; this one has as many.
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    let avx2 = simd_level() == SimdLevel::Avx2;
+    println!(
+        "attention, {HEADS} heads / {KV_HEADS} kv head of {HEAD_DIM}, {threads} threads, {:?}; best of {rounds}",
+        simd_level()
+    );
+    println!(
+        "{:<34} {:>10} {:>10} {:>9} {:>9} {:>6}",
+        "case", "old ms", "new ms", "old GF/s", "new GF/s", "ratio"
+    );
+    let cases: [(&str, usize, usize, Option<usize>); 6] = [
+        ("prefill 512, no window", 512, 0, None),
+        ("prefill 512, window 512", 512, 0, Some(512)),
+        ("decode at 512, no window", 1, 511, None),
+        ("decode at 2048, no window", 1, 2047, None),
+        ("decode at 8192, no window", 1, 8191, None),
+        ("decode at 8192, window 512", 1, 8191, Some(512)),
+    ];
+    for (name, rows, q_pos, window) in cases {
+        let n_kv = q_pos + rows;
+        let p = AttentionParams {
+            n_heads: HEADS,
+            n_kv_heads: KV_HEADS,
+            head_dim: HEAD_DIM,
+            scale: 1.0 / (HEAD_DIM as f32).sqrt(),
+            sliding_window: window,
+            softcap: None,
+        };
+        let q = b
+            .tensor_from_f32(&values(rows * HEADS * HEAD_DIM, 1), rows, HEADS * HEAD_DIM)
+            .unwrap();
+        let k = b
+            .tensor_from_f32(
+                &values(n_kv * KV_HEADS * HEAD_DIM, 2),
+                n_kv,
+                KV_HEADS * HEAD_DIM,
+            )
+            .unwrap();
+        let v = b
+            .tensor_from_f32(
+                &values(n_kv * KV_HEADS * HEAD_DIM, 3),
+                n_kv,
+                KV_HEADS * HEAD_DIM,
+            )
+            .unwrap();
+        // Score/value pairs: each costs 4 flops per head dim (two multiply-adds).
+        let pairs: usize = (0..rows)
+            .map(|i| {
+                let pos = q_pos + i;
+                pos + 1 - window.map_or(0, |w| (pos + 1).saturating_sub(w))
+            })
+            .sum();
+        let flops = (4 * HEADS * HEAD_DIM * pairs) as f64;
+        // Agreement first (the unit tests hold the new kernel to 1e-5 of the output).
+        let old = old_attention(&pool, avx2, &q, &k, &v, q_pos, &p);
+        let new = b
+            .to_f32(&b.attention(&q, &k, &v, q_pos, n_kv, &p).unwrap())
+            .unwrap();
+        let err = old
+            .iter()
+            .zip(&new)
+            .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+        let reps = (2e8 / flops).ceil().clamp(1.0, 200.0) as usize;
+        let (mut best_old, mut best_new) = (f64::INFINITY, f64::INFINITY);
+        for _ in 0..rounds {
+            let t = Instant::now();
+            for _ in 0..reps {
+                std::hint::black_box(old_attention(&pool, avx2, &q, &k, &v, q_pos, &p));
+            }
+            best_old = best_old.min(t.elapsed().as_secs_f64() / reps as f64);
+            let t = Instant::now();
+            for _ in 0..reps {
+                std::hint::black_box(b.attention(&q, &k, &v, q_pos, n_kv, &p).unwrap());
+            }
+            best_new = best_new.min(t.elapsed().as_secs_f64() / reps as f64);
+        }
+        println!(
+            "{name:<34} {:>10.3} {:>10.3} {:>9.1} {:>9.1} {:>5.2}x   (max |old - new| {err:.1e})",
+            best_old * 1e3,
+            best_new * 1e3,
+            flops / best_old / 1e9,
+            flops / best_new / 1e9,
+            best_old / best_new
+        );
+    }
+}
+
+/// The kernel `attention.rs` held before the tiled one (commit 3af488c), as it ran: one task per
+/// query row on the pool (decode on one thread), per head the row's scores into a buffer,
+/// softmax with libm's `exp`, weighted sum of values; compiled with AVX2+FMA when available.
+fn old_attention(
+    pool: &rayon::ThreadPool,
+    avx2: bool,
+    q: &CpuTensor,
+    k: &CpuTensor,
+    v: &CpuTensor,
+    q_pos: usize,
+    p: &AttentionParams,
+) -> Vec<f32> {
+    let cols = p.n_heads * p.head_dim;
+    let rows = q.data().len() / cols;
+    let mut out = vec![0.0f32; rows * cols];
+    let row = |(i, out_row): (usize, &mut [f32])| {
+        let r = Row {
+            q: &q.data()[i * cols..(i + 1) * cols],
+            k: k.data(),
+            v: v.data(),
+            pos: q_pos + i,
+            p,
+        };
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            // SAFETY: `avx2` is only true when the CPU reports AVX2 and FMA (simd_level()).
+            unsafe { attend_row_avx2(&r, out_row) };
+            return;
+        }
+        attend_row(&r, out_row);
+    };
+    if rows > 1 {
+        pool.install(|| out.par_chunks_mut(cols).enumerate().for_each(row));
+    } else {
+        out.chunks_mut(cols).enumerate().for_each(row);
+    }
+    let _ = avx2;
+    out
+}
+
+struct Row<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    pos: usize,
+    p: &'a AttentionParams,
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_row_avx2(row: &Row<'_>, out: &mut [f32]) {
+    attend_row(row, out)
+}
+
+/// The crate's `math::dot`: eight independent accumulators, fixed order.
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ta, tb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut tail = 0.0;
+    for (x, y) in ta.iter().zip(tb) {
+        tail += x * y;
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+#[inline(always)]
+fn attend_row(row: &Row<'_>, out: &mut [f32]) {
+    let p = row.p;
+    let hd = p.head_dim;
+    let kv_cols = p.n_kv_heads * hd;
+    let group = p.n_heads / p.n_kv_heads;
+    let lo = p
+        .sliding_window
+        .map_or(0, |w| (row.pos + 1).saturating_sub(w));
+    let hi = row.pos + 1;
+    let mut scores = vec![0.0f32; hi - lo];
+    for h in 0..p.n_heads {
+        let kvh = h / group;
+        let qh = &row.q[h * hd..(h + 1) * hd];
+        let mut max = f32::NEG_INFINITY;
+        for (s, j) in scores.iter_mut().zip(lo..hi) {
+            let kj = &row.k[j * kv_cols + kvh * hd..j * kv_cols + (kvh + 1) * hd];
+            let mut v = dot(qh, kj) * p.scale;
+            if let Some(cap) = p.softcap {
+                v = cap * (v / cap).tanh();
+            }
+            *s = v;
+            max = max.max(v);
+        }
+        let mut sum = 0.0f32;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        let inv = 1.0 / sum;
+        let oh = &mut out[h * hd..(h + 1) * hd];
+        for (s, j) in scores.iter().zip(lo..hi) {
+            let vj = &row.v[j * kv_cols + kvh * hd..j * kv_cols + (kvh + 1) * hd];
+            let weight = s * inv;
+            for (o, &v) in oh.iter_mut().zip(vj) {
+                *o += weight * v;
+            }
+        }
+    }
+}

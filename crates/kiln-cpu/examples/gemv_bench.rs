@@ -1,0 +1,112 @@
+//! Decode-shaped matrix-vector products through the backend (threads, task split and kernels
+//! together), against the machine's read bandwidth: the measure of how close decode gets to its
+//! memory-bound limit, op by op.
+//!
+//! For each case, a set of weight matrices larger than the last-level cache is cycled through
+//! (so every product streams its weight from DRAM, as a decode step does), one activation row
+//! at a time; it prints GB/s of weight bytes and the fraction of `memory_bandwidth`.
+//!
+//! `cargo run --release -p kiln-cpu --example gemv_bench [-- THREADS [ROWS_PER_STEP]]`
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use kiln_backend::{Backend, Linear, WeightData};
+use kiln_core::{GgmlType, SharedBytes};
+use kiln_cpu::CpuBackend;
+
+/// (name, type, out rows, row length, copies cycled).
+const CASES: &[(&str, GgmlType, usize, usize, usize)] = &[
+    ("Q8_0 output 262144x640", GgmlType::Q8_0, 262_144, 640, 2),
+    ("Q5_0 ffn_up 2048x640 x128", GgmlType::Q5_0, 2048, 640, 128),
+    ("Q5_0 attn_k 256x640 x512", GgmlType::Q5_0, 256, 640, 512),
+    (
+        "Q4_K attn_out 640x1024 x256",
+        GgmlType::Q4_K,
+        640,
+        1024,
+        256,
+    ),
+    (
+        "Q6_K ffn_down 640x2048 x128",
+        GgmlType::Q6_K,
+        640,
+        2048,
+        128,
+    ),
+    ("Q8_0 attn_v 256x640 x512", GgmlType::Q8_0, 256, 640, 512),
+];
+
+fn main() {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let threads = args.first().copied().unwrap_or(2);
+    let m = args.get(1).copied().unwrap_or(1);
+    let cpu = CpuBackend::new(threads).expect("backend");
+    let bw = kiln_cpu::memory_bandwidth(threads).expect("probe");
+    println!(
+        "{} threads, {m} activation row(s); probe {:.1} GB/s",
+        threads,
+        bw.bytes_per_s / 1e9
+    );
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    for &(name, ty, n, k, copies) in CASES {
+        let row_bytes = ty.row_bytes(k as u64).unwrap() as usize;
+        let block = ty.type_size();
+        let weights: Vec<Linear<CpuBackend>> = (0..copies)
+            .map(|c| {
+                let mut bytes = vec![0u8; n * row_bytes];
+                for b in bytes.iter_mut() {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    *b = seed as u8;
+                }
+                // Small finite f16 scales at the start of every block (all formats here store
+                // their scale first except the K-quants, for which random bytes stay finite
+                // often enough not to matter for timing).
+                for blk in bytes.chunks_exact_mut(block) {
+                    blk[0] = 0x00;
+                    blk[1] = 0x1c;
+                }
+                let data = WeightData {
+                    name: format!("w{c}"),
+                    ty,
+                    dims: vec![k, n],
+                    bytes: SharedBytes::from_vec(bytes),
+                };
+                Linear {
+                    weight: Arc::new(cpu.upload_weight(&data).expect("upload")),
+                    bias: None,
+                    in_features: k,
+                    out_features: n,
+                    ty,
+                }
+            })
+            .collect();
+        let xs: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+            .collect();
+        let x = cpu.tensor_from_f32(&xs, m, k).expect("x");
+        let bytes_per = (n * row_bytes) as f64;
+        let mut best = f64::INFINITY;
+        for _round in 0..5 {
+            let t0 = Instant::now();
+            cpu.run(|| {
+                for w in &weights {
+                    std::hint::black_box(cpu.matmul(&x, w).expect("matmul"));
+                }
+            });
+            best = best.min(t0.elapsed().as_secs_f64() / copies as f64);
+        }
+        let gbs = bytes_per / best / 1e9;
+        println!(
+            "{name:32} {:8.1} us  {:6.1} GB/s  {:5.1}% of probe",
+            best * 1e6,
+            gbs,
+            100.0 * gbs * 1e9 / bw.bytes_per_s
+        );
+    }
+}

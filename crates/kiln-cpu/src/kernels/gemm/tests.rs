@@ -1,0 +1,630 @@
+//! The GEMM kernels against the loop of kiln-quant's reference row dot.
+//!
+//! The scalar level must be that loop bit for bit. The AVX2 kernels (tile kernels and loops over
+//! the AVX2 row dots) must match it within the standard of `tests/kernels.rs`: the integer part
+//! of every block dot is exact in both, so they differ only in the rounding and order of the f32
+//! per-block terms, at most about `(k / 8 + 8) * eps * S` each, `S` the sum of the absolute values
+//! of the terms (bounded by `sum |w_i| * |x_i|` over the weights split into their scale and minimum
+//! parts, so that cancellation inside a weight cannot hide a term). The test allows twice that,
+//! once per implementation; a wrong quant, scale or lane moves a result by a sizeable fraction of
+//! `S / sqrt(k)`, orders of magnitude more.
+//!
+//! Weights are both quantized by kiln-quant from random floats and raw random bytes (every scale
+//! field a finite half), activations come from `quantize_fn`; outputs are written with a stride
+//! `ldo > rows` into a buffer of sentinels, which must survive everywhere but at the outputs.
+
+use std::mem::offset_of;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use half::f16;
+use kiln_core::GgmlType;
+use kiln_quant::blocks::{
+    BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
+    BlockQ8K, BlockQ8_0,
+};
+
+use crate::kernels::{gemm_fn, quantize_fn, simd_level, SimdLevel};
+
+/// Every weight type kiln can dot.
+const WEIGHT_TYPES: [GgmlType; 14] = [
+    GgmlType::Q5_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q5_K,
+    GgmlType::Q4_1,
+    GgmlType::Q5_1,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q8_K,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::F32,
+];
+
+/// The types with an AVX2 tile kernel (the others loop over the AVX2 row dot).
+const TILED: [GgmlType; 8] = [
+    GgmlType::Q5_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q5_K,
+    GgmlType::Q4_1,
+    GgmlType::Q5_1,
+];
+
+/// A value no kernel writes: outputs left alone must keep it bit for bit.
+const SENTINEL: f32 = -1.234_567e-29;
+
+/// xorshift64*: deterministic, dependency-free randomness.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in [-1, 1).
+    fn signed(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+
+    /// A nonzero value in (-magnitude, magnitude).
+    fn finite(&mut self, magnitude: f32) -> f32 {
+        let v = self.signed() * magnitude;
+        if v == 0.0 {
+            magnitude / 2.0
+        } else {
+            v
+        }
+    }
+}
+
+/// The kinds of scale fields of a block.
+#[derive(Clone, Copy, PartialEq)]
+enum Field {
+    /// The block's multiplier (`d`).
+    Scale,
+    /// The block's minimum or its multiplier (`m`, `dmin`).
+    Min,
+    /// Q8_K's f32 multiplier.
+    ScaleF32,
+}
+
+/// Offsets and kinds of the scale fields of one block of `ty` (none for the float types).
+fn scale_fields(ty: GgmlType) -> Vec<(usize, Field)> {
+    use Field::*;
+    match ty {
+        GgmlType::Q4_0 => vec![(offset_of!(BlockQ4_0, d), Scale)],
+        GgmlType::Q4_1 => vec![
+            (offset_of!(BlockQ4_1, d), Scale),
+            (offset_of!(BlockQ4_1, m), Min),
+        ],
+        GgmlType::Q5_0 => vec![(offset_of!(BlockQ5_0, d), Scale)],
+        GgmlType::Q5_1 => vec![
+            (offset_of!(BlockQ5_1, d), Scale),
+            (offset_of!(BlockQ5_1, m), Min),
+        ],
+        GgmlType::Q8_0 => vec![(offset_of!(BlockQ8_0, d), Scale)],
+        GgmlType::Q2_K => vec![
+            (offset_of!(BlockQ2K, d), Scale),
+            (offset_of!(BlockQ2K, dmin), Min),
+        ],
+        GgmlType::Q3_K => vec![(offset_of!(BlockQ3K, d), Scale)],
+        GgmlType::Q4_K => vec![
+            (offset_of!(BlockQ4K, d), Scale),
+            (offset_of!(BlockQ4K, dmin), Min),
+        ],
+        GgmlType::Q5_K => vec![
+            (offset_of!(BlockQ5K, d), Scale),
+            (offset_of!(BlockQ5K, dmin), Min),
+        ],
+        GgmlType::Q6_K => vec![(offset_of!(BlockQ6K, d), Scale)],
+        GgmlType::Q8_K => vec![(offset_of!(BlockQ8K, d), ScaleF32)],
+        _ => Vec::new(),
+    }
+}
+
+fn width(field: Field) -> usize {
+    if field == Field::ScaleF32 {
+        4
+    } else {
+        2
+    }
+}
+
+/// `rows` rows of `k` elements of `ty` as raw random bytes, every scale field (or float element)
+/// finite. `fill`, when given, replaces every byte outside the scale fields.
+fn raw_weights(ty: GgmlType, rows: usize, k: usize, fill: Option<u8>, rng: &mut Rng) -> Vec<u8> {
+    let bytes = rows * ty.row_bytes(k as u64).unwrap() as usize;
+    let mut w: Vec<u8> = (0..bytes)
+        .map(|_| fill.unwrap_or(rng.next_u64() as u8))
+        .collect();
+    match ty {
+        GgmlType::F32 => w
+            .chunks_exact_mut(4)
+            .for_each(|c| c.copy_from_slice(&rng.finite(2.0).to_le_bytes())),
+        GgmlType::F16 => w
+            .chunks_exact_mut(2)
+            .for_each(|c| c.copy_from_slice(&f16::from_f32(rng.finite(2.0)).to_le_bytes())),
+        GgmlType::BF16 => w.chunks_exact_mut(2).for_each(|c| {
+            let bits = (rng.finite(2.0).to_bits() >> 16) as u16;
+            c.copy_from_slice(&bits.to_le_bytes())
+        }),
+        _ => {
+            for block in w.chunks_exact_mut(ty.type_size()) {
+                for (at, field) in scale_fields(ty) {
+                    let v = rng.finite(0.05);
+                    if field == Field::ScaleF32 {
+                        block[at..at + 4].copy_from_slice(&v.to_le_bytes());
+                    } else {
+                        block[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+                    }
+                }
+            }
+        }
+    }
+    w
+}
+
+/// `rows` rows of random floats (a random order of magnitude per row) quantized by kiln-quant.
+fn quantized_weights(ty: GgmlType, rows: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
+    let x: Vec<f32> = (0..rows)
+        .flat_map(|_| {
+            let magnitude = 10f32.powf(2.0 * rng.signed());
+            (0..k).map(|_| rng.signed() * magnitude).collect::<Vec<_>>()
+        })
+        .collect();
+    let mut w = vec![0u8; rows * ty.row_bytes(k as u64).unwrap() as usize];
+    kiln_quant::quantize(ty, &x, &mut w).unwrap();
+    w
+}
+
+/// `cols` activation rows for weights of `ty`: random floats of a random order of magnitude, some
+/// exact zeros, quantized by the AVX2 (or scalar) quantizer.
+fn activations(ty: GgmlType, cols: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
+    let act_ty = kiln_quant::vec_dot_type(ty).unwrap();
+    let quantize = quantize_fn(act_ty, simd_level()).unwrap();
+    let row = kiln_quant::activation_bytes(act_ty, k).unwrap();
+    let mut a = vec![0u8; cols * row];
+    for out in a.chunks_exact_mut(row) {
+        let magnitude = 10f32.powf(4.0 * (rng.signed() + 1.0) / 2.0 - 2.0);
+        let x: Vec<f32> = (0..k)
+            .map(|i| {
+                if i % 37 == 5 {
+                    0.0
+                } else {
+                    rng.signed() * magnitude
+                }
+            })
+            .collect();
+        quantize(&x, out);
+    }
+    a
+}
+
+/// `w` (whole rows) with every field of kind `zero` set to 0, dequantized.
+fn dequantized_without(ty: GgmlType, w: &[u8], zero: Field) -> Vec<f32> {
+    let mut w = w.to_vec();
+    let fields = scale_fields(ty);
+    if !fields.is_empty() {
+        for block in w.chunks_exact_mut(ty.type_size()) {
+            for &(at, field) in &fields {
+                if field == zero {
+                    block[at..at + width(field)].fill(0);
+                }
+            }
+        }
+    }
+    let elements = w.len() / ty.type_size() * ty.block_size();
+    let mut out = vec![0f32; elements];
+    kiln_quant::dequantize(ty, &w, &mut out).unwrap();
+    out
+}
+
+/// The allowed difference between two implementations of each dot of `w` x `a`, indexed
+/// `[c * rows + r]` (see the module docs).
+fn tolerances(ty: GgmlType, k: usize, w: &[u8], rows: usize, a: &[u8], cols: usize) -> Vec<f32> {
+    let act_ty = kiln_quant::vec_dot_type(ty).unwrap();
+    let mut x = vec![0f32; cols * k];
+    kiln_quant::dequantize(act_ty, a, &mut x).unwrap();
+    // The scale part (minimums zeroed) plus the minimum part (scales zeroed), in absolute value.
+    let scaled = dequantized_without(ty, w, Field::Min);
+    let has_mins = scale_fields(ty).iter().any(|&(_, f)| f == Field::Min);
+    let mins = if has_mins {
+        dequantized_without(ty, w, Field::Scale)
+    } else {
+        vec![0.0; rows * k]
+    };
+    let mut tol = Vec::with_capacity(rows * cols);
+    for xc in x.chunks_exact(k) {
+        for r in 0..rows {
+            let magnitude: f64 = (0..k)
+                .map(|i| {
+                    let wi = f64::from(scaled[r * k + i].abs()) + f64::from(mins[r * k + i].abs());
+                    wi * f64::from(xc[i].abs())
+                })
+                .sum();
+            let per_implementation = (k / 8 + 8) as f64 * f64::from(f32::EPSILON) * magnitude;
+            tol.push((2.0 * per_implementation) as f32 + f32::MIN_POSITIVE);
+        }
+    }
+    tol
+}
+
+/// `gemm` of `w` (`rows`) x `a` (`cols`) at stride `ldo`, into a buffer of sentinels with
+/// `ldo - rows` spare elements after each output row and a spare row at the end; checks the
+/// sentinels and returns the outputs as `[c * rows + r]`.
+#[allow(clippy::too_many_arguments)]
+fn run(
+    level: SimdLevel,
+    ty: GgmlType,
+    k: usize,
+    w: &[u8],
+    rows: usize,
+    a: &[u8],
+    cols: usize,
+    ldo: usize,
+) -> Vec<f32> {
+    let gemm = gemm_fn(ty, level).unwrap();
+    let mut out = vec![SENTINEL; cols * ldo + ldo];
+    gemm(k, w, rows, a, cols, &mut out, ldo);
+    let mut got = Vec::with_capacity(rows * cols);
+    for (i, &v) in out.iter().enumerate() {
+        let (c, r) = (i / ldo, i % ldo);
+        if c < cols && r < rows {
+            got.push(v);
+        } else {
+            assert_eq!(
+                v.to_bits(),
+                SENTINEL.to_bits(),
+                "{ty} {level:?} rows {rows} cols {cols} ldo {ldo}: wrote element {i}"
+            );
+        }
+    }
+    got
+}
+
+/// Row lengths to test for `ty`.
+fn lengths(ty: GgmlType) -> Vec<usize> {
+    match ty.block_size() {
+        1 => vec![1, 40, 256],
+        32 => vec![32, 64, 256, 2048],
+        _ => vec![256, 2048],
+    }
+}
+
+/// The bytes of the first `rows` rows of `bytes` (rows of `row` bytes).
+fn first(bytes: &[u8], rows: usize, row: usize) -> &[u8] {
+    &bytes[..rows * row]
+}
+
+#[test]
+fn scalar_gemm_is_the_vec_dot_loop() {
+    let mut rng = Rng::new(1);
+    for ty in WEIGHT_TYPES {
+        for k in lengths(ty) {
+            let (rows, cols, ldo) = (5, 3, 7);
+            let w = raw_weights(ty, rows, k, None, &mut rng);
+            let a = activations(ty, cols, k, &mut rng);
+            let got = run(SimdLevel::Scalar, ty, k, &w, rows, &a, cols, ldo);
+            let (w_row, a_row) = (w.len() / rows, a.len() / cols);
+            for c in 0..cols {
+                for r in 0..rows {
+                    let wr = &w[r * w_row..(r + 1) * w_row];
+                    let ac = &a[c * a_row..(c + 1) * a_row];
+                    let expected = kiln_quant::vec_dot(ty, k, wr, ac).unwrap();
+                    assert_eq!(
+                        got[c * rows + r].to_bits(),
+                        expected.to_bits(),
+                        "{ty} k={k} row {r} col {c}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Checks the AVX2 GEMM of every `rows x cols` prefix (1..=9 each) of `w` x `a` (9 rows and 9
+/// columns), and of the whole of `big_w` x `big_a` (37 x 23), against the scalar GEMM.
+fn check_against_scalar(ty: GgmlType, k: usize, weights: &dyn Fn(usize) -> Vec<u8>, rng: &mut Rng) {
+    let (w, a) = (weights(9), activations(ty, 9, k, rng));
+    let (w_row, a_row) = (w.len() / 9, a.len() / 9);
+    let expected = run(SimdLevel::Scalar, ty, k, &w, 9, &a, 9, 9);
+    let tol = tolerances(ty, k, &w, 9, &a, 9);
+    for rows in 1..=9 {
+        for cols in 1..=9 {
+            let ldo = rows + 1 + (rows + cols) % 3;
+            let got = run(
+                SimdLevel::Avx2,
+                ty,
+                k,
+                first(&w, rows, w_row),
+                rows,
+                first(&a, cols, a_row),
+                cols,
+                ldo,
+            );
+            for c in 0..cols {
+                for r in 0..rows {
+                    let (g, e, t) = (got[c * rows + r], expected[c * 9 + r], tol[c * 9 + r]);
+                    assert!(
+                        (g - e).abs() <= t,
+                        "{ty} k={k} {rows}x{cols}, row {r} col {c}: avx2 {g} vs scalar {e} \
+                         (tolerance {t})"
+                    );
+                }
+            }
+        }
+    }
+    let (rows, cols) = (37, 23);
+    let (w, a) = (weights(rows), activations(ty, cols, k, rng));
+    let expected = run(SimdLevel::Scalar, ty, k, &w, rows, &a, cols, rows);
+    let got = run(SimdLevel::Avx2, ty, k, &w, rows, &a, cols, rows + 5);
+    let tol = tolerances(ty, k, &w, rows, &a, cols);
+    for i in 0..rows * cols {
+        assert!(
+            (got[i] - expected[i]).abs() <= tol[i],
+            "{ty} k={k} {rows}x{cols}, row {} col {}: avx2 {} vs scalar {} (tolerance {})",
+            i % rows,
+            i / rows,
+            got[i],
+            expected[i],
+            tol[i]
+        );
+    }
+}
+
+fn avx2_available(test: &str) -> bool {
+    let ok = simd_level() == SimdLevel::Avx2;
+    if !ok {
+        println!("{test}: skipping, this CPU lacks AVX2+FMA+F16C");
+    }
+    ok
+}
+
+#[test]
+fn avx2_gemm_of_quantized_weights_matches_the_scalar_loop() {
+    if !avx2_available("avx2_gemm_of_quantized_weights_matches_the_scalar_loop") {
+        return;
+    }
+    let mut rng = Rng::new(2);
+    for ty in WEIGHT_TYPES {
+        for k in lengths(ty) {
+            let seed = rng.next_u64();
+            let weights = |rows| quantized_weights(ty, rows, k, &mut Rng::new(seed));
+            check_against_scalar(ty, k, &weights, &mut rng);
+        }
+    }
+}
+
+#[test]
+fn avx2_gemm_of_raw_weights_matches_the_scalar_loop() {
+    if !avx2_available("avx2_gemm_of_raw_weights_matches_the_scalar_loop") {
+        return;
+    }
+    let mut rng = Rng::new(3);
+    for ty in WEIGHT_TYPES {
+        for k in lengths(ty) {
+            let seed = rng.next_u64();
+            let weights = |rows| raw_weights(ty, rows, k, None, &mut Rng::new(seed));
+            check_against_scalar(ty, k, &weights, &mut rng);
+        }
+    }
+}
+
+#[test]
+fn avx2_gemm_handles_extreme_quants() {
+    // Weight bytes all 0x00, 0xff, 0x80 or 0x7f put every quant and sub-block scale at an end of
+    // its range (Q8_0's -128, every high bit set, Q6_K scales -128 and 127), against activations
+    // at +-127: the largest i16 sums the tile kernels form.
+    if !avx2_available("avx2_gemm_handles_extreme_quants") {
+        return;
+    }
+    let mut rng = Rng::new(4);
+    for ty in TILED {
+        let k = 2 * ty.block_size();
+        for fill in [0x00u8, 0xff, 0x80, 0x7f] {
+            let (rows, cols) = (9, 5);
+            let w = raw_weights(ty, rows, k, Some(fill), &mut rng);
+            let act_ty = kiln_quant::vec_dot_type(ty).unwrap();
+            let row = kiln_quant::activation_bytes(act_ty, k).unwrap();
+            let mut a = vec![0u8; cols * row];
+            for (c, out) in a.chunks_exact_mut(row).enumerate() {
+                // All +127, all -127 (the largest sums of one sign), or mixed.
+                let x: Vec<f32> = (0..k)
+                    .map(|i| match c % 3 {
+                        0 => 1.0,
+                        1 => -1.0,
+                        _ if (i + c) % 3 == 0 => -1.0,
+                        _ => 1.0,
+                    })
+                    .collect();
+                quantize_fn(act_ty, simd_level()).unwrap()(&x, out);
+            }
+            let expected = run(SimdLevel::Scalar, ty, k, &w, rows, &a, cols, rows);
+            let got = run(SimdLevel::Avx2, ty, k, &w, rows, &a, cols, rows);
+            let tol = tolerances(ty, k, &w, rows, &a, cols);
+            for i in 0..rows * cols {
+                assert!(
+                    (got[i] - expected[i]).abs() <= tol[i],
+                    "{ty} fill {fill:#x} output {i}: avx2 {} vs scalar {} (tolerance {})",
+                    got[i],
+                    expected[i],
+                    tol[i]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn avx2_tile_kernels_exist_for_the_listed_types() {
+    if !avx2_available("avx2_tile_kernels_exist_for_the_listed_types") {
+        return;
+    }
+    for ty in WEIGHT_TYPES {
+        let simd = gemm_fn(ty, SimdLevel::Avx2).unwrap() as usize;
+        let scalar = gemm_fn(ty, SimdLevel::Scalar).unwrap() as usize;
+        assert_ne!(simd, scalar, "{ty}: the AVX2 GEMM is the scalar loop");
+    }
+    for ty in [GgmlType::IQ2_XXS, GgmlType::I32, GgmlType::Q8_1] {
+        assert!(gemm_fn(ty, SimdLevel::Avx2).is_err(), "{ty}");
+        assert!(gemm_fn(ty, SimdLevel::Scalar).is_err(), "{ty}");
+    }
+}
+
+#[test]
+fn gemm_reads_misaligned_slices() {
+    let mut levels = vec![SimdLevel::Scalar];
+    if avx2_available("gemm_reads_misaligned_slices") {
+        levels.push(SimdLevel::Avx2);
+    }
+    let mut rng = Rng::new(5);
+    for &level in &levels {
+        for ty in WEIGHT_TYPES {
+            let k = ty.block_size().max(32) * 3;
+            let (rows, cols) = (9, 5);
+            let w = raw_weights(ty, rows, k, None, &mut rng);
+            let a = activations(ty, cols, k, &mut rng);
+            let aligned = run(level, ty, k, &w, rows, &a, cols, rows);
+            for offset in [1, 3] {
+                let shift = |bytes: &[u8]| {
+                    let mut v = vec![0u8; offset];
+                    v.extend_from_slice(bytes);
+                    v
+                };
+                let (ws, as_) = (shift(&w), shift(&a));
+                let got = run(
+                    level,
+                    ty,
+                    k,
+                    &ws[offset..],
+                    rows,
+                    &as_[offset..],
+                    cols,
+                    rows,
+                );
+                let same = got
+                    .iter()
+                    .zip(&aligned)
+                    .all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same, "{ty} {level:?} offset {offset}");
+            }
+        }
+    }
+}
+
+#[test]
+fn gemm_of_nothing_writes_nothing_or_zeros() {
+    let mut levels = vec![SimdLevel::Scalar];
+    if avx2_available("gemm_of_nothing_writes_nothing_or_zeros") {
+        levels.push(SimdLevel::Avx2);
+    }
+    for &level in &levels {
+        for ty in WEIGHT_TYPES {
+            let gemm = gemm_fn(ty, level).unwrap();
+            let mut out = vec![SENTINEL; 8];
+            gemm(0, &[], 3, &[], 2, &mut out, 4);
+            let zeros = [0, 1, 2, 4, 5, 6];
+            for (i, v) in out.iter().enumerate() {
+                let expected = if zeros.contains(&i) { 0.0 } else { SENTINEL };
+                assert_eq!(
+                    v.to_bits(),
+                    expected.to_bits(),
+                    "{ty} {level:?} k=0 element {i}"
+                );
+            }
+            let k = ty.block_size();
+            let w = raw_weights(ty, 2, k, None, &mut Rng::new(6));
+            let mut out = vec![SENTINEL; 4];
+            gemm(k, &w, 2, &[], 0, &mut out, 2);
+            gemm(k, &[], 0, &[], 0, &mut out, 0);
+            assert!(
+                out.iter().all(|v| v.to_bits() == SENTINEL.to_bits()),
+                "{ty}"
+            );
+        }
+    }
+}
+
+/// (k, w, rows, a, cols, out length, ldo)
+type Case<'a> = (usize, &'a [u8], usize, &'a [u8], usize, usize, usize);
+
+#[test]
+fn wrong_lengths_panic_instead_of_reading_or_writing_out_of_bounds() {
+    let mut levels = vec![SimdLevel::Scalar];
+    if avx2_available("wrong_lengths_panic_instead_of_reading_or_writing_out_of_bounds") {
+        levels.push(SimdLevel::Avx2);
+    }
+    let mut rng = Rng::new(7);
+    for &level in &levels {
+        for ty in WEIGHT_TYPES {
+            let gemm = gemm_fn(ty, level).unwrap();
+            let k = 2 * ty.block_size().max(16);
+            let (rows, cols) = (3, 2);
+            let w = raw_weights(ty, rows, k, None, &mut rng);
+            let a = activations(ty, cols, k, &mut rng);
+            let out_len = (cols - 1) * 4 + rows;
+            let cases: [Case; 8] = [
+                (k, &w[..w.len() - 1], rows, &a, cols, out_len, 4),
+                (k, &w, rows, &a[..a.len() - 1], cols, out_len, 4),
+                (k, &w, rows + 1, &a, cols, out_len, 4),
+                (k, &w, rows, &a, cols + 1, out_len, 4),
+                (k + ty.block_size(), &w, rows, &a, cols, out_len, 4),
+                (usize::MAX - 7, &w, rows, &a, cols, out_len, 4),
+                (k, &w, rows, &a, cols, out_len - 1, 4),
+                (k, &w, rows, &a, cols, out_len, rows - 1),
+            ];
+            for (i, (k, w, rows, a, cols, len, ldo)) in cases.into_iter().enumerate() {
+                let mut out = vec![0f32; len];
+                let result = catch_unwind(AssertUnwindSafe(|| {
+                    gemm(k, w, rows, a, cols, &mut out, ldo)
+                }));
+                assert!(result.is_err(), "{ty} {level:?} case {i} did not panic");
+            }
+        }
+    }
+}
+
+#[test]
+fn gemm_gives_the_same_results_on_every_thread() {
+    // The tile kernels keep a per-thread scratch: results must not depend on which thread (and
+    // which earlier call) sized it.
+    if !avx2_available("gemm_gives_the_same_results_on_every_thread") {
+        return;
+    }
+    let mut rng = Rng::new(8);
+    for ty in TILED {
+        let k = 512;
+        let (rows, cols) = (19, 7);
+        let w = raw_weights(ty, rows, k, None, &mut rng);
+        let a = activations(ty, cols, k, &mut rng);
+        let here = run(SimdLevel::Avx2, ty, k, &w, rows, &a, cols, rows);
+        let there = std::thread::scope(|s| {
+            s.spawn(|| {
+                // A larger call first, so that the scratch holds stale data of another shape.
+                let big = raw_weights(ty, 40, 2 * k, None, &mut Rng::new(9));
+                let big_a = activations(ty, 11, 2 * k, &mut Rng::new(10));
+                run(SimdLevel::Avx2, ty, 2 * k, &big, 40, &big_a, 11, 40);
+                run(SimdLevel::Avx2, ty, k, &w, rows, &a, cols, rows)
+            })
+            .join()
+            .unwrap()
+        });
+        let same = here
+            .iter()
+            .zip(&there)
+            .all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same, "{ty}");
+    }
+}

@@ -1,0 +1,454 @@
+//! AVX2 GEMM tile kernels: `out[c * ldo + r] = dot(weight row r, activation row c)` for many weight
+//! rows and activation rows at once (prompt processing).
+//!
+//! A row dot unpacks every weight block again for every activation row. Here weight rows are
+//! taken 8 at a time (a *panel*, one row per 32-bit lane) and each block of the panel is unpacked
+//! once into a scratch buffer, transposed so that lane `r` of chunk `i` holds quants `4i..4i + 4` of
+//! row `r`; the blocks' factors become 8-lane vectors beside them. A micro-kernel then runs one or
+//! two panels against 4 or 2 activation rows at a time: per chunk one load of each panel's weights
+//! and, per activation row, one broadcast of 4 activation quants and one `maddubs` per panel,
+//! whose i16 pair sums stay in their row's lane. Every lane holds one output, so there are no
+//! horizontal sums, and the 8 results of a panel and an activation row are 8 adjacent floats of
+//! `out`. The formats live in `blocks32` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and `superblocks` (Q4_K,
+//! Q5_K, Q6_K). With fewer activation rows than unpacking pays for (`Format::MIN_COLS`: 3 or 4
+//! for the k-quants, whose scales are slow to unpack) a call loops over the AVX2 row dot instead.
+//!
+//! Invariants:
+//!
+//! - **Exact integers.** Weight quants are unpacked unsigned, except Q8_0's, which keep their sign
+//!   and go through the sign trick (`maddubs(|w|, sign(a, w))`). The i16 results of `maddubs` are
+//!   added over a *group* of chunks before one `madd` (by 1 or by the sub-block scale) widens
+//!   them to i32. Without an offset the group is small enough that no i16 sum can leave the i16
+//!   range. A format whose weight is `q - offset` (Q4_0, Q5_0, Q6_K) subtracts from the group's
+//!   i16 sums the activations' share `offset * sum(a)`, precomputed per group and i16 half of a
+//!   lane: the adds and the subtraction wrap, so they are exact modulo 2^16, and the group is
+//!   small enough that the true `sum((q - offset) * a)` lies in the i16 range, hence is what the
+//!   lane holds. The bounds are written at each format, for any weight bytes and activation quants
+//!   in -127..=127 (what the quantizers write; the sign trick needs it too). What remains is one
+//!   f32 multiply-add per block and lane, so the result is the row dot's up to the order of the
+//!   f32 additions.
+//! - **Lengths are checked once** by `gemm_shape`; the kernels then read weights, activations and
+//!   the scratch through raw pointers, only at offsets below `rows * w_row`, `cols * a_row` and
+//!   the scratch length, and write `out` only at `c * ldo + r` for `r < rows`, `c < cols`. A panel
+//!   with fewer than 8 rows repeats the last row (a valid row: computed, never stored).
+//! - **Scratch** (the panels, per-block activation factors) is per thread and grows to the
+//!   largest call; it is never shrunk and never shared, and its lines are 32-byte aligned.
+
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+use kiln_core::GgmlType;
+
+use super::{load32, read_f16_bits, read_u32};
+use crate::kernels::gemm::{dot_loop, gemm_shape};
+use crate::kernels::VecDotFn;
+
+mod blocks32;
+mod superblocks;
+
+/// Weight rows per panel: one per 32-bit lane.
+const PANEL_ROWS: usize = 8;
+/// The most panels of a micro-tile (see `Format::WIDE`).
+const MAX_PANELS: usize = 2;
+/// Bytes of the quants of 32 elements of a panel: 8 chunks of 8 rows x 4 quants.
+const PIECE: usize = 256;
+
+/// One aligned 32-byte line of the panel scratch.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+struct Line([u8; 32]);
+
+#[derive(Default)]
+struct Scratch {
+    panels: Vec<Line>,
+    factors: Vec<u32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// A weight format with a tile kernel.
+trait Format {
+    const TYPE: GgmlType;
+    /// Elements per block.
+    const QK: usize;
+    /// Bytes per weight block and per activation block.
+    const W_BLOCK: usize;
+    const A_BLOCK: usize;
+    /// 32-byte lines of one block of a panel.
+    const PANEL_LINES: usize;
+    /// 32-bit words of precomputed factors per activation block (0: `tile` reads none).
+    const FACTOR_WORDS: usize;
+    /// Whether the micro-tile is 2 panels x 2 activation rows (each broadcast of activation
+    /// quants then serves two weight chunks) rather than 1 panel x 4 activation rows. Either way
+    /// its i16 sums, i32 sums and f32 accumulators (12 registers), weight chunks and a broadcast
+    /// fit the 16 AVX2 registers; which is faster depends on the format's work per block
+    /// (measured with `examples/gemm_bench.rs`).
+    const WIDE: bool;
+    /// Fewest activation rows for which the tile kernel beats the row dots: below it, unpacking
+    /// the panels costs more than it saves and the call loops over `ROW_DOT` instead (crossovers
+    /// measured with `examples/gemm_bench.rs`).
+    const MIN_COLS: usize;
+    /// The AVX2 row dot of the format.
+    const ROW_DOT: VecDotFn;
+
+    /// Writes the `FACTOR_WORDS` factors of the activation block at `a` to `out`.
+    ///
+    /// # Safety
+    /// AVX2+FMA+F16C; `a` points at a readable activation block, `out` at `FACTOR_WORDS`
+    /// writable words.
+    unsafe fn factors(a: *const u8, out: *mut u32);
+
+    /// Unpacks one block of each of the 8 rows at `src` into the panel block at `dst`.
+    ///
+    /// # Safety
+    /// AVX2+FMA+F16C; each `src[r]` points at a readable weight block, `dst` at `PANEL_LINES`
+    /// writable lines.
+    unsafe fn pack(src: &[*const u8; PANEL_ROWS], dst: *mut u8);
+
+    /// The (8 NP) x NR dots of `blocks` blocks of the NP panels at `panels` (block `b` of panel
+    /// `i` at `panels[i] + b * stride`) with the activation rows at `acts` (their factors at
+    /// `factors`): lane `r` of result `[i][j]` is `dot(row r of panel i, activation row j)`.
+    ///
+    /// # Safety
+    /// AVX2+FMA+F16C; each panel holds `blocks` packed blocks, each `acts[j]` `blocks`
+    /// activation blocks and each `factors[j]` `blocks * FACTOR_WORDS` words.
+    unsafe fn tile<const NP: usize, const NR: usize>(
+        blocks: usize,
+        panels: &[*const u8; NP],
+        stride: usize,
+        acts: &[*const u8; NR],
+        factors: &[*const u32; NR],
+    ) -> [[__m256; NR]; NP];
+}
+
+/// Pointers and sizes of one GEMM call, lengths already checked by `gemm_shape`.
+struct Call {
+    blocks: usize,
+    w: *const u8,
+    w_row: usize,
+    rows: usize,
+    a: *const u8,
+    a_row: usize,
+    cols: usize,
+    out: *mut f32,
+    ldo: usize,
+}
+
+/// The safe entry of every tile kernel: checks the lengths, sizes the scratch, runs `drive`.
+fn tiled<F: Format>(
+    k: usize,
+    w: &[u8],
+    rows: usize,
+    a: &[u8],
+    cols: usize,
+    out: &mut [f32],
+    ldo: usize,
+) {
+    if cols < F::MIN_COLS {
+        return dot_loop(F::TYPE, F::ROW_DOT, k, w, rows, a, cols, out, ldo);
+    }
+    let (w_row, a_row) = gemm_shape(F::TYPE, k, w.len(), rows, a.len(), cols, out.len(), ldo);
+    let blocks = k / F::QK;
+    debug_assert_eq!(w_row, blocks * F::W_BLOCK);
+    debug_assert_eq!(a_row, blocks * F::A_BLOCK);
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    if blocks == 0 {
+        for c in 0..cols {
+            out[c * ldo..c * ldo + rows].fill(0.0);
+        }
+        return;
+    }
+    SCRATCH.with_borrow_mut(|scratch| {
+        let lines = MAX_PANELS * blocks * F::PANEL_LINES;
+        if scratch.panels.len() < lines {
+            scratch.panels.resize(lines, Line([0; 32]));
+        }
+        // cols * blocks <= a.len(), and FACTOR_WORDS is at most 16: no overflow.
+        let words = cols * blocks * F::FACTOR_WORDS;
+        if scratch.factors.len() < words {
+            scratch.factors.resize(words, 0);
+        }
+        let call = Call {
+            blocks,
+            w: w.as_ptr(),
+            w_row,
+            rows,
+            a: a.as_ptr(),
+            a_row,
+            cols,
+            out: out.as_mut_ptr(),
+            ldo,
+        };
+        // SAFETY: the CPU has AVX2+FMA+F16C (module invariant of `x86`: this fn is handed out
+        // only after detection); `gemm_shape` checked that `w`, `a` and `out` hold exactly what
+        // `call` describes, and the scratch was just sized for `MAX_PANELS` panels of `blocks`
+        // blocks and `cols * blocks` blocks of factors.
+        unsafe {
+            drive::<F>(
+                &call,
+                scratch.panels.as_mut_ptr().cast(),
+                scratch.factors.as_mut_ptr(),
+            )
+        }
+    })
+}
+
+/// # Safety
+/// AVX2+FMA+F16C; `call` describes readable weights and activations and writable outputs (as
+/// `gemm_shape` checks), `panels` has `MAX_PANELS * blocks * PANEL_LINES` lines and `factors`
+/// room for `cols * blocks * FACTOR_WORDS` words.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn drive<F: Format>(call: &Call, panels: *mut u8, factors: *mut u32) {
+    if F::FACTOR_WORDS > 0 {
+        for c in 0..call.cols {
+            let row = call.a.add(c * call.a_row);
+            for b in 0..call.blocks {
+                let out = factors.add((c * call.blocks + b) * F::FACTOR_WORDS);
+                F::factors(row.add(b * F::A_BLOCK), out);
+            }
+        }
+    }
+    let tile_rows = if F::WIDE { 2 } else { 1 } * PANEL_ROWS;
+    for r0 in (0..call.rows).step_by(tile_rows) {
+        if F::WIDE && call.rows - r0 > PANEL_ROWS {
+            pack::<F, 2>(call, panels, r0);
+            tiles::<F, 2, 2>(call, panels, factors, r0);
+        } else {
+            pack::<F, 1>(call, panels, r0);
+            tiles::<F, 1, 4>(call, panels, factors, r0);
+        }
+    }
+}
+
+/// Packs the NP panels of rows `r0..r0 + 8 NP` (rows past the end repeat the last row) into
+/// `panels`, block `b` of panel `i` at line `(b * NP + i) * PANEL_LINES`.
+///
+/// # Safety
+/// As `drive`, with `r0 < rows`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack<F: Format, const NP: usize>(call: &Call, panels: *mut u8, r0: usize) {
+    let panel_block = F::PANEL_LINES * 32;
+    let last = call.rows - 1;
+    for i in 0..NP {
+        let mut src: [*const u8; PANEL_ROWS] = std::array::from_fn(|r| {
+            let row = (r0 + i * PANEL_ROWS + r).min(last);
+            call.w.add(row * call.w_row)
+        });
+        for b in 0..call.blocks {
+            F::pack(&src, panels.add((b * NP + i) * panel_block));
+            // Past the last block the pointers are never read: hence `wrapping_add`.
+            src = src.map(|p| p.wrapping_add(F::W_BLOCK));
+        }
+    }
+}
+
+/// Runs the packed NP panels of rows `r0..` against every activation row, NR at a time (fewer at
+/// the end).
+///
+/// # Safety
+/// As `drive`, with the panels packed by `pack::<F, NP>`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tiles<F: Format, const NP: usize, const NR: usize>(
+    call: &Call,
+    panels: *const u8,
+    factors: *const u32,
+    r0: usize,
+) {
+    let mut c = 0;
+    while c + NR <= call.cols {
+        run::<F, NP, NR>(call, panels, factors, c, r0);
+        c += NR;
+    }
+    match call.cols - c {
+        3 => run::<F, NP, 3>(call, panels, factors, c, r0),
+        2 => run::<F, NP, 2>(call, panels, factors, c, r0),
+        1 => run::<F, NP, 1>(call, panels, factors, c, r0),
+        _ => {}
+    }
+}
+
+/// Runs the micro-kernel for activation rows `c..c + NR` against the packed NP panels of rows
+/// `r0..` and stores the results of the rows below `rows`.
+///
+/// # Safety
+/// As `tiles`, with `c + NR <= cols`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run<F: Format, const NP: usize, const NR: usize>(
+    call: &Call,
+    panels: *const u8,
+    factors: *const u32,
+    c: usize,
+    r0: usize,
+) {
+    let panel_block = F::PANEL_LINES * 32;
+    let first: [*const u8; NP] = std::array::from_fn(|i| panels.add(i * panel_block));
+    let acts: [*const u8; NR] = std::array::from_fn(|j| call.a.add((c + j) * call.a_row));
+    // Without factors the pointers are dangling and never read: hence `wrapping_add`.
+    let facts: [*const u32; NR] =
+        std::array::from_fn(|j| factors.wrapping_add((c + j) * call.blocks * F::FACTOR_WORDS));
+    let acc = F::tile::<NP, NR>(call.blocks, &first, NP * panel_block, &acts, &facts);
+    for (i, acc) in acc.into_iter().enumerate() {
+        let row = r0 + i * PANEL_ROWS;
+        let valid = (call.rows - row).min(PANEL_ROWS);
+        for (j, v) in acc.into_iter().enumerate() {
+            let dst = call.out.add((c + j) * call.ldo + row);
+            if valid == PANEL_ROWS {
+                _mm256_storeu_ps(dst, v);
+            } else {
+                let mut lanes = [0f32; PANEL_ROWS];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+                std::ptr::copy_nonoverlapping(lanes.as_ptr(), dst, valid);
+            }
+        }
+    }
+}
+
+// ---- helpers of the formats (inlined into them: same target features) ----
+
+/// The 8 x 8 transpose of 32-bit elements: lane `r` of result `i` is lane `i` of `u[r]` (quants
+/// `4i..4i + 4` of row `r`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn transpose(u: [__m256i; PANEL_ROWS]) -> [__m256i; PANEL_ROWS] {
+    // Per 128-bit half: t[2p] = (u[2p].0, u[2p+1].0, u[2p].1, u[2p+1].1), t[2p+1] the same of
+    // elements 2 and 3 (4..8 in the high half).
+    let t: [__m256i; PANEL_ROWS] = std::array::from_fn(|i| {
+        let (x, y) = (u[i & !1], u[i | 1]);
+        if i % 2 == 0 {
+            _mm256_unpacklo_epi32(x, y)
+        } else {
+            _mm256_unpackhi_epi32(x, y)
+        }
+    });
+    // s[4h + e]: element e (e + 4 in the high half) of rows 4h..4h + 4.
+    let s: [__m256i; PANEL_ROWS] = std::array::from_fn(|i| {
+        let (h, e) = (i / 4, i % 4);
+        let (x, y) = (t[4 * h + e / 2], t[4 * h + 2 + e / 2]);
+        if e % 2 == 0 {
+            _mm256_unpacklo_epi64(x, y)
+        } else {
+            _mm256_unpackhi_epi64(x, y)
+        }
+    });
+    std::array::from_fn(|i| {
+        if i < 4 {
+            _mm256_permute2x128_si256::<0x20>(s[i], s[i + 4])
+        } else {
+            _mm256_permute2x128_si256::<0x31>(s[i - 4], s[i])
+        }
+    })
+}
+
+/// Stores 32 quants of each row (`quants(r)`), transposed, at `dst` (8 lines).
+///
+/// # Safety
+/// `dst..dst + PIECE` writable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn store_piece(dst: *mut u8, quants: impl Fn(usize) -> __m256i) {
+    let chunks = transpose(std::array::from_fn(quants));
+    for (i, chunk) in chunks.into_iter().enumerate() {
+        _mm256_storeu_si256(dst.add(32 * i).cast(), chunk);
+    }
+}
+
+/// Stores the halves at `src[r] + at`, widened to f32 (exact), as 8 lanes at `dst`.
+///
+/// # Safety
+/// Each `src[r] + at` has 2 readable bytes, `dst` 32 writable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn store_halves(dst: *mut u8, src: &[*const u8; PANEL_ROWS], at: usize) {
+    let bits: [u16; PANEL_ROWS] = src.map(|p| read_f16_bits(p.add(at)));
+    let v = _mm256_cvtph_ps(_mm_loadu_si128(bits.as_ptr().cast()));
+    _mm256_storeu_ps(dst.cast(), v);
+}
+
+/// The IEEE half at `p`, widened to f32 (exact).
+///
+/// # Safety
+/// `p..p + 2` readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn half(p: *const u8) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(read_f16_bits(p)))))
+}
+
+/// 4 bytes at `p` in every 32-bit lane.
+///
+/// # Safety
+/// `p..p + 4` readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn broadcast4(p: *const u8) -> __m256i {
+    _mm256_set1_epi32(read_u32(p) as i32)
+}
+
+/// The offset shares of 32 activation quants at `p` (8 chunks): 32-bit lane `c` is the i16 pair
+/// `(offset * (a[4c] + a[4c + 1]), offset * (a[4c + 2] + a[4c + 3]))`, the amounts that `maddubs`
+/// of a chunk with weights `q` puts in the two i16 halves of a lane beyond `(q - offset) * a`.
+/// Exact modulo 2^16 (see the module invariants).
+///
+/// # Safety
+/// `p..p + 32` readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn offset_shares(p: *const u8, offset: i16) -> __m256i {
+    let pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(1), load32(p));
+    _mm256_mullo_epi16(pairs, _mm256_set1_epi16(offset))
+}
+
+/// The i16-wise (wrapping) sum of the four 32-bit lanes of each 128-bit half of `v`, in lane 0
+/// of that half.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn sum_lanes_per_half(v: __m256i) -> __m256i {
+    let v = _mm256_add_epi16(v, _mm256_shuffle_epi32::<0b01_00_11_10>(v));
+    _mm256_add_epi16(v, _mm256_shuffle_epi32::<0b10_11_00_01>(v))
+}
+
+/// Defines the public GEMM entry `$name` for the tile format `$format`.
+macro_rules! gemm_entries {
+    ($($(#[$doc:meta])* $name:ident => $format:ty;)*) => {
+        $(
+            $(#[$doc])*
+            pub(in crate::kernels) fn $name(
+                k: usize,
+                w: &[u8],
+                rows: usize,
+                a: &[u8],
+                cols: usize,
+                out: &mut [f32],
+                ldo: usize,
+            ) {
+                tiled::<$format>(k, w, rows, a, cols, out, ldo)
+            }
+        )*
+    };
+}
+
+gemm_entries! {
+    /// Q4_0 weights x Q8_0 activations.
+    q4_0 => blocks32::Blocks32<blocks32::Q4_0>;
+    /// Q4_1 weights x Q8_1 activations.
+    q4_1 => blocks32::Blocks32<blocks32::Q4_1>;
+    /// Q5_0 weights x Q8_0 activations.
+    q5_0 => blocks32::Blocks32<blocks32::Q5_0>;
+    /// Q5_1 weights x Q8_1 activations.
+    q5_1 => blocks32::Blocks32<blocks32::Q5_1>;
+    /// Q8_0 weights x Q8_0 activations.
+    q8_0 => blocks32::Blocks32<blocks32::Q8_0>;
+    /// Q4_K weights x Q8_K activations.
+    q4_k => superblocks::SuperBlocks<superblocks::Q4K>;
+    /// Q5_K weights x Q8_K activations.
+    q5_k => superblocks::SuperBlocks<superblocks::Q5K>;
+    /// Q6_K weights x Q8_K activations.
+    q6_k => superblocks::SuperBlocks<superblocks::Q6K>;
+}

@@ -1,0 +1,271 @@
+//! Tile kernels of the 32-element formats: Q4_0, Q5_0, Q8_0 against Q8_0 activations, Q4_1, Q5_1
+//! against Q8_1 activations.
+//!
+//! Panel block: the 8 chunks of quants, then `d` of the 8 rows (f32), then `m` (the `_1`
+//! formats). Activation factors per block: `d` (f32 bits), then the offset shares of the whole
+//! block as an i16 pair (Q4_0, Q5_0) or the f32 bits of `s = d * sum(a)` (Q4_1, Q5_1).
+
+use std::arch::x86_64::*;
+use std::marker::PhantomData;
+use std::mem::{offset_of, size_of};
+
+use kiln_core::GgmlType;
+use kiln_quant::blocks::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1, QK8_0};
+
+use super::super::{bits_to_bytes32, legacy, load32, nibbles32, read_u32};
+use super::{
+    broadcast4, half, offset_shares, store_halves, store_piece, sum_lanes_per_half, Format,
+    PANEL_ROWS, PIECE,
+};
+use crate::kernels::VecDotFn;
+
+/// A 32-element weight format.
+pub(super) trait Legacy {
+    const TYPE: GgmlType;
+    const W_BLOCK: usize;
+    /// Bytes of an activation block, and where its quants start (Q8_0: 34 and 2; Q8_1: 36 and 4).
+    const A_BLOCK: usize;
+    const A_QS: usize;
+    /// Chunks whose `maddubs` results are added as i16 before widening (see the bounds at each
+    /// format): 8, the whole block, or 4 for 5-bit quants without offset, 1 for signed Q8_0.
+    const GROUP: usize;
+    /// Whether the quants are signed (Q8_0), dotted through the sign trick.
+    const SIGNED: bool;
+    /// The weight is `d * (q - OFFSET)`: Q4_0 8, Q5_0 16, else 0.
+    const OFFSET: i16;
+    /// Where the f16 minimum `m` of the `_1` formats is (`w = d * q + m`).
+    const MIN_AT: Option<usize>;
+    /// The AVX2 row dot.
+    const ROW_DOT: VecDotFn;
+
+    /// The 32 quants of the block at `p` in element order (unsigned unless `SIGNED`).
+    ///
+    /// # Safety
+    /// AVX2+FMA+F16C; `p` points at a readable block.
+    unsafe fn quants(p: *const u8) -> __m256i;
+}
+
+/// The tile format of a `Legacy` weight format.
+pub(super) struct Blocks32<L>(PhantomData<L>);
+
+impl<L: Legacy> Format for Blocks32<L> {
+    const TYPE: GgmlType = L::TYPE;
+    const QK: usize = QK8_0;
+    const W_BLOCK: usize = L::W_BLOCK;
+    const A_BLOCK: usize = L::A_BLOCK;
+    const PANEL_LINES: usize = PIECE / 32 + 1 + L::MIN_AT.is_some() as usize;
+    const FACTOR_WORDS: usize = 2;
+    const WIDE: bool = false;
+    // Even one activation row: unpacking a block once for 8 rows beats unpacking it per row.
+    const MIN_COLS: usize = 1;
+    const ROW_DOT: VecDotFn = L::ROW_DOT;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn factors(a: *const u8, out: *mut u32) {
+        const { assert!(L::OFFSET == 0 || L::GROUP == 8) };
+        let extra = if L::MIN_AT.is_some() {
+            half(a.add(offset_of!(BlockQ8_1, s))).to_bits()
+        } else if L::OFFSET != 0 {
+            let v = sum_lanes_per_half(offset_shares(a.add(L::A_QS), L::OFFSET));
+            let both = _mm_add_epi16(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+            _mm_cvtsi128_si32(both) as u32
+        } else {
+            0
+        };
+        *out = half(a).to_bits();
+        *out.add(1) = extra;
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn pack(src: &[*const u8; PANEL_ROWS], dst: *mut u8) {
+        store_piece(dst, |r| L::quants(src[r]));
+        store_halves(dst.add(PIECE), src, 0);
+        if let Some(at) = L::MIN_AT {
+            store_halves(dst.add(PIECE + 32), src, at);
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile<const NP: usize, const NR: usize>(
+        blocks: usize,
+        panels: &[*const u8; NP],
+        stride: usize,
+        acts: &[*const u8; NR],
+        factors: &[*const u32; NR],
+    ) -> [[__m256; NR]; NP] {
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [[_mm256_setzero_ps(); NR]; NP];
+        for b in 0..blocks {
+            let p = panels.map(|p| p.add(b * stride));
+            let q = acts.map(|a| a.add(b * L::A_BLOCK + L::A_QS));
+            let f = factors.map(|f| f.add(2 * b));
+            let mut isum = [[_mm256_setzero_si256(); NR]; NP];
+            for group in 0..8 / L::GROUP {
+                let mut s16 = [[_mm256_setzero_si256(); NR]; NP];
+                for c in group * L::GROUP..(group + 1) * L::GROUP {
+                    let wq = p.map(|p| load32(p.add(32 * c)));
+                    let wu = if L::SIGNED {
+                        wq.map(|w| _mm256_sign_epi8(w, w))
+                    } else {
+                        wq
+                    };
+                    for j in 0..NR {
+                        let aq = broadcast4(q[j].add(4 * c));
+                        for i in 0..NP {
+                            let ai = if L::SIGNED {
+                                _mm256_sign_epi8(aq, wq[i])
+                            } else {
+                                aq
+                            };
+                            let prod = _mm256_maddubs_epi16(wu[i], ai);
+                            s16[i][j] = _mm256_add_epi16(s16[i][j], prod);
+                        }
+                    }
+                }
+                for j in 0..NR {
+                    let shares = if L::OFFSET != 0 {
+                        broadcast4(f[j].add(1).cast())
+                    } else {
+                        _mm256_setzero_si256()
+                    };
+                    for i in 0..NP {
+                        let exact = _mm256_sub_epi16(s16[i][j], shares);
+                        let wide = _mm256_madd_epi16(exact, ones);
+                        isum[i][j] = _mm256_add_epi32(isum[i][j], wide);
+                    }
+                }
+            }
+            for i in 0..NP {
+                let d = _mm256_loadu_ps(p[i].add(PIECE).cast());
+                let m = if L::MIN_AT.is_some() {
+                    _mm256_loadu_ps(p[i].add(PIECE + 32).cast())
+                } else {
+                    _mm256_setzero_ps()
+                };
+                for j in 0..NR {
+                    let da = _mm256_set1_ps(f32::from_bits(*f[j]));
+                    let sum = _mm256_cvtepi32_ps(isum[i][j]);
+                    acc[i][j] = _mm256_fmadd_ps(sum, _mm256_mul_ps(d, da), acc[i][j]);
+                    if L::MIN_AT.is_some() {
+                        let s = _mm256_set1_ps(f32::from_bits(*f[j].add(1)));
+                        acc[i][j] = _mm256_fmadd_ps(m, s, acc[i][j]);
+                    }
+                }
+            }
+        }
+        acc
+    }
+}
+
+/// The 5th bits of a Q5_0/Q5_1 block (the u32 at `qh`) as 16 in the bytes whose bit is set.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn fifth_bits(qh: u32) -> __m256i {
+    let unset = _mm256_cmpeq_epi8(bits_to_bytes32(qh), _mm256_setzero_si256());
+    _mm256_andnot_si256(unset, _mm256_set1_epi8(16))
+}
+
+pub(super) struct Q4_0;
+impl Legacy for Q4_0 {
+    const TYPE: GgmlType = GgmlType::Q4_0;
+    const ROW_DOT: VecDotFn = legacy::q4_0_q8_0;
+    const W_BLOCK: usize = size_of::<BlockQ4_0>();
+    const A_BLOCK: usize = size_of::<BlockQ8_0>();
+    const A_QS: usize = offset_of!(BlockQ8_0, qs);
+    // Per i16 half of a lane, 16 products: |sum (q - 8) * a| <= 16 * 8 * 127 = 16256.
+    const GROUP: usize = 8;
+    const SIGNED: bool = false;
+    const OFFSET: i16 = 8;
+    const MIN_AT: Option<usize> = None;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn quants(p: *const u8) -> __m256i {
+        nibbles32(p.add(offset_of!(BlockQ4_0, qs)))
+    }
+}
+
+pub(super) struct Q4_1;
+impl Legacy for Q4_1 {
+    const TYPE: GgmlType = GgmlType::Q4_1;
+    const ROW_DOT: VecDotFn = legacy::q4_1_q8_1;
+    const W_BLOCK: usize = size_of::<BlockQ4_1>();
+    const A_BLOCK: usize = size_of::<BlockQ8_1>();
+    const A_QS: usize = offset_of!(BlockQ8_1, qs);
+    // 16 products: sum q * a <= 16 * 15 * 127 = 30480.
+    const GROUP: usize = 8;
+    const SIGNED: bool = false;
+    const OFFSET: i16 = 0;
+    const MIN_AT: Option<usize> = Some(offset_of!(BlockQ4_1, m));
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn quants(p: *const u8) -> __m256i {
+        nibbles32(p.add(offset_of!(BlockQ4_1, qs)))
+    }
+}
+
+pub(super) struct Q5_0;
+impl Legacy for Q5_0 {
+    const TYPE: GgmlType = GgmlType::Q5_0;
+    const ROW_DOT: VecDotFn = legacy::q5_0_q8_0;
+    const W_BLOCK: usize = size_of::<BlockQ5_0>();
+    const A_BLOCK: usize = size_of::<BlockQ8_0>();
+    const A_QS: usize = offset_of!(BlockQ8_0, qs);
+    // 16 products: |sum (q - 16) * a| <= 16 * 16 * 127 = 32512 (the unsigned sums wrap).
+    const GROUP: usize = 8;
+    const SIGNED: bool = false;
+    const OFFSET: i16 = 16;
+    const MIN_AT: Option<usize> = None;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn quants(p: *const u8) -> __m256i {
+        let fifth = fifth_bits(read_u32(p.add(offset_of!(BlockQ5_0, qh))));
+        _mm256_or_si256(nibbles32(p.add(offset_of!(BlockQ5_0, qs))), fifth)
+    }
+}
+
+pub(super) struct Q5_1;
+impl Legacy for Q5_1 {
+    const TYPE: GgmlType = GgmlType::Q5_1;
+    const ROW_DOT: VecDotFn = legacy::q5_1_q8_1;
+    const W_BLOCK: usize = size_of::<BlockQ5_1>();
+    const A_BLOCK: usize = size_of::<BlockQ8_1>();
+    const A_QS: usize = offset_of!(BlockQ8_1, qs);
+    // 8 products: sum q * a <= 8 * 31 * 127 = 31496.
+    const GROUP: usize = 4;
+    const SIGNED: bool = false;
+    const OFFSET: i16 = 0;
+    const MIN_AT: Option<usize> = Some(offset_of!(BlockQ5_1, m));
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn quants(p: *const u8) -> __m256i {
+        let fifth = fifth_bits(read_u32(p.add(offset_of!(BlockQ5_1, qh))));
+        _mm256_or_si256(nibbles32(p.add(offset_of!(BlockQ5_1, qs))), fifth)
+    }
+}
+
+pub(super) struct Q8_0;
+impl Legacy for Q8_0 {
+    const TYPE: GgmlType = GgmlType::Q8_0;
+    const ROW_DOT: VecDotFn = legacy::q8_0_q8_0;
+    const W_BLOCK: usize = size_of::<BlockQ8_0>();
+    const A_BLOCK: usize = size_of::<BlockQ8_0>();
+    const A_QS: usize = offset_of!(BlockQ8_0, qs);
+    // A single pair: 2 * 128 * 127 = 32512, no room for a second chunk.
+    const GROUP: usize = 1;
+    const SIGNED: bool = true;
+    const OFFSET: i16 = 0;
+    const MIN_AT: Option<usize> = None;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn quants(p: *const u8) -> __m256i {
+        load32(p.add(offset_of!(BlockQ8_0, qs)))
+    }
+}

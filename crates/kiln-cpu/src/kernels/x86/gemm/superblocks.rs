@@ -1,0 +1,333 @@
+//! Tile kernels of the k-quants Q4_K, Q5_K, Q6_K against Q8_K activations.
+//!
+//! A super-block of 256 weights has 8 sub-blocks of 32 (Q4_K, Q5_K) or 16 of 16 (Q6_K), each
+//! with an integer scale `sc`; the i16 sums of a group of chunks are widened by `madd` against
+//! `sc` (lane `r`: the scale of row `r` as an i16 pair). Q4_K and Q5_K subtract
+//! `dmin * da * sum(mn * bsums)` in f32 (the minimums, against the activation block's group
+//! sums); Q6_K's quants are stored as `q + 32`, its offset shares subtracted in the i16 sums.
+//!
+//! Panel block: 8 pieces of quants, `SUBS` lines of scales, then for the formats with minimums
+//! 8 lines of `(mn, mn)` pairs (lane `r` of line `g` against `bsums[2g], bsums[2g + 1]`) and the
+//! line of `dmin`, then the line of `d` (f32 lanes). Activation factors per block (Q6_K only):
+//! the offset shares of each sub-block as an i16 pair.
+
+use std::arch::x86_64::*;
+use std::marker::PhantomData;
+use std::mem::{offset_of, size_of};
+
+use kiln_core::GgmlType;
+use kiln_quant::blocks::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
+
+use super::super::{kquants, load32, read_f32};
+use super::{
+    broadcast4, offset_shares, store_halves, store_piece, sum_lanes_per_half, Format, PANEL_ROWS,
+    PIECE,
+};
+use crate::kernels::VecDotFn;
+
+const Q8K: usize = size_of::<BlockQ8K>();
+const Q8K_QS: usize = offset_of!(BlockQ8K, qs);
+const Q8K_BSUMS: usize = offset_of!(BlockQ8K, bsums);
+
+/// What one row's super-block has besides its quants and `d`, `dmin`.
+pub(super) struct KScales {
+    /// The integer scale of each sub-block (the first `SUBS`).
+    sc: [i16; 16],
+    /// The integer minimum of each sub-block of 32 (formats with minimums).
+    mn: [i16; 8],
+}
+
+/// A 256-element k-quant whose quants are at most 6 bits.
+pub(super) trait KQuant {
+    const TYPE: GgmlType;
+    const W_BLOCK: usize;
+    /// Sub-blocks with their own scale: 8 of 32 elements or 16 of 16.
+    const SUBS: usize;
+    /// Chunks (of 4 quants) whose `maddubs` results are added as i16 before the `madd` by the
+    /// sub-block scale: a divisor of the sub-block's chunks (see the bounds at each format).
+    const GROUP: usize;
+    /// The weight is `d * sc * (q - OFFSET)` (Q6_K: 32), or 0 for the formats with minimums.
+    const OFFSET: i16;
+    /// Where `d` is, and `dmin` for the formats with minimums (`w = d * sc * q - dmin * mn`).
+    const D_AT: usize;
+    const DMIN_AT: Option<usize>;
+    /// See `Format::MIN_COLS`: a super-block's scales take a while to unpack.
+    const MIN_COLS: usize;
+    /// The AVX2 row dot.
+    const ROW_DOT: VecDotFn;
+
+    /// Quants `32t..32t + 32` of the super-block at `p`, unsigned, in element order.
+    ///
+    /// # Safety
+    /// AVX2+FMA+F16C; `p` points at a readable block, `t < 8`.
+    unsafe fn quants(p: *const u8, t: usize) -> __m256i;
+
+    /// The sub-block scales (and minimums) of the super-block at `p`.
+    ///
+    /// # Safety
+    /// `p` points at a readable block.
+    unsafe fn scales(p: *const u8) -> KScales;
+}
+
+/// The tile format of a `KQuant`.
+pub(super) struct SuperBlocks<K>(PhantomData<K>);
+
+impl<K: KQuant> SuperBlocks<K> {
+    const SUB_CHUNKS: usize = 64 / K::SUBS;
+    const SCALES_AT: usize = 8 * PIECE;
+    const MINS_AT: usize = Self::SCALES_AT + 32 * K::SUBS;
+    const DMIN_LINE_AT: usize = Self::MINS_AT + 32 * 8;
+    const D_LINE_AT: usize = if K::DMIN_AT.is_some() {
+        Self::DMIN_LINE_AT + 32
+    } else {
+        Self::MINS_AT
+    };
+}
+
+impl<K: KQuant> Format for SuperBlocks<K> {
+    const TYPE: GgmlType = K::TYPE;
+    const QK: usize = QK_K;
+    const W_BLOCK: usize = K::W_BLOCK;
+    const A_BLOCK: usize = Q8K;
+    const PANEL_LINES: usize = Self::D_LINE_AT / 32 + 1;
+    const FACTOR_WORDS: usize = if K::OFFSET != 0 { K::SUBS } else { 0 };
+    const WIDE: bool = true;
+    const MIN_COLS: usize = K::MIN_COLS;
+    const ROW_DOT: VecDotFn = K::ROW_DOT;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn factors(a: *const u8, out: *mut u32) {
+        // One sub-block per 128-bit half of a piece: 16 sub-blocks of 16.
+        const { assert!(K::OFFSET == 0 || (K::SUBS == 16 && K::GROUP == 4)) };
+        for t in 0..QK_K / 32 {
+            let v = sum_lanes_per_half(offset_shares(a.add(Q8K_QS + 32 * t), K::OFFSET));
+            *out.add(2 * t) = _mm256_extract_epi32::<0>(v) as u32;
+            *out.add(2 * t + 1) = _mm256_extract_epi32::<4>(v) as u32;
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn pack(src: &[*const u8; PANEL_ROWS], dst: *mut u8) {
+        for t in 0..QK_K / 32 {
+            store_piece(dst.add(t * PIECE), |r| K::quants(src[r], t));
+        }
+        let pair = |x: i16| u32::from(x as u16) * 0x0001_0001;
+        for (r, &p) in src.iter().enumerate() {
+            let s = K::scales(p);
+            for g in 0..K::SUBS {
+                let at = dst.add(Self::SCALES_AT + 32 * g + 4 * r);
+                at.cast::<u32>().write_unaligned(pair(s.sc[g]));
+            }
+            if K::DMIN_AT.is_some() {
+                for (g, &mn) in s.mn.iter().enumerate() {
+                    let at = dst.add(Self::MINS_AT + 32 * g + 4 * r);
+                    at.cast::<u32>().write_unaligned(pair(mn));
+                }
+            }
+        }
+        if let Some(at) = K::DMIN_AT {
+            store_halves(dst.add(Self::DMIN_LINE_AT), src, at);
+        }
+        store_halves(dst.add(Self::D_LINE_AT), src, K::D_AT);
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile<const NP: usize, const NR: usize>(
+        blocks: usize,
+        panels: &[*const u8; NP],
+        stride: usize,
+        acts: &[*const u8; NR],
+        factors: &[*const u32; NR],
+    ) -> [[__m256; NR]; NP] {
+        let mut acc = [[_mm256_setzero_ps(); NR]; NP];
+        for b in 0..blocks {
+            let p = panels.map(|p| p.add(b * stride));
+            let y = acts.map(|a| a.add(b * Q8K));
+            // Dangling (never read) without offset: hence `wrapping_add`.
+            let f = factors.map(|f| f.wrapping_add(b * Self::FACTOR_WORDS));
+            let mut isum = [[_mm256_setzero_si256(); NR]; NP];
+            for g in 0..K::SUBS {
+                for group in 0..Self::SUB_CHUNKS / K::GROUP {
+                    let first = g * Self::SUB_CHUNKS + group * K::GROUP;
+                    let mut s16 = [[_mm256_setzero_si256(); NR]; NP];
+                    for c in first..first + K::GROUP {
+                        let wq = p.map(|p| load32(p.add(32 * c)));
+                        for j in 0..NR {
+                            let aq = broadcast4(y[j].add(Q8K_QS + 4 * c));
+                            for i in 0..NP {
+                                let prod = _mm256_maddubs_epi16(wq[i], aq);
+                                s16[i][j] = _mm256_add_epi16(s16[i][j], prod);
+                            }
+                        }
+                    }
+                    if K::OFFSET != 0 {
+                        for j in 0..NR {
+                            let shares = broadcast4(f[j].add(g).cast());
+                            for row in s16.iter_mut() {
+                                row[j] = _mm256_sub_epi16(row[j], shares);
+                            }
+                        }
+                    }
+                    for i in 0..NP {
+                        let sc = load32(p[i].add(Self::SCALES_AT + 32 * g));
+                        for j in 0..NR {
+                            let wide = _mm256_madd_epi16(s16[i][j], sc);
+                            isum[i][j] = _mm256_add_epi32(isum[i][j], wide);
+                        }
+                    }
+                }
+            }
+            for i in 0..NP {
+                let d = _mm256_loadu_ps(p[i].add(Self::D_LINE_AT).cast());
+                for j in 0..NR {
+                    let da = _mm256_set1_ps(read_f32(y[j]));
+                    let sum = _mm256_cvtepi32_ps(isum[i][j]);
+                    acc[i][j] = _mm256_fmadd_ps(sum, _mm256_mul_ps(d, da), acc[i][j]);
+                    if K::DMIN_AT.is_some() {
+                        let mut mins = _mm256_setzero_si256();
+                        for g in 0..8 {
+                            let pairs = load32(p[i].add(Self::MINS_AT + 32 * g));
+                            let bsums = broadcast4(y[j].add(Q8K_BSUMS + 4 * g));
+                            mins = _mm256_add_epi32(mins, _mm256_madd_epi16(pairs, bsums));
+                        }
+                        let dmin = _mm256_loadu_ps(p[i].add(Self::DMIN_LINE_AT).cast());
+                        let mins = _mm256_cvtepi32_ps(mins);
+                        acc[i][j] = _mm256_fnmadd_ps(mins, _mm256_mul_ps(dmin, da), acc[i][j]);
+                    }
+                }
+            }
+        }
+        acc
+    }
+}
+
+/// The 8 six-bit scales and minimums of a Q4_K/Q5_K super-block (12 packed bytes at `p`).
+///
+/// # Safety
+/// `p..p + 12` readable.
+unsafe fn k4_scales(p: *const u8) -> KScales {
+    let s: [u8; 12] = p.cast::<[u8; 12]>().read_unaligned();
+    let mut out = KScales {
+        sc: [0; 16],
+        mn: [0; 8],
+    };
+    for g in 0..8 {
+        let (sc, mn) = if g < 4 {
+            (s[g] & 63, s[g + 4] & 63)
+        } else {
+            (
+                (s[g + 4] & 0x0f) | ((s[g - 4] >> 6) << 4),
+                (s[g + 4] >> 4) | ((s[g] >> 6) << 4),
+            )
+        };
+        out.sc[g] = i16::from(sc);
+        out.mn[g] = i16::from(mn);
+    }
+    out
+}
+
+/// `v >> by` per 16-bit lane, then `& mask` per byte: the bits `by..` of each byte when `mask`
+/// keeps at most `8 - by` bits (what moves in from the neighbouring byte is masked off).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn bits_at(v: __m256i, by: usize, mask: i8) -> __m256i {
+    let shifted = _mm256_srl_epi16(v, _mm_cvtsi32_si128(by as i32));
+    _mm256_and_si256(shifted, _mm256_set1_epi8(mask))
+}
+
+pub(super) struct Q4K;
+impl KQuant for Q4K {
+    const TYPE: GgmlType = GgmlType::Q4_K;
+    const ROW_DOT: VecDotFn = kquants::q4_k_q8_k;
+    const MIN_COLS: usize = 3;
+    const W_BLOCK: usize = size_of::<BlockQ4K>();
+    const SUBS: usize = 8;
+    // Per i16 half of a lane, 16 products: sum q * a <= 16 * 15 * 127 = 30480.
+    const GROUP: usize = 8;
+    const OFFSET: i16 = 0;
+    const D_AT: usize = offset_of!(BlockQ4K, d);
+    const DMIN_AT: Option<usize> = Some(offset_of!(BlockQ4K, dmin));
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn quants(p: *const u8, t: usize) -> __m256i {
+        // Element 64c + 32k + l is nibble k of qs[32c + l].
+        let bits = load32(p.add(offset_of!(BlockQ4K, qs) + 32 * (t / 2)));
+        bits_at(bits, 4 * (t % 2), 0x0f)
+    }
+
+    unsafe fn scales(p: *const u8) -> KScales {
+        k4_scales(p.add(offset_of!(BlockQ4K, scales)))
+    }
+}
+
+pub(super) struct Q5K;
+impl KQuant for Q5K {
+    const TYPE: GgmlType = GgmlType::Q5_K;
+    const ROW_DOT: VecDotFn = kquants::q5_k_q8_k;
+    const MIN_COLS: usize = 3;
+    const W_BLOCK: usize = size_of::<BlockQ5K>();
+    const SUBS: usize = 8;
+    // 8 products: sum q * a <= 8 * 31 * 127 = 31496.
+    const GROUP: usize = 4;
+    const OFFSET: i16 = 0;
+    const D_AT: usize = offset_of!(BlockQ5K, d);
+    const DMIN_AT: Option<usize> = Some(offset_of!(BlockQ5K, dmin));
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn quants(p: *const u8, t: usize) -> __m256i {
+        // As Q4_K, plus bit t of qh[l] as the 5th bit of element 32t + l.
+        let bits = load32(p.add(offset_of!(BlockQ5K, qs) + 32 * (t / 2)));
+        let high = bits_at(load32(p.add(offset_of!(BlockQ5K, qh))), t, 1);
+        _mm256_or_si256(
+            bits_at(bits, 4 * (t % 2), 0x0f),
+            _mm256_slli_epi16::<4>(high),
+        )
+    }
+
+    unsafe fn scales(p: *const u8) -> KScales {
+        k4_scales(p.add(offset_of!(BlockQ5K, scales)))
+    }
+}
+
+pub(super) struct Q6K;
+impl KQuant for Q6K {
+    const TYPE: GgmlType = GgmlType::Q6_K;
+    const ROW_DOT: VecDotFn = kquants::q6_k_q8_k;
+    const MIN_COLS: usize = 4;
+    const W_BLOCK: usize = size_of::<BlockQ6K>();
+    const SUBS: usize = 16;
+    // A sub-block, 8 products per i16 half: |sum (q - 32) * a| <= 8 * 32 * 127 = 32512 (the
+    // unsigned sums wrap).
+    const GROUP: usize = 4;
+    const OFFSET: i16 = 32;
+    const D_AT: usize = offset_of!(BlockQ6K, d);
+    const DMIN_AT: Option<usize> = None;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn quants(p: *const u8, t: usize) -> __m256i {
+        // Element 128h + 32k + l: 4 low bits from nibble k / 2 of ql[64h + 32 (k % 2) + l], 2 high
+        // bits from bits 2k..2k + 2 of qh[32h + l].
+        let (h, k) = (t / 4, t % 4);
+        let ql = load32(p.add(offset_of!(BlockQ6K, ql) + 64 * h + 32 * (k % 2)));
+        let qh = load32(p.add(offset_of!(BlockQ6K, qh) + 32 * h));
+        let high = bits_at(qh, 2 * k, 3);
+        _mm256_or_si256(bits_at(ql, 4 * (k / 2), 0x0f), _mm256_slli_epi16::<4>(high))
+    }
+
+    unsafe fn scales(p: *const u8) -> KScales {
+        let s: [u8; 16] = p
+            .add(offset_of!(BlockQ6K, scales))
+            .cast::<[u8; 16]>()
+            .read_unaligned();
+        KScales {
+            sc: s.map(|v| i16::from(v as i8)),
+            mn: [0; 8],
+        }
+    }
+}

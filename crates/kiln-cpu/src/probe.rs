@@ -1,0 +1,374 @@
+//! A memory-bandwidth probe: how many bytes per second `threads` cores can stream from memory.
+//!
+//! Decoding one token reads every weight once, so decode speed is bounded by this figure
+//! (`kiln bench` prints the share of it each decode test reaches). The probe is the classic
+//! read-only stream:
+//!
+//! - Each thread allocates and writes its own part of the buffer first, so the pages are real
+//!   (not the shared zero page a fresh allocation maps) and sit on the thread's NUMA node, as
+//!   first-touch puts them; then it sums its part, contiguous, with 256-bit loads (AVX2, chosen
+//!   at run time; a scalar `u64` loop elsewhere), four accumulators deep so that the loads, not
+//!   the additions, are the limit.
+//! - The whole buffer is far larger than the last-level cache (8× the sum of the L3 caches that
+//!   sysfs lists, at least 256 MiB and at most 1 GiB), so a pass cannot be served from cache.
+//! - Passes start together (a barrier releases every thread at once) and a pass ends when the
+//!   last thread is done; the best of a few passes is reported, as STREAM does, since anything
+//!   else running on the machine can only slow a pass down.
+//!
+//! Invariants: nothing is written during a timed pass; every buffer is freed before the probe
+//! returns (so a caller can reset its peak-RSS mark afterwards); a failed allocation or thread
+//! spawn is an error, never a panic or a hang (no thread enters a barrier before all are known
+//! to be ready).
+
+use std::sync::{Barrier, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
+
+use kiln_backend::{BackendError, Result};
+
+/// The smallest buffer the probe streams (bytes).
+const MIN_BUFFER: usize = 256 << 20;
+/// The largest (bytes): enough for any last-level cache we know, and it keeps the probe short.
+const MAX_BUFFER: usize = 1 << 30;
+/// Timed passes; the best is reported.
+const PASSES: usize = 5;
+/// Words summed per step of the kernels (four 256-bit loads).
+const STEP_WORDS: usize = 16;
+
+/// What a probe measured.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Bandwidth {
+    /// Bytes per second read by the best pass.
+    pub bytes_per_s: f64,
+    /// Bytes read in one pass (the buffer, all threads together).
+    pub buffer_bytes: usize,
+    pub threads: usize,
+    pub passes: usize,
+    /// Whether the AVX2 loop ran (else the scalar one).
+    pub avx2: bool,
+}
+
+/// Read bandwidth of this machine with `threads` threads (0 = one per available core), over a
+/// buffer sized from the last-level cache (see the module docs). Takes a few hundred
+/// milliseconds.
+pub fn memory_bandwidth(threads: usize) -> Result<Bandwidth> {
+    memory_bandwidth_with(threads, probe_buffer_bytes(), PASSES)
+}
+
+/// [`memory_bandwidth`] over a buffer of about `buffer_bytes` (split evenly between the
+/// threads, each part rounded down to whole 128-byte steps, at least one) and `passes` timed
+/// passes (at least one).
+pub fn memory_bandwidth_with(
+    threads: usize,
+    buffer_bytes: usize,
+    passes: usize,
+) -> Result<Bandwidth> {
+    let threads = if threads == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        threads
+    };
+    let passes = passes.max(1);
+    let words_per_thread = (buffer_bytes / threads / 8 / STEP_WORDS).max(1) * STEP_WORDS;
+    let avx2 = has_avx2();
+
+    let gate = Gate::default();
+    // Every worker plus the timing thread.
+    let barrier = Barrier::new(threads + 1);
+    let mut best = f64::INFINITY;
+    std::thread::scope(|s| -> Result<()> {
+        let mut spawned = 0;
+        let mut spawn_error = None;
+        for i in 0..threads {
+            let worker = || stream_worker(words_per_thread, passes, avx2, &gate, &barrier);
+            match std::thread::Builder::new()
+                .name(format!("kiln-probe-{i}"))
+                .spawn_scoped(s, worker)
+            {
+                Ok(_) => spawned += 1,
+                Err(e) => {
+                    spawn_error = Some(e);
+                    break;
+                }
+            }
+        }
+        // Only once every worker holds its filled part do they enter the barrier.
+        let go = gate.decide(spawned, spawn_error.is_none());
+        if let Some(e) = spawn_error {
+            return Err(device(format!("starting probe thread {spawned}: {e}")));
+        }
+        if !go {
+            return Err(device(format!(
+                "could not allocate {} MiB for the bandwidth probe",
+                (words_per_thread * 8 * threads) >> 20
+            )));
+        }
+        for _ in 0..passes {
+            barrier.wait();
+            let t0 = Instant::now();
+            barrier.wait();
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        Ok(())
+    })?;
+    let bytes = words_per_thread * 8 * threads;
+    Ok(Bandwidth {
+        bytes_per_s: bytes as f64 / best.max(1e-9),
+        buffer_bytes: bytes,
+        threads,
+        passes,
+        avx2,
+    })
+}
+
+fn device(detail: String) -> BackendError {
+    BackendError::Device {
+        backend: "cpu",
+        detail,
+    }
+}
+
+/// The start handshake: workers report whether their part is allocated and filled, then wait
+/// for the timing thread's decision (go, or abort when a part or a thread is missing).
+#[derive(Default)]
+struct Gate {
+    state: Mutex<GateState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct GateState {
+    ready: usize,
+    failed: bool,
+    go: Option<bool>,
+}
+
+impl Gate {
+    fn lock(&self) -> MutexGuard<'_, GateState> {
+        // A worker cannot panic while holding the lock; take the state even if one did.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A worker's report; returns whether to run the passes.
+    fn report(&self, ok: bool) -> bool {
+        let mut st = self.lock();
+        st.ready += 1;
+        st.failed |= !ok;
+        self.changed.notify_all();
+        loop {
+            if let Some(go) = st.go {
+                return go && ok;
+            }
+            st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Waits for the `spawned` workers' reports and tells them to go when all are ready and
+    /// `all_spawned`; returns that decision.
+    fn decide(&self, spawned: usize, all_spawned: bool) -> bool {
+        let mut st = self.lock();
+        while st.ready < spawned {
+            st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        let go = all_spawned && !st.failed;
+        st.go = Some(go);
+        self.changed.notify_all();
+        go
+    }
+}
+
+fn stream_worker(words: usize, passes: usize, avx2: bool, gate: &Gate, barrier: &Barrier) {
+    // One spare cache line, so that the part read can start on a 64-byte boundary.
+    let len = words + 8;
+    let mut part: Vec<u64> = Vec::new();
+    let ok = part.try_reserve_exact(len).is_ok();
+    if ok {
+        // Distinct values: the pages are really written (a zero fill could be optimised into a
+        // fresh zero mapping).
+        part.extend((0..len as u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+    }
+    if !gate.report(ok) {
+        return;
+    }
+    let start = part.as_ptr().align_offset(64).min(8);
+    let Some(read) = part.get(start..start + words) else {
+        // Unreachable by construction (len = words + 8, start <= 8); the barrier count would
+        // then be short, so still take part in every pass.
+        for _ in 0..passes {
+            barrier.wait();
+            barrier.wait();
+        }
+        return;
+    };
+    for _ in 0..passes {
+        barrier.wait();
+        std::hint::black_box(sum_words(read, avx2));
+        barrier.wait();
+    }
+}
+
+/// The wrapping sum of `words`: with AVX2 when `avx2` (and the CPU has it), else scalar. Both
+/// give the same value.
+fn sum_words(words: &[u64], avx2: bool) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if avx2 && has_avx2() {
+        // SAFETY: the CPU supports AVX2 (checked at run time just above).
+        return unsafe { sum_avx2(words) };
+    }
+    let _ = avx2;
+    sum_scalar(words)
+}
+
+fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+fn sum_scalar(words: &[u64]) -> u64 {
+    let mut acc = [0u64; 4];
+    let mut chunks = words.chunks_exact(4);
+    for c in &mut chunks {
+        for (a, &w) in acc.iter_mut().zip(c) {
+            *a = a.wrapping_add(w);
+        }
+    }
+    chunks
+        .remainder()
+        .iter()
+        .chain(&acc)
+        .fold(0u64, |s, &w| s.wrapping_add(w))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn sum_avx2(words: &[u64]) -> u64 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm256_setzero_si256(); 4];
+    let mut chunks = words.chunks_exact(STEP_WORDS);
+    for c in &mut chunks {
+        let p = c.as_ptr().cast::<__m256i>();
+        for (j, a) in acc.iter_mut().enumerate() {
+            // SAFETY: `c` holds 16 u64 (128 bytes), so the 32 bytes at `p + j`, j < 4, lie
+            // inside it; `loadu` has no alignment requirement.
+            *a = _mm256_add_epi64(*a, unsafe { _mm256_loadu_si256(p.add(j)) });
+        }
+    }
+    let total = _mm256_add_epi64(
+        _mm256_add_epi64(acc[0], acc[1]),
+        _mm256_add_epi64(acc[2], acc[3]),
+    );
+    let mut lanes = [0u64; 4];
+    // SAFETY: `lanes` is 32 bytes, the size of one unaligned store.
+    unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast::<__m256i>(), total) };
+    lanes
+        .iter()
+        .fold(sum_scalar(chunks.remainder()), |s, &w| s.wrapping_add(w))
+}
+
+/// 8× the last-level cache this machine's sysfs lists (each distinct L3 once), clamped to
+/// `MIN_BUFFER..=MAX_BUFFER`; `MIN_BUFFER` when sysfs says nothing.
+fn probe_buffer_bytes() -> usize {
+    (8 * last_level_cache_bytes()).clamp(MIN_BUFFER, MAX_BUFFER)
+}
+
+/// The sum of the sizes of the distinct L3 caches in sysfs (a cache shared by several cores is
+/// listed under each; its `shared_cpu_list` tells the copies apart). 0 when unreadable.
+fn last_level_cache_bytes() -> usize {
+    let Ok(cpus) = std::fs::read_dir("/sys/devices/system/cpu") else {
+        return 0;
+    };
+    let mut seen = std::collections::BTreeMap::new();
+    for cpu in cpus.flatten() {
+        let name = cpu.file_name();
+        let is_cpu = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("cpu"))
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        if !is_cpu {
+            continue;
+        }
+        let Ok(caches) = std::fs::read_dir(cpu.path().join("cache")) else {
+            continue;
+        };
+        for index in caches.flatten() {
+            let read = |f: &str| std::fs::read_to_string(index.path().join(f)).ok();
+            if read("level").as_deref().map(str::trim) != Some("3") {
+                continue;
+            }
+            let (Some(size), Some(shared)) = (read("size"), read("shared_cpu_list")) else {
+                continue;
+            };
+            if let Some(bytes) = parse_cache_size(&size) {
+                seen.insert(shared.trim().to_string(), bytes);
+            }
+        }
+    }
+    seen.values().sum()
+}
+
+/// A sysfs cache size: `32768K`, `1M`, or plain bytes.
+fn parse_cache_size(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (digits, unit) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => s.split_at(i),
+        None => (s, ""),
+    };
+    let n: usize = digits.parse().ok()?;
+    let scale = match unit.trim() {
+        "" => 1,
+        "K" | "k" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        _ => return None,
+    };
+    n.checked_mul(scale)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_kernels_sum_every_word() {
+        // Lengths around the 16-word step and the 4-word scalar step, values that wrap.
+        for len in [0, 1, 3, 4, 15, 16, 17, 33, 64, 1000] {
+            let words: Vec<u64> = (0..len as u64)
+                .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (i << 60))
+                .collect();
+            let want = words.iter().fold(0u64, |s, &w| s.wrapping_add(w));
+            assert_eq!(sum_scalar(&words), want, "scalar, {len} words");
+            assert_eq!(sum_words(&words, true), want, "dispatched, {len} words");
+        }
+    }
+
+    #[test]
+    fn cache_sizes_parse_as_sysfs_writes_them() {
+        assert_eq!(parse_cache_size("32768K\n"), Some(32 << 20));
+        assert_eq!(parse_cache_size("1M"), Some(1 << 20));
+        assert_eq!(parse_cache_size("512"), Some(512));
+        assert_eq!(parse_cache_size("lots"), None);
+        assert_eq!(parse_cache_size("12Q"), None);
+    }
+
+    #[test]
+    fn a_small_probe_reports_a_finite_positive_bandwidth() {
+        let b = memory_bandwidth_with(2, 4 << 20, 2).unwrap();
+        assert!(b.bytes_per_s.is_finite() && b.bytes_per_s > 0.0, "{b:?}");
+        assert_eq!((b.threads, b.passes), (2, 2));
+        // Each thread's part is whole 128-byte steps.
+        assert_eq!(b.buffer_bytes % (2 * 128), 0);
+        assert!(b.buffer_bytes <= 4 << 20 && b.buffer_bytes > 4 << 19);
+    }
+
+    #[test]
+    fn the_full_probe_reports_a_finite_positive_bandwidth() {
+        let b = memory_bandwidth(1).unwrap();
+        assert!(b.bytes_per_s.is_finite() && b.bytes_per_s > 0.0, "{b:?}");
+        assert!(b.buffer_bytes >= MIN_BUFFER - 128 && b.buffer_bytes <= MAX_BUFFER);
+    }
+}
