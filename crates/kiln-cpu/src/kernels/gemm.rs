@@ -117,6 +117,3 @@ pub(super) fn dot_loop(
         }
     }
 }
-
-#[cfg(test)]
-mod tests;

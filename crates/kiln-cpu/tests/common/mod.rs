@@ -1,6 +1,8 @@
 //! Inputs shared by the CPU backend's integration tests (each test file uses part of this).
 #![allow(dead_code)]
 
+pub mod quant;
+
 use kiln_backend::{Backend, WeightData};
 use kiln_core::{GgmlType, SharedBytes};
 use kiln_cpu::kernels::{simd_level, SimdLevel};

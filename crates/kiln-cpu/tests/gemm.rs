@@ -13,35 +13,15 @@
 //! field a finite half), activations come from `quantize_fn`; outputs are written with a stride
 //! `ldo > rows` into a buffer of sentinels, which must survive everywhere but at the outputs.
 
-use std::mem::offset_of;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use half::f16;
 use kiln_core::GgmlType;
-use kiln_quant::blocks::{
-    BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
-    BlockQ8K, BlockQ8_0,
-};
 
-use crate::kernels::{gemm_fn, quantize_fn, simd_level, SimdLevel};
+use kiln_cpu::kernels::{gemm_fn, quantize_fn, simd_level, SimdLevel};
 
-/// Every weight type kiln can dot.
-const WEIGHT_TYPES: [GgmlType; 14] = [
-    GgmlType::Q5_0,
-    GgmlType::Q4_K,
-    GgmlType::Q6_K,
-    GgmlType::Q8_0,
-    GgmlType::Q4_0,
-    GgmlType::Q5_K,
-    GgmlType::Q4_1,
-    GgmlType::Q5_1,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q8_K,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::F32,
-];
+mod common;
+use common::quant::{avx2_available, scale_fields, Field, Rng, WEIGHT_TYPES};
 
 /// The types with an AVX2 tile kernel (the others loop over the AVX2 row dot).
 const TILED: [GgmlType; 8] = [
@@ -57,82 +37,6 @@ const TILED: [GgmlType; 8] = [
 
 /// A value no kernel writes: outputs left alone must keep it bit for bit.
 const SENTINEL: f32 = -1.234_567e-29;
-
-/// xorshift64*: deterministic, dependency-free randomness.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    /// Uniform in [-1, 1).
-    fn signed(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-
-    /// A nonzero value in (-magnitude, magnitude).
-    fn finite(&mut self, magnitude: f32) -> f32 {
-        let v = self.signed() * magnitude;
-        if v == 0.0 {
-            magnitude / 2.0
-        } else {
-            v
-        }
-    }
-}
-
-/// The kinds of scale fields of a block.
-#[derive(Clone, Copy, PartialEq)]
-enum Field {
-    /// The block's multiplier (`d`).
-    Scale,
-    /// The block's minimum or its multiplier (`m`, `dmin`).
-    Min,
-    /// Q8_K's f32 multiplier.
-    ScaleF32,
-}
-
-/// Offsets and kinds of the scale fields of one block of `ty` (none for the float types).
-fn scale_fields(ty: GgmlType) -> Vec<(usize, Field)> {
-    use Field::*;
-    match ty {
-        GgmlType::Q4_0 => vec![(offset_of!(BlockQ4_0, d), Scale)],
-        GgmlType::Q4_1 => vec![
-            (offset_of!(BlockQ4_1, d), Scale),
-            (offset_of!(BlockQ4_1, m), Min),
-        ],
-        GgmlType::Q5_0 => vec![(offset_of!(BlockQ5_0, d), Scale)],
-        GgmlType::Q5_1 => vec![
-            (offset_of!(BlockQ5_1, d), Scale),
-            (offset_of!(BlockQ5_1, m), Min),
-        ],
-        GgmlType::Q8_0 => vec![(offset_of!(BlockQ8_0, d), Scale)],
-        GgmlType::Q2_K => vec![
-            (offset_of!(BlockQ2K, d), Scale),
-            (offset_of!(BlockQ2K, dmin), Min),
-        ],
-        GgmlType::Q3_K => vec![(offset_of!(BlockQ3K, d), Scale)],
-        GgmlType::Q4_K => vec![
-            (offset_of!(BlockQ4K, d), Scale),
-            (offset_of!(BlockQ4K, dmin), Min),
-        ],
-        GgmlType::Q5_K => vec![
-            (offset_of!(BlockQ5K, d), Scale),
-            (offset_of!(BlockQ5K, dmin), Min),
-        ],
-        GgmlType::Q6_K => vec![(offset_of!(BlockQ6K, d), Scale)],
-        GgmlType::Q8_K => vec![(offset_of!(BlockQ8K, d), ScaleF32)],
-        _ => Vec::new(),
-    }
-}
 
 fn width(field: Field) -> usize {
     if field == Field::ScaleF32 {
@@ -238,10 +142,10 @@ fn tolerances(ty: GgmlType, k: usize, w: &[u8], rows: usize, a: &[u8], cols: usi
     let mut x = vec![0f32; cols * k];
     kiln_quant::dequantize(act_ty, a, &mut x).unwrap();
     // The scale part (minimums zeroed) plus the minimum part (scales zeroed), in absolute value.
-    let scaled = dequantized_without(ty, w, Field::Min);
-    let has_mins = scale_fields(ty).iter().any(|&(_, f)| f == Field::Min);
+    let scaled = dequantized_without(ty, w, Field::MinF16);
+    let has_mins = scale_fields(ty).iter().any(|&(_, f)| f == Field::MinF16);
     let mins = if has_mins {
-        dequantized_without(ty, w, Field::Scale)
+        dequantized_without(ty, w, Field::ScaleF16)
     } else {
         vec![0.0; rows * k]
     };
@@ -382,14 +286,6 @@ fn check_against_scalar(ty: GgmlType, k: usize, weights: &dyn Fn(usize) -> Vec<u
             tol[i]
         );
     }
-}
-
-fn avx2_available(test: &str) -> bool {
-    let ok = simd_level() == SimdLevel::Avx2;
-    if !ok {
-        println!("{test}: skipping, this CPU lacks AVX2+FMA+F16C");
-    }
-    ok
 }
 
 #[test]
