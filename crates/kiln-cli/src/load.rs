@@ -6,7 +6,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use kiln_cpu::CpuBackend;
 use kiln_engine::{EmbeddingModel, TextTokenizer};
-use kiln_formats::GgufFile;
+use kiln_formats::{GgufFile, LoadMode};
 use kiln_hub::Hub;
 use kiln_models::Decoder;
 use kiln_tokenizer::Tokenizer;
@@ -21,6 +21,23 @@ pub struct ModelArg {
     /// Hugging Face folder (config.json, safetensors, tokenizer.json).
     #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
     pub model: String,
+    /// Memory-map a GGUF model instead of reading it into memory. By default its bytes are
+    /// copied into private memory backed by transparent huge pages, which makes CPU decode
+    /// (every weight read once per token) about 15% faster; a map opens instantly and shares
+    /// the page cache with other processes that map the same file.
+    #[arg(long = "mmap")]
+    pub mmap: bool,
+}
+
+impl ModelArg {
+    /// How a GGUF file is opened for running.
+    pub fn load_mode(&self) -> LoadMode {
+        if self.mmap {
+            LoadMode::Map
+        } else {
+            LoadMode::Read
+        }
+    }
 }
 
 /// `--threads N`.
@@ -41,7 +58,11 @@ pub fn open_gguf(model: &str) -> Result<GgufFile> {
 }
 
 fn open_path(path: &std::path::Path) -> Result<GgufFile> {
-    GgufFile::open(path).with_context(|| format!("reading {}", path.display()))
+    open_path_with(path, LoadMode::Map)
+}
+
+fn open_path_with(path: &std::path::Path, mode: LoadMode) -> Result<GgufFile> {
+    GgufFile::open_with(path, mode).with_context(|| format!("reading {}", path.display()))
 }
 
 pub fn tokenizer(file: &GgufFile) -> Result<Tokenizer> {
@@ -57,10 +78,10 @@ pub struct Loaded {
 }
 
 /// Load `model` (fetching it first when it is a known alias not yet cached; the fetch is not
-/// counted in `load_ms`): a GGUF file, or a Hugging Face decoder folder (`config.json`,
-/// safetensors, `tokenizer.json`).
-pub fn load(model: &str, threads: usize) -> Result<Loaded> {
-    let path = resolve(model)?;
+/// counted in `load_ms`): a GGUF file, opened as `--mmap` says, or a Hugging Face decoder folder
+/// (`config.json`, safetensors, `tokenizer.json`; always mapped).
+pub fn load(model: &ModelArg, threads: usize) -> Result<Loaded> {
+    let path = resolve(&model.model)?;
     let t0 = Instant::now();
     let backend = CpuBackend::new(threads)?;
     if path.is_dir() {
@@ -87,7 +108,7 @@ pub fn load(model: &str, threads: usize) -> Result<Loaded> {
             load_ms: t0.elapsed().as_secs_f64() * 1e3,
         });
     }
-    let file = open_path(&path)?;
+    let file = open_path_with(&path, model.load_mode())?;
     // The model first: an architecture kiln does not run is the error worth reporting.
     let model = kiln_models::load_gguf_decoder(&backend, &file).context("loading the model")?;
     let tokenizer = TextTokenizer::Gguf(Box::new(tokenizer(&file)?));

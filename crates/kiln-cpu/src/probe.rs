@@ -11,9 +11,11 @@
 //!   the additions, are the limit.
 //! - The whole buffer is far larger than the last-level cache (8× the sum of the L3 caches that
 //!   sysfs lists, at least 256 MiB and at most 1 GiB), so a pass cannot be served from cache.
-//! - Passes start together (a barrier releases every thread at once) and a pass ends when the
-//!   last thread is done; the best of a few passes is reported, as STREAM does, since anything
-//!   else running on the machine can only slow a pass down.
+//! - Passes start together (a barrier releases every thread at once); a pass lasts from the
+//!   first worker's start to the last worker's end, as the workers themselves timestamp them (a
+//!   separate timing thread would compete with them for the cores: with as many workers as cores
+//!   it can be scheduled late and miss most of the pass). The best of a few passes is reported,
+//!   as STREAM does, since anything else running on the machine can only slow a pass down.
 //!
 //! Invariants: nothing is written during a timed pass; every buffer is freed before the probe
 //! returns (so a caller can reset its peak-RSS mark afterwards); a failed allocation or thread
@@ -72,14 +74,15 @@ pub fn memory_bandwidth_with(
     let avx2 = has_avx2();
 
     let gate = Gate::default();
-    // Every worker plus the timing thread.
+    let span = PassSpan::default();
+    // Every worker plus the coordinating thread.
     let barrier = Barrier::new(threads + 1);
     let mut best = f64::INFINITY;
     std::thread::scope(|s| -> Result<()> {
         let mut spawned = 0;
         let mut spawn_error = None;
         for i in 0..threads {
-            let worker = || stream_worker(words_per_thread, passes, avx2, &gate, &barrier);
+            let worker = || stream_worker(words_per_thread, passes, avx2, &gate, &barrier, &span);
             match std::thread::Builder::new()
                 .name(format!("kiln-probe-{i}"))
                 .spawn_scoped(s, worker)
@@ -104,9 +107,11 @@ pub fn memory_bandwidth_with(
         }
         for _ in 0..passes {
             barrier.wait();
-            let t0 = Instant::now();
             barrier.wait();
-            best = best.min(t0.elapsed().as_secs_f64());
+            // Every worker has recorded its pass; none writes again before the next barrier.
+            if let Some(seconds) = span.take() {
+                best = best.min(seconds);
+            }
         }
         Ok(())
     })?;
@@ -118,6 +123,26 @@ pub fn memory_bandwidth_with(
         passes,
         avx2,
     })
+}
+
+/// The span of one pass: the earliest start and the latest end any worker recorded.
+#[derive(Default)]
+struct PassSpan(Mutex<Option<(Instant, Instant)>>);
+
+impl PassSpan {
+    fn record(&self, start: Instant, end: Instant) {
+        let mut span = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        *span = Some(match *span {
+            Some((s, e)) => (s.min(start), e.max(end)),
+            None => (start, end),
+        });
+    }
+
+    /// The recorded span in seconds, clearing it for the next pass.
+    fn take(&self) -> Option<f64> {
+        let span = self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+        span.map(|(s, e)| e.duration_since(s).as_secs_f64())
+    }
 }
 
 fn device(detail: String) -> BackendError {
@@ -176,7 +201,14 @@ impl Gate {
     }
 }
 
-fn stream_worker(words: usize, passes: usize, avx2: bool, gate: &Gate, barrier: &Barrier) {
+fn stream_worker(
+    words: usize,
+    passes: usize,
+    avx2: bool,
+    gate: &Gate,
+    barrier: &Barrier,
+    span: &PassSpan,
+) {
     // One spare cache line, so that the part read can start on a 64-byte boundary.
     let len = words + 8;
     let mut part: Vec<u64> = Vec::new();
@@ -201,7 +233,9 @@ fn stream_worker(words: usize, passes: usize, avx2: bool, gate: &Gate, barrier: 
     };
     for _ in 0..passes {
         barrier.wait();
+        let start = Instant::now();
         std::hint::black_box(sum_words(read, avx2));
+        span.record(start, Instant::now());
         barrier.wait();
     }
 }
@@ -344,6 +378,23 @@ mod tests {
             assert_eq!(sum_scalar(&words), want, "scalar, {len} words");
             assert_eq!(sum_words(&words, true), want, "dispatched, {len} words");
         }
+    }
+
+    #[test]
+    fn a_pass_spans_the_first_start_to_the_last_end() {
+        let span = PassSpan::default();
+        assert_eq!(span.take(), None);
+        let t0 = Instant::now();
+        let ms = |n| t0 + std::time::Duration::from_millis(n);
+        // Worker 1 starts late and ends first; worker 2 starts first and ends last.
+        span.record(ms(5), ms(20));
+        span.record(ms(2), ms(30));
+        let seconds = span.take().unwrap();
+        assert!((seconds - 0.028).abs() < 1e-9, "{seconds}");
+        // Taken: the next pass starts from nothing.
+        assert_eq!(span.take(), None);
+        span.record(ms(40), ms(41));
+        assert!((span.take().unwrap() - 0.001).abs() < 1e-9);
     }
 
     #[test]

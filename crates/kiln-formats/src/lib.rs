@@ -11,7 +11,7 @@ pub mod safetensors;
 
 pub use gguf::{
     put_str, put_value, write_dump, DumpOptions, GgufError, GgufFile, GgufWriteError, GgufWriter,
-    MetaArray, MetaType, MetaValue, ShapeError, TensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT,
-    GGUF_MAGIC, MAX_ARRAY_DEPTH, MAX_DIMS, MAX_STRING_CHARS,
+    LoadMode, MetaArray, MetaType, MetaValue, ShapeError, TensorInfo, ALIGNMENT_KEY,
+    DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ARRAY_DEPTH, MAX_DIMS, MAX_STRING_CHARS,
 };
 pub use safetensors::{write_safetensors, SafeTensor, SafetensorsError, SafetensorsModel};

@@ -5,7 +5,8 @@ mod common;
 use common::{filler, parse, sample_writer, strings};
 use kiln_core::GgmlType;
 use kiln_formats::{
-    write_dump, DumpOptions, GgufError, GgufFile, GgufWriter, MetaArray, MetaType, MetaValue,
+    write_dump, DumpOptions, GgufError, GgufFile, GgufWriter, LoadMode, MetaArray, MetaType,
+    MetaValue,
 };
 
 /// Every value type, extremes included, and arrays of every shape the format allows.
@@ -259,32 +260,45 @@ fn typed_getters_convert_or_name_the_problem() {
 }
 
 #[test]
-fn open_maps_the_file_and_reports_io_errors() {
+fn open_maps_or_reads_the_file_and_reports_io_errors() {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
     let path = dir.join("kiln-formats-open-test.gguf");
     let w = sample_writer();
     let mut f = std::fs::File::create(&path).unwrap();
     w.write_to(&mut f).unwrap();
     drop(f);
-    let from_disk = GgufFile::open(&path).unwrap();
     let in_memory = parse(w.to_bytes()).unwrap();
-    assert_eq!(from_disk.metadata(), in_memory.metadata());
-    assert_eq!(from_disk.tensors(), in_memory.tensors());
-    let b = from_disk.tensor("b").unwrap();
-    let data = from_disk.tensor_data(b);
-    drop(from_disk);
-    assert_eq!(&*data, filler(34, 2).as_slice(), "views outlive the file");
-
     let empty = dir.join("kiln-formats-empty.gguf");
     std::fs::write(&empty, b"").unwrap();
-    assert!(matches!(
-        GgufFile::open(&empty),
-        Err(GgufError::Truncated { offset: 0, .. })
-    ));
-    match GgufFile::open(&dir.join("does-not-exist.gguf")) {
-        Err(e @ GgufError::Io { .. }) => assert!(e.to_string().contains("does-not-exist.gguf")),
-        other => panic!("{other:?}"),
+    for mode in [LoadMode::Map, LoadMode::Read] {
+        let from_disk = GgufFile::open_with(&path, mode).unwrap();
+        assert_eq!(from_disk.metadata(), in_memory.metadata(), "{mode:?}");
+        assert_eq!(from_disk.tensors(), in_memory.tensors(), "{mode:?}");
+        let b = from_disk.tensor("b").unwrap();
+        let data = from_disk.tensor_data(b);
+        drop(from_disk);
+        assert_eq!(
+            &*data,
+            filler(34, 2).as_slice(),
+            "views outlive the file ({mode:?})"
+        );
+
+        assert!(matches!(
+            GgufFile::open_with(&empty, mode),
+            Err(GgufError::Truncated { offset: 0, .. })
+        ));
+        match GgufFile::open_with(&dir.join("does-not-exist.gguf"), mode) {
+            Err(e @ GgufError::Io { .. }) => {
+                assert!(e.to_string().contains("does-not-exist.gguf"))
+            }
+            other => panic!("{mode:?}: {other:?}"),
+        }
     }
+    // `open` maps.
+    assert_eq!(
+        GgufFile::open(&path).unwrap().tensors(),
+        in_memory.tensors()
+    );
 }
 
 #[test]

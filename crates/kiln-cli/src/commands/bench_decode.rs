@@ -188,7 +188,7 @@ pub fn run(a: DecodeBenchArgs) -> Result<()> {
 
     let mut rows = Vec::new();
     for &t in &threads {
-        let m = load(&a.model.model, t)?;
+        let m = load(&a.model, t)?;
         eprintln!(
             "[bench] {} loaded in {:.0} ms on {}",
             info.desc,

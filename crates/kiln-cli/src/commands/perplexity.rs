@@ -25,7 +25,7 @@ pub struct PerplexityArgs {
 pub fn run(a: PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&a.file)
         .with_context(|| format!("reading {}", a.file.display()))?;
-    let m = load(&a.model.model, a.threads.threads)?;
+    let m = load(&a.model, a.threads.threads)?;
     let ids = m.tokenizer.encode(&text, true, false)?;
     eprintln!(
         "{} tokens, {} chunks of {}",

@@ -80,7 +80,7 @@ impl SamplingArgs {
 pub fn run(a: RunArgs) -> Result<()> {
     let sampling = a.sampling.params();
     sampling.validate()?;
-    let m = load(&a.model.model, a.threads.threads)?;
+    let m = load(&a.model, a.threads.threads)?;
     let tok = &m.tokenizer;
     let prompt_ids = tok.encode(&a.prompt, true, true)?;
     let opts = GenerateOptions {

@@ -24,7 +24,7 @@ fn round6(v: f64) -> f64 {
 }
 
 pub fn run(a: ScoreArgs) -> Result<()> {
-    let m = load(&a.model.model, a.threads.threads)?;
+    let m = load(&a.model, a.threads.threads)?;
     let vocab = m.model.config.vocab_size;
     for_each_jsonl(|line_no, obj, out| {
         let ids: Vec<u32> = match (obj.get("ids"), obj.get("text")) {

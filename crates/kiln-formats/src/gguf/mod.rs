@@ -12,7 +12,7 @@ mod writer;
 
 pub use dump::{write_dump, DumpOptions, MAX_STRING_CHARS};
 pub use error::{GgufError, GgufWriteError, ShapeError};
-pub use reader::{GgufFile, TensorInfo};
+pub use reader::{GgufFile, LoadMode, TensorInfo};
 pub use value::{MetaArray, MetaType, MetaValue};
 pub use writer::{put_str, put_value, GgufWriter};
 

@@ -109,24 +109,65 @@ impl fmt::Debug for GgufFile {
     }
 }
 
+/// How [`GgufFile::open_with`] holds a file's bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LoadMode {
+    /// Memory-map the file: instant, and the pages are the kernel's page cache, shared with
+    /// every other process that maps the same file.
+    #[default]
+    Map,
+    /// Read the whole file into private anonymous memory that Linux is asked to back with
+    /// transparent huge pages (`MADV_HUGEPAGE`). A copy, so opening costs a pass over the file,
+    /// but a CPU decode step streams every weight once per token, and with 2 MiB pages instead
+    /// of 4 KiB ones those reads miss the TLB far less: about 15% more tokens/s on Gemma 3 270M
+    /// with 2 threads (`kiln bench`, AMD EPYC). The resident size is the same as a fully
+    /// touched map's (page cache is not counted in a process's RSS; this copy is).
+    Read,
+}
+
 impl GgufFile {
     /// Memory-maps `path` and parses it. The map lives as long as any [`SharedBytes`] taken
     /// from [`GgufFile::tensor_data`].
     pub fn open(path: &Path) -> Result<GgufFile, GgufError> {
+        GgufFile::open_with(path, LoadMode::Map)
+    }
+
+    /// Opens and parses `path`, its bytes held as `mode` says. The memory lives as long as any
+    /// [`SharedBytes`] taken from [`GgufFile::tensor_data`].
+    pub fn open_with(path: &Path, mode: LoadMode) -> Result<GgufFile, GgufError> {
         let io_error = |source| GgufError::Io {
             path: path.to_owned(),
             source,
         };
-        let file = std::fs::File::open(path).map_err(io_error)?;
+        let mut file = std::fs::File::open(path).map_err(io_error)?;
         let len = file.metadata().map_err(io_error)?.len();
         if len == 0 {
             // Some platforms refuse to map an empty file; parsing reports the truncation.
             return GgufFile::from_bytes(SharedBytes::from_vec(Vec::new()));
         }
-        // SAFETY: the map is read-only and we never hand out mutable access. Soundness needs the
-        // file not to be truncated or rewritten by another process while mapped; like every
-        // mmap-based model loader we take model files to be immutable while in use.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_error)?;
+        let map = match mode {
+            // SAFETY: the map is read-only and we never hand out mutable access. Soundness needs
+            // the file not to be truncated or rewritten by another process while mapped; like
+            // every mmap-based model loader we take model files to be immutable while in use.
+            LoadMode::Map => unsafe { memmap2::Mmap::map(&file) }.map_err(io_error)?,
+            LoadMode::Read => {
+                let len = usize::try_from(len).map_err(|_| {
+                    io_error(std::io::Error::other(format!(
+                        "{len} bytes do not fit this machine's address space"
+                    )))
+                })?;
+                let mut anon = memmap2::MmapOptions::new()
+                    .len(len)
+                    .map_anon()
+                    .map_err(io_error)?;
+                // A hint: without transparent huge pages the copy still works, on small pages.
+                #[cfg(target_os = "linux")]
+                let _ = anon.advise(memmap2::Advice::HugePage);
+                // A file that shrank since `metadata` fails here (unexpected end of file).
+                std::io::Read::read_exact(&mut file, &mut anon[..]).map_err(io_error)?;
+                anon.make_read_only().map_err(io_error)?
+            }
+        };
         GgufFile::from_bytes(SharedBytes::new(Arc::new(map)))
     }
 
