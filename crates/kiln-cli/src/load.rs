@@ -21,6 +21,11 @@ pub struct ModelArg {
     /// Hugging Face folder (config.json, safetensors, tokenizer.json).
     #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
     pub model: String,
+}
+
+/// `--mmap`: how a GGUF model to run is held in memory.
+#[derive(clap::Args, Clone, Debug)]
+pub struct MmapArg {
     /// Memory-map a GGUF model instead of reading it into memory. By default its bytes are
     /// copied into private memory backed by transparent huge pages, which makes CPU decode
     /// (every weight read once per token) about 15% faster; a map opens instantly and shares
@@ -29,7 +34,7 @@ pub struct ModelArg {
     pub mmap: bool,
 }
 
-impl ModelArg {
+impl MmapArg {
     /// How a GGUF file is opened for running.
     pub fn load_mode(&self) -> LoadMode {
         if self.mmap {
@@ -80,8 +85,8 @@ pub struct Loaded {
 /// Load `model` (fetching it first when it is a known alias not yet cached; the fetch is not
 /// counted in `load_ms`): a GGUF file, opened as `--mmap` says, or a Hugging Face decoder folder
 /// (`config.json`, safetensors, `tokenizer.json`; always mapped).
-pub fn load(model: &ModelArg, threads: usize) -> Result<Loaded> {
-    let path = resolve(&model.model)?;
+pub fn load(model: &str, mmap: &MmapArg, threads: usize) -> Result<Loaded> {
+    let path = resolve(model)?;
     let t0 = Instant::now();
     let backend = CpuBackend::new(threads)?;
     if path.is_dir() {
@@ -108,7 +113,7 @@ pub fn load(model: &ModelArg, threads: usize) -> Result<Loaded> {
             load_ms: t0.elapsed().as_secs_f64() * 1e3,
         });
     }
-    let file = open_path_with(&path, model.load_mode())?;
+    let file = open_path_with(&path, mmap.load_mode())?;
     // The model first: an architecture kiln does not run is the error worth reporting.
     let model = kiln_models::load_gguf_decoder(&backend, &file).context("loading the model")?;
     let tokenizer = TextTokenizer::Gguf(Box::new(tokenizer(&file)?));

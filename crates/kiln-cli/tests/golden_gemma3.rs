@@ -174,12 +174,15 @@ fn greedy_mismatch(reference: &Value, ours: &[u64]) -> (usize, Option<usize>) {
 }
 
 fn greedy(prompt: &str, threads: &str) -> Value {
-    let out = run_ok(
-        &[
-            "run", "-m", MODEL, "-p", prompt, "-n", "32", "--temp", "0", "--json", "-t", threads,
-        ],
-        "",
-    );
+    greedy_with(prompt, threads, &[])
+}
+
+fn greedy_with(prompt: &str, threads: &str, extra: &[&str]) -> Value {
+    let mut args = vec![
+        "run", "-m", MODEL, "-p", prompt, "-n", "32", "--temp", "0", "--json", "-t", threads,
+    ];
+    args.extend_from_slice(extra);
+    let out = run_ok(&args, "");
     serde_json::from_str(out.trim()).unwrap()
 }
 
@@ -231,6 +234,17 @@ fn thread_count_does_not_change_tokens() {
     let two = greedy(prompt, "2");
     assert_eq!(one["ids"], two["ids"]);
     assert_eq!(ids(&one["ids"]).len(), 32);
+}
+
+#[test]
+fn a_mapped_model_gives_the_tokens_of_a_read_one() {
+    // The default reads the file into (huge-page) memory; `--mmap` maps it: same bytes, same
+    // tokens.
+    let prompt = "The capital of France is";
+    let read = greedy(prompt, "2");
+    let mapped = greedy_with(prompt, "2", &["--mmap"]);
+    assert_eq!(read["ids"], mapped["ids"]);
+    assert_eq!(ids(&read["ids"]).len(), 32);
 }
 
 #[test]

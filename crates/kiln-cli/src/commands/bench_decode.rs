@@ -45,7 +45,7 @@ use kiln_cpu::{Bandwidth, CpuBackend, CpuTensor};
 use kiln_models::{Decoder, DecoderLayer, Ffn, KvCache, NoTrace};
 use serde_json::{json, Value};
 
-use crate::load::{load, Loaded, ModelArg};
+use crate::load::{load, Loaded, MmapArg, ModelArg};
 
 /// Most concurrent sequences `-b` accepts.
 const MAX_BATCH: u32 = 1024;
@@ -57,6 +57,8 @@ const SEED: u64 = 0x6b69_6c6e;
 pub struct DecodeBenchArgs {
     #[command(flatten)]
     model: ModelArg,
+    #[command(flatten)]
+    mmap: MmapArg,
     /// Prompt lengths: test ppP is one forward pass over P tokens (0 = no prompt tests).
     #[arg(
         short = 'p',
@@ -188,7 +190,7 @@ pub fn run(a: DecodeBenchArgs) -> Result<()> {
 
     let mut rows = Vec::new();
     for &t in &threads {
-        let m = load(&a.model, t)?;
+        let m = load(&a.model.model, &a.mmap, t)?;
         eprintln!(
             "[bench] {} loaded in {:.0} ms on {}",
             info.desc,

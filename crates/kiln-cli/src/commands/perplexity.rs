@@ -3,12 +3,14 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use serde_json::json;
 
-use crate::load::{load, ModelArg, ThreadsArg};
+use crate::load::{load, MmapArg, ModelArg, ThreadsArg};
 
 #[derive(clap::Args)]
 pub struct PerplexityArgs {
     #[command(flatten)]
     model: ModelArg,
+    #[command(flatten)]
+    mmap: MmapArg,
     #[command(flatten)]
     threads: ThreadsArg,
     /// The text file to score.
@@ -25,7 +27,7 @@ pub struct PerplexityArgs {
 pub fn run(a: PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&a.file)
         .with_context(|| format!("reading {}", a.file.display()))?;
-    let m = load(&a.model, a.threads.threads)?;
+    let m = load(&a.model.model, &a.mmap, a.threads.threads)?;
     let ids = m.tokenizer.encode(&text, true, false)?;
     eprintln!(
         "{} tokens, {} chunks of {}",

@@ -4,12 +4,14 @@ use anyhow::{Context, Result};
 use kiln_engine::{generate, GenerateOptions, SamplingParams, StopReason};
 use serde_json::json;
 
-use crate::load::{load, ModelArg, ThreadsArg};
+use crate::load::{load, MmapArg, ModelArg, ThreadsArg};
 
 #[derive(clap::Args)]
 pub struct RunArgs {
     #[command(flatten)]
     model: ModelArg,
+    #[command(flatten)]
+    mmap: MmapArg,
     /// The prompt (control tokens such as `<start_of_turn>` are parsed; BOS is added when the
     /// model asks for it).
     #[arg(short = 'p', long)]
@@ -80,7 +82,7 @@ impl SamplingArgs {
 pub fn run(a: RunArgs) -> Result<()> {
     let sampling = a.sampling.params();
     sampling.validate()?;
-    let m = load(&a.model, a.threads.threads)?;
+    let m = load(&a.model.model, &a.mmap, a.threads.threads)?;
     let tok = &m.tokenizer;
     let prompt_ids = tok.encode(&a.prompt, true, true)?;
     let opts = GenerateOptions {

@@ -2,12 +2,14 @@ use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
 use super::for_each_jsonl;
-use crate::load::{load, ModelArg, ThreadsArg};
+use crate::load::{load, MmapArg, ModelArg, ThreadsArg};
 
 #[derive(clap::Args)]
 pub struct ScoreArgs {
     #[command(flatten)]
     model: ModelArg,
+    #[command(flatten)]
+    mmap: MmapArg,
     #[command(flatten)]
     threads: ThreadsArg,
     /// Most likely tokens to report at each position.
@@ -24,7 +26,7 @@ fn round6(v: f64) -> f64 {
 }
 
 pub fn run(a: ScoreArgs) -> Result<()> {
-    let m = load(&a.model, a.threads.threads)?;
+    let m = load(&a.model.model, &a.mmap, a.threads.threads)?;
     let vocab = m.model.config.vocab_size;
     for_each_jsonl(|line_no, obj, out| {
         let ids: Vec<u32> = match (obj.get("ids"), obj.get("text")) {
