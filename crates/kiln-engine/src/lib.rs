@@ -1,7 +1,9 @@
 //! kiln-engine: what runs a loaded model for a user — sampling, generation, teacher-forced
-//! scoring, perplexity, and sentence embeddings. (The paged KV cache and the continuous-batching scheduler of the
-//! server will live here too.)
+//! scoring, perplexity, and sentence embeddings; and the block manager of the paged KV cache
+//! ([`blocks`]: block tables, prefix caching, LRU eviction) that the server's continuous-batching
+//! scheduler builds on.
 
+pub mod blocks;
 mod embed;
 mod error;
 mod generate;
@@ -11,6 +13,9 @@ mod sampler;
 mod score;
 mod text;
 
+pub use blocks::{
+    BlockId, BlockPool, BlockTable, OutOfBlocks, PoolSizeError, PrefixHit, PrefixStats,
+};
 pub use embed::{Embedding, EmbeddingModel};
 pub use error::EngineError;
 pub use generate::{generate, GenerateOptions, Generation, StopReason};
