@@ -17,6 +17,10 @@ uses a fixed UTC time instead of the local clock.
 jinja2 is pinned and installed in a venv under $HOME/.cache/kiln/peers/jinja-venv, which this
 script creates and then re-executes itself in.
 
+Every other template of the folder is rendered too (with `<BOS>` / `<EOS>`), and only the sha256 of
+each render is kept, in crates/kiln-tokenizer/tests/fixtures/chat_digests.json (with what jinja2
+says for a template it cannot render), to keep the committed fixtures small.
+
 Usage: scripts/gen_chat_template_fixtures.py [--templates DIR]
 (default: extract the templates from ~/.cache/kiln/peers/dl/llama_cpp_python-0.3.36.tar.gz,
 downloading that sdist with pip when it is not there.)
@@ -43,7 +47,10 @@ OUT = os.path.join(ROOT, "crates", "kiln-tokenizer", "tests", "fixtures", "chat"
 # 2025-07-04 13:05:09 UTC, a Friday (day 185 of the year).
 NOW_UNIX = 1751634309
 
-# template file stem -> (bos_token, eos_token), as the models' tokenizer_config.json give them
+# The special tokens of the templates that get digests only.
+DIGEST_TOKENS = ("<BOS>", "<EOS>")
+
+# Templates whose renders are written out in full: file stem -> (bos_token, eos_token), as the models' tokenizer_config.json give them
 # (an absent token is the empty string).
 TEMPLATES = {
     "meta-llama-Llama-3.1-8B-Instruct": ("<|begin_of_text|>", "<|eot_id|>"),
@@ -141,6 +148,30 @@ def environment():
     return env
 
 
+def render_cases(template, bos, eos):
+    """The cases of one template: a `raise_exception` is an expected outcome, any other error
+    propagates."""
+    import jinja2
+
+    cases = []
+    for conv_name, messages in (("plain", PLAIN), ("system", SYSTEM)):
+        for agp in (False, True):
+            case = {
+                "name": f"{conv_name}-{'gen' if agp else 'nogen'}",
+                "messages": messages,
+                "add_generation_prompt": agp,
+            }
+            try:
+                case["expected"] = template.render(messages=messages, add_generation_prompt=agp,
+                                                   bos_token=bos, eos_token=eos)
+            except jinja2.exceptions.TemplateError as e:
+                if type(e) is not jinja2.exceptions.TemplateError:
+                    raise
+                case["raises"] = str(e)
+            cases.append(case)
+    return cases
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--templates", help="a directory of llama.cpp's *.jinja templates")
@@ -151,31 +182,33 @@ def main():
     src_dir = templates_dir(args.templates)
     env = environment()
     os.makedirs(OUT, exist_ok=True)
-    for stem, (bos, eos) in TEMPLATES.items():
-        path = os.path.join(src_dir, stem + ".jinja")
-        with open(path, "rb") as f:
+    digests = {}
+    names = sorted(n[:-len(".jinja")] for n in os.listdir(src_dir) if n.endswith(".jinja"))
+    for stem in names:
+        with open(os.path.join(src_dir, stem + ".jinja"), "rb") as f:
             raw = f.read()
         template = env.from_string(raw.decode("utf-8"))
-        cases = []
-        for conv_name, messages in (("plain", PLAIN), ("system", SYSTEM)):
-            for agp in (False, True):
-                case = {
-                    "name": f"{conv_name}-{'gen' if agp else 'nogen'}",
-                    "messages": messages,
-                    "add_generation_prompt": agp,
-                }
-                try:
-                    case["expected"] = template.render(messages=messages,
-                                                       add_generation_prompt=agp,
-                                                       bos_token=bos, eos_token=eos)
-                except jinja2.exceptions.TemplateError as e:
-                    if type(e) is not jinja2.exceptions.TemplateError:
-                        raise
-                    case["raises"] = str(e)
-                cases.append(case)
+        bos, eos = TEMPLATES.get(stem, DIGEST_TOKENS)
+        entry = {"sha256": hashlib.sha256(raw).hexdigest()}
+        try:
+            cases = render_cases(template, bos, eos)
+        except jinja2.exceptions.TemplateError as e:
+            entry["jinja2_fails"] = f"{type(e).__name__}: {e}"
+            digests[stem + ".jinja"] = entry
+            print(f"{stem}: jinja2 fails: {entry['jinja2_fails']}")
+            continue
+        if stem not in TEMPLATES:
+            # Only the digests of the renders, with DIGEST_TOKENS.
+            entry["cases"] = {
+                c["name"]: ({"raises": c["raises"]} if "raises" in c else
+                            {"sha256": hashlib.sha256(c["expected"].encode()).hexdigest()})
+                for c in cases
+            }
+            digests[stem + ".jinja"] = entry
+            continue
         fixture = {
             "template": stem + ".jinja",
-            "sha256": hashlib.sha256(raw).hexdigest(),
+            "sha256": entry["sha256"],
             "generator": f"scripts/gen_chat_template_fixtures.py, {JINJA2}",
             "bos_token": bos,
             "eos_token": eos,
@@ -188,6 +221,23 @@ def main():
             f.write("\n")
         summary = ", ".join(c["name"] + (" (raises)" if "raises" in c else "") for c in cases)
         print(f"{out}: {summary}")
+    missing = sorted(set(TEMPLATES) - set(names))
+    if missing:
+        sys.exit(f"templates missing from {src_dir}: {missing}")
+    out = os.path.join(os.path.dirname(OUT), "chat_digests.json")
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump({
+            "generator": f"scripts/gen_chat_template_fixtures.py, {JINJA2}",
+            "note": "the templates without a full fixture in chat/: the sha256 of each render "
+                    "(case `<conversation>-gen` / `-nogen`: add_generation_prompt true / false)",
+            "bos_token": DIGEST_TOKENS[0],
+            "eos_token": DIGEST_TOKENS[1],
+            "now_unix": NOW_UNIX,
+            "conversations": {"plain": PLAIN, "system": SYSTEM},
+            "templates": digests,
+        }, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"{out}: {len(digests)} templates")
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use minijinja::value::{Rest, Value, ValueKind};
+use minijinja::value::{Rest, Value, ValueKind, ValueOrKwargs};
 use minijinja::{AutoEscape, Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
 
@@ -239,7 +239,10 @@ impl ChatTemplate {
             return Ok(None);
         };
         let source = value.as_str().ok_or_else(|| {
-            ChatTemplateError::source(KEY, format!("expected a string, found {}", value.meta_type()))
+            ChatTemplateError::source(
+                KEY,
+                format!("expected a string, found {}", value.meta_type()),
+            )
         })?;
         let token = |id_key: &str| -> Result<String, ChatTemplateError> {
             crate::gguf::token_text(file, id_key)
@@ -437,11 +440,11 @@ fn parse_generation_tag(tag: &str) -> Option<(usize, String)> {
 
 /// The `tojson` filter: `json.dumps(x, ensure_ascii=False, indent=None, separators=None,
 /// sort_keys=False)` (transformers' signature: these four, positional or by keyword).
-fn tojson_filter(value: &Value, args: Rest<Value>) -> Result<String, Error> {
+fn tojson_filter(value: &Value, args: Rest<ValueOrKwargs>) -> Result<String, Error> {
     const NAMES: [&str; 4] = ["ensure_ascii", "indent", "separators", "sort_keys"];
     let mut params: [Option<Value>; 4] = Default::default();
     let mut positional = 0;
-    for arg in args.iter() {
+    for arg in args.into_values() {
         if arg.is_kwargs() {
             for key in arg.try_iter()? {
                 let name = key.as_str().unwrap_or_default();
@@ -460,7 +463,7 @@ fn tojson_filter(value: &Value, args: Rest<Value>) -> Result<String, Error> {
                     "tojson() takes at most 4 arguments besides the value",
                 ));
             }
-            params[positional] = Some(arg.clone());
+            params[positional] = Some(arg);
             positional += 1;
         }
     }
@@ -579,7 +582,10 @@ impl PyJson {
                         _ => {
                             return Err(Error::new(
                                 ErrorKind::InvalidOperation,
-                                format!("tojson: keys must be str, int, float, bool or None, not {}", key.kind()),
+                                format!(
+                                    "tojson: keys must be str, int, float, bool or None, not {}",
+                                    key.kind()
+                                ),
                             ))
                         }
                     };
@@ -758,9 +764,7 @@ fn strftime(fmt: &str, unix: i64) -> String {
     // 1970-01-01 was a Thursday (index 3 from Monday).
     let weekday = (days + 3).rem_euclid(7) as usize;
     const CUMULATIVE: [u32; 12] = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
-    let yday = CUMULATIVE[(month - 1) as usize]
-        + day
-        + u32::from(month > 2 && is_leap(year));
+    let yday = CUMULATIVE[(month - 1) as usize] + day + u32::from(month > 2 && is_leap(year));
     let month_name = MONTHS[(month - 1) as usize];
     let weekday_name = WEEKDAYS[weekday];
     let mut out = String::with_capacity(fmt.len() + 16);
@@ -826,14 +830,23 @@ mod tests {
             "04 07 2025 25 Jul July 13 05 09 Friday Fri 185 %  4 01PM %Q"
         );
         // Leap day and the day after, in a leap year; midnight; a trailing lone `%`.
-        assert_eq!(strftime("%j %d %b %H:%M:%S %I%p", 951_782_400), "060 29 Feb 00:00:00 12AM");
+        assert_eq!(
+            strftime("%j %d %b %H:%M:%S %I%p", 951_782_400),
+            "060 29 Feb 00:00:00 12AM"
+        );
         assert_eq!(strftime("%j %Y-%m-%d%", 951_868_800), "061 2000-03-01%");
         assert_eq!(strftime("%Y-%m-%d %A", 0), "1970-01-01 Thursday");
-        assert_eq!(strftime("%Y-%m-%d %H:%M:%S %A", -1), "1969-12-31 23:59:59 Wednesday");
+        assert_eq!(
+            strftime("%Y-%m-%d %H:%M:%S %A", -1),
+            "1969-12-31 23:59:59 Wednesday"
+        );
         // Far out of range: clamped, no panic.
         assert_eq!(strftime("%Y", i64::MAX), "9999");
         assert_eq!(strftime("%Y", i64::MIN), "0");
-        assert_eq!(unix_seconds(UNIX_EPOCH - std::time::Duration::from_millis(500)), -1);
+        assert_eq!(
+            unix_seconds(UNIX_EPOCH - std::time::Duration::from_millis(500)),
+            -1
+        );
     }
 
     #[test]
@@ -860,12 +873,16 @@ mod tests {
 
     #[test]
     fn generation_tags_are_rewritten() {
-        let src = "a{%- generation %}b{% endgeneration -%}c{%+generation+%}{%endgeneration%}{% if x %}";
+        let src =
+            "a{%- generation %}b{% endgeneration -%}c{%+generation+%}{%endgeneration%}{% if x %}";
         assert_eq!(
             rewrite_generation_tags(src),
             "a{%- if true %}b{% endif -%}c{%+ if true +%}{% endif %}{% if x %}"
         );
-        assert_eq!(rewrite_generation_tags("{% set generation = 1 %}{%"), "{% set generation = 1 %}{%");
+        assert_eq!(
+            rewrite_generation_tags("{% set generation = 1 %}{%"),
+            "{% set generation = 1 %}{%"
+        );
     }
 
     fn tokens() -> SpecialTokens {
@@ -892,7 +909,14 @@ mod tests {
         // trim_blocks + lstrip_blocks; no trailing newline kept.
         let src = "{{ bos_token }}\n  {% for m in messages %}\n[{{ m.role }}] {{ m['content'] }}\n  {% endfor %}\n{% if add_generation_prompt %}[assistant]{% endif %}{{ eos_token }}\n";
         assert_eq!(
-            render_str(src, &[ChatMessage::new("user", "a"), ChatMessage::new("assistant", "b")]).unwrap(),
+            render_str(
+                src,
+                &[
+                    ChatMessage::new("user", "a"),
+                    ChatMessage::new("assistant", "b")
+                ]
+            )
+            .unwrap(),
             "<s>\n[user] a\n[assistant] b\n[assistant]</s>"
         );
         // tools/documents undefined; loop controls; Python methods.
@@ -901,7 +925,14 @@ mod tests {
             {{ '  x y '.split() | join(',') }}|{{ 'abc'.startswith('ab') }}|\
             {% for k, v in {'b': 1, 'a': 2}.items() %}{{ k }}={{ v }};{% endfor %}";
         assert_eq!(
-            render_str(src, &[ChatMessage::new("user", "  one "), ChatMessage::new("user", "two")]).unwrap(),
+            render_str(
+                src,
+                &[
+                    ChatMessage::new("user", "  one "),
+                    ChatMessage::new("user", "two")
+                ]
+            )
+            .unwrap(),
             "False False True|ONE|x,y|True|b=1;a=2;"
         );
     }
@@ -911,7 +942,9 @@ mod tests {
         let src = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}ok";
         assert_eq!(
             render_str(src, &[ChatMessage::new("system", "x")]),
-            Err(ChatTemplateError::Raised("System role not supported".into()))
+            Err(ChatTemplateError::Raised(
+                "System role not supported".into()
+            ))
         );
         assert_eq!(render_str(src, &hi()).unwrap(), "ok");
         // Raised inside a macro and a filter chain, with a computed message.
@@ -945,11 +978,20 @@ mod tests {
     #[test]
     fn render_errors_are_typed() {
         let err = render_str("a\n{{ messages[0].content.nope() }}", &hi()).unwrap_err();
-        assert!(matches!(err, ChatTemplateError::Render { line: Some(2), .. }), "{err:?}");
+        assert!(
+            matches!(err, ChatTemplateError::Render { line: Some(2), .. }),
+            "{err:?}"
+        );
         let err = render_str("{{ 'a' + undefined_thing.x }}", &hi()).unwrap_err();
         assert!(matches!(err, ChatTemplateError::Render { .. }), "{err:?}");
         let err = render_str("{{ messages | unknown_filter }}", &hi()).unwrap_err();
-        assert!(matches!(err, ChatTemplateError::Syntax { .. } | ChatTemplateError::Render { .. }), "{err:?}");
+        assert!(
+            matches!(
+                err,
+                ChatTemplateError::Syntax { .. } | ChatTemplateError::Render { .. }
+            ),
+            "{err:?}"
+        );
     }
 
     #[test]
@@ -973,13 +1015,20 @@ mod tests {
 
     #[test]
     fn tojson_as_python() {
-        let messages = [ChatMessage::new("user", "café \"quoted\" \\ ☕ 𝄞\n\t\u{1}\u{7f}")];
+        let messages = [ChatMessage::new(
+            "user",
+            "café \"quoted\" \\ ☕ 𝄞\n\t\u{1}\u{7f}",
+        )];
         assert_eq!(
             render_str("{{ messages[0].content | tojson }}", &messages).unwrap(),
             "\"café \\\"quoted\\\" \\\\ ☕ 𝄞\\n\\t\\u0001\u{7f}\""
         );
         assert_eq!(
-            render_str("{{ messages[0].content | tojson(ensure_ascii=True) }}", &messages).unwrap(),
+            render_str(
+                "{{ messages[0].content | tojson(ensure_ascii=True) }}",
+                &messages
+            )
+            .unwrap(),
             "\"caf\\u00e9 \\\"quoted\\\" \\\\ \\u2615 \\ud834\\udd1e\\n\\t\\u0001\u{7f}\""
         );
         // Maps keep their order; Python's separators; numbers as Python writes them.
@@ -988,15 +1037,27 @@ mod tests {
             r#"[{"role": "user", "content": "hi"}]"#
         );
         assert_eq!(
-            render_str("{{ {'z': [1, 2.5, 1.0, none, true], 'a': {}, 'b': []} | tojson }}", &hi()).unwrap(),
+            render_str(
+                "{{ {'z': [1, 2.5, 1.0, none, true], 'a': {}, 'b': []} | tojson }}",
+                &hi()
+            )
+            .unwrap(),
             r#"{"z": [1, 2.5, 1.0, null, true], "a": {}, "b": []}"#
         );
         assert_eq!(
-            render_str("{{ {'z': [1, {'k': 'v'}], 'a': {}} | tojson(indent=2) }}", &hi()).unwrap(),
+            render_str(
+                "{{ {'z': [1, {'k': 'v'}], 'a': {}} | tojson(indent=2) }}",
+                &hi()
+            )
+            .unwrap(),
             "{\n  \"z\": [\n    1,\n    {\n      \"k\": \"v\"\n    }\n  ],\n  \"a\": {}\n}"
         );
         assert_eq!(
-            render_str("{{ {'z': 1, 'a': [1, 2]} | tojson(sort_keys=true, separators=(',', ':')) }}", &hi()).unwrap(),
+            render_str(
+                "{{ {'z': 1, 'a': [1, 2]} | tojson(sort_keys=true, separators=(',', ':')) }}",
+                &hi()
+            )
+            .unwrap(),
             r#"{"a":[1,2],"z":1}"#
         );
         // Positional arguments follow transformers' signature: ensure_ascii, indent, ...
@@ -1017,7 +1078,11 @@ mod tests {
     #[test]
     fn strftime_now_uses_the_fixed_date() {
         assert_eq!(
-            render_str("{{ strftime_now('%d %b %Y') }}|{{ strftime_now('%B %d, %Y %H:%M:%S %a %j') }}", &hi()).unwrap(),
+            render_str(
+                "{{ strftime_now('%d %b %Y') }}|{{ strftime_now('%B %d, %Y %H:%M:%S %a %j') }}",
+                &hi()
+            )
+            .unwrap(),
             "04 Jul 2025|July 04, 2025 13:05:09 Fri 185"
         );
         // Default: the current time.
@@ -1033,10 +1098,8 @@ mod tests {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0);
-        let dir = std::env::temp_dir().join(format!(
-            "kiln-chat-{name}-{}-{nonce}",
-            std::process::id()
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("kiln-chat-{name}-{}-{nonce}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         dir
     }
@@ -1053,10 +1116,15 @@ mod tests {
     #[test]
     fn from_tokenizer_config_variants() {
         let src = "{{ bos_token }}{{ messages[0].content }}{{ eos_token }}";
-        let render = |t: Option<ChatTemplate>| t.unwrap().render(&hi(), &RenderOptions::default()).unwrap();
+        let render =
+            |t: Option<ChatTemplate>| t.unwrap().render(&hi(), &RenderOptions::default()).unwrap();
         // A string, tokens as strings.
-        let config = serde_json::json!({"chat_template": src, "bos_token": "<s>", "eos_token": "</s>"});
-        assert_eq!(render(from_config("string", &config.to_string()).unwrap()), "<s>hi</s>");
+        let config =
+            serde_json::json!({"chat_template": src, "bos_token": "<s>", "eos_token": "</s>"});
+        assert_eq!(
+            render(from_config("string", &config.to_string()).unwrap()),
+            "<s>hi</s>"
+        );
         // A list with a default, tokens as objects / null.
         let config = serde_json::json!({
             "chat_template": [
@@ -1066,18 +1134,29 @@ mod tests {
             "bos_token": {"content": "<|begin|>", "lstrip": false, "__type": "AddedToken"},
             "eos_token": null,
         });
-        assert_eq!(render(from_config("list", &config.to_string()).unwrap()), "<|begin|>hi");
+        assert_eq!(
+            render(from_config("list", &config.to_string()).unwrap()),
+            "<|begin|>hi"
+        );
         // No template.
-        assert!(from_config("none", r#"{"bos_token": "<s>"}"#).unwrap().is_none());
+        assert!(from_config("none", r#"{"bos_token": "<s>"}"#)
+            .unwrap()
+            .is_none());
         // A list without a default, a wrong type, a bad file: typed errors.
         for (name, config) in [
-            ("nodefault", r#"{"chat_template": [{"name": "rag", "template": "x"}]}"#),
+            (
+                "nodefault",
+                r#"{"chat_template": [{"name": "rag", "template": "x"}]}"#,
+            ),
             ("number", r#"{"chat_template": 3}"#),
             ("badtoken", r#"{"chat_template": "x", "bos_token": 5}"#),
             ("notjson", "{"),
         ] {
             assert!(
-                matches!(from_config(name, config), Err(ChatTemplateError::Source { .. })),
+                matches!(
+                    from_config(name, config),
+                    Err(ChatTemplateError::Source { .. })
+                ),
                 "{name}"
             );
         }
@@ -1119,7 +1198,8 @@ mod tests {
         w.add_meta("tokenizer.ggml.eos_token_id", MetaValue::I32(2))
             .unwrap();
         if let Some(template) = template {
-            w.add_meta("tokenizer.chat_template", template.into()).unwrap();
+            w.add_meta("tokenizer.chat_template", template.into())
+                .unwrap();
         }
         kiln_formats::GgufFile::from_bytes(kiln_core::SharedBytes::from_vec(w.to_bytes())).unwrap()
     }
@@ -1127,26 +1207,47 @@ mod tests {
     #[test]
     fn from_gguf_with_and_without_the_key() {
         let src = "{{ bos_token }}|{{ messages[0].content }}|{{ eos_token }}";
-        let t = ChatTemplate::from_gguf(&gguf(Some(src), Some(1))).unwrap().unwrap();
-        assert_eq!(t.render(&hi(), &RenderOptions::default()).unwrap(), "<s>|hi|</s>");
+        let t = ChatTemplate::from_gguf(&gguf(Some(src), Some(1)))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            t.render(&hi(), &RenderOptions::default()).unwrap(),
+            "<s>|hi|</s>"
+        );
         assert_eq!(t.special_tokens(), &tokens());
         // BOS absent or out of range: empty.
         for bos in [None, Some(99)] {
-            let t = ChatTemplate::from_gguf(&gguf(Some(src), bos)).unwrap().unwrap();
-            assert_eq!(t.render(&hi(), &RenderOptions::default()).unwrap(), "|hi|</s>");
+            let t = ChatTemplate::from_gguf(&gguf(Some(src), bos))
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                t.render(&hi(), &RenderOptions::default()).unwrap(),
+                "|hi|</s>"
+            );
         }
-        assert!(ChatTemplate::from_gguf(&gguf(None, Some(1))).unwrap().is_none());
+        assert!(ChatTemplate::from_gguf(&gguf(None, Some(1)))
+            .unwrap()
+            .is_none());
         // The key with the wrong type.
         let mut w = kiln_formats::GgufWriter::new();
-        w.add_meta("tokenizer.chat_template", kiln_formats::MetaValue::U32(1)).unwrap();
-        let file = kiln_formats::GgufFile::from_bytes(kiln_core::SharedBytes::from_vec(w.to_bytes())).unwrap();
-        assert!(matches!(ChatTemplate::from_gguf(&file), Err(ChatTemplateError::Source { .. })));
+        w.add_meta("tokenizer.chat_template", kiln_formats::MetaValue::U32(1))
+            .unwrap();
+        let file =
+            kiln_formats::GgufFile::from_bytes(kiln_core::SharedBytes::from_vec(w.to_bytes()))
+                .unwrap();
+        assert!(matches!(
+            ChatTemplate::from_gguf(&file),
+            Err(ChatTemplateError::Source { .. })
+        ));
     }
 
     #[test]
     fn chat_message_serde() {
         let m: ChatMessage = serde_json::from_str(r#"{"role": "user", "content": "hi"}"#).unwrap();
         assert_eq!(m, ChatMessage::new("user", "hi"));
-        assert_eq!(serde_json::to_string(&m).unwrap(), r#"{"role":"user","content":"hi"}"#);
+        assert_eq!(
+            serde_json::to_string(&m).unwrap(),
+            r#"{"role":"user","content":"hi"}"#
+        );
     }
 }

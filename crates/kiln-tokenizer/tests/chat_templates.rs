@@ -1,7 +1,8 @@
 //! Chat templates: every real template llama.cpp ships (`models/templates/*.jinja`, from the
-//! llama-cpp-python 0.3.36 sdist) renders a plain conversation, and a selection renders exactly as
-//! Python jinja2 set up like transformers does (`tests/fixtures/chat/*.json`, made by
-//! `scripts/gen_chat_template_fixtures.py`).
+//! llama-cpp-python 0.3.36 sdist) renders a plain conversation, and renders exactly as Python
+//! jinja2 set up like transformers does: a selection against full expected texts
+//! (`tests/fixtures/chat/*.json`), all the others against the sha256 of jinja2's renders
+//! (`tests/fixtures/chat_digests.json`); both made by `scripts/gen_chat_template_fixtures.py`.
 //!
 //! The templates that reject a system message ([`REJECTS_SYSTEM`]) and those that fail to render
 //! ([`FAILS`]) are listed exactly, so a change either way fails until the lists are updated.
@@ -155,7 +156,11 @@ fn renders_equal_jinja2() {
         .filter(|p| p.extension().is_some_and(|e| e == "json"))
         .collect();
     paths.sort();
-    assert!(paths.len() >= 7, "fixtures missing in {}", fixtures.display());
+    assert!(
+        paths.len() >= 7,
+        "fixtures missing in {}",
+        fixtures.display()
+    );
     let mut checked = 0;
     let mut failures = Vec::new();
     for path in &paths {
@@ -207,4 +212,79 @@ fn renders_equal_jinja2() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
     println!("{checked} renders equal jinja2's");
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    format!("{:x}", Sha256::digest(bytes))
+}
+
+/// Every template without a full fixture renders as jinja2 does (compared by sha256), and fails
+/// where jinja2 fails.
+#[test]
+fn every_other_template_renders_equal_jinja2_digests() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat_digests.json");
+    let digests: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let conversation = |name: &str| -> Vec<ChatMessage> {
+        serde_json::from_value(digests["conversations"][name].clone()).unwrap()
+    };
+    let tokens = SpecialTokens {
+        bos: digests["bos_token"].as_str().unwrap().to_string(),
+        eos: digests["eos_token"].as_str().unwrap().to_string(),
+    };
+    let now = UNIX_EPOCH + Duration::from_secs(digests["now_unix"].as_u64().unwrap());
+    let templates = digests["templates"].as_object().unwrap();
+    let full_fixtures =
+        std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat"))
+            .unwrap()
+            .count();
+    // Between them, the full fixtures and the digests cover every template.
+    assert_eq!(templates.len() + full_fixtures, CHAT_TEMPLATES.len());
+    let dir = chat_templates_dir();
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    for (file, entry) in templates {
+        let source = std::fs::read(dir.join(file)).unwrap();
+        assert_eq!(
+            sha256_hex(&source),
+            entry["sha256"].as_str().unwrap(),
+            "{file}: the template is not the one the digests were made from"
+        );
+        let template = ChatTemplate::new(std::str::from_utf8(&source).unwrap(), tokens.clone())
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        if let Some(why) = entry.get("jinja2_fails") {
+            let stem = file.trim_end_matches(".jinja");
+            assert!(
+                FAILS.iter().any(|(name, _)| *name == stem),
+                "{file}: jinja2 fails ({why}) but it is not in FAILS"
+            );
+            continue;
+        }
+        for (case, expected) in entry["cases"].as_object().unwrap() {
+            let (conv, gen) = case.rsplit_once('-').unwrap();
+            let opts = RenderOptions {
+                add_generation_prompt: gen == "gen",
+                now: Some(now),
+            };
+            let got = template.render(&conversation(conv), &opts);
+            let ok = match (expected.get("sha256"), expected.get("raises"), &got) {
+                (Some(sha), None, Ok(text)) => sha256_hex(text.as_bytes()) == sha.as_str().unwrap(),
+                (None, Some(msg), Err(ChatTemplateError::Raised(got))) => {
+                    got == msg.as_str().unwrap()
+                }
+                _ => false,
+            };
+            if !ok {
+                failures.push(format!(
+                    "{file} {case}: got {got:?}, jinja2 gave {expected}"
+                ));
+            }
+            checked += 1;
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    println!(
+        "{checked} renders of {} templates equal jinja2's digests",
+        templates.len()
+    );
 }

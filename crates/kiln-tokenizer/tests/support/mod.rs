@@ -229,14 +229,14 @@ fn cache_complete(dir: &Path) -> bool {
         .iter()
         .all(|t| templates.join(format!("{t}.jinja")).is_file())
         && VOCABS.iter().all(|&(v, has_cases)| {
-        let exts: &[&str] = if has_cases {
-            &["gguf", "gguf.inp", "gguf.out"]
-        } else {
-            &["gguf"]
-        };
-        exts.iter()
-            .all(|ext| dir.join(format!("ggml-vocab-{v}.{ext}")).is_file())
-    })
+            let exts: &[&str] = if has_cases {
+                &["gguf", "gguf.inp", "gguf.out"]
+            } else {
+                &["gguf"]
+            };
+            exts.iter()
+                .all(|ext| dir.join(format!("ggml-vocab-{v}.{ext}")).is_file())
+        })
 }
 
 static FETCH: Mutex<()> = Mutex::new(());
