@@ -33,8 +33,9 @@
 //!   rendering takes `&self`.
 //! - no template text and no input make this module panic or hang: syntax errors, errors the
 //!   template raises and evaluation failures are typed [`ChatTemplateError`]s, and every render
-//!   runs under a fuel budget ([`FUEL`]) and minijinja's recursion limit, so a hostile template
-//!   fails with [`ChatTemplateError::Render`] instead of running forever.
+//!   runs under a fuel budget ([`FUEL`], grown with the conversation's size) and minijinja's
+//!   recursion limit, so a hostile template fails with [`ChatTemplateError::Render`] instead of
+//!   running forever or exhausting memory.
 //! - rendering is deterministic given [`RenderOptions::now`].
 
 use std::borrow::Cow;
@@ -46,10 +47,23 @@ use minijinja::value::{Rest, Value, ValueKind, ValueOrKwargs};
 use minijinja::{AutoEscape, Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
 
-/// The instruction budget of one render (minijinja's "fuel": roughly one unit per instruction, and
-/// one per 64 bytes of values created). Real templates render a conversation of a hundred turns
-/// with well under a hundredth of it.
-pub const FUEL: u64 = 20_000_000;
+/// The base instruction budget of one render (minijinja's "fuel": about one unit per instruction,
+/// and one per 64 bytes of every value created). A render gets this plus a share that grows with
+/// the conversation's size. Hostile templates with small inputs fail within about a second and a
+/// few hundred MB; real templates render a 400-turn, 400 kB conversation with well under it.
+pub const FUEL: u64 = 5_000_000;
+
+/// The fuel of a render of `messages`: [`FUEL`], plus a term quadratic in the conversation,
+/// because templates that accumulate their output in a variable (`{% set ns.out = ns.out ~ ... %}`)
+/// are charged the size of every intermediate string.
+fn fuel_for(messages: &[ChatMessage]) -> u64 {
+    let bytes: u64 = messages
+        .iter()
+        .map(|m| (m.role.len() + m.content.len()) as u64)
+        .sum();
+    let pieces = 8 * messages.len() as u64 + 8;
+    FUEL.saturating_add((bytes / 64 + 1).saturating_mul(pieces))
+}
 
 const TEMPLATE_NAME: &str = "chat_template";
 
@@ -215,7 +229,6 @@ impl ChatTemplate {
         env.set_syntax(syntax);
         env.set_auto_escape_callback(|_| AutoEscape::None);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.set_fuel(Some(FUEL));
         env.add_function("raise_exception", raise_exception);
         env.add_filter("tojson", tojson_filter);
         let source = rewrite_generation_tags(source).into_owned();
@@ -340,6 +353,7 @@ impl ChatTemplate {
         opts: &RenderOptions,
     ) -> Result<String, ChatTemplateError> {
         let now = unix_seconds(opts.now.unwrap_or_else(SystemTime::now));
+        let fuel = fuel_for(messages);
         let messages: Vec<Value> = messages
             .iter()
             .map(|m| {
@@ -362,7 +376,10 @@ impl ChatTemplate {
                 Value::from_function(move |fmt: &str| strftime(fmt, now)),
             ),
         ]);
-        let template = self.env.get_template(TEMPLATE_NAME).map_err(render_error)?;
+        // A clone shares the compiled template (an `Arc`); only the fuel differs.
+        let mut env = self.env.clone();
+        env.set_fuel(Some(fuel));
+        let template = env.get_template(TEMPLATE_NAME).map_err(render_error)?;
         template.render(ctx).map_err(render_error)
     }
 }

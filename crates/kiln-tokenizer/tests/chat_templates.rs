@@ -288,3 +288,36 @@ fn every_other_template_renders_equal_jinja2_digests() {
         templates.len()
     );
 }
+
+/// A long conversation (400 turns, 400 kB of text) renders with every template within the fuel
+/// budget that stops hostile templates.
+#[test]
+fn long_conversations_fit_the_fuel_budget() {
+    let dir = chat_templates_dir();
+    let messages: Vec<ChatMessage> = (0..400)
+        .map(|i| {
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            let text = format!("turn {i}: ") + &"lorem ipsum dolor sit amet, ".repeat(36);
+            ChatMessage::new(role, text)
+        })
+        .collect();
+    let mut failures = Vec::new();
+    for name in CHAT_TEMPLATES {
+        if FAILS.iter().any(|(n, _)| *n == name) {
+            continue;
+        }
+        let source = std::fs::read_to_string(dir.join(format!("{name}.jinja"))).unwrap();
+        let template = ChatTemplate::new(&source, SpecialTokens::default()).unwrap();
+        let started = std::time::Instant::now();
+        match template.render(&messages, &options(true)) {
+            Ok(text) => {
+                if !text.contains(messages[399].content.trim()) {
+                    failures.push(format!("{name}: the last message is missing"));
+                }
+            }
+            Err(e) => failures.push(format!("{name}: {e}")),
+        }
+        println!("{name:<48} {:?}", started.elapsed());
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
