@@ -5,10 +5,10 @@ Renders a few of llama.cpp's real chat templates (`models/templates/*.jinja`, fr
 llama-cpp-python 0.3.36 sdist, the same files the Rust tests extract) with jinja2 set up as Hugging
 Face transformers' `apply_chat_template` sets it up (ImmutableSandboxedEnvironment with
 trim_blocks and lstrip_blocks, the loopcontrols extension, transformers' `tojson`,
-`raise_exception` and `strftime_now`, and its `{% generation %}` tag), for a few conversations, and writes one JSON file per
-template to crates/kiln-tokenizer/tests/fixtures/chat/: the template file's sha256, the special
-tokens, the fixed date, and per case the messages, add_generation_prompt and the expected text (or
-the message the template raised).
+`raise_exception` and `strftime_now`, and its `{% generation %}` tag), for a few conversations,
+and writes one JSON file per template to crates/kiln-tokenizer/tests/fixtures/chat/: the template
+file's sha256, the special tokens, the fixed date, and per case the messages, add_generation_prompt
+and the expected text (or the message the template raised).
 
 Differences from transformers, on purpose and mirrored by kiln: `tools` and `documents` are left
 undefined (transformers passes None; the templates here treat both alike), and `strftime_now`
@@ -30,6 +30,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -50,8 +51,8 @@ NOW_UNIX = 1751634309
 # The special tokens of the templates that get digests only.
 DIGEST_TOKENS = ("<BOS>", "<EOS>")
 
-# Templates whose renders are written out in full: file stem -> (bos_token, eos_token), as the models' tokenizer_config.json give them
-# (an absent token is the empty string).
+# Templates whose renders are written out in full: file stem -> (bos_token, eos_token), as the
+# models' tokenizer_config.json give them (an absent token is the empty string).
 TEMPLATES = {
     "meta-llama-Llama-3.1-8B-Instruct": ("<|begin_of_text|>", "<|eot_id|>"),
     "meta-llama-Llama-3.2-3B-Instruct": ("<|begin_of_text|>", "<|eot_id|>"),
@@ -238,6 +239,8 @@ def main():
         }, f, ensure_ascii=False, indent=1)
         f.write("\n")
     print(f"{out}: {len(digests)} templates")
+    if not args.templates:
+        shutil.rmtree(src_dir)
 
 
 if __name__ == "__main__":

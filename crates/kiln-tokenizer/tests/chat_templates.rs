@@ -70,7 +70,8 @@ fn render_both(template: &ChatTemplate, messages: &[ChatMessage]) -> Result<(), 
         for m in messages {
             if !text.contains(m.content.trim()) {
                 return Err(format!(
-                    "add_generation_prompt={add_generation_prompt}: the {} message is missing from {text:?}",
+                    "add_generation_prompt={add_generation_prompt}: the {} message is missing \
+                     from {text:?}",
                     m.role
                 ));
             }
@@ -126,7 +127,8 @@ fn every_llama_cpp_template_renders_a_conversation() {
         .collect();
     if rejects_system != expected_rejects {
         failures.push(format!(
-            "templates rejecting a system message: {rejects_system:?}, expected {expected_rejects:?}"
+            "templates rejecting a system message: {rejects_system:?}, \
+             expected {expected_rejects:?}"
         ));
     }
     let fail_names: Vec<&str> = fails.iter().map(|(n, _)| *n).collect();
