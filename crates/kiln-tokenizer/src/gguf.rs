@@ -147,3 +147,19 @@ pub(crate) fn spec_from_gguf(file: &GgufFile) -> Result<VocabSpec, TokenizerErro
         architecture: string(file, keys::GENERAL_ARCHITECTURE)?,
     })
 }
+
+/// The text of the token the id stored under `id_key` names in `tokenizer.ggml.tokens` (`None`
+/// when either key is absent, the id is negative or out of range, or the item is not a string).
+pub(crate) fn token_text(file: &GgufFile, id_key: &str) -> Result<Option<String>, TokenizerError> {
+    let Some(id) = token_id(file, id_key)? else {
+        return Ok(None);
+    };
+    let Some(tokens) = array(file, keys::TOKENS)? else {
+        return Ok(None);
+    };
+    Ok(usize::try_from(id)
+        .ok()
+        .and_then(|i| tokens.items.get(i))
+        .and_then(|v| v.as_str())
+        .map(str::to_owned))
+}

@@ -27,6 +27,10 @@
 //! `tokenizer.json` models (WordPiece, Unigram, BPE as Hugging Face describes them) are run by the
 //! HF `tokenizers` crate through [`HfTokenizer`].
 //!
+//! Chat templates (a GGUF's `tokenizer.chat_template`, a `tokenizer_config.json`'s
+//! `chat_template`) are rendered as Hugging Face transformers renders them by [`ChatTemplate`]
+//! (the `chat` module's docs list what is supported).
+//!
 //! Invariants:
 //! - [`Tokenizer`] is immutable after construction (`Send + Sync`); all lookup structures (piece to
 //!   id map, merge ranks, compiled pre-tokenizer regexes, special-token trie) are built once in
@@ -38,6 +42,7 @@
 
 mod bpe;
 mod bpe_pre;
+mod chat;
 mod decode;
 mod ecma_regex;
 mod error;
@@ -53,6 +58,7 @@ mod unicode_tables;
 mod vocab;
 mod wpm;
 
+pub use chat::{ChatMessage, ChatTemplate, ChatTemplateError, RenderOptions, SpecialTokens};
 pub use decode::StreamDecoder;
 pub use error::TokenizerError;
 pub use hf::{HfTokenizer, Truncation};

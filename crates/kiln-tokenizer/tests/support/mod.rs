@@ -4,8 +4,11 @@
 //! taken from the llama-cpp-python 0.3.36 source distribution on PyPI, which vendors llama.cpp
 //! (upstream 0c1e57098, the commit the golden data was made with). They are cached under
 //! `$KILN_HOME/cache/llama-cpp-python-0.3.36/`; when missing, the sdist is downloaded with pip and
-//! only `vendor/llama.cpp/models/ggml-vocab-*` is extracted, into a temporary directory that is then
-//! renamed into place (so a crashed or concurrent run never leaves a half-filled cache).
+//! only `vendor/llama.cpp/models/ggml-vocab-*` and the chat templates
+//! `vendor/llama.cpp/models/templates/*.jinja` (into `templates/`) are extracted, into a temporary
+//! directory that is then renamed into place (so a crashed or concurrent run never leaves a
+//! half-filled cache). A cache made before the templates were extracted is incomplete, and so is
+//! refreshed.
 
 #![allow(dead_code)] // each test binary uses a different part
 
@@ -146,21 +149,106 @@ pub const VOCABS: [(&str, bool); 19] = [
     ("starcoder", true),
 ];
 
+/// Every chat template in llama.cpp 0c1e57098's `models/templates/` (file stems of `*.jinja`).
+pub const CHAT_TEMPLATES: [&str; 70] = [
+    "Apertus-8B-Instruct",
+    "Apriel-1.6-15b-Thinker-fixed",
+    "Bielik-11B-v3.0-Instruct",
+    "ByteDance-Seed-OSS",
+    "Cohere2MoE",
+    "CohereForAI-c4ai-command-r-plus-tool_use",
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use",
+    "GLM-4.6",
+    "GLM-4.7-Flash",
+    "GigaChat3-10B-A1.8B",
+    "GigaChat3.1-10B-A1.8B",
+    "HuggingFaceTB-SmolLM3-3B",
+    "Kimi-K2-Instruct",
+    "Kimi-K2-Thinking",
+    "Kimi-K3",
+    "LFM2-8B-A1B",
+    "LFM2.5-8B-A1B",
+    "LFM2.5-Instruct",
+    "MiMo-VL",
+    "MiniMax-M1",
+    "MiniMax-M2",
+    "MiniMax-M3",
+    "Mistral-Small-3.2-24B-Instruct-2506",
+    "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
+    "NVIDIA-Nemotron-Nano-v2",
+    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use",
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use",
+    "Qwen-QwQ-32B",
+    "Qwen-Qwen2.5-7B-Instruct",
+    "Qwen-Qwen3-0.6B",
+    "Qwen3-Coder",
+    "Qwen3.5-4B",
+    "Reka-Edge",
+    "Spark2.5",
+    "StepFun3.5-Flash",
+    "deepseek-ai-DeepSeek-R1-Distill-Llama-8B",
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
+    "deepseek-ai-DeepSeek-V3.1",
+    "deepseek-ai-DeepSeek-V3.2",
+    "deepseek-ai-DeepSeek-V4-Flash-0731",
+    "deepseek-ai-DeepSeek-V4",
+    "fireworks-ai-llama-3-firefunction-v2",
+    "google-gemma-2-2b-it",
+    "google-gemma-4-31B-it-interleaved",
+    "google-gemma-4-31B-it",
+    "ibm-granite-granite-3.3-2B-Instruct",
+    "ibm-granite-granite-4.0",
+    "ibm-granite-granite-4.1",
+    "inclusionai-ling-3.0-flash",
+    "llama-cpp-deepseek-r1",
+    "llama-cpp-rwkv-world",
+    "meetkai-functionary-medium-v3.1",
+    "meetkai-functionary-medium-v3.2",
+    "meta-llama-Llama-3.1-8B-Instruct",
+    "meta-llama-Llama-3.2-3B-Instruct",
+    "meta-llama-Llama-3.3-70B-Instruct",
+    "microsoft-Phi-3.5-mini-instruct",
+    "mistralai-Ministral-3-14B-Reasoning-2512",
+    "mistralai-Mistral-Nemo-Instruct-2407",
+    "moonshotai-Kimi-K2",
+    "muse-glimmer",
+    "openai-gpt-oss-120b",
+    "openbmb-MiniCPM5-1B",
+    "poolside-Laguna-S-2.1",
+    "poolside-Laguna-XS-2.1",
+    "poolside-Laguna-XS.2",
+    "tencent-Hy3",
+    "unsloth-Apriel-1.5",
+    "unsloth-mistral-Devstral-Small-2507",
+    "upstage-Solar-Open-100B",
+];
+
 fn cache_complete(dir: &Path) -> bool {
-    VOCABS.iter().all(|&(v, has_cases)| {
-        let exts: &[&str] = if has_cases {
-            &["gguf", "gguf.inp", "gguf.out"]
-        } else {
-            &["gguf"]
-        };
-        exts.iter()
-            .all(|ext| dir.join(format!("ggml-vocab-{v}.{ext}")).is_file())
-    })
+    let templates = dir.join("templates");
+    CHAT_TEMPLATES
+        .iter()
+        .all(|t| templates.join(format!("{t}.jinja")).is_file())
+        && VOCABS.iter().all(|&(v, has_cases)| {
+            let exts: &[&str] = if has_cases {
+                &["gguf", "gguf.inp", "gguf.out"]
+            } else {
+                &["gguf"]
+            };
+            exts.iter()
+                .all(|ext| dir.join(format!("ggml-vocab-{v}.{ext}")).is_file())
+        })
 }
 
 static FETCH: Mutex<()> = Mutex::new(());
 
-/// The directory holding llama.cpp's `ggml-vocab-*` files, downloading them on first use.
+/// The directory holding llama.cpp's chat templates (`<name>.jinja`, see [`CHAT_TEMPLATES`]),
+/// downloading them on first use.
+pub fn chat_templates_dir() -> PathBuf {
+    llama_vocab_dir().join("templates")
+}
+
+/// The directory holding llama.cpp's `ggml-vocab-*` files (and the chat templates in
+/// `templates/`), downloading them on first use.
 pub fn llama_vocab_dir() -> PathBuf {
     let cache_root = kiln_home().join("cache");
     let dir = cache_root.join(CACHE_NAME);
@@ -177,7 +265,7 @@ pub fn llama_vocab_dir() -> PathBuf {
     let download = tmp.join("download");
     let staged = tmp.join(CACHE_NAME);
     std::fs::create_dir_all(&download).unwrap();
-    std::fs::create_dir_all(&staged).unwrap();
+    std::fs::create_dir_all(staged.join("templates")).unwrap();
 
     // `--no-binary llama-cpp-python` fetches the sdist; restricting it to that one package lets
     // pip take wheels for the build tools it runs to read the sdist's metadata (`:all:` would
@@ -211,11 +299,17 @@ n = 0
 with tarfile.open(sdist) as tar:
     for m in tar:
         parts = m.name.split('/')
-        if (m.isfile() and len(parts) == 5 and parts[1:4] == ['vendor', 'llama.cpp', 'models']
-                and parts[4].startswith('ggml-vocab-')):
-            with tar.extractfile(m) as src, open(os.path.join(dest, parts[4]), 'wb') as out:
-                shutil.copyfileobj(src, out)
-            n += 1
+        if not m.isfile() or parts[1:4] != ['vendor', 'llama.cpp', 'models']:
+            continue
+        if len(parts) == 5 and parts[4].startswith('ggml-vocab-'):
+            target = os.path.join(dest, parts[4])
+        elif len(parts) == 6 and parts[4] == 'templates' and parts[5].endswith('.jinja'):
+            target = os.path.join(dest, 'templates', parts[5])
+        else:
+            continue
+        with tar.extractfile(m) as src, open(target, 'wb') as out:
+            shutil.copyfileobj(src, out)
+        n += 1
 print(n, 'files extracted')
 "#;
     let status = Command::new("python3")
@@ -226,7 +320,10 @@ print(n, 'files extracted')
         .status()
         .expect("cannot run python3");
     assert!(status.success(), "extracting {} failed", sdist.display());
-    assert!(cache_complete(&staged), "the sdist lacks the vocab files");
+    assert!(
+        cache_complete(&staged),
+        "the sdist lacks the vocab files or the chat templates"
+    );
 
     // Replace an incomplete cache; a concurrent process may have filled it meanwhile.
     if dir.exists() && !cache_complete(&dir) {
