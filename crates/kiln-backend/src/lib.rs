@@ -18,7 +18,7 @@ mod ops;
 mod weight;
 
 pub use gptq::{GptqError, GptqMatrix, GptqTensors};
-pub use ops::{Activation, AttentionParams, PackedAttentionParams, RopeParams, RopeStyle};
+pub use ops::{Activation, AttentionParams, KvPages, PackedAttentionParams, RopeParams, RopeStyle};
 pub use weight::{Linear, WeightData};
 
 use std::ops::Range;
@@ -151,6 +151,47 @@ pub trait Backend: Send + Sync + Sized + 'static {
         n_kv: usize,
         params: &AttentionParams,
     ) -> Result<Self::Tensor>;
+    /// [`Backend::attention`] over a paged cache: logical row `j` of the caches is the row
+    /// `pages` maps it to in `k_pool`/`v_pool` (`[n_blocks * block_size, kv_cols]`); otherwise
+    /// the same operation, with the same results as over a contiguous copy of those rows.
+    #[allow(clippy::too_many_arguments)]
+    fn paged_attention(
+        &self,
+        q: &Self::Tensor,
+        k_pool: &Self::Tensor,
+        v_pool: &Self::Tensor,
+        pages: &KvPages<'_>,
+        q_pos: usize,
+        n_kv: usize,
+        params: &AttentionParams,
+    ) -> Result<Self::Tensor>;
+    /// Writes row `i` of `src` at logical row `first + i` of the paged `pool` (KV-cache append
+    /// into a sequence's blocks): one [`Backend::write_rows`] per run of rows inside a block.
+    fn write_paged_rows(
+        &self,
+        pool: &mut Self::Tensor,
+        pages: &KvPages<'_>,
+        first: usize,
+        src: &Self::Tensor,
+    ) -> Result<()> {
+        let (n, _) = self.shape(src);
+        let (pool_rows, _) = self.shape(pool);
+        pages
+            .check(first + n, pool_rows)
+            .map_err(|e| shape_err("write_paged_rows", e))?;
+        let mut i = 0;
+        while i < n {
+            let j = first + i;
+            let run = (pages.block_size - j % pages.block_size).min(n - i);
+            let row = pages
+                .physical_row(j, pool_rows)
+                .ok_or_else(|| shape_err("write_paged_rows", format!("row {j} unmapped")))?;
+            let part = self.rows(src, i..i + run)?;
+            self.write_rows(pool, row, &part)?;
+            i += run;
+        }
+        Ok(())
+    }
     /// Bidirectional attention of a packed batch: `q`, `k` and `v` are `[total, n_heads ·
     /// head_dim]` holding the sequences of `seq_lens` one after another (no padding); each row
     /// attends only to rows of its own sequence (within `params.radius` when set). Row `i` of

@@ -113,6 +113,57 @@ pub struct AttentionParams {
     pub softcap: Option<f32>,
 }
 
+/// Where a sequence's KV rows live in a paged cache: logical row `j` (position `j`) is physical
+/// row `table[j / block_size] * block_size + j % block_size` of the per-layer K and V pools
+/// (`[n_blocks * block_size, kv_cols]`). The engine's block manager owns the table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvPages<'a> {
+    pub table: &'a [u32],
+    pub block_size: usize,
+}
+
+impl KvPages<'_> {
+    /// The physical row of logical row `j`, when the table covers it and the pool holds
+    /// `pool_rows` rows.
+    pub fn physical_row(&self, j: usize, pool_rows: usize) -> Option<usize> {
+        if self.block_size == 0 {
+            return None;
+        }
+        let block = *self.table.get(j / self.block_size)? as usize;
+        let row = block
+            .checked_mul(self.block_size)?
+            .checked_add(j % self.block_size)?;
+        (row < pool_rows).then_some(row)
+    }
+
+    /// Checks that logical rows `0..n` all map into a pool of `pool_rows` rows (a block of
+    /// the table past them is not looked at); describes the first problem otherwise.
+    pub fn check(&self, n: usize, pool_rows: usize) -> Result<(), String> {
+        if self.block_size == 0 {
+            return Err("block size 0".into());
+        }
+        let blocks = n.div_ceil(self.block_size);
+        if self.table.len() < blocks {
+            return Err(format!(
+                "{n} rows need {blocks} blocks of {}, the table has {}",
+                self.block_size,
+                self.table.len()
+            ));
+        }
+        let pool_blocks = pool_rows / self.block_size;
+        match self.table[..blocks]
+            .iter()
+            .position(|&b| b as usize >= pool_blocks)
+        {
+            Some(i) => Err(format!(
+                "block {} (entry {i}) is outside a pool of {pool_blocks} blocks",
+                self.table[i]
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Bidirectional attention inside each sequence of a packed batch (encoders).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PackedAttentionParams {
@@ -128,6 +179,28 @@ pub struct PackedAttentionParams {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kv_pages_map_rows_and_check_their_table() {
+        let pages = KvPages {
+            table: &[3, 0, 2],
+            block_size: 4,
+        };
+        assert_eq!(pages.physical_row(0, 16), Some(12));
+        assert_eq!(pages.physical_row(5, 16), Some(1));
+        assert_eq!(pages.physical_row(11, 16), Some(11));
+        assert_eq!(pages.physical_row(12, 16), None, "past the table");
+        assert_eq!(pages.physical_row(0, 12), None, "past the pool");
+        assert!(pages.check(12, 16).is_ok());
+        assert!(pages.check(13, 16).unwrap_err().contains("need 4 blocks"));
+        assert!(pages.check(1, 12).unwrap_err().contains("block 3"));
+        let empty = KvPages {
+            table: &[],
+            block_size: 0,
+        };
+        assert_eq!(empty.physical_row(0, 8), None);
+        assert!(empty.check(0, 8).is_err());
+    }
 
     #[test]
     fn erf_matches_known_values() {

@@ -1,4 +1,6 @@
-//! Causal attention over a contiguous KV cache: tiled, online-softmax ("flash") attention.
+//! Causal attention over a KV cache: tiled, online-softmax ("flash") attention. The cache is
+//! contiguous (row `j` at position `j`) or paged (`paged_attention`: row `j` where the block
+//! table maps it); the kernels see rows only through `Job::head_row`, so both give the same bits.
 //!
 //! The query vectors that share a KV head (the heads of a GQA group, for one or more query rows)
 //! are taken [`BLOCK`] at a time; a block walks its keys [`TILE`] at a time. Per tile it computes
@@ -34,7 +36,7 @@
 
 use std::ops::Range;
 
-use kiln_backend::{shape_err, AttentionParams, Result};
+use kiln_backend::{shape_err, AttentionParams, KvPages, Result};
 
 use crate::math;
 use crate::{CpuBackend, CpuTensor};
@@ -62,14 +64,50 @@ pub(crate) fn attention(
     n_kv: usize,
     p: &AttentionParams,
 ) -> Result<CpuTensor> {
+    attention_over(cpu, q, k_cache, v_cache, None, q_pos, n_kv, p)
+}
+
+/// [`attention`] over a paged cache: logical row `j` is the row `pages` maps it to in the pools.
+/// Every tile reads the same logical rows in the same order as over a contiguous cache, so the
+/// results are bit-identical to [`attention`] on a contiguous copy.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn paged_attention(
+    cpu: &CpuBackend,
+    q: &CpuTensor,
+    k_pool: &CpuTensor,
+    v_pool: &CpuTensor,
+    pages: &KvPages<'_>,
+    q_pos: usize,
+    n_kv: usize,
+    p: &AttentionParams,
+) -> Result<CpuTensor> {
+    let pool_rows = k_pool.rows.min(v_pool.rows);
+    pages
+        .check(n_kv, pool_rows)
+        .map_err(|e| shape_err("paged_attention", e))?;
+    attention_over(cpu, q, k_pool, v_pool, Some(*pages), q_pos, n_kv, p)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention_over(
+    cpu: &CpuBackend,
+    q: &CpuTensor,
+    k_cache: &CpuTensor,
+    v_cache: &CpuTensor,
+    pages: Option<KvPages<'_>>,
+    q_pos: usize,
+    n_kv: usize,
+    p: &AttentionParams,
+) -> Result<CpuTensor> {
     let hd = p.head_dim;
+    // Paged: `paged_attention` checked that every logical row below `n_kv` maps into the pools.
+    let rows_ok = pages.is_some() || (n_kv <= k_cache.rows && n_kv <= v_cache.rows);
     if p.n_kv_heads == 0
         || !p.n_heads.is_multiple_of(p.n_kv_heads)
         || q.cols != p.n_heads * hd
         || k_cache.cols != p.n_kv_heads * hd
         || v_cache.cols != p.n_kv_heads * hd
-        || n_kv > k_cache.rows
-        || n_kv > v_cache.rows
+        || !rows_ok
         || q_pos + q.rows > n_kv
     {
         return Err(shape_err(
@@ -92,6 +130,7 @@ pub(crate) fn attention(
         scale: p.scale,
         window: p.sliding_window,
         softcap: p.softcap,
+        pages,
     };
     let avx2 = cpu.avx2();
     // Every element is written below: each (row, head) belongs to exactly one block. (Empty:
@@ -138,6 +177,8 @@ struct Job<'a> {
     scale: f32,
     window: Option<usize>,
     softcap: Option<f32>,
+    /// The block table of a paged cache (checked to map every row read); `None`: contiguous.
+    pages: Option<KvPages<'a>>,
 }
 
 impl Job<'_> {
@@ -174,10 +215,14 @@ impl Job<'_> {
             .collect()
     }
 
-    /// Row `j` of head `kvh` of a cache.
+    /// Logical row `j` (position `j`) of head `kvh` of a cache.
     #[inline(always)]
     fn head_row<'c>(&self, cache: &'c [f32], kvh: usize, j: usize) -> &'c [f32] {
-        let at = j * self.kv_cols + kvh * self.hd;
+        let row = match &self.pages {
+            None => j,
+            Some(p) => p.table[j / p.block_size] as usize * p.block_size + j % p.block_size,
+        };
+        let at = row * self.kv_cols + kvh * self.hd;
         &cache[at..at + self.hd]
     }
 }
@@ -915,6 +960,108 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A paged cache gives the bits of the contiguous one, whatever the block size (tiles
+    /// crossing blocks included) and the order of the blocks in the pool; rows the table does
+    /// not map (NaN here) are never read.
+    #[test]
+    fn paged_caches_give_the_bits_of_contiguous_ones() {
+        use kiln_backend::Backend;
+        let b = backends();
+        let mut seed = 1000;
+        for (heads, hd, window) in [
+            ((4, 1), 64, None),
+            ((8, 2), 32, Some(40)),
+            ((2, 2), 8, None),
+        ] {
+            let p = params(heads, hd, window, Some(30.0));
+            let kv_cols = p.n_kv_heads * hd;
+            for block_size in [1, 3, 16, 32] {
+                for (q_pos, rows) in [(0, 5), (37, 1), (300, 1), (250, 20)] {
+                    seed += 7;
+                    let n_kv = q_pos + rows;
+                    let q = tensor(values(rows * p.n_heads * hd, seed), rows, p.n_heads * hd);
+                    let k = tensor(values(n_kv * kv_cols, seed + 1), n_kv, kv_cols);
+                    let v = tensor(values(n_kv * kv_cols, seed + 2), n_kv, kv_cols);
+                    // The sequence's blocks, scattered through a larger pool in a shuffled order.
+                    let blocks = n_kv.div_ceil(block_size);
+                    let pool_blocks = 2 * blocks + 3;
+                    let mut ids: Vec<u32> = (0..pool_blocks as u32).collect();
+                    let mut s = seed;
+                    for i in (1..ids.len()).rev() {
+                        s = s
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
+                        ids.swap(i, (s >> 33) as usize % (i + 1));
+                    }
+                    let table = &ids[..blocks];
+                    let pages = KvPages { table, block_size };
+                    let nan = vec![f32::NAN; pool_blocks * block_size * kv_cols];
+                    for be in &b {
+                        let mut kp = tensor(nan.clone(), pool_blocks * block_size, kv_cols);
+                        let mut vp = kp.clone();
+                        // Written in two appends, the second starting inside a block.
+                        let cut = n_kv / 2;
+                        for (pool, src) in [(&mut kp, &k), (&mut vp, &v)] {
+                            be.write_paged_rows(pool, &pages, 0, &be.rows(src, 0..cut).unwrap())
+                                .unwrap();
+                            be.write_paged_rows(
+                                pool,
+                                &pages,
+                                cut,
+                                &be.rows(src, cut..n_kv).unwrap(),
+                            )
+                            .unwrap();
+                        }
+                        let want = attention(be, &q, &k, &v, q_pos, n_kv, &p).unwrap();
+                        let got =
+                            paged_attention(be, &q, &kp, &vp, &pages, q_pos, n_kv, &p).unwrap();
+                        assert!(
+                            want.data
+                                .iter()
+                                .zip(&got.data)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{p:?} block {block_size} q_pos {q_pos} rows {rows} on {:?}/{}",
+                            be.simd,
+                            be.threads
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_table_that_does_not_cover_the_rows_is_an_error() {
+        use kiln_backend::Backend;
+        let be = CpuBackend::new(1).unwrap();
+        let p = params((2, 1), 4, None, None);
+        let q = tensor(values(8, 1), 1, 8);
+        let pool = tensor(values(16, 2), 4, 4); // 2 blocks of 2 rows
+        let short = KvPages {
+            table: &[1],
+            block_size: 2,
+        };
+        let err = paged_attention(&be, &q, &pool, &pool, &short, 2, 3, &p).unwrap_err();
+        assert!(err.to_string().contains("need 2 blocks"), "{err}");
+        let outside = KvPages {
+            table: &[0, 2],
+            block_size: 2,
+        };
+        let err = paged_attention(&be, &q, &pool, &pool, &outside, 2, 3, &p).unwrap_err();
+        assert!(err.to_string().contains("block 2"), "{err}");
+        let zero = KvPages {
+            table: &[0, 1],
+            block_size: 0,
+        };
+        assert!(paged_attention(&be, &q, &pool, &pool, &zero, 0, 1, &p).is_err());
+        let mut dst = pool.clone();
+        let err = be
+            .write_paged_rows(&mut dst, &outside, 1, &tensor(values(8, 3), 2, 4))
+            .unwrap_err();
+        assert!(err.to_string().contains("block 2"), "{err}");
+        assert_eq!(dst.data, pool.data, "a failed write changes nothing");
     }
 
     /// Long caches: decode splits the keys into parts (and prefill tasks walk many tiles).

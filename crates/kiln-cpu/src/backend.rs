@@ -2,7 +2,7 @@ use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
 use kiln_backend::{
-    shape_err, Activation, AttentionParams, Backend, BackendError, GptqMatrix, Linear,
+    shape_err, Activation, AttentionParams, Backend, BackendError, GptqMatrix, KvPages, Linear,
     PackedAttentionParams, Result, RopeParams, WeightData,
 };
 use kiln_core::{GgmlType, SharedBytes};
@@ -471,6 +471,19 @@ impl Backend for CpuBackend {
         params: &AttentionParams,
     ) -> Result<CpuTensor> {
         crate::attention::attention(self, q, k_cache, v_cache, q_pos, n_kv, params)
+    }
+
+    fn paged_attention(
+        &self,
+        q: &CpuTensor,
+        k_pool: &CpuTensor,
+        v_pool: &CpuTensor,
+        pages: &KvPages<'_>,
+        q_pos: usize,
+        n_kv: usize,
+        params: &AttentionParams,
+    ) -> Result<CpuTensor> {
+        crate::attention::paged_attention(self, q, k_pool, v_pool, pages, q_pos, n_kv, params)
     }
 
     fn activation(&self, x: &CpuTensor, act: Activation) -> Result<CpuTensor> {
