@@ -70,3 +70,81 @@ impl<B: Backend> KvCache<B> {
         self.len += n;
     }
 }
+
+/// A paged KV cache shared by many sequences: per layer, one pool of `n_blocks * block_size`
+/// rows of keys and one of values. Which blocks a sequence owns is the engine's business (its
+/// block manager keeps a table per sequence); a forward pass gets each sequence's view as a
+/// [`PagedSeq`], and row `j` of a sequence lives in row `j % block_size` of block
+/// `table[j / block_size]`.
+///
+/// Invariant: the pools of every layer have `n_blocks * block_size` rows; a forward pass writes
+/// only the rows its sequences' tables map for their new positions, and reads only rows their
+/// tables map below their lengths (the backend checks every table against the pool).
+pub struct PagedKvCache<B: Backend> {
+    pub(crate) k: Vec<B::Tensor>,
+    pub(crate) v: Vec<B::Tensor>,
+    block_size: usize,
+    n_blocks: usize,
+    max_positions: usize,
+}
+
+impl<B: Backend> PagedKvCache<B> {
+    /// Pools of `n_blocks` blocks of `block_size` positions for every layer; a sequence may hold
+    /// up to `max_positions` positions (the context length: long-context RoPE variants pick
+    /// their factors from it, as they do from a contiguous cache's capacity).
+    pub fn new(
+        backend: &B,
+        config: &DecoderConfig,
+        n_blocks: usize,
+        block_size: usize,
+        max_positions: usize,
+    ) -> Result<Self, ModelError> {
+        let rows = n_blocks.checked_mul(block_size).filter(|_| block_size > 0);
+        let Some(rows) = rows else {
+            return Err(ModelError::Batch(format!(
+                "a paged KV cache of {n_blocks} blocks of {block_size} positions"
+            )));
+        };
+        let mut k = Vec::with_capacity(config.n_layers);
+        let mut v = Vec::with_capacity(config.n_layers);
+        for _ in 0..config.n_layers {
+            k.push(backend.zeros(rows, config.kv_dim())?);
+            v.push(backend.zeros(rows, config.v_dim())?);
+        }
+        Ok(PagedKvCache {
+            k,
+            v,
+            block_size,
+            n_blocks,
+            max_positions,
+        })
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    pub fn n_blocks(&self) -> usize {
+        self.n_blocks
+    }
+
+    /// The most positions one sequence may hold.
+    pub fn max_positions(&self) -> usize {
+        self.max_positions
+    }
+
+    /// Bytes of KV memory per block (all layers, keys and values, f32).
+    pub fn bytes_per_block(config: &DecoderConfig, block_size: usize) -> usize {
+        config.n_layers * block_size * (config.kv_dim() + config.v_dim()) * size_of::<f32>()
+    }
+}
+
+/// One sequence's part of a [`PagedKvCache`] in a forward pass: its block table and how many
+/// positions are already filled (the new tokens go at `len..`). The table must cover the new
+/// positions too; the caller (the engine's block manager) allocates before the pass and counts
+/// the new tokens after it.
+#[derive(Clone, Copy, Debug)]
+pub struct PagedSeq<'a> {
+    pub table: &'a [u32],
+    pub len: usize,
+}

@@ -11,10 +11,10 @@
 
 use std::sync::Arc;
 
-use kiln_backend::{Activation, AttentionParams, Backend, Linear, RopeParams, RopeStyle};
+use kiln_backend::{Activation, AttentionParams, Backend, KvPages, Linear, RopeParams, RopeStyle};
 use kiln_core::config::{DecoderConfig, FfnActivation, LayerAttention, RopeKind};
 
-use crate::{KvCache, ModelError};
+use crate::{KvCache, ModelError, PagedKvCache, PagedSeq};
 
 /// A do-nothing-by-default hook on every named intermediate, so a test can diff a model layer by
 /// layer against a reference.
@@ -114,6 +114,103 @@ pub struct Decoder<B: Backend> {
     pub output: Linear<B>,      // (vocab, d_model); tied to token_embd when the file has no output
 }
 
+/// The KV storage of the sequences of one forward pass.
+enum Caches<'c, 'p, B: Backend> {
+    /// One contiguous cache per sequence.
+    Contiguous(&'c mut [&'p mut KvCache<B>]),
+    /// One paged cache, a block table per sequence.
+    Paged {
+        cache: &'c mut PagedKvCache<B>,
+        views: &'c [PagedSeq<'p>],
+    },
+}
+
+impl<B: Backend> Caches<'_, '_, B> {
+    fn count(&self) -> usize {
+        match self {
+            Caches::Contiguous(c) => c.len(),
+            Caches::Paged { views, .. } => views.len(),
+        }
+    }
+
+    /// Positions sequence `i` has filled.
+    fn len(&self, i: usize) -> usize {
+        match self {
+            Caches::Contiguous(c) => c[i].len(),
+            Caches::Paged { views, .. } => views[i].len,
+        }
+    }
+
+    /// The context length of sequence `i` (picks long-context RoPE factors).
+    fn capacity(&self, i: usize) -> usize {
+        match self {
+            Caches::Contiguous(c) => c[i].capacity(),
+            Caches::Paged { cache, .. } => cache.max_positions(),
+        }
+    }
+
+    /// Whether sequence `i` has room for `n` more positions (the paged table's coverage is
+    /// checked by the backend when rows are written).
+    fn check_room(&self, i: usize, n: usize) -> Result<(), ModelError> {
+        match self {
+            Caches::Contiguous(c) => c[i].check_room(n),
+            Caches::Paged { cache, views } => {
+                let needed = views[i].len + n;
+                let capacity = cache
+                    .max_positions()
+                    .min(views[i].table.len() * cache.block_size());
+                if needed > capacity {
+                    return Err(ModelError::ContextFull { needed, capacity });
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Stores sequence `i`'s new keys and values of layer `il` at positions `pos0..` and returns
+    /// the attention of its queries over its positions `..pos0 + rows`.
+    #[allow(clippy::too_many_arguments)]
+    fn store_and_attend(
+        &mut self,
+        b: &B,
+        i: usize,
+        il: usize,
+        pos0: usize,
+        k: &B::Tensor,
+        v: &B::Tensor,
+        q: &B::Tensor,
+        params: &AttentionParams,
+    ) -> Result<B::Tensor, ModelError> {
+        let n_kv = pos0 + b.shape(q).0;
+        Ok(match self {
+            Caches::Contiguous(c) => {
+                let cache = &mut c[i];
+                b.write_rows(&mut cache.k[il], pos0, k)?;
+                b.write_rows(&mut cache.v[il], pos0, v)?;
+                b.attention(q, &cache.k[il], &cache.v[il], pos0, n_kv, params)?
+            }
+            Caches::Paged { cache, views } => {
+                let pages = KvPages {
+                    table: views[i].table,
+                    block_size: cache.block_size(),
+                };
+                b.write_paged_rows(&mut cache.k[il], &pages, pos0, k)?;
+                b.write_paged_rows(&mut cache.v[il], &pages, pos0, v)?;
+                b.paged_attention(q, &cache.k[il], &cache.v[il], &pages, pos0, n_kv, params)?
+            }
+        })
+    }
+
+    /// Counts the new positions of contiguous caches (paged ones are counted by the caller).
+    fn advance(&mut self, seqs: &[&[u32]]) {
+        if let Caches::Contiguous(c) = self {
+            for (cache, seq) in c.iter_mut().zip(seqs) {
+                cache.advance(seq.len());
+            }
+        }
+    }
+}
+
 impl<B: Backend> Decoder<B> {
     /// Run `ids` (at positions `cache.len()..`) through the model, appending their keys and
     /// values to `cache`, and return the final normalized hidden states `(ids.len(), d_model)`.
@@ -134,7 +231,7 @@ impl<B: Backend> Decoder<B> {
         cache: &mut KvCache<B>,
         trace: &dyn Trace<B>,
     ) -> Result<B::Tensor, ModelError> {
-        b.run(|| self.forward_inner(b, &[ids], &mut [cache], trace))
+        b.run(|| self.forward_inner(b, &[ids], &mut Caches::Contiguous(&mut [cache]), trace))
     }
 
     /// Several sequences in one pass: sequence `i` continues `caches[i]`. Every matrix product
@@ -149,22 +246,38 @@ impl<B: Backend> Decoder<B> {
         caches: &mut [&mut KvCache<B>],
         trace: &dyn Trace<B>,
     ) -> Result<B::Tensor, ModelError> {
-        b.run(|| self.forward_inner(b, seqs, caches, trace))
+        b.run(|| self.forward_inner(b, seqs, &mut Caches::Contiguous(caches), trace))
+    }
+
+    /// [`Decoder::forward_batch`] over a paged cache: sequence `i` continues at position
+    /// `views[i].len`, its keys and values going to and coming from the blocks of
+    /// `views[i].table` (which must already cover the new positions). The cache does not count
+    /// positions: the caller adds `seqs[i].len()` to its own count after the pass. Every value
+    /// is computed as over contiguous caches holding the same rows (the same bits).
+    pub fn forward_paged(
+        &self,
+        b: &B,
+        seqs: &[&[u32]],
+        cache: &mut PagedKvCache<B>,
+        views: &[PagedSeq<'_>],
+        trace: &dyn Trace<B>,
+    ) -> Result<B::Tensor, ModelError> {
+        b.run(|| self.forward_inner(b, seqs, &mut Caches::Paged { cache, views }, trace))
     }
 
     fn forward_inner(
         &self,
         b: &B,
         seqs: &[&[u32]],
-        caches: &mut [&mut KvCache<B>],
+        caches: &mut Caches<'_, '_, B>,
         trace: &dyn Trace<B>,
     ) -> Result<B::Tensor, ModelError> {
         let c = &self.config;
-        if seqs.len() != caches.len() || seqs.is_empty() {
+        if seqs.len() != caches.count() || seqs.is_empty() {
             return Err(ModelError::Batch(format!(
                 "{} sequences with {} caches",
                 seqs.len(),
-                caches.len()
+                caches.count()
             )));
         }
         let ids: Vec<u32> = seqs.concat();
@@ -178,9 +291,9 @@ impl<B: Backend> Decoder<B> {
         let mut spans = Vec::with_capacity(seqs.len());
         let mut positions = Vec::with_capacity(ids.len());
         let mut row = 0;
-        for (seq, cache) in seqs.iter().zip(caches.iter()) {
-            cache.check_room(seq.len())?;
-            let pos0 = cache.len();
+        for (i, seq) in seqs.iter().enumerate() {
+            caches.check_room(i, seq.len())?;
+            let pos0 = caches.len(i);
             positions.extend((pos0..pos0 + seq.len()).map(|p| p as u32));
             spans.push((row..row + seq.len(), pos0));
             row += seq.len();
@@ -233,8 +346,8 @@ impl<B: Backend> Decoder<B> {
                 Some(b.zeros(ids.len(), c.n_heads * c.head_dim_v)?)
             };
             let mut single_out = None;
-            for ((rows, pos0), cache) in spans.iter().zip(caches.iter_mut()) {
-                let rope = c.rope_for(attention, cache.capacity());
+            for (i, (rows, pos0)) in spans.iter().enumerate() {
+                let rope = c.rope_for(attention, caches.capacity(i));
                 let rope_params =
                     |n_heads| RopeParams::new(rope, n_heads, c.head_dim, c.rope_dim, style);
                 let pos = &positions[rows.clone()];
@@ -253,16 +366,7 @@ impl<B: Backend> Decoder<B> {
                     trace.trace(b, "q", il, &q_r);
                     trace.trace(b, "k", il, &k_r);
                 }
-                b.write_rows(&mut cache.k[il], *pos0, &k_r)?;
-                b.write_rows(&mut cache.v[il], *pos0, v_in)?;
-                let out = b.attention(
-                    &q_r,
-                    &cache.k[il],
-                    &cache.v[il],
-                    *pos0,
-                    *pos0 + rows.len(),
-                    &params,
-                )?;
+                let out = caches.store_and_attend(b, i, il, *pos0, &k_r, v_in, &q_r, &params)?;
                 match &mut a {
                     Some(all) => b.write_rows(all, rows.start, &out)?,
                     None => single_out = Some(out),
@@ -296,9 +400,7 @@ impl<B: Backend> Decoder<B> {
             };
             trace.trace(b, "l_out", il, &x);
         }
-        for (seq, cache) in seqs.iter().zip(caches.iter_mut()) {
-            cache.advance(seq.len());
-        }
+        caches.advance(seqs);
         Ok(b.rms_norm(&x, &self.output_norm, c.norm_eps)?)
     }
 

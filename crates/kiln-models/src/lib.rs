@@ -21,7 +21,7 @@ pub mod hf;
 pub mod pooling;
 mod weights;
 
-pub use cache::KvCache;
+pub use cache::{KvCache, PagedKvCache, PagedSeq};
 pub use decoder::{route, Decoder, DecoderLayer, Ffn, MoeFfn, NoTrace, Route, Trace};
 pub use encoder::{load_encoder, Encoder, EncoderLayer, Norm};
 pub use error::ModelError;

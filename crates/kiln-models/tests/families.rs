@@ -258,6 +258,82 @@ fn check_batch(family: &str, format: Format) {
     );
 }
 
+/// The prompts of `family` through a paged cache (blocks of 3 positions, scattered through the
+/// pool in a shuffled order) give, prefill and every greedy decode step, the bits of the same
+/// batch through contiguous caches.
+fn check_paged(family: &str, format: Format) {
+    let r = reference(family);
+    let b = CpuBackend::new(2).unwrap();
+    let model = load(family, format, &b);
+    let cases = cases(&r, format);
+    let prompts: Vec<Vec<u32>> = cases.iter().map(|c| u32s(&c["ids"])).collect();
+    let greedy: Vec<Vec<u32>> = cases.iter().map(|c| u32s(&c["greedy"])).collect();
+    let steps = greedy[0].len();
+    let max_positions = prompts.iter().map(Vec::len).max().unwrap() + steps;
+    let block_size = 3;
+    let per_seq = max_positions.div_ceil(block_size);
+    let n_blocks = per_seq * prompts.len() + 4;
+    let mut ids: Vec<u32> = (0..n_blocks as u32).collect();
+    let mut s = 0x2545_f491_4f6c_dd1du64;
+    for i in (1..ids.len()).rev() {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        ids.swap(i, (s % (i as u64 + 1)) as usize);
+    }
+    let tables: Vec<&[u32]> = ids.chunks(per_seq).take(prompts.len()).collect();
+    let mut paged =
+        kiln_models::PagedKvCache::new(&b, &model.config, n_blocks, block_size, max_positions)
+            .unwrap();
+    let mut caches: Vec<_> = prompts
+        .iter()
+        .map(|_| model.new_cache(&b, max_positions).unwrap())
+        .collect();
+    let mut lens = vec![0usize; prompts.len()];
+    let mut inputs: Vec<Vec<u32>> = prompts.clone();
+    for step in 0..steps {
+        let seqs: Vec<&[u32]> = inputs.iter().map(|p| p.as_slice()).collect();
+        let mut refs: Vec<&mut kiln_models::KvCache<CpuBackend>> = caches.iter_mut().collect();
+        let want = model
+            .forward_batch(&b, &seqs, &mut refs, &kiln_models::NoTrace)
+            .unwrap();
+        let views: Vec<kiln_models::PagedSeq<'_>> = tables
+            .iter()
+            .zip(&lens)
+            .map(|(&table, &len)| kiln_models::PagedSeq { table, len })
+            .collect();
+        let got = model
+            .forward_paged(&b, &seqs, &mut paged, &views, &kiln_models::NoTrace)
+            .unwrap();
+        let (want, got) = (b.to_f32(&want).unwrap(), b.to_f32(&got).unwrap());
+        assert!(
+            want.iter()
+                .zip(&got)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{family} [{}]: paged hidden states differ at step {step}",
+            format.label()
+        );
+        for (len, input) in lens.iter_mut().zip(&seqs) {
+            *len += input.len();
+        }
+        inputs = greedy.iter().map(|g| vec![g[step]]).collect();
+    }
+    // A table that does not cover the new positions is an error, not a panic.
+    let short = [kiln_models::PagedSeq {
+        table: &tables[0][..1],
+        len: 0,
+    }];
+    assert!(model
+        .forward_paged(
+            &b,
+            &[&prompts[0][..4]],
+            &mut paged,
+            &short,
+            &kiln_models::NoTrace
+        )
+        .is_err());
+}
+
 macro_rules! family_tests {
     ($($name:ident: $family:literal,)*) => {
         $(
@@ -275,6 +351,10 @@ macro_rules! family_tests {
                 fn batch() {
                     check_batch($family, Format::Safetensors);
                     check_batch($family, Format::Gguf);
+                }
+                #[test]
+                fn paged() {
+                    check_paged($family, Format::Gguf);
                 }
             }
         )*
