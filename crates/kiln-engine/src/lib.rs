@@ -1,7 +1,7 @@
 //! kiln-engine: what runs a loaded model for a user — sampling, generation, teacher-forced
 //! scoring, perplexity, and sentence embeddings; and the block manager of the paged KV cache
-//! ([`blocks`]: block tables, prefix caching, LRU eviction) that the server's continuous-batching
-//! scheduler builds on.
+//! ([`blocks`]: block tables, prefix caching, LRU eviction) and the continuous-batching
+//! [`Scheduler`] over it that the server runs.
 
 pub mod blocks;
 mod embed;
@@ -10,6 +10,7 @@ mod generate;
 mod perplexity;
 mod rng;
 mod sampler;
+mod scheduler;
 mod score;
 mod text;
 
@@ -22,6 +23,9 @@ pub use generate::{generate, GenerateOptions, Generation, StopReason};
 pub use perplexity::{perplexity, Perplexity};
 pub use rng::Rng;
 pub use sampler::{Sampler, SamplingParams};
+pub use scheduler::{
+    Event, FinishReason, Request, RequestId, Scheduler, SchedulerConfig, SubmitError,
+};
 pub use score::{log_softmax, score, PositionScore};
 pub use text::{is_hf_decoder_dir, HfText, TextStream, TextTokenizer};
 

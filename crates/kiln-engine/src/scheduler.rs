@@ -1,0 +1,422 @@
+//! Iteration-level ("continuous") batching over a paged KV cache.
+//!
+//! A [`Scheduler`] owns a model's paged KV cache and its [`BlockPool`]. Requests join a bounded
+//! waiting queue; every [`Scheduler::step`] runs ONE forward pass over all running sequences at
+//! once (one matrix product per weight for the whole batch) and samples a token for each
+//! sequence whose input reached its end. Between steps, waiting requests are admitted (first in,
+//! first out) as blocks allow, so new requests join a running batch without waiting for it to
+//! finish.
+//!
+//! - **Chunked prefill.** A step carries at most `max_step_tokens` tokens. Decoding sequences
+//!   (one token each) are served first, then prompts are cut into chunks of what remains, so a
+//!   long prompt cannot stall the streams already running.
+//! - **Prefix caching.** A prompt takes the cached blocks of its longest known prefix (see
+//!   [`crate::blocks`]); those positions are not computed again. Every full block is registered
+//!   once its rows are computed.
+//! - **Preemption.** When a running sequence needs a block and none is free, the most recently
+//!   admitted sequence is preempted: its blocks are released and it goes back to the front of
+//!   the queue, to be recomputed (prompt and the tokens generated so far) when blocks free up.
+//!   Its output so far stays; the sampler's state (its random stream) continues.
+//!   A sequence that needs more blocks than the whole pool, even alone, ends with
+//!   [`FinishReason::CacheFull`].
+//! - **Cancellation.** [`Scheduler::cancel`] releases a request's blocks at once.
+//!
+//! Invariants: every block of the pool is held by a running sequence's table, cached idle, or
+//! free (checked by [`Scheduler::check`]); a finished, cancelled or preempted sequence holds no
+//! block; a sequence's `computed` positions have their KV rows in its table's blocks.
+
+use std::collections::VecDeque;
+
+use kiln_backend::Backend;
+use kiln_models::{Decoder, PagedKvCache, PagedSeq};
+
+use crate::blocks::{BlockPool, BlockTable, PrefixStats};
+use crate::{EngineError, Sampler, SamplingParams};
+
+/// Sizes of a scheduler.
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// Blocks in the KV pool, and positions per block.
+    pub n_blocks: usize,
+    pub block_size: usize,
+    /// Tokens one step may carry (decode tokens plus prefill chunks).
+    pub max_step_tokens: usize,
+    /// Sequences running at once.
+    pub max_running: usize,
+    /// Requests that may wait; beyond it [`Scheduler::submit`] refuses.
+    pub max_waiting: usize,
+}
+
+/// One generation request.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub prompt: Vec<u32>,
+    /// Most tokens to generate (at least 1).
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Tokens that end the generation (included in the output).
+    pub stop_ids: Vec<u32>,
+}
+
+pub type RequestId = u64;
+
+/// Why a request ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop token was generated.
+    Stop,
+    /// `max_tokens` or the context length was reached.
+    Length,
+    /// The sequence alone needs more KV blocks than the whole pool holds.
+    CacheFull,
+}
+
+/// What a step produced, in order.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    Token { id: RequestId, token: u32 },
+    Finished { id: RequestId, reason: FinishReason },
+}
+
+/// A request refused at submission.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the queue is full ({0} requests waiting)")]
+    QueueFull(usize),
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("the prompt has {prompt} tokens; the context holds {context}")]
+    PromptTooLong { prompt: usize, context: usize },
+    #[error("the prompt needs {needed} KV blocks; the whole pool has {pool}")]
+    PromptTooLarge { needed: usize, pool: usize },
+    #[error("max_tokens must be at least 1")]
+    NoTokens,
+    #[error(transparent)]
+    Sampling(#[from] EngineError),
+}
+
+struct Seq {
+    id: RequestId,
+    prompt: Vec<u32>,
+    generated: Vec<u32>,
+    max_tokens: usize,
+    stop_ids: Vec<u32>,
+    sampler: Sampler,
+    /// The blocks while running (`None` while waiting).
+    table: Option<BlockTable>,
+    /// Positions whose KV rows are in the table's blocks.
+    computed: usize,
+}
+
+impl Seq {
+    fn tokens(&self) -> Vec<u32> {
+        let mut t = self.prompt.clone();
+        t.extend_from_slice(&self.generated);
+        t
+    }
+
+    fn len(&self) -> usize {
+        self.prompt.len() + self.generated.len()
+    }
+}
+
+/// Continuous batching of one decoder model over a paged KV cache (see the module docs).
+pub struct Scheduler<B: Backend> {
+    cfg: SchedulerConfig,
+    pool: BlockPool,
+    cache: PagedKvCache<B>,
+    waiting: VecDeque<Seq>,
+    /// In admission order (the last is preempted first).
+    running: Vec<Seq>,
+    next_id: RequestId,
+    context: usize,
+    preemptions: u64,
+}
+
+impl<B: Backend> Scheduler<B> {
+    pub fn new(b: &B, model: &Decoder<B>, cfg: SchedulerConfig) -> Result<Self, EngineError> {
+        if cfg.max_step_tokens == 0 || cfg.max_running == 0 {
+            return Err(EngineError::Input(
+                "a scheduler step needs room for at least one token and one sequence".into(),
+            ));
+        }
+        let pool = BlockPool::new(cfg.n_blocks, cfg.block_size)
+            .map_err(|e| EngineError::Input(e.to_string()))?;
+        let context = model.config.context_length;
+        let cache = PagedKvCache::new(b, &model.config, cfg.n_blocks, cfg.block_size, context)?;
+        Ok(Scheduler {
+            cfg,
+            pool,
+            cache,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            next_id: 0,
+            context,
+            preemptions: 0,
+        })
+    }
+
+    /// Queues a request; refused (nothing queued) when invalid or when the queue is full.
+    pub fn submit(&mut self, req: Request) -> Result<RequestId, SubmitError> {
+        if req.prompt.is_empty() {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        if req.max_tokens == 0 {
+            return Err(SubmitError::NoTokens);
+        }
+        if req.prompt.len() >= self.context {
+            return Err(SubmitError::PromptTooLong {
+                prompt: req.prompt.len(),
+                context: self.context,
+            });
+        }
+        // Room for the prompt and the first generated token, or it could never run.
+        let needed = self.pool.blocks_for(req.prompt.len() + 1);
+        if needed > self.pool.n_blocks() {
+            return Err(SubmitError::PromptTooLarge {
+                needed,
+                pool: self.pool.n_blocks(),
+            });
+        }
+        if self.waiting.len() >= self.cfg.max_waiting {
+            return Err(SubmitError::QueueFull(self.waiting.len()));
+        }
+        let sampler = Sampler::new(req.sampling)?;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.waiting.push_back(Seq {
+            id,
+            prompt: req.prompt,
+            generated: Vec::new(),
+            max_tokens: req.max_tokens,
+            stop_ids: req.stop_ids,
+            sampler,
+            table: None,
+            computed: 0,
+        });
+        Ok(id)
+    }
+
+    /// Ends request `id` wherever it is, releasing its blocks; false when it is not known (it
+    /// finished already).
+    pub fn cancel(&mut self, id: RequestId) -> bool {
+        if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
+            self.waiting.remove(i);
+            return true;
+        }
+        if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            let mut seq = self.running.remove(i);
+            if let Some(t) = seq.table.take() {
+                self.pool.release(t);
+            }
+            return true;
+        }
+        false
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Whether a step has anything to do.
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    pub fn prefix_stats(&self) -> PrefixStats {
+        self.pool.prefix_stats()
+    }
+
+    /// Sequences preempted so far.
+    pub fn preemptions(&self) -> u64 {
+        self.preemptions
+    }
+
+    /// Verifies the block invariants (tests).
+    pub fn check(&self) -> Result<(), String> {
+        if self.waiting.iter().any(|s| s.table.is_some()) {
+            return Err("a waiting sequence holds blocks".into());
+        }
+        let tables: Vec<&BlockTable> = self
+            .running
+            .iter()
+            .map(|s| s.table.as_ref().ok_or("a running sequence holds no table"))
+            .collect::<Result<_, _>>()?;
+        self.pool.check(&tables)
+    }
+
+    /// Admits what fits, runs one forward pass over the running sequences, samples, and
+    /// returns the tokens and endings it produced. Does nothing when idle.
+    pub fn step(&mut self, b: &B, model: &Decoder<B>) -> Result<Vec<Event>, EngineError> {
+        let mut events = Vec::new();
+        self.admit();
+        if self.running.is_empty() {
+            return Ok(events);
+        }
+        // Inputs: decoding sequences first (one token each), then prefill chunks.
+        let mut budget = self.cfg.max_step_tokens;
+        let mut inputs: Vec<(usize, Vec<u32>)> = Vec::new();
+        let order: Vec<usize> = {
+            let (mut dec, mut pre): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
+            for (i, s) in self.running.iter().enumerate() {
+                if s.len() - s.computed == 1 {
+                    dec.push(i);
+                } else {
+                    pre.push(i);
+                }
+            }
+            dec.append(&mut pre);
+            dec
+        };
+        for i in order {
+            if budget == 0 {
+                break;
+            }
+            let s = &self.running[i];
+            let n = (s.len() - s.computed).min(budget);
+            let tokens = s.tokens();
+            inputs.push((i, tokens[s.computed..s.computed + n].to_vec()));
+            budget -= n;
+        }
+        inputs.sort_by_key(|(i, _)| *i);
+        let seqs: Vec<&[u32]> = inputs.iter().map(|(_, t)| t.as_slice()).collect();
+        let views: Vec<PagedSeq<'_>> = inputs
+            .iter()
+            .map(|(i, _)| {
+                let s = &self.running[*i];
+                PagedSeq {
+                    table: s.table.as_ref().map_or(&[], |t| t.blocks()),
+                    len: s.computed,
+                }
+            })
+            .collect();
+        let h = model.forward_paged(b, &seqs, &mut self.cache, &views, &kiln_models::NoTrace)?;
+        // The last row of each sequence whose input reached its end.
+        let mut row = 0;
+        let mut last_rows = Vec::new();
+        let mut sampled = Vec::new();
+        for (i, t) in &inputs {
+            row += t.len();
+            let s = &mut self.running[*i];
+            s.computed += t.len();
+            if let Some(table) = s.table.as_mut() {
+                self.pool.register_computed(table, s.computed);
+            }
+            if s.computed == s.len() {
+                last_rows.push(row as u32 - 1);
+                sampled.push(*i);
+            }
+        }
+        if !sampled.is_empty() {
+            let last = b.gather_rows(&h, &last_rows)?;
+            let logits = b.to_f32(&model.logits(b, &last)?)?;
+            let vocab = logits.len() / sampled.len();
+            let mut finished = Vec::new();
+            for (k, &i) in sampled.iter().enumerate() {
+                let s = &mut self.running[i];
+                let mut l = logits[k * vocab..(k + 1) * vocab].to_vec();
+                let token = s.sampler.sample(&mut l, &s.tokens());
+                s.generated.push(token);
+                events.push(Event::Token { id: s.id, token });
+                let reason = if s.stop_ids.contains(&token) {
+                    Some(FinishReason::Stop)
+                } else if s.generated.len() >= s.max_tokens || s.len() >= self.context {
+                    Some(FinishReason::Length)
+                } else {
+                    None
+                };
+                if let Some(reason) = reason {
+                    events.push(Event::Finished { id: s.id, reason });
+                    finished.push(i);
+                }
+            }
+            // Finished sequences leave (their blocks first, so others can grow into them).
+            finished.sort_unstable();
+            for &i in finished.iter().rev() {
+                let mut s = self.running.remove(i);
+                if let Some(t) = s.table.take() {
+                    self.pool.release(t);
+                }
+            }
+            self.grow_tables(&mut events);
+        }
+        Ok(events)
+    }
+
+    /// Gives every running sequence a block for its newest token, preempting the most recently
+    /// admitted sequences when the pool runs out. A sequence that is alone and still finds no
+    /// block can never run: it ends with [`FinishReason::CacheFull`].
+    fn grow_tables(&mut self, events: &mut Vec<Event>) {
+        let mut i = 0;
+        while i < self.running.len() {
+            let s = &mut self.running[i];
+            let len = s.len();
+            let Some(table) = s.table.as_mut() else {
+                i += 1;
+                continue;
+            };
+            let missing = len - table.len();
+            if missing == 0 {
+                i += 1;
+                continue;
+            }
+            let new = s.generated[s.generated.len() - missing..].to_vec();
+            if self.pool.append(table, &new).is_ok() {
+                i += 1;
+                continue;
+            }
+            if self.running.len() == 1 {
+                let mut s = self.running.remove(0);
+                if let Some(t) = s.table.take() {
+                    self.pool.release(t);
+                }
+                events.push(Event::Finished {
+                    id: s.id,
+                    reason: FinishReason::CacheFull,
+                });
+                break;
+            }
+            // Out of blocks: preempt the last admitted (possibly this one, which ends the
+            // loop) and retry.
+            self.preempt(self.running.len() - 1);
+        }
+    }
+
+    /// Sends running sequence `i` back to the front of the queue, releasing its blocks.
+    fn preempt(&mut self, i: usize) {
+        let mut s = self.running.remove(i);
+        if let Some(t) = s.table.take() {
+            self.pool.release(t);
+        }
+        s.computed = 0;
+        self.preemptions += 1;
+        self.waiting.push_front(s);
+    }
+
+    /// Admits waiting sequences in order while sequences and blocks allow.
+    fn admit(&mut self) {
+        while self.running.len() < self.cfg.max_running {
+            let Some(s) = self.waiting.front() else {
+                break;
+            };
+            let tokens = s.tokens();
+            let Ok((table, hit)) = self.pool.allocate_prompt(&tokens) else {
+                break;
+            };
+            let Some(mut s) = self.waiting.pop_front() else {
+                break;
+            };
+            s.computed = hit.cached_tokens;
+            s.table = Some(table);
+            self.running.push(s);
+        }
+    }
+}

@@ -1,0 +1,284 @@
+//! The continuous-batching scheduler on a real (tiny, random-weight) Llama checkpoint from the
+//! model fixtures: batched, chunked, prefix-cached and preempted runs give each request the
+//! tokens it gets alone, and every block goes back to the pool.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use kiln_cpu::CpuBackend;
+use kiln_engine::{
+    Event, FinishReason, Request, RequestId, SamplingParams, Scheduler, SchedulerConfig,
+    SubmitError,
+};
+use kiln_formats::GgufFile;
+use kiln_models::Decoder;
+
+fn model(b: &CpuBackend) -> Decoder<CpuBackend> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../kiln-models/tests/fixtures/decoders/llama/model-f32.gguf");
+    let file = GgufFile::open(&path).unwrap();
+    kiln_models::load_gguf_decoder(b, &file).unwrap()
+}
+
+fn config(n_blocks: usize, block_size: usize, max_step_tokens: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        n_blocks,
+        block_size,
+        max_step_tokens,
+        max_running: 16,
+        max_waiting: 64,
+    }
+}
+
+fn request(prompt: Vec<u32>, max_tokens: usize) -> Request {
+    Request {
+        prompt,
+        max_tokens,
+        sampling: SamplingParams::greedy(),
+        stop_ids: vec![],
+    }
+}
+
+/// Prompts of varied lengths over the fixture's vocabulary (405 tokens); the first `shared`
+/// tokens are the same in all of them.
+fn prompts(n: usize, shared: usize) -> Vec<Vec<u32>> {
+    let mut s = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s % 400) as u32 + 1
+    };
+    let prefix: Vec<u32> = (0..shared).map(|_| next()).collect();
+    (0..n)
+        .map(|i| {
+            let mut p = prefix.clone();
+            p.extend((0..3 + 7 * i % 23).map(|_| next()));
+            p
+        })
+        .collect()
+}
+
+type Outputs = HashMap<RequestId, (Vec<u32>, Option<FinishReason>)>;
+
+fn record(out: &mut Outputs, events: Vec<Event>) {
+    for e in events {
+        match e {
+            Event::Token { id, token } => out.entry(id).or_default().0.push(token),
+            Event::Finished { id, reason } => out.entry(id).or_default().1 = Some(reason),
+        }
+    }
+}
+
+/// Runs the scheduler until idle; returns each request's tokens and ending.
+fn drain(
+    s: &mut Scheduler<CpuBackend>,
+    b: &CpuBackend,
+    m: &Decoder<CpuBackend>,
+) -> HashMap<RequestId, (Vec<u32>, FinishReason)> {
+    drain_into(s, b, m, Outputs::new())
+}
+
+fn drain_into(
+    s: &mut Scheduler<CpuBackend>,
+    b: &CpuBackend,
+    m: &Decoder<CpuBackend>,
+    mut out: Outputs,
+) -> HashMap<RequestId, (Vec<u32>, FinishReason)> {
+    let mut steps = 0;
+    while !s.is_idle() {
+        record(&mut out, s.step(b, m).unwrap());
+        s.check().unwrap();
+        steps += 1;
+        assert!(steps < 10_000, "the scheduler makes no progress");
+    }
+    assert_eq!(s.pool().in_use(), 0, "every block is back");
+    out.into_iter()
+        .map(|(id, (t, r))| (id, (t, r.expect("finished"))))
+        .collect()
+}
+
+/// Each prompt alone, in a scheduler of its own.
+fn alone(b: &CpuBackend, m: &Decoder<CpuBackend>, prompts: &[Vec<u32>], n: usize) -> Vec<Vec<u32>> {
+    prompts
+        .iter()
+        .map(|p| {
+            let mut s = Scheduler::new(b, m, config(64, 16, 512)).unwrap();
+            let id = s.submit(request(p.clone(), n)).unwrap();
+            let out = drain(&mut s, b, m);
+            assert_eq!(out[&id].1, FinishReason::Length);
+            out[&id].0.clone()
+        })
+        .collect()
+}
+
+fn together(
+    b: &CpuBackend,
+    m: &Decoder<CpuBackend>,
+    cfg: SchedulerConfig,
+    prompts: &[Vec<u32>],
+    n: usize,
+) -> (Vec<Vec<u32>>, Scheduler<CpuBackend>) {
+    let mut s = Scheduler::new(b, m, cfg).unwrap();
+    let ids: Vec<RequestId> = prompts
+        .iter()
+        .map(|p| s.submit(request(p.clone(), n)).unwrap())
+        .collect();
+    let out = drain(&mut s, b, m);
+    (ids.iter().map(|id| out[id].0.clone()).collect(), s)
+}
+
+#[test]
+fn batched_requests_get_the_tokens_they_get_alone() {
+    let b = CpuBackend::new(2).unwrap();
+    let m = model(&b);
+    let ps = prompts(12, 0);
+    let want = alone(&b, &m, &ps, 10);
+    assert!(want.iter().all(|t| t.len() == 10));
+    let (got, _) = together(&b, &m, config(128, 16, 512), &ps, 10);
+    assert_eq!(got, want);
+}
+
+#[test]
+fn chunked_prefill_and_small_blocks_change_no_token() {
+    let b = CpuBackend::new(2).unwrap();
+    let m = model(&b);
+    let ps = prompts(6, 0);
+    let want = alone(&b, &m, &ps, 6);
+    // 5 tokens per step: prompts are cut into chunks while other sequences decode.
+    let (got, _) = together(&b, &m, config(128, 3, 5), &ps, 6);
+    assert_eq!(got, want);
+}
+
+#[test]
+fn shared_prefixes_hit_the_cache_and_change_no_token() {
+    let b = CpuBackend::new(2).unwrap();
+    let m = model(&b);
+    let ps = prompts(5, 40);
+    let want = alone(&b, &m, &ps, 5);
+    // One at a time through the same scheduler: later prompts find the first one's blocks.
+    let mut s = Scheduler::new(&b, &m, config(64, 8, 512)).unwrap();
+    let mut got = Vec::new();
+    for p in &ps {
+        let id = s.submit(request(p.clone(), 5)).unwrap();
+        got.push(drain(&mut s, &b, &m)[&id].0.clone());
+    }
+    assert_eq!(got, want);
+    let stats = s.prefix_stats();
+    // 40 shared tokens = 5 full blocks of 8, found by each of the 4 later prompts.
+    assert!(stats.hit_blocks >= 4 * 5, "{stats:?}");
+}
+
+#[test]
+fn preempted_requests_are_recomputed_and_change_no_token() {
+    let b = CpuBackend::new(2).unwrap();
+    let m = model(&b);
+    let ps = prompts(6, 0);
+    let want = alone(&b, &m, &ps, 24);
+    // 16 blocks of 4 positions: each sequence fits alone (at most 25 + 24 positions), not all
+    // six at once.
+    let (got, s) = together(&b, &m, config(16, 4, 512), &ps, 24);
+    assert!(
+        s.preemptions() > 0,
+        "the pool was large enough: no preemption tested"
+    );
+    assert_eq!(got, want);
+}
+
+#[test]
+fn cancelled_and_stopped_requests_free_their_blocks() {
+    let b = CpuBackend::new(1).unwrap();
+    let m = model(&b);
+    let ps = prompts(3, 0);
+    let first = alone(&b, &m, &ps[..1], 4)[0].clone();
+    let mut s = Scheduler::new(&b, &m, config(32, 4, 512)).unwrap();
+    // Stop at the first occurrence of the 3rd token alone generates.
+    let stop_at = first[2];
+    let stop_len = first.iter().position(|&t| t == stop_at).unwrap() + 1;
+    let a = s
+        .submit(Request {
+            stop_ids: vec![stop_at],
+            ..request(ps[0].clone(), 50)
+        })
+        .unwrap();
+    let c = s.submit(request(ps[1].clone(), 50)).unwrap();
+    let waiting = s.submit(request(ps[2].clone(), 50)).unwrap();
+    assert!(s.cancel(waiting));
+    let mut out = Outputs::new();
+    record(&mut out, s.step(&b, &m).unwrap());
+    assert!(s.pool().in_use() > 0);
+    assert!(s.cancel(c));
+    assert!(!s.cancel(c), "already gone");
+    s.check().unwrap();
+    // A cancelled request produces nothing more (and no ending: its caller knows).
+    let (c_tokens, c_end) = out.remove(&c).unwrap();
+    assert_eq!((c_tokens.len(), c_end), (1, None));
+    let out = drain_into(&mut s, &b, &m, out);
+    assert_eq!(out[&a].1, FinishReason::Stop);
+    assert_eq!(out[&a].0, first[..stop_len]);
+    assert!(!out.contains_key(&waiting) && !out.contains_key(&c));
+    assert_eq!(s.pool().in_use(), 0);
+}
+
+#[test]
+fn a_sequence_larger_than_the_pool_ends_instead_of_looping() {
+    let b = CpuBackend::new(1).unwrap();
+    let m = model(&b);
+    // 3 blocks of 4: a 5-token prompt fits, 12 positions is the most it can ever hold.
+    let mut s = Scheduler::new(&b, &m, config(3, 4, 512)).unwrap();
+    let id = s.submit(request(vec![5, 6, 7, 8, 9], 100)).unwrap();
+    let out = drain(&mut s, &b, &m);
+    assert_eq!(out[&id].1, FinishReason::CacheFull);
+    // 7 tokens fill the 12 positions; an 8th is sampled from them, and has no room.
+    assert_eq!(out[&id].0.len(), 12 - 5 + 1);
+}
+
+#[test]
+fn refused_requests_say_why_and_change_nothing() {
+    let b = CpuBackend::new(1).unwrap();
+    let m = model(&b);
+    let mut s = Scheduler::new(
+        &b,
+        &m,
+        SchedulerConfig {
+            max_waiting: 1,
+            ..config(4, 4, 64)
+        },
+    )
+    .unwrap();
+    assert!(matches!(
+        s.submit(request(vec![], 4)),
+        Err(SubmitError::EmptyPrompt)
+    ));
+    assert!(matches!(
+        s.submit(request(vec![1], 0)),
+        Err(SubmitError::NoTokens)
+    ));
+    assert!(matches!(
+        s.submit(request(vec![1; 16], 4)),
+        Err(SubmitError::PromptTooLarge { needed: 5, pool: 4 })
+    ));
+    assert!(matches!(
+        s.submit(request(vec![1; 300], 4)),
+        Err(SubmitError::PromptTooLong {
+            prompt: 300,
+            context: 256
+        })
+    ));
+    let bad = Request {
+        sampling: SamplingParams {
+            temperature: -1.0,
+            ..SamplingParams::greedy()
+        },
+        ..request(vec![1], 1)
+    };
+    assert!(matches!(s.submit(bad), Err(SubmitError::Sampling(_))));
+    s.submit(request(vec![1, 2], 4)).unwrap();
+    assert!(matches!(
+        s.submit(request(vec![1, 2], 4)),
+        Err(SubmitError::QueueFull(1))
+    ));
+    assert_eq!(s.waiting(), 1);
+    assert!(Scheduler::new(&b, &m, config(4, 0, 64)).is_err());
+    assert!(Scheduler::new(&b, &m, config(4, 4, 0)).is_err());
+}
