@@ -91,6 +91,8 @@ pub enum SubmitError {
     PromptTooLarge { needed: usize, pool: usize },
     #[error("max_tokens must be at least 1")]
     NoTokens,
+    #[error("token id {id} is outside the vocabulary ({vocab} tokens)")]
+    BadToken { id: u32, vocab: usize },
     #[error(transparent)]
     Sampling(#[from] EngineError),
 }
@@ -130,6 +132,7 @@ pub struct Scheduler<B: Backend> {
     running: Vec<Seq>,
     next_id: RequestId,
     context: usize,
+    vocab: usize,
     preemptions: u64,
 }
 
@@ -152,6 +155,7 @@ impl<B: Backend> Scheduler<B> {
             running: Vec::new(),
             next_id: 0,
             context,
+            vocab: model.config.vocab_size,
             preemptions: 0,
         })
     }
@@ -163,6 +167,13 @@ impl<B: Backend> Scheduler<B> {
         }
         if req.max_tokens == 0 {
             return Err(SubmitError::NoTokens);
+        }
+        // A bad id would fail every later step of the whole batch: refuse it here.
+        if let Some(&id) = req.prompt.iter().find(|&&t| t as usize >= self.vocab) {
+            return Err(SubmitError::BadToken {
+                id,
+                vocab: self.vocab,
+            });
         }
         if req.prompt.len() >= self.context {
             return Err(SubmitError::PromptTooLong {

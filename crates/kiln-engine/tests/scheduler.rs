@@ -265,6 +265,13 @@ fn refused_requests_say_why_and_change_nothing() {
             context: 256
         })
     ));
+    assert!(matches!(
+        s.submit(request(vec![1, 405], 4)),
+        Err(SubmitError::BadToken {
+            id: 405,
+            vocab: 405
+        })
+    ));
     let bad = Request {
         sampling: SamplingParams {
             temperature: -1.0,
