@@ -12,6 +12,7 @@ mod rng;
 mod sampler;
 mod scheduler;
 mod score;
+mod stop;
 mod text;
 
 pub use blocks::{
@@ -27,6 +28,7 @@ pub use scheduler::{
     Event, FinishReason, Request, RequestId, Scheduler, SchedulerConfig, SubmitError,
 };
 pub use score::{log_softmax, score, PositionScore};
+pub use stop::{Released, StopMatcher};
 pub use text::{is_hf_decoder_dir, HfText, TextStream, TextTokenizer};
 
 /// Prompt tokens evaluated per forward call (as llama.cpp's default `n_batch`/`n_ubatch` of 512).
