@@ -1,0 +1,757 @@
+//! OpenAI request bodies: parsing and validation.
+//!
+//! [`parse_body`] turns raw bytes into a request type (invalid UTF-8, malformed JSON and wrong
+//! types are 400s naming the problem); each request's `validate` checks every field against
+//! OpenAI's documented ranges and kiln's limits and yields the engine's parameters. Fields
+//! OpenAI defines that kiln does not implement are refused by name rather than silently
+//! ignored; unknown fields are ignored, as clients send extras (`user`, ...).
+//!
+//! Invariant: a value returned by a `validate` is safe to hand to the engine (sampling
+//! parameters pass `SamplingParams::validate`, counts are within the limits); every refusal is
+//! an [`ApiError`] with the offending parameter in `param`.
+
+use kiln_engine::SamplingParams;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// An OpenAI-style error: HTTP status and the `error` object.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+    /// `invalid_request_error`, `not_found_error`, `rate_limit_error`, `server_error`.
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    /// 400 for parameter `param`.
+    pub fn invalid(param: &str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: 400,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: Some(param.to_string()),
+            code: None,
+        }
+    }
+
+    /// 400 for the body as a whole.
+    pub fn bad_body(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: 400,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: None,
+        }
+    }
+
+    /// 404 for a model the server does not serve.
+    pub fn unknown_model(model: &str, served: &[&str]) -> ApiError {
+        ApiError {
+            status: 404,
+            message: format!(
+                "the model '{model}' does not exist; this server serves {}",
+                served.join(", ")
+            ),
+            kind: "invalid_request_error",
+            param: Some("model".into()),
+            code: Some("model_not_found"),
+        }
+    }
+
+    /// The JSON body: `{"error": {"message", "type", "param", "code"}}`.
+    pub fn body(&self) -> Value {
+        json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        })
+    }
+}
+
+/// Parses a request body: UTF-8, then JSON of type `T`.
+pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        ApiError::bad_body(format!(
+            "the request body is not valid UTF-8 (at byte {})",
+            e.valid_up_to()
+        ))
+    })?;
+    serde_json::from_str(text).map_err(|e| {
+        let what = match e.classify() {
+            serde_json::error::Category::Data => "the request body does not fit the API",
+            _ => "the request body is not valid JSON",
+        };
+        ApiError::bad_body(format!("{what}: {e}"))
+    })
+}
+
+/// A string or a list of strings (`stop`).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum StringOrList {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// A prompt or an embedding input: text, texts, token ids, or lists of token ids.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum TextsOrIds {
+    Text(String),
+    Texts(Vec<String>),
+    Ids(Vec<u32>),
+    IdLists(Vec<Vec<u32>>),
+}
+
+/// One input of a prompt or embedding request.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Input {
+    Text(String),
+    Ids(Vec<u32>),
+}
+
+impl TextsOrIds {
+    fn inputs(&self) -> Vec<Input> {
+        match self {
+            TextsOrIds::Text(t) => vec![Input::Text(t.clone())],
+            TextsOrIds::Texts(ts) => ts.iter().cloned().map(Input::Text).collect(),
+            TextsOrIds::Ids(ids) => vec![Input::Ids(ids.clone())],
+            TextsOrIds::IdLists(l) => l.iter().cloned().map(Input::Ids).collect(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// The generation fields chat and completions share (OpenAI's, then kiln's extensions).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct GenerationFields {
+    pub max_tokens: Option<u64>,
+    pub max_completion_tokens: Option<u64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub seed: Option<i64>,
+    pub stop: Option<StringOrList>,
+    pub n: Option<u64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    /// kiln extensions, as llama.cpp's and vLLM's servers accept them.
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    /// OpenAI fields kiln does not implement: refused by name.
+    pub logit_bias: Option<Value>,
+    pub tools: Option<Value>,
+    pub response_format: Option<Value>,
+}
+
+/// What the server's configuration allows.
+#[derive(Clone, Debug)]
+pub struct GenerationLimits {
+    /// Most choices per request (`n`).
+    pub max_n: u64,
+    /// The default `max_tokens` when a request gives none.
+    pub default_max_tokens: u64,
+}
+
+/// A generation request's engine parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidGeneration {
+    /// At most; the context length caps it further once the prompt is known.
+    pub max_tokens: u64,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub n: u64,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// Whether `x` lies in `[lo, hi]` (and is a number).
+fn within(x: f64, lo: f64, hi: f64) -> bool {
+    x >= lo && x <= hi
+}
+
+impl GenerationFields {
+    fn validate(&self, limits: &GenerationLimits) -> Result<ValidGeneration, ApiError> {
+        for (name, given) in [
+            ("logit_bias", &self.logit_bias),
+            ("tools", &self.tools),
+            ("response_format", &self.response_format),
+        ] {
+            if given.as_ref().is_some_and(|v| !v.is_null()) {
+                return Err(ApiError::invalid(
+                    name,
+                    format!("'{name}' is not supported by kiln"),
+                ));
+            }
+        }
+        let max_tokens = match (self.max_completion_tokens, self.max_tokens) {
+            (Some(m), _) | (None, Some(m)) => m,
+            (None, None) => limits.default_max_tokens,
+        };
+        if max_tokens == 0 {
+            let param = if self.max_completion_tokens.is_some() {
+                "max_completion_tokens"
+            } else {
+                "max_tokens"
+            };
+            return Err(ApiError::invalid(param, "must be at least 1"));
+        }
+        let mut sampling = SamplingParams {
+            // OpenAI's defaults: temperature 1, top_p 1, no other filter.
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            penalty_last_n: 0,
+            seed: 0,
+        };
+        if let Some(t) = self.temperature {
+            if !within(t, 0.0, 2.0) {
+                return Err(ApiError::invalid("temperature", "must be between 0 and 2"));
+            }
+            sampling.temperature = t as f32;
+        }
+        if let Some(p) = self.top_p {
+            if !(p > 0.0 && p <= 1.0) {
+                return Err(ApiError::invalid("top_p", "must be in (0, 1]"));
+            }
+            sampling.top_p = p as f32;
+        }
+        for (name, value, slot) in [
+            (
+                "presence_penalty",
+                self.presence_penalty,
+                &mut sampling.presence_penalty,
+            ),
+            (
+                "frequency_penalty",
+                self.frequency_penalty,
+                &mut sampling.frequency_penalty,
+            ),
+        ] {
+            if let Some(v) = value {
+                if !within(v, -2.0, 2.0) {
+                    return Err(ApiError::invalid(name, "must be between -2 and 2"));
+                }
+                *slot = v as f32;
+            }
+        }
+        if let Some(seed) = self.seed {
+            // Negative seeds are valid in OpenAI's API: keep their bits.
+            sampling.seed = seed as u64;
+        }
+        if let Some(k) = self.top_k {
+            // -1 and 0 both mean "off" in the servers that accept top_k.
+            if k < -1 {
+                return Err(ApiError::invalid(
+                    "top_k",
+                    "must be -1, 0 (off) or positive",
+                ));
+            }
+            sampling.top_k = k.max(0) as usize;
+        }
+        if let Some(m) = self.min_p {
+            if !within(m, 0.0, 1.0) {
+                return Err(ApiError::invalid("min_p", "must be between 0 and 1"));
+            }
+            sampling.min_p = m as f32;
+        }
+        if let Some(r) = self.repetition_penalty {
+            if !(r > 0.0 && r.is_finite() && r <= 10.0) {
+                return Err(ApiError::invalid(
+                    "repetition_penalty",
+                    "must be in (0, 10]",
+                ));
+            }
+            sampling.repetition_penalty = r as f32;
+        }
+        sampling
+            .validate()
+            .map_err(|e| ApiError::bad_body(e.to_string()))?;
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(StringOrList::One(s)) => vec![s.clone()],
+            Some(StringOrList::Many(v)) => v.clone(),
+        };
+        if stop.len() > 4 {
+            return Err(ApiError::invalid("stop", "at most 4 stop sequences"));
+        }
+        if stop.iter().any(String::is_empty) {
+            return Err(ApiError::invalid(
+                "stop",
+                "stop sequences must not be empty",
+            ));
+        }
+        let n = self.n.unwrap_or(1);
+        if n == 0 || n > limits.max_n {
+            return Err(ApiError::invalid(
+                "n",
+                format!("must be between 1 and {}", limits.max_n),
+            ));
+        }
+        if self.stream_options.is_some() && !self.stream {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "only allowed when 'stream' is true",
+            ));
+        }
+        Ok(ValidGeneration {
+            max_tokens,
+            sampling,
+            stop,
+            n,
+            stream: self.stream,
+            include_usage: self
+                .stream_options
+                .as_ref()
+                .is_some_and(|o| o.include_usage),
+        })
+    }
+}
+
+/// Message content: a string, or a list of parts of which kiln reads the text ones.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+pub struct MessageIn {
+    pub role: String,
+    pub content: Option<Content>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Clone, Debug, Deserialize)]
+pub struct ChatCompletionRequest {
+    pub model: String,
+    pub messages: Vec<MessageIn>,
+    #[serde(flatten)]
+    pub generation: GenerationFields,
+    #[serde(default)]
+    pub logprobs: bool,
+    pub top_logprobs: Option<u64>,
+}
+
+/// A validated chat request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidChat {
+    /// (role, text) per message.
+    pub messages: Vec<(String, String)>,
+    pub generation: ValidGeneration,
+    /// Top alternatives per token when logprobs were asked for.
+    pub logprobs: Option<u64>,
+}
+
+impl ChatCompletionRequest {
+    pub fn validate(&self, limits: &GenerationLimits) -> Result<ValidChat, ApiError> {
+        if self.messages.is_empty() {
+            return Err(ApiError::invalid("messages", "must not be empty"));
+        }
+        let mut messages = Vec::with_capacity(self.messages.len());
+        for (i, m) in self.messages.iter().enumerate() {
+            if !matches!(
+                m.role.as_str(),
+                "system" | "developer" | "user" | "assistant" | "tool"
+            ) {
+                return Err(ApiError::invalid(
+                    &format!("messages[{i}].role"),
+                    format!("unknown role '{}'", m.role),
+                ));
+            }
+            let text = match &m.content {
+                None => String::new(),
+                Some(Content::Text(t)) => t.clone(),
+                Some(Content::Parts(parts)) => {
+                    let mut text = String::new();
+                    for (j, p) in parts.iter().enumerate() {
+                        match (p.kind.as_str(), &p.text) {
+                            ("text", Some(t)) => text.push_str(t),
+                            _ => {
+                                return Err(ApiError::invalid(
+                                    &format!("messages[{i}].content[{j}]"),
+                                    format!(
+                                        "content parts of type '{}' are not supported (text only)",
+                                        p.kind
+                                    ),
+                                ))
+                            }
+                        }
+                    }
+                    text
+                }
+            };
+            messages.push((m.role.clone(), text));
+        }
+        let generation = self.generation.validate(limits)?;
+        let logprobs = match (self.logprobs, self.top_logprobs) {
+            (false, Some(_)) => {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    "only allowed when 'logprobs' is true",
+                ))
+            }
+            (true, Some(k)) if k > 20 => {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    "must be between 0 and 20",
+                ))
+            }
+            (true, k) => Some(k.unwrap_or(0)),
+            (false, None) => None,
+        };
+        Ok(ValidChat {
+            messages,
+            generation,
+            logprobs,
+        })
+    }
+}
+
+/// `POST /v1/completions`.
+#[derive(Clone, Debug, Deserialize)]
+pub struct CompletionRequest {
+    pub model: String,
+    pub prompt: TextsOrIds,
+    #[serde(flatten)]
+    pub generation: GenerationFields,
+    pub logprobs: Option<u64>,
+    #[serde(default)]
+    pub echo: bool,
+}
+
+/// A validated completion request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidCompletion {
+    /// One choice (times `n`) per prompt.
+    pub prompts: Vec<Input>,
+    pub generation: ValidGeneration,
+    pub logprobs: Option<u64>,
+    pub echo: bool,
+}
+
+impl CompletionRequest {
+    pub fn validate(&self, limits: &GenerationLimits) -> Result<ValidCompletion, ApiError> {
+        let prompts = self.prompt.inputs();
+        if prompts.is_empty() {
+            return Err(ApiError::invalid("prompt", "must not be empty"));
+        }
+        if prompts
+            .iter()
+            .any(|p| matches!(p, Input::Ids(ids) if ids.is_empty()))
+        {
+            return Err(ApiError::invalid(
+                "prompt",
+                "a token list must not be empty",
+            ));
+        }
+        let generation = self.generation.validate(limits)?;
+        if let Some(k) = self.logprobs {
+            if k > 5 {
+                return Err(ApiError::invalid("logprobs", "must be between 0 and 5"));
+            }
+        }
+        Ok(ValidCompletion {
+            prompts,
+            generation,
+            logprobs: self.logprobs,
+            echo: self.echo,
+        })
+    }
+}
+
+/// `POST /v1/embeddings`.
+#[derive(Clone, Debug, Deserialize)]
+pub struct EmbeddingRequest {
+    pub model: String,
+    pub input: TextsOrIds,
+    pub encoding_format: Option<String>,
+    pub dimensions: Option<u64>,
+}
+
+/// A validated embedding request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidEmbedding {
+    pub inputs: Vec<Input>,
+    /// Vectors as base64 of little-endian f32 (else JSON floats).
+    pub base64: bool,
+}
+
+impl EmbeddingRequest {
+    /// `max_inputs`: most inputs in one request.
+    pub fn validate(&self, max_inputs: usize) -> Result<ValidEmbedding, ApiError> {
+        let inputs = self.input.inputs();
+        if inputs.is_empty() {
+            return Err(ApiError::invalid("input", "must not be empty"));
+        }
+        if inputs.len() > max_inputs {
+            return Err(ApiError::invalid(
+                "input",
+                format!("at most {max_inputs} inputs per request"),
+            ));
+        }
+        if inputs.iter().any(|i| match i {
+            Input::Text(t) => t.is_empty(),
+            Input::Ids(ids) => ids.is_empty(),
+        }) {
+            return Err(ApiError::invalid("input", "inputs must not be empty"));
+        }
+        let base64 = match self.encoding_format.as_deref() {
+            None | Some("float") => false,
+            Some("base64") => true,
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    "encoding_format",
+                    format!("must be 'float' or 'base64', not '{other}'"),
+                ))
+            }
+        };
+        if self.dimensions.is_some() {
+            return Err(ApiError::invalid(
+                "dimensions",
+                "'dimensions' is not supported by kiln (the model's size is returned)",
+            ));
+        }
+        Ok(ValidEmbedding { inputs, base64 })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> GenerationLimits {
+        GenerationLimits {
+            max_n: 8,
+            default_max_tokens: 16,
+        }
+    }
+
+    fn chat(body: &str) -> Result<ValidChat, ApiError> {
+        parse_body::<ChatCompletionRequest>(body.as_bytes())?.validate(&limits())
+    }
+
+    fn completion(body: &str) -> Result<ValidCompletion, ApiError> {
+        parse_body::<CompletionRequest>(body.as_bytes())?.validate(&limits())
+    }
+
+    fn param(r: Result<impl std::fmt::Debug, ApiError>) -> String {
+        let e = r.unwrap_err();
+        assert_eq!(e.status, 400);
+        e.param.unwrap_or_default()
+    }
+
+    #[test]
+    fn a_full_chat_request_becomes_engine_parameters() {
+        let v = chat(
+            r#"{"model": "m", "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "!"}]}],
+              "max_completion_tokens": 7, "max_tokens": 99, "temperature": 0.5, "top_p": 0.9,
+              "seed": -3, "stop": "\n", "n": 2, "presence_penalty": 1.5, "frequency_penalty": -1,
+              "stream": true, "stream_options": {"include_usage": true},
+              "logprobs": true, "top_logprobs": 3, "top_k": 20, "min_p": 0.1,
+              "repetition_penalty": 1.1, "user": "ignored"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            v.messages,
+            vec![
+                ("system".to_string(), "Be brief.".to_string()),
+                ("user".to_string(), "Hi!".to_string())
+            ]
+        );
+        let g = &v.generation;
+        assert_eq!(g.max_tokens, 7, "max_completion_tokens wins");
+        assert_eq!((g.n, g.stream, g.include_usage), (2, true, true));
+        assert_eq!(g.stop, vec!["\n".to_string()]);
+        assert_eq!(g.sampling.temperature, 0.5);
+        assert_eq!(g.sampling.top_k, 20);
+        assert_eq!(g.sampling.seed, (-3i64) as u64);
+        assert_eq!(g.sampling.frequency_penalty, -1.0);
+        assert_eq!(v.logprobs, Some(3));
+    }
+
+    #[test]
+    fn defaults_are_openais() {
+        let v = chat(r#"{"model": "m", "messages": [{"role": "user", "content": "x"}]}"#).unwrap();
+        let g = v.generation;
+        assert_eq!((g.max_tokens, g.n, g.stream), (16, 1, false));
+        assert_eq!((g.sampling.temperature, g.sampling.top_p), (1.0, 1.0));
+        assert_eq!((g.sampling.top_k, g.sampling.min_p), (0, 0.0));
+        assert_eq!(v.logprobs, None);
+    }
+
+    #[test]
+    fn out_of_range_values_name_their_parameter() {
+        let base = |extra: &str| {
+            format!(r#"{{"model": "m", "messages": [{{"role": "user", "content": "x"}}]{extra}}}"#)
+        };
+        for (extra, name) in [
+            (r#", "temperature": 2.5"#, "temperature"),
+            (r#", "temperature": -0.1"#, "temperature"),
+            (r#", "top_p": 0"#, "top_p"),
+            (r#", "n": 0"#, "n"),
+            (r#", "n": 9"#, "n"),
+            (r#", "max_tokens": 0"#, "max_tokens"),
+            (r#", "max_completion_tokens": 0"#, "max_completion_tokens"),
+            (r#", "presence_penalty": 3"#, "presence_penalty"),
+            (r#", "frequency_penalty": -2.5"#, "frequency_penalty"),
+            (r#", "stop": ["a", "b", "c", "d", "e"]"#, "stop"),
+            (r#", "stop": [""]"#, "stop"),
+            (r#", "top_k": -2"#, "top_k"),
+            (r#", "min_p": 1.5"#, "min_p"),
+            (r#", "repetition_penalty": 0"#, "repetition_penalty"),
+            (
+                r#", "stream_options": {"include_usage": true}"#,
+                "stream_options",
+            ),
+            (r#", "top_logprobs": 2"#, "top_logprobs"),
+            (r#", "logprobs": true, "top_logprobs": 21"#, "top_logprobs"),
+            (r#", "logit_bias": {"1": 5}"#, "logit_bias"),
+            (r#", "tools": []"#, "tools"),
+        ] {
+            assert_eq!(param(chat(&base(extra))), name, "{extra}");
+        }
+        assert_eq!(param(chat(r#"{"model": "m", "messages": []}"#)), "messages");
+        assert_eq!(
+            param(chat(
+                r#"{"model": "m", "messages": [{"role": "wizard", "content": "x"}]}"#
+            )),
+            "messages[0].role"
+        );
+        assert_eq!(
+            param(chat(
+                r#"{"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}"#
+            )),
+            "messages[0].content[0]"
+        );
+    }
+
+    #[test]
+    fn bad_bodies_are_400s_that_say_why() {
+        let e = parse_body::<ChatCompletionRequest>(b"{\"model\": \"m\", \xff}").unwrap_err();
+        assert!(e.message.contains("UTF-8"), "{e:?}");
+        let e = parse_body::<ChatCompletionRequest>(b"{\"model\": ").unwrap_err();
+        assert!(e.message.contains("not valid JSON"), "{e:?}");
+        let e =
+            parse_body::<ChatCompletionRequest>(br#"{"model": 3, "messages": []}"#).unwrap_err();
+        assert!(e.message.contains("does not fit"), "{e:?}");
+        let e = parse_body::<ChatCompletionRequest>(
+            br#"{"model": "m", "messages": [], "temperature": "hot"}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.status, 400);
+        let body = e.body();
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+        assert!(body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("request body"));
+    }
+
+    #[test]
+    fn completion_prompts_take_every_documented_shape() {
+        for (prompt, want) in [
+            (r#""hi""#, vec![Input::Text("hi".into())]),
+            (
+                r#"["a", "b"]"#,
+                vec![Input::Text("a".into()), Input::Text("b".into())],
+            ),
+            (r#"[1, 2, 3]"#, vec![Input::Ids(vec![1, 2, 3])]),
+            (
+                r#"[[1], [2, 3]]"#,
+                vec![Input::Ids(vec![1]), Input::Ids(vec![2, 3])],
+            ),
+        ] {
+            let v = completion(&format!(
+                r#"{{"model": "m", "prompt": {prompt}, "echo": true, "logprobs": 2}}"#
+            ))
+            .unwrap();
+            assert_eq!(v.prompts, want);
+            assert_eq!((v.echo, v.logprobs), (true, Some(2)));
+        }
+        assert_eq!(
+            param(completion(r#"{"model": "m", "prompt": []}"#)),
+            "prompt"
+        );
+        assert_eq!(
+            param(completion(r#"{"model": "m", "prompt": [[]]}"#)),
+            "prompt"
+        );
+        assert_eq!(
+            param(completion(
+                r#"{"model": "m", "prompt": "x", "logprobs": 6}"#
+            )),
+            "logprobs"
+        );
+        let e = completion(r#"{"model": "m", "prompt": [-1]}"#).unwrap_err();
+        assert!(e.message.contains("does not fit"), "{e:?}");
+    }
+
+    #[test]
+    fn embedding_requests_validate_inputs_and_format() {
+        let emb = |body: &str| parse_body::<EmbeddingRequest>(body.as_bytes())?.validate(4);
+        let v = emb(r#"{"model": "e", "input": ["a", "b"], "encoding_format": "base64"}"#).unwrap();
+        assert_eq!(v.inputs.len(), 2);
+        assert!(v.base64);
+        assert!(!emb(r#"{"model": "e", "input": [5, 6]}"#).unwrap().base64);
+        assert_eq!(param(emb(r#"{"model": "e", "input": []}"#)), "input");
+        assert_eq!(param(emb(r#"{"model": "e", "input": ""}"#)), "input");
+        assert_eq!(
+            param(emb(r#"{"model": "e", "input": ["a", "b", "c", "d", "e"]}"#)),
+            "input"
+        );
+        assert_eq!(
+            param(emb(
+                r#"{"model": "e", "input": "a", "encoding_format": "hex"}"#
+            )),
+            "encoding_format"
+        );
+        assert_eq!(
+            param(emb(r#"{"model": "e", "input": "a", "dimensions": 8}"#)),
+            "dimensions"
+        );
+    }
+
+    #[test]
+    fn unknown_models_are_404s_listing_the_served_ones() {
+        let e = ApiError::unknown_model("gpt-9", &["gemma3-270m", "minilm"]);
+        assert_eq!(e.status, 404);
+        let body = e.body();
+        assert_eq!(body["error"]["code"], "model_not_found");
+        assert_eq!(body["error"]["param"], "model");
+        assert!(body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("gemma3-270m, minilm"));
+    }
+}
