@@ -25,7 +25,7 @@ pub use perplexity::{perplexity, Perplexity};
 pub use rng::Rng;
 pub use sampler::{Sampler, SamplingParams};
 pub use scheduler::{
-    Event, FinishReason, Request, RequestId, Scheduler, SchedulerConfig, SubmitError,
+    Event, FinishReason, Request, RequestId, Scheduler, SchedulerConfig, SubmitError, TokenLogprob,
 };
 pub use score::{log_softmax, score, PositionScore};
 pub use stop::{Released, StopMatcher};

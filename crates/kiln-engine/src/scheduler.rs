@@ -31,7 +31,8 @@ use kiln_backend::Backend;
 use kiln_models::{Decoder, PagedKvCache, PagedSeq};
 
 use crate::blocks::{BlockPool, BlockTable, PrefixStats};
-use crate::{EngineError, Sampler, SamplingParams};
+use crate::score::top_k;
+use crate::{log_softmax, EngineError, Sampler, SamplingParams};
 
 /// Sizes of a scheduler.
 #[derive(Clone, Debug)]
@@ -56,6 +57,18 @@ pub struct Request {
     pub sampling: SamplingParams,
     /// Tokens that end the generation (included in the output).
     pub stop_ids: Vec<u32>,
+    /// Report each generated token's log-probability and the `k` most likely alternatives
+    /// (`Some(k)`, k may be 0); `None`: no log-probabilities.
+    pub logprobs: Option<usize>,
+}
+
+/// A generated token's log-probability under the model (the distribution before any sampling
+/// filter or penalty, as OpenAI reports it), and the most likely tokens at its position.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub logprob: f64,
+    /// `(token, logprob)`, most likely first, lower id first on ties.
+    pub top: Vec<(u32, f64)>,
 }
 
 pub type RequestId = u64;
@@ -74,8 +87,16 @@ pub enum FinishReason {
 /// What a step produced, in order.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
-    Token { id: RequestId, token: u32 },
-    Finished { id: RequestId, reason: FinishReason },
+    Token {
+        id: RequestId,
+        token: u32,
+        /// When the request asked for log-probabilities.
+        logprob: Option<TokenLogprob>,
+    },
+    Finished {
+        id: RequestId,
+        reason: FinishReason,
+    },
 }
 
 /// A request refused at submission.
@@ -103,6 +124,7 @@ struct Seq {
     generated: Vec<u32>,
     max_tokens: usize,
     stop_ids: Vec<u32>,
+    logprobs: Option<usize>,
     sampler: Sampler,
     /// The blocks while running (`None` while waiting).
     table: Option<BlockTable>,
@@ -201,6 +223,7 @@ impl<B: Backend> Scheduler<B> {
             generated: Vec::new(),
             max_tokens: req.max_tokens,
             stop_ids: req.stop_ids,
+            logprobs: req.logprobs,
             sampler,
             table: None,
             computed: 0,
@@ -334,9 +357,24 @@ impl<B: Backend> Scheduler<B> {
             for (k, &i) in sampled.iter().enumerate() {
                 let s = &mut self.running[i];
                 let mut l = logits[k * vocab..(k + 1) * vocab].to_vec();
+                // Log-probabilities of the model's own distribution, before the sampler's
+                // penalties and filters change `l`.
+                let lp = s.logprobs.map(|top| {
+                    let lp = log_softmax(&l);
+                    let best = top_k(&lp, top);
+                    (lp, best)
+                });
                 let token = s.sampler.sample(&mut l, &s.tokens());
                 s.generated.push(token);
-                events.push(Event::Token { id: s.id, token });
+                let logprob = lp.map(|(lp, top)| TokenLogprob {
+                    logprob: lp[token as usize],
+                    top,
+                });
+                events.push(Event::Token {
+                    id: s.id,
+                    token,
+                    logprob,
+                });
                 let reason = if s.stop_ids.contains(&token) {
                     Some(FinishReason::Stop)
                 } else if s.generated.len() >= s.max_tokens || s.len() >= self.context {

@@ -36,6 +36,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize) -> Request {
         max_tokens,
         sampling: SamplingParams::greedy(),
         stop_ids: vec![],
+        logprobs: None,
     }
 }
 
@@ -64,7 +65,7 @@ type Outputs = HashMap<RequestId, (Vec<u32>, Option<FinishReason>)>;
 fn record(out: &mut Outputs, events: Vec<Event>) {
     for e in events {
         match e {
-            Event::Token { id, token } => out.entry(id).or_default().0.push(token),
+            Event::Token { id, token, .. } => out.entry(id).or_default().0.push(token),
             Event::Finished { id, reason } => out.entry(id).or_default().1 = Some(reason),
         }
     }
@@ -288,4 +289,60 @@ fn refused_requests_say_why_and_change_nothing() {
     assert_eq!(s.waiting(), 1);
     assert!(Scheduler::new(&b, &m, config(4, 0, 64)).is_err());
     assert!(Scheduler::new(&b, &m, config(4, 4, 0)).is_err());
+}
+
+#[test]
+fn token_logprobs_are_the_models_as_scoring_gives_them() {
+    let b = CpuBackend::new(2).unwrap();
+    let m = model(&b);
+    let ps = prompts(3, 0);
+    let mut s = Scheduler::new(&b, &m, config(64, 8, 512)).unwrap();
+    let ids: Vec<RequestId> = ps
+        .iter()
+        .map(|p| {
+            s.submit(Request {
+                logprobs: Some(3),
+                // Sampling with penalties: the reported log-probabilities are still the model's.
+                sampling: SamplingParams {
+                    temperature: 0.7,
+                    presence_penalty: 1.0,
+                    seed: 5,
+                    ..SamplingParams::default()
+                },
+                ..request(p.clone(), 6)
+            })
+            .unwrap()
+        })
+        .collect();
+    let mut got: HashMap<RequestId, Vec<(u32, kiln_engine::TokenLogprob)>> = HashMap::new();
+    while !s.is_idle() {
+        for e in s.step(&b, &m).unwrap() {
+            if let Event::Token { id, token, logprob } = e {
+                got.entry(id)
+                    .or_default()
+                    .push((token, logprob.expect("asked for")));
+            }
+        }
+    }
+    for (p, id) in ps.iter().zip(&ids) {
+        let toks = &got[id];
+        let mut all = p.clone();
+        all.extend(toks.iter().map(|(t, _)| *t));
+        let want = kiln_engine::score(&b, &m, &all, 3).unwrap();
+        for (j, (token, lp)) in toks.iter().enumerate() {
+            let w = &want[p.len() - 1 + j];
+            assert!(
+                (lp.logprob - w.logprob_next).abs() < 1e-4,
+                "{} vs {}",
+                lp.logprob,
+                w.logprob_next
+            );
+            assert_eq!(lp.top.len(), 3);
+            for ((a, x), (b, y)) in lp.top.iter().zip(&w.top) {
+                assert!(a == b || (x - y).abs() < 1e-4, "top {a}:{x} vs {b}:{y}");
+                assert!((x - y).abs() < 1e-4);
+            }
+            assert!(lp.top[0].1 >= lp.logprob - 1e-12, "token {token}");
+        }
+    }
 }
