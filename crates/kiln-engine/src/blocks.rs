@@ -187,24 +187,25 @@ impl BlockPool {
         let bs = self.block_size;
         // Full blocks that may be shared: never the one holding the last token.
         let shareable = prompt.len().saturating_sub(1) / bs;
+        // The leading run of cached blocks; the hashes of the blocks after it are computed by
+        // `register_computed`, once their rows exist.
         let mut hits = Vec::new();
         let mut hashes = Vec::new();
         let mut parent = 0u64;
-        for (i, chunk) in prompt.chunks_exact(bs).enumerate() {
+        for chunk in prompt.chunks_exact(bs).take(shareable) {
             let h = chain_hash(parent, chunk);
+            let hit = self.by_hash.get(&h).copied().filter(|&b| {
+                self.blocks[b as usize]
+                    .registered
+                    .as_ref()
+                    .is_some_and(|(rh, toks)| *rh == h && **toks == *chunk)
+            });
+            let Some(b) = hit else {
+                break;
+            };
+            hits.push(b);
             hashes.push(h);
             parent = h;
-            if i < shareable && hits.len() == i {
-                if let Some(&b) = self.by_hash.get(&h) {
-                    let same = self.blocks[b as usize]
-                        .registered
-                        .as_ref()
-                        .is_some_and(|(rh, toks)| *rh == h && **toks == *chunk);
-                    if same {
-                        hits.push(b);
-                    }
-                }
-            }
         }
         let needed = self.blocks_for(prompt.len()) - hits.len();
         // Hit blocks that are idle stop being available once taken.
@@ -221,13 +222,12 @@ impl BlockPool {
         let mut table = BlockTable {
             blocks: Vec::with_capacity(hits.len() + needed),
             tokens: prompt.to_vec(),
-            hashes: Vec::new(),
+            hashes,
         };
         for &b in &hits {
             self.retain(b);
             table.blocks.push(b);
         }
-        table.hashes.extend_from_slice(&hashes[..hits.len()]);
         for _ in 0..needed {
             let b = self.take_block().expect("checked above: enough blocks");
             table.blocks.push(b);

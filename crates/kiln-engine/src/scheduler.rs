@@ -120,8 +120,9 @@ pub enum SubmitError {
 
 struct Seq {
     id: RequestId,
-    prompt: Vec<u32>,
-    generated: Vec<u32>,
+    /// The prompt, then the generated tokens.
+    tokens: Vec<u32>,
+    prompt_len: usize,
     max_tokens: usize,
     stop_ids: Vec<u32>,
     logprobs: Option<usize>,
@@ -133,14 +134,12 @@ struct Seq {
 }
 
 impl Seq {
-    fn tokens(&self) -> Vec<u32> {
-        let mut t = self.prompt.clone();
-        t.extend_from_slice(&self.generated);
-        t
+    fn len(&self) -> usize {
+        self.tokens.len()
     }
 
-    fn len(&self) -> usize {
-        self.prompt.len() + self.generated.len()
+    fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
     }
 }
 
@@ -219,8 +218,8 @@ impl<B: Backend> Scheduler<B> {
         self.next_id += 1;
         self.waiting.push_back(Seq {
             id,
-            prompt: req.prompt,
-            generated: Vec::new(),
+            prompt_len: req.prompt.len(),
+            tokens: req.prompt,
             max_tokens: req.max_tokens,
             stop_ids: req.stop_ids,
             logprobs: req.logprobs,
@@ -316,8 +315,7 @@ impl<B: Backend> Scheduler<B> {
             }
             let s = &self.running[i];
             let n = (s.len() - s.computed).min(budget);
-            let tokens = s.tokens();
-            inputs.push((i, tokens[s.computed..s.computed + n].to_vec()));
+            inputs.push((i, s.tokens[s.computed..s.computed + n].to_vec()));
             budget -= n;
         }
         inputs.sort_by_key(|(i, _)| *i);
@@ -364,8 +362,8 @@ impl<B: Backend> Scheduler<B> {
                     let best = top_k(&lp, top);
                     (lp, best)
                 });
-                let token = s.sampler.sample(&mut l, &s.tokens());
-                s.generated.push(token);
+                let token = s.sampler.sample(&mut l, &s.tokens);
+                s.tokens.push(token);
                 let logprob = lp.map(|(lp, top)| TokenLogprob {
                     logprob: lp[token as usize],
                     top,
@@ -377,7 +375,7 @@ impl<B: Backend> Scheduler<B> {
                 });
                 let reason = if s.stop_ids.contains(&token) {
                     Some(FinishReason::Stop)
-                } else if s.generated.len() >= s.max_tokens || s.len() >= self.context {
+                } else if s.generated() >= s.max_tokens || s.len() >= self.context {
                     Some(FinishReason::Length)
                 } else {
                     None
@@ -417,8 +415,7 @@ impl<B: Backend> Scheduler<B> {
                 i += 1;
                 continue;
             }
-            let new = s.generated[s.generated.len() - missing..].to_vec();
-            if self.pool.append(table, &new).is_ok() {
+            if self.pool.append(table, &s.tokens[len - missing..]).is_ok() {
                 i += 1;
                 continue;
             }
@@ -456,8 +453,7 @@ impl<B: Backend> Scheduler<B> {
             let Some(s) = self.waiting.front() else {
                 break;
             };
-            let tokens = s.tokens();
-            let Ok((table, hit)) = self.pool.allocate_prompt(&tokens) else {
+            let Ok((table, hit)) = self.pool.allocate_prompt(&s.tokens) else {
                 break;
             };
             let Some(mut s) = self.waiting.pop_front() else {
