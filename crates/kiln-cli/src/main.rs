@@ -38,6 +38,9 @@ enum Command {
     /// Measure throughput: decoder prompt and decode tests as llama-bench runs them, or
     /// embeddings (`kiln bench embed -f FILE`).
     Bench(commands::bench::BenchArgs),
+    /// Serve models over an OpenAI-compatible HTTP API (chat, completions, embeddings) with
+    /// continuous batching over a paged KV cache.
+    Serve(commands::serve::ServeArgs),
     /// Convert a GGUF model to a quantization mix (q4_k_m, q8_0, ...), as llama-quantize does.
     Quantize(commands::quantize::QuantizeArgs),
 }
@@ -54,6 +57,7 @@ fn main() -> ExitCode {
         Command::Embed(a) => commands::embed::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Quantize(a) => commands::quantize::run(a),
+        Command::Serve(a) => commands::serve::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -135,6 +135,15 @@ impl TextTokenizer {
         }
     }
 
+    /// The bytes one token stands for (specials rendered; a byte-fallback token is its byte),
+    /// as OpenAI's log-probabilities report them.
+    pub fn piece_bytes(&self, id: u32) -> Vec<u8> {
+        match self {
+            TextTokenizer::Gguf(t) => t.token_to_piece(id, true),
+            TextTokenizer::Hf(h) => h.tokenizer.decode(&[id], false).into_bytes(),
+        }
+    }
+
     pub fn bos(&self) -> Option<u32> {
         match self {
             TextTokenizer::Gguf(t) => t.bos(),

@@ -172,7 +172,8 @@ pub struct GenerationLimits {
 /// A generation request's engine parameters.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ValidGeneration {
-    /// At most; the context length caps it further once the prompt is known.
+    /// At most; the context length caps it further once the prompt is known. 0 only for a
+    /// completion with `echo` (score the prompt, generate nothing).
     pub max_tokens: u64,
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
@@ -186,8 +187,25 @@ fn within(x: f64, lo: f64, hi: f64) -> bool {
     x >= lo && x <= hi
 }
 
+/// A seed for a request that gave none: OpenAI samples differently on every such request.
+fn fresh_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    // RandomState is seeded from the OS once per process and varies per instance.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.finish()
+}
+
 impl GenerationFields {
-    fn validate(&self, limits: &GenerationLimits) -> Result<ValidGeneration, ApiError> {
+    /// `allow_zero_tokens`: `max_tokens: 0` is valid (a completion that echoes and scores its
+    /// prompt).
+    fn validate(
+        &self,
+        limits: &GenerationLimits,
+        allow_zero_tokens: bool,
+    ) -> Result<ValidGeneration, ApiError> {
         for (name, given) in [
             ("logit_bias", &self.logit_bias),
             ("tools", &self.tools),
@@ -204,7 +222,7 @@ impl GenerationFields {
             (Some(m), _) | (None, Some(m)) => m,
             (None, None) => limits.default_max_tokens,
         };
-        if max_tokens == 0 {
+        if max_tokens == 0 && !allow_zero_tokens {
             let param = if self.max_completion_tokens.is_some() {
                 "max_completion_tokens"
             } else {
@@ -222,7 +240,7 @@ impl GenerationFields {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             penalty_last_n: 0,
-            seed: 0,
+            seed: fresh_seed(),
         };
         if let Some(t) = self.temperature {
             if !within(t, 0.0, 2.0) {
@@ -411,7 +429,7 @@ impl ChatCompletionRequest {
             };
             messages.push((m.role.clone(), text));
         }
-        let generation = self.generation.validate(limits)?;
+        let generation = self.generation.validate(limits, false)?;
         let logprobs = match (self.logprobs, self.top_logprobs) {
             (false, Some(_)) => {
                 return Err(ApiError::invalid(
@@ -473,7 +491,8 @@ impl CompletionRequest {
                 "a token list must not be empty",
             ));
         }
-        let generation = self.generation.validate(limits)?;
+        // `echo` with `max_tokens: 0` scores a prompt without generating.
+        let generation = self.generation.validate(limits, self.echo)?;
         if let Some(k) = self.logprobs {
             if k > 5 {
                 return Err(ApiError::invalid("logprobs", "must be between 0 and 5"));

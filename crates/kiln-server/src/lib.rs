@@ -1,14 +1,25 @@
-//! kiln-server: the OpenAI-compatible HTTP API.
+//! kiln-server: the OpenAI-compatible HTTP server behind `kiln serve`.
 //!
-//! This step holds the API's request types and their validation ([`api`]): every request body
-//! is parsed and checked here into engine-level parameters, or refused with an OpenAI-style
-//! error object (`{"error": {"message", "type", "param", "code"}}`) and an HTTP status. The
-//! HTTP layer (axum), the per-model scheduler loop and the metrics come next; they will take
-//! only validated requests, so that no body a client sends can reach the engine unchecked.
+//! - [`api`]: request bodies parsed and validated into engine parameters, or refused with an
+//!   OpenAI-style error object (`{"error": {"message", "type", "param", "code"}}`) and a status.
+//!   Only validated requests reach the engine.
+//! - [`engine`]: one OS thread per model; a decoder's thread runs the continuous-batching
+//!   scheduler over its paged KV cache, an embedding model's thread batches queued requests.
+//! - [`http`]: the axum routes, SSE streaming, admission (429 with `Retry-After`), and
+//!   cancellation of a request whose client disconnects.
+//! - [`metrics`]: `/metrics` in the Prometheus text format.
+//!
+//! The crate is generic over the backend; the CLI picks it.
 
 pub mod api;
+pub mod engine;
+pub mod http;
+pub mod metrics;
 
 pub use api::{
     parse_body, ApiError, ChatCompletionRequest, CompletionRequest, EmbeddingRequest,
     GenerationLimits, Input, ValidChat, ValidCompletion, ValidEmbedding, ValidGeneration,
 };
+pub use engine::{DecoderEngine, DecoderStats, EmbedEngine};
+pub use http::{router, serve, DecoderEntry, EmbedEntry, ServerState};
+pub use metrics::Metrics;

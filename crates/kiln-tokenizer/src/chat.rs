@@ -101,6 +101,23 @@ pub struct SpecialTokens {
     pub eos: String,
 }
 
+impl SpecialTokens {
+    /// The texts of the tokens `tokenizer.ggml.bos_token_id` / `eos_token_id` name in
+    /// `tokenizer.ggml.tokens` (empty when a key is absent or out of range: the tokenizer kinds'
+    /// default ids are not applied).
+    pub fn from_gguf(file: &kiln_formats::GgufFile) -> Result<SpecialTokens, ChatTemplateError> {
+        let token = |id_key: &str| -> Result<String, ChatTemplateError> {
+            crate::gguf::token_text(file, id_key)
+                .map(Option::unwrap_or_default)
+                .map_err(|e| ChatTemplateError::source(id_key, e.to_string()))
+        };
+        Ok(SpecialTokens {
+            bos: token(crate::vocab::keys::BOS_ID)?,
+            eos: token(crate::vocab::keys::EOS_ID)?,
+        })
+    }
+}
+
 /// Options of one render.
 #[derive(Debug, Clone, Default)]
 pub struct RenderOptions {
@@ -262,16 +279,7 @@ impl ChatTemplate {
                 format!("expected a string, found {}", value.meta_type()),
             )
         })?;
-        let token = |id_key: &str| -> Result<String, ChatTemplateError> {
-            crate::gguf::token_text(file, id_key)
-                .map(Option::unwrap_or_default)
-                .map_err(|e| ChatTemplateError::source(id_key, e.to_string()))
-        };
-        let tokens = SpecialTokens {
-            bos: token(crate::vocab::keys::BOS_ID)?,
-            eos: token(crate::vocab::keys::EOS_ID)?,
-        };
-        ChatTemplate::new(source, tokens).map(Some)
+        ChatTemplate::new(source, SpecialTokens::from_gguf(file)?).map(Some)
     }
 
     /// The template of a Hugging Face model directory's `tokenizer_config.json` at `path`: a

@@ -8,6 +8,7 @@ pub mod pull;
 pub mod quantize;
 pub mod run;
 pub mod score;
+pub mod serve;
 pub mod tokenize;
 
 use std::io::{BufRead, Write};

@@ -1,0 +1,286 @@
+//! `kiln serve`: the OpenAI-compatible HTTP server.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use kiln_engine::SchedulerConfig;
+use kiln_models::PagedKvCache;
+use kiln_server::{DecoderEngine, DecoderEntry, EmbedEngine, EmbedEntry, ServerState};
+use kiln_tokenizer::{ChatTemplate, SpecialTokens};
+
+use crate::load::{load, load_embedding, resolve, MmapArg, ThreadsArg, DEFAULT_MODEL};
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// A model to serve: `MODEL` or `NAME=MODEL`, where MODEL is a known alias (fetched on first
+    /// use), a GGUF file, a Hugging Face decoder folder, or a sentence-transformers embedding
+    /// folder. Repeat to serve several models (a decoder and an embedding model is the common
+    /// case). Requests pick one by NAME (default: the alias, or the file or folder name).
+    #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
+    models: Vec<String>,
+    /// A Jinja chat template file for a decoder, as `FILE` (the first decoder) or `NAME=FILE`.
+    /// Overrides the model's own template; needed for chat on a base model that has none.
+    #[arg(long = "chat-template")]
+    chat_templates: Vec<String>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free port, printed at startup).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    #[command(flatten)]
+    threads: ThreadsArg,
+    #[command(flatten)]
+    mmap: MmapArg,
+    /// KV-cache memory per decoder, in MiB (keys and values of every layer, f32). It sets how
+    /// many tokens all running sequences hold together.
+    #[arg(long = "kv-memory", default_value_t = 1024)]
+    kv_memory_mib: usize,
+    /// Positions per KV-cache block (the unit of allocation and of prefix sharing).
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+    /// Sequences decoded together at most (the batch).
+    #[arg(long, default_value_t = 64)]
+    max_running: usize,
+    /// Requests that may wait for admission; beyond it requests get 429 with Retry-After.
+    #[arg(long, default_value_t = 256)]
+    max_waiting: usize,
+    /// Tokens one forward pass carries at most (decode tokens plus prompt chunks): lower keeps
+    /// running streams smoother while long prompts are prefilled.
+    #[arg(long, default_value_t = 512)]
+    max_step_tokens: usize,
+    /// `max_tokens` of a request that gives none.
+    #[arg(long, default_value_t = 256)]
+    default_max_tokens: u64,
+    /// Most sequences an embedding model runs in one forward pass.
+    #[arg(long, default_value_t = 64)]
+    embed_batch: usize,
+}
+
+/// `NAME=VALUE` or `VALUE` (a name has no path separator).
+fn split_named(spec: &str) -> (Option<&str>, &str) {
+    match spec.split_once('=') {
+        Some((name, value)) if !name.is_empty() && !name.contains(['/', '\\']) => {
+            (Some(name), value)
+        }
+        _ => (None, spec),
+    }
+}
+
+/// The name a model is served under when none is given.
+fn default_name(model: &str, path: &Path) -> String {
+    if !Path::new(model).exists() {
+        return model.to_string(); // an alias
+    }
+    let stem = if path.is_dir() {
+        path.file_name()
+    } else {
+        path.file_stem()
+    };
+    stem.map_or_else(|| model.to_string(), |s| s.to_string_lossy().into_owned())
+}
+
+fn read_template(file: &str, tokens: SpecialTokens) -> Result<ChatTemplate> {
+    let source = std::fs::read_to_string(file)
+        .with_context(|| format!("reading the chat template {file}"))?;
+    ChatTemplate::new(&source, tokens).with_context(|| format!("the chat template {file}"))
+}
+
+/// The model's own chat template: a GGUF's `tokenizer.chat_template`, or a folder's
+/// `tokenizer_config.json`; `--chat-template FILE` replaces it (with the model's special tokens).
+fn chat_template(
+    path: &Path,
+    file: Option<&str>,
+    tokenizer: &kiln_engine::TextTokenizer,
+    end_ids: &[u32],
+) -> Result<(Option<ChatTemplate>, String)> {
+    if path.is_dir() {
+        let config = path.join("tokenizer_config.json");
+        if let Some(file) = file {
+            let piece = |id: Option<u32>| id.map(|i| tokenizer.piece(i)).unwrap_or_default();
+            let tokens = SpecialTokens {
+                bos: piece(tokenizer.bos()),
+                eos: piece(end_ids.first().copied()),
+            };
+            return Ok((Some(read_template(file, tokens)?), format!("from {file}")));
+        }
+        if !config.is_file() {
+            return Ok((None, "none".into()));
+        }
+        let t = ChatTemplate::from_tokenizer_config(&config)
+            .with_context(|| format!("the chat template of {}", config.display()))?;
+        let from = format!("from {}", config.display());
+        return Ok((t, from));
+    }
+    let gguf = kiln_formats::GgufFile::open(path)
+        .with_context(|| format!("reading {}", path.display()))?;
+    if let Some(file) = file {
+        let tokens = SpecialTokens::from_gguf(&gguf)?;
+        return Ok((Some(read_template(file, tokens)?), format!("from {file}")));
+    }
+    let t = ChatTemplate::from_gguf(&gguf).context("the GGUF's chat template")?;
+    let from = if t.is_some() {
+        "from the GGUF".to_string()
+    } else {
+        "none".to_string()
+    };
+    Ok((t, from))
+}
+
+pub fn run(a: ServeArgs) -> Result<()> {
+    init_logging();
+    // Which decoder each --chat-template belongs to.
+    let mut templates: Vec<(Option<String>, String)> = a
+        .chat_templates
+        .iter()
+        .map(|s| {
+            let (name, file) = split_named(s);
+            (name.map(str::to_string), file.to_string())
+        })
+        .collect();
+    let mut decoders = Vec::new();
+    let mut embedders = Vec::new();
+    let mut names = std::collections::BTreeSet::new();
+    for spec in &a.models {
+        let (name, model) = split_named(spec);
+        let path: PathBuf = resolve(model)?;
+        let name = name.map_or_else(|| default_name(model, &path), str::to_string);
+        if !names.insert(name.clone()) {
+            bail!("two models are named '{name}'; name them with --model NAME=MODEL");
+        }
+        let is_embedding = path.is_dir() && !kiln_engine::is_hf_decoder_dir(&path);
+        if is_embedding {
+            let m = load_embedding(model, a.threads.threads, false)?;
+            tracing::info!(
+                "loaded '{name}' ({}): embedding model, {} dimensions, up to {} tokens per input, \
+                 on the CPU backend ({} threads) in {:.0} ms",
+                path.display(),
+                m.model.dim(),
+                m.model.max_seq_length,
+                m.backend.threads(),
+                m.load_ms
+            );
+            let engine = EmbedEngine::spawn(&name, m.backend, m.model, a.embed_batch)
+                .map_err(anyhow::Error::msg)?;
+            embedders.push(EmbedEntry { name, engine });
+            continue;
+        }
+        let m = load(model, &a.mmap, a.threads.threads)?;
+        let cfg = &m.model.config;
+        let end_ids: Vec<u32> = (0..cfg.vocab_size as u32)
+            .filter(|&id| m.tokenizer.is_end_of_generation(id))
+            .collect();
+        let template_file = templates
+            .iter()
+            .position(|(n, _)| n.as_deref() == Some(name.as_str()))
+            .or_else(|| {
+                (decoders.is_empty())
+                    .then(|| templates.iter().position(|(n, _)| n.is_none()))
+                    .flatten()
+            })
+            .map(|i| templates.remove(i).1);
+        let (template, template_from) =
+            chat_template(&path, template_file.as_deref(), &m.tokenizer, &end_ids)?;
+        let bytes_per_block =
+            PagedKvCache::<kiln_cpu::CpuBackend>::bytes_per_block(cfg, a.block_size);
+        let n_blocks = (a.kv_memory_mib << 20) / bytes_per_block.max(1);
+        if n_blocks == 0 {
+            bail!(
+                "--kv-memory {} MiB holds no block of {} positions ({} KiB each for this model)",
+                a.kv_memory_mib,
+                a.block_size,
+                bytes_per_block >> 10
+            );
+        }
+        let positions = n_blocks * a.block_size;
+        tracing::info!(
+            "loaded '{name}' ({}): {} decoder, {} layers, context {} tokens, on the CPU backend \
+             ({} threads) in {:.0} ms; chat template: {template_from}",
+            path.display(),
+            cfg.arch,
+            cfg.n_layers,
+            cfg.context_length,
+            m.backend.threads(),
+            m.load_ms,
+        );
+        tracing::info!(
+            "'{name}' KV cache: {n_blocks} blocks of {} positions ({positions} positions in all), \
+             {:.0} MiB; up to {} sequences decoded together, {} waiting",
+            a.block_size,
+            (n_blocks * bytes_per_block) as f64 / (1 << 20) as f64,
+            a.max_running,
+            a.max_waiting
+        );
+        if positions < cfg.context_length {
+            tracing::warn!(
+                "'{name}': the KV cache holds {positions} positions, fewer than the context of {}; \
+                 a longer sequence ends with finish_reason \"length\" (raise --kv-memory)",
+                cfg.context_length
+            );
+        }
+        let context = cfg.context_length;
+        let sched = SchedulerConfig {
+            n_blocks,
+            block_size: a.block_size,
+            max_step_tokens: a.max_step_tokens,
+            max_running: a.max_running,
+            max_waiting: a.max_waiting,
+        };
+        let engine =
+            DecoderEngine::spawn(&name, m.backend, m.model, sched).map_err(anyhow::Error::msg)?;
+        decoders.push(DecoderEntry {
+            name,
+            engine,
+            tokenizer: Arc::new(m.tokenizer),
+            chat_template: template.map(Arc::new),
+            context,
+            end_ids,
+        });
+    }
+    if let Some((name, file)) = templates.first() {
+        bail!(
+            "--chat-template {file}: {}",
+            match name {
+                Some(n) => format!("no decoder is named '{n}'"),
+                None =>
+                    "no decoder left to apply it to (name it: --chat-template NAME=FILE)".into(),
+            }
+        );
+    }
+    let mut state = ServerState::new(decoders, embedders);
+    state.limits.default_max_tokens = a.default_max_tokens;
+    let state = Arc::new(state);
+    let addr: SocketAddr = format!("{}:{}", a.host, a.port)
+        .parse()
+        .with_context(|| format!("--host {} --port {}: not an address", a.host, a.port))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("listening on {addr}"))?;
+        let local = listener.local_addr()?;
+        tracing::info!("listening on http://{local} (OpenAI API under /v1; /health, /metrics)");
+        kiln_server::serve(listener, state, async {
+            let _ = tokio::signal::ctrl_c().await;
+            tracing::info!("shutting down");
+        })
+        .await
+        .context("serving")
+    })
+}
+
+/// Logs to stderr; `RUST_LOG` filters (default `info`).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -1,0 +1,454 @@
+//! Model threads: each served model runs on its own OS thread, which owns the backend, the
+//! weights and (for a decoder) the [`Scheduler`] with its paged KV cache. HTTP handlers talk to
+//! it through channels only, so a slow or vanished client never blocks a forward pass.
+//!
+//! - A decoder thread blocks while idle; otherwise it takes every queued command, then runs one
+//!   scheduler step (one forward pass over the whole running batch) and routes the step's
+//!   events to the requests' channels. A request whose receiver is gone (its client
+//!   disconnected) is cancelled there and then, which frees its KV blocks before the next step.
+//! - An embedding thread embeds one request at a time, its inputs in packed batches of at most
+//!   `max_batch` sequences, so a request's vectors do not depend on what else is queued.
+//! - [`DecoderStats`] are written by the thread after each step and read by `/metrics`.
+//!
+//! Invariants: a submitted request gets exactly one final event (`Finished` or `Failed`) unless
+//! it was cancelled; a [`Ticket`] dropped before that cancels its request.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc as std_mpsc;
+use std::sync::Arc;
+
+use kiln_backend::Backend;
+use kiln_engine::{
+    score, EmbeddingModel, Event, FinishReason, PositionScore, Request, RequestId, Scheduler,
+    SchedulerConfig, SubmitError, TokenLogprob,
+};
+use kiln_models::Decoder;
+use tokio::sync::{mpsc, oneshot};
+
+/// What a decoder thread reports about one request.
+#[derive(Debug)]
+pub enum Out {
+    Token {
+        token: u32,
+        logprob: Option<TokenLogprob>,
+    },
+    Finished(FinishReason),
+    /// The forward pass failed (a bug or an exhausted resource): the request ends.
+    Failed(String),
+}
+
+/// A request's event channel; events carry the tag the request was submitted with, so that the
+/// choices of one HTTP request share one channel.
+pub type Events = mpsc::UnboundedSender<(usize, Out)>;
+
+enum Command {
+    Submit {
+        tag: usize,
+        req: Request,
+        events: Events,
+        reply: oneshot::Sender<Result<RequestId, SubmitError>>,
+    },
+    Cancel(RequestId),
+    Score {
+        ids: Vec<u32>,
+        top: usize,
+        reply: oneshot::Sender<Result<Vec<PositionScore>, String>>,
+    },
+}
+
+/// What `/metrics` reads of a decoder thread (relaxed atomics: each value is exact, the set is
+/// a snapshot of nearly one moment).
+#[derive(Debug, Default)]
+pub struct DecoderStats {
+    pub running: AtomicU64,
+    pub waiting: AtomicU64,
+    pub blocks_total: AtomicU64,
+    pub blocks_used: AtomicU64,
+    /// Of the free blocks, those holding a cached prefix (evictable).
+    pub blocks_cached: AtomicU64,
+    pub prefix_queried_blocks: AtomicU64,
+    pub prefix_hit_blocks: AtomicU64,
+    pub preemptions: AtomicU64,
+    /// False once the thread has stopped (it only stops when the server does, or on a bug).
+    pub alive: AtomicBool,
+}
+
+impl DecoderStats {
+    fn update<B: Backend>(&self, s: &Scheduler<B>) {
+        let pool = s.pool();
+        self.running.store(s.running() as u64, Ordering::Relaxed);
+        self.waiting.store(s.waiting() as u64, Ordering::Relaxed);
+        self.blocks_total
+            .store(pool.n_blocks() as u64, Ordering::Relaxed);
+        self.blocks_used
+            .store(pool.in_use() as u64, Ordering::Relaxed);
+        self.blocks_cached
+            .store(pool.cached_idle() as u64, Ordering::Relaxed);
+        let p = s.prefix_stats();
+        self.prefix_queried_blocks
+            .store(p.queried_blocks, Ordering::Relaxed);
+        self.prefix_hit_blocks
+            .store(p.hit_blocks, Ordering::Relaxed);
+        self.preemptions.store(s.preemptions(), Ordering::Relaxed);
+    }
+
+    pub fn get(a: &AtomicU64) -> u64 {
+        a.load(Ordering::Relaxed)
+    }
+
+    /// `(running, waiting, blocks used, blocks free)`.
+    pub fn occupancy(&self) -> (u64, u64, u64, u64) {
+        let total = Self::get(&self.blocks_total);
+        let used = Self::get(&self.blocks_used);
+        (
+            Self::get(&self.running),
+            Self::get(&self.waiting),
+            used,
+            total - used.min(total),
+        )
+    }
+}
+
+/// The handle of a decoder thread.
+#[derive(Clone)]
+pub struct DecoderEngine {
+    tx: std_mpsc::Sender<Command>,
+    pub stats: Arc<DecoderStats>,
+}
+
+/// A submitted request; dropping it cancels the request (a no-op once it has finished).
+pub struct Ticket {
+    id: RequestId,
+    tx: std_mpsc::Sender<Command>,
+    armed: bool,
+}
+
+impl Ticket {
+    /// The request has ended in the engine: nothing to cancel.
+    pub fn finished(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.tx.send(Command::Cancel(self.id));
+        }
+    }
+}
+
+/// Why a request did not reach the scheduler.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineCallError {
+    #[error(transparent)]
+    Refused(#[from] SubmitError),
+    #[error("the model's engine thread has stopped")]
+    Stopped,
+    /// The request's input is invalid (a 400).
+    #[error("{0}")]
+    Input(String),
+    /// The model failed (a 500).
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl DecoderEngine {
+    /// Starts the thread that serves `model` on `backend` with a scheduler sized by `cfg`.
+    pub fn spawn<B>(
+        name: &str,
+        backend: B,
+        model: Decoder<B>,
+        cfg: SchedulerConfig,
+    ) -> Result<DecoderEngine, String>
+    where
+        B: Backend + Send + 'static,
+        Decoder<B>: Send,
+    {
+        let scheduler = Scheduler::new(&backend, &model, cfg).map_err(|e| e.to_string())?;
+        let stats = Arc::new(DecoderStats::default());
+        stats.update(&scheduler);
+        stats.alive.store(true, Ordering::Relaxed);
+        let (tx, rx) = std_mpsc::channel();
+        let thread_stats = stats.clone();
+        std::thread::Builder::new()
+            .name(format!("kiln-decoder-{name}"))
+            .spawn(move || {
+                decoder_loop(&backend, &model, scheduler, &rx, &thread_stats);
+                thread_stats.alive.store(false, Ordering::Relaxed);
+            })
+            .map_err(|e| format!("starting the engine thread: {e}"))?;
+        Ok(DecoderEngine { tx, stats })
+    }
+
+    /// Queues `req`; its events go to `events` tagged `tag`.
+    pub async fn submit(
+        &self,
+        tag: usize,
+        req: Request,
+        events: Events,
+    ) -> Result<Ticket, EngineCallError> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Command::Submit {
+                tag,
+                req,
+                events,
+                reply,
+            })
+            .map_err(|_| EngineCallError::Stopped)?;
+        let id = answer.await.map_err(|_| EngineCallError::Stopped)??;
+        Ok(Ticket {
+            id,
+            tx: self.tx.clone(),
+            armed: true,
+        })
+    }
+
+    /// Teacher-forced log-probabilities of `ids` with the `top` most likely tokens at each
+    /// position (see [`kiln_engine::score`]); runs between two scheduler steps.
+    pub async fn score(
+        &self,
+        ids: Vec<u32>,
+        top: usize,
+    ) -> Result<Vec<PositionScore>, EngineCallError> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Command::Score { ids, top, reply })
+            .map_err(|_| EngineCallError::Stopped)?;
+        answer
+            .await
+            .map_err(|_| EngineCallError::Stopped)?
+            .map_err(EngineCallError::Failed)
+    }
+}
+
+fn decoder_loop<B: Backend>(
+    b: &B,
+    model: &Decoder<B>,
+    mut s: Scheduler<B>,
+    rx: &std_mpsc::Receiver<Command>,
+    stats: &DecoderStats,
+) {
+    // Request id → (tag, channel).
+    let mut routes: std::collections::HashMap<RequestId, (usize, Events)> = Default::default();
+    loop {
+        if s.is_idle() {
+            match rx.recv() {
+                Ok(cmd) => handle(b, model, &mut s, &mut routes, cmd),
+                Err(_) => return, // every handle is gone: the server stopped
+            }
+        }
+        while let Ok(cmd) = rx.try_recv() {
+            handle(b, model, &mut s, &mut routes, cmd);
+        }
+        if !s.is_idle() {
+            match s.step(b, model) {
+                Ok(events) => {
+                    for e in events {
+                        route(&mut s, &mut routes, e);
+                    }
+                }
+                Err(e) => {
+                    // Not reachable from a request (submit validates), so a bug: fail what runs,
+                    // keep serving.
+                    tracing::error!("scheduler step failed: {e}");
+                    for (id, (tag, tx)) in routes.drain() {
+                        s.cancel(id);
+                        let _ = tx.send((tag, Out::Failed(format!("the model failed: {e}"))));
+                    }
+                }
+            }
+        }
+        stats.update(&s);
+    }
+}
+
+fn handle<B: Backend>(
+    b: &B,
+    model: &Decoder<B>,
+    s: &mut Scheduler<B>,
+    routes: &mut std::collections::HashMap<RequestId, (usize, Events)>,
+    cmd: Command,
+) {
+    match cmd {
+        Command::Submit {
+            tag,
+            req,
+            events,
+            reply,
+        } => {
+            let result = s.submit(req);
+            if let Ok(id) = result {
+                routes.insert(id, (tag, events));
+            }
+            if let Err(Ok(id)) = reply.send(result) {
+                // The handler went away while waiting for the answer.
+                s.cancel(id);
+                routes.remove(&id);
+            }
+        }
+        Command::Cancel(id) => {
+            s.cancel(id);
+            routes.remove(&id);
+        }
+        Command::Score { ids, top, reply } => {
+            let _ = reply.send(score(b, model, &ids, top).map_err(|e| e.to_string()));
+        }
+    }
+}
+
+fn route<B: Backend>(
+    s: &mut Scheduler<B>,
+    routes: &mut std::collections::HashMap<RequestId, (usize, Events)>,
+    e: Event,
+) {
+    let (id, out, last) = match e {
+        Event::Token { id, token, logprob } => (id, Out::Token { token, logprob }, false),
+        Event::Finished { id, reason } => (id, Out::Finished(reason), true),
+    };
+    let Some((tag, tx)) = routes.get(&id) else {
+        return;
+    };
+    if tx.send((*tag, out)).is_err() {
+        // The client is gone: free its blocks now.
+        s.cancel(id);
+        routes.remove(&id);
+    } else if last {
+        routes.remove(&id);
+    }
+}
+
+/// A batch of texts or token-id sequences to embed.
+pub enum EmbedInput {
+    Texts(Vec<String>),
+    Ids(Vec<Vec<u32>>),
+}
+
+/// Embeddings of one request's inputs, in order, with the token count of each.
+pub type EmbedResult = Result<Vec<(Vec<f32>, usize)>, EngineCallError>;
+
+struct EmbedJob {
+    input: EmbedInput,
+    reply: oneshot::Sender<EmbedResult>,
+}
+
+/// The handle of an embedding thread.
+#[derive(Clone)]
+pub struct EmbedEngine {
+    tx: std_mpsc::Sender<EmbedJob>,
+    pub alive: Arc<AtomicBool>,
+}
+
+impl EmbedEngine {
+    /// Starts the thread that serves `model`, embedding at most `max_batch` sequences per
+    /// forward pass.
+    pub fn spawn<B>(
+        name: &str,
+        backend: B,
+        model: EmbeddingModel<B>,
+        max_batch: usize,
+    ) -> Result<EmbedEngine, String>
+    where
+        B: Backend + Send + 'static,
+        EmbeddingModel<B>: Send,
+    {
+        let (tx, rx) = std_mpsc::channel::<EmbedJob>();
+        let alive = Arc::new(AtomicBool::new(true));
+        let thread_alive = alive.clone();
+        let max_batch = max_batch.max(1);
+        std::thread::Builder::new()
+            .name(format!("kiln-embed-{name}"))
+            .spawn(move || {
+                while let Ok(first) = rx.recv() {
+                    let mut jobs = vec![first];
+                    while let Ok(j) = rx.try_recv() {
+                        jobs.push(j);
+                    }
+                    embed_jobs(&backend, &model, jobs, max_batch);
+                }
+                thread_alive.store(false, Ordering::Relaxed);
+            })
+            .map_err(|e| format!("starting the embedding thread: {e}"))?;
+        Ok(EmbedEngine { tx, alive })
+    }
+
+    pub async fn embed(
+        &self,
+        input: EmbedInput,
+    ) -> Result<Vec<(Vec<f32>, usize)>, EngineCallError> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(EmbedJob { input, reply })
+            .map_err(|_| EngineCallError::Stopped)?;
+        answer.await.map_err(|_| EngineCallError::Stopped)?
+    }
+}
+
+/// Embeds each job on its own, in packed batches of at most `max_batch` of its sequences. A job
+/// is never packed with another: the dense kernels pick their path by the number of rows, so
+/// packing requests together would change the last bits of a request's vectors with whatever
+/// else was queued (measured: up to 1.4e-7), and the server promises the vectors a request gets
+/// alone.
+fn embed_jobs<B: Backend>(b: &B, model: &EmbeddingModel<B>, jobs: Vec<EmbedJob>, max_batch: usize) {
+    for job in jobs {
+        if job.reply.is_closed() {
+            continue;
+        }
+        let result = embed_one(b, model, job.input, max_batch);
+        let _ = job.reply.send(result);
+    }
+}
+
+fn embed_one<B: Backend>(
+    b: &B,
+    model: &EmbeddingModel<B>,
+    input: EmbedInput,
+    max_batch: usize,
+) -> EmbedResult {
+    let seqs = match input {
+        EmbedInput::Ids(ids) => check_ids(model, ids),
+        EmbedInput::Texts(texts) => texts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| model.tokenize(t).map_err(|e| format!("input[{i}]: {e}")))
+            .collect(),
+    }
+    .map_err(EngineCallError::Input)?;
+    let mut out = Vec::with_capacity(seqs.len());
+    for chunk in seqs.chunks(max_batch) {
+        let refs: Vec<&[u32]> = chunk.iter().map(Vec::as_slice).collect();
+        let vectors = model.embed_ids(b, &refs).map_err(|e| {
+            tracing::error!("embedding failed: {e}");
+            EngineCallError::Failed(format!("the model failed: {e}"))
+        })?;
+        out.extend(vectors.into_iter().zip(chunk.iter().map(Vec::len)));
+    }
+    Ok(out)
+}
+
+/// Token-id inputs must be non-empty, inside the vocabulary and no longer than the model reads.
+fn check_ids<B: Backend>(
+    model: &EmbeddingModel<B>,
+    ids: Vec<Vec<u32>>,
+) -> Result<Vec<Vec<u32>>, String> {
+    let vocab = model.encoder.config.vocab_size;
+    for (i, seq) in ids.iter().enumerate() {
+        if seq.is_empty() {
+            return Err(format!("input[{i}] is empty"));
+        }
+        if seq.len() > model.max_seq_length {
+            return Err(format!(
+                "input[{i}] has {} tokens; the model reads at most {}",
+                seq.len(),
+                model.max_seq_length
+            ));
+        }
+        if let Some(&bad) = seq.iter().find(|&&t| t as usize >= vocab) {
+            return Err(format!(
+                "input[{i}]: token id {bad} is outside the vocabulary ({vocab} tokens)"
+            ));
+        }
+    }
+    Ok(ids)
+}

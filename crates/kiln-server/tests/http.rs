@@ -1,0 +1,798 @@
+//! The HTTP server in-process, on the tiny random-weight Llama and ModernBERT fixtures, driven
+//! with raw HTTP/1.1 (so that malformed bodies, invalid UTF-8 and dropped connections can be
+//! sent): responses against the engine run directly, batch invariance, streaming, stop strings,
+//! log-probabilities, errors, admission (429) and cancellation.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kiln_cpu::CpuBackend;
+use kiln_engine::{
+    generate, EmbeddingModel, GenerateOptions, SamplingParams, SchedulerConfig, TextTokenizer,
+};
+use kiln_formats::GgufFile;
+use kiln_server::{DecoderEngine, DecoderEntry, EmbedEngine, EmbedEntry, ServerState};
+use kiln_tokenizer::{ChatTemplate, Tokenizer};
+use serde_json::{json, Value};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../kiln-models/tests/fixtures")
+}
+
+fn llama_path() -> PathBuf {
+    fixtures().join("decoders/llama/model-f32.gguf")
+}
+
+struct Server {
+    addr: SocketAddr,
+    _rt: tokio::runtime::Runtime,
+}
+
+fn sched(max_running: usize, max_waiting: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        n_blocks: 256,
+        block_size: 16,
+        max_step_tokens: 256,
+        max_running,
+        max_waiting,
+    }
+}
+
+/// The fixture decoder as `tiny` (with the GGUF's chat template), a copy without a template as
+/// `base`, and the ModernBERT fixture as `embed`.
+fn start(cfg: SchedulerConfig) -> Server {
+    let mut decoders = Vec::new();
+    for (name, with_template) in [("tiny", true), ("base", false)] {
+        let file = GgufFile::open(&llama_path()).unwrap();
+        let backend = CpuBackend::new(1).unwrap();
+        let model = kiln_models::load_gguf_decoder(&backend, &file).unwrap();
+        let tokenizer = TextTokenizer::Gguf(Box::new(Tokenizer::from_gguf(&file).unwrap()));
+        let end_ids = (0..model.config.vocab_size as u32)
+            .filter(|&i| tokenizer.is_end_of_generation(i))
+            .collect();
+        let context = model.config.context_length;
+        let chat_template = if with_template {
+            ChatTemplate::from_gguf(&file).unwrap().map(Arc::new)
+        } else {
+            None
+        };
+        decoders.push(DecoderEntry {
+            name: name.into(),
+            engine: DecoderEngine::spawn(name, backend, model, cfg.clone()).unwrap(),
+            tokenizer: Arc::new(tokenizer),
+            chat_template,
+            context,
+            end_ids,
+        });
+    }
+    let backend = CpuBackend::new(1).unwrap();
+    let model = EmbeddingModel::load(
+        &backend,
+        &fixtures().join("encoders/modernbert-tiny"),
+        false,
+    )
+    .unwrap();
+    let embedders = vec![EmbedEntry {
+        name: "embed".into(),
+        engine: EmbedEngine::spawn("embed", backend, model, 64).unwrap(),
+    }];
+    let state = Arc::new(ServerState::new(decoders, embedders));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    rt.spawn(kiln_server::serve(listener, state, std::future::pending()));
+    Server { addr, _rt: rt }
+}
+
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The `data:` payloads of an SSE body.
+    fn events(&self) -> Vec<String> {
+        String::from_utf8(self.body.clone())
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
+            .collect()
+    }
+}
+
+fn send(addr: SocketAddr, method: &str, path: &str, body: &[u8]) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: kiln\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    s
+}
+
+/// Undoes `Transfer-Encoding: chunked`.
+fn dechunk(mut raw: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = raw.windows(2).position(|w| w == b"\r\n").unwrap();
+        let size = usize::from_str_radix(std::str::from_utf8(&raw[..line_end]).unwrap().trim(), 16)
+            .unwrap();
+        raw = &raw[line_end + 2..];
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&raw[..size]);
+        raw = &raw[size + 2..];
+    }
+}
+
+fn request(addr: SocketAddr, method: &str, path: &str, body: &[u8]) -> Reply {
+    let mut s = send(addr, method, path, body);
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8(raw[..split].to_vec()).unwrap();
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(": "))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let mut body = raw[split + 4..].to_vec();
+    if headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v == "chunked")
+    {
+        body = dechunk(&body);
+    }
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn post(addr: SocketAddr, path: &str, body: &Value) -> Reply {
+    request(addr, "POST", path, body.to_string().as_bytes())
+}
+
+/// Greedy generation on the contiguous-cache path, the reference for the server's output.
+fn reference(prompt_text: &str, max_tokens: usize) -> String {
+    let file = GgufFile::open(&llama_path()).unwrap();
+    let b = CpuBackend::new(1).unwrap();
+    let model = kiln_models::load_gguf_decoder(&b, &file).unwrap();
+    let tok = TextTokenizer::Gguf(Box::new(Tokenizer::from_gguf(&file).unwrap()));
+    let ids = tok.encode(prompt_text, true, true).unwrap();
+    let g = generate(
+        &b,
+        &model,
+        &ids,
+        &GenerateOptions {
+            max_tokens,
+            sampling: SamplingParams::greedy(),
+            ignore_eos: false,
+        },
+        |id| tok.is_end_of_generation(id),
+        |_| true,
+    )
+    .unwrap();
+    let text_ids: Vec<u32> = g
+        .ids
+        .iter()
+        .copied()
+        .filter(|&i| !tok.is_end_of_generation(i))
+        .collect();
+    tok.decode(&text_ids, false)
+}
+
+fn texts(n: usize) -> Vec<String> {
+    let words = [
+        "the", "cat", "sat", "on", "a", "mat", "and", "then", "ran", "off", "far",
+    ];
+    (0..n)
+        .map(|i| {
+            (0..3 + i % 9)
+                .map(|j| words[(i * 7 + j * 3) % words.len()])
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect()
+}
+
+fn completion(addr: SocketAddr, prompt: &str, max_tokens: usize) -> Value {
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    r.json()
+}
+
+#[test]
+fn completions_match_the_engine_and_concurrent_requests_match_lone_ones() {
+    let server = start(sched(64, 256));
+    let prompts = texts(32);
+    let alone: Vec<String> = prompts
+        .iter()
+        .map(|p| {
+            let v = completion(server.addr, p, 24);
+            v["choices"][0]["text"].as_str().unwrap().to_string()
+        })
+        .collect();
+    for (p, got) in prompts.iter().zip(&alone).take(4) {
+        assert_eq!(got, &reference(p, 24), "prompt {p:?}");
+    }
+    let addr = server.addr;
+    let together: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                s.spawn(move || {
+                    let v = completion(addr, p, 24);
+                    v["choices"][0]["text"].as_str().unwrap().to_string()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(together, alone);
+    let v = completion(server.addr, &prompts[0], 24);
+    let usage = &v["usage"];
+    assert_eq!(
+        usage["total_tokens"].as_u64(),
+        Some(
+            usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap()
+        )
+    );
+    assert_eq!(v["object"], "text_completion");
+}
+
+#[test]
+fn streams_carry_the_same_text_usage_and_done() {
+    let server = start(sched(64, 256));
+    let prompt = "the cat sat on the mat";
+    let whole = completion(server.addr, prompt, 30);
+    for (path, body) in [
+        (
+            "/v1/completions",
+            json!({"model": "tiny", "prompt": prompt, "max_tokens": 30, "temperature": 0,
+                   "stream": true, "stream_options": {"include_usage": true}}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "tiny", "messages": [{"role": "user", "content": prompt}],
+                   "max_tokens": 30, "temperature": 0,
+                   "stream": true, "stream_options": {"include_usage": true}}),
+        ),
+    ] {
+        let r = post(server.addr, path, &body);
+        assert_eq!(r.status, 200);
+        assert!(r
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/event-stream"));
+        let events = r.events();
+        assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+        let chunks: Vec<Value> = events[..events.len() - 1]
+            .iter()
+            .map(|e| serde_json::from_str(e).unwrap())
+            .collect();
+        let usage = &chunks.last().unwrap()["usage"];
+        assert!(usage["completion_tokens"].as_u64().unwrap() > 0, "{usage}");
+        assert_eq!(chunks.last().unwrap()["choices"], json!([]));
+        let mut text = String::new();
+        let mut finish = None;
+        for c in &chunks[..chunks.len() - 1] {
+            assert!(c["usage"].is_null());
+            let choice = &c["choices"][0];
+            let piece = if path == "/v1/completions" {
+                &choice["text"]
+            } else {
+                &choice["delta"]["content"]
+            };
+            text.push_str(piece.as_str().unwrap_or(""));
+            if !choice["finish_reason"].is_null() {
+                finish = Some(choice["finish_reason"].as_str().unwrap().to_string());
+            }
+        }
+        assert!(finish.is_some());
+        if path == "/v1/completions" {
+            assert_eq!(text, whole["choices"][0]["text"].as_str().unwrap());
+            assert_eq!(usage, &whole["usage"]);
+        } else {
+            assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+        }
+    }
+}
+
+#[test]
+fn stop_strings_end_the_text_across_token_boundaries() {
+    let server = start(sched(64, 256));
+    let prompt = "then ran off far";
+    let full = completion(server.addr, prompt, 40)["choices"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let chars: Vec<char> = full.chars().collect();
+    assert!(chars.len() > 8, "the fixture generates text: {full:?}");
+    // A stop string made of the middle of the output (it spans pieces of several tokens).
+    let start = chars.len() / 3;
+    let stop: String = chars[start..start + 3].iter().collect();
+    let expected: String = full[..full.find(&stop).unwrap()].to_string();
+    for stream in [false, true] {
+        let r = post(
+            server.addr,
+            "/v1/completions",
+            &json!({"model": "tiny", "prompt": prompt, "max_tokens": 40, "temperature": 0,
+                    "stop": [stop], "stream": stream}),
+        );
+        assert_eq!(r.status, 200);
+        let (text, finish) = if stream {
+            let mut text = String::new();
+            let mut finish = String::new();
+            for e in r.events().iter().filter(|e| *e != "[DONE]") {
+                let c: Value = serde_json::from_str(e).unwrap();
+                text.push_str(c["choices"][0]["text"].as_str().unwrap());
+                if let Some(f) = c["choices"][0]["finish_reason"].as_str() {
+                    finish = f.to_string();
+                }
+            }
+            (text, finish)
+        } else {
+            let v = r.json();
+            (
+                v["choices"][0]["text"].as_str().unwrap().to_string(),
+                v["choices"][0]["finish_reason"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            )
+        };
+        assert_eq!(text, expected, "stream {stream}");
+        assert_eq!(finish, "stop");
+    }
+}
+
+#[test]
+fn logprobs_echo_scoring_and_n_choices() {
+    let server = start(sched(64, 256));
+    // Greedy tokens are the most likely ones.
+    let r = post(
+        server.addr,
+        "/v1/chat/completions",
+        &json!({"model": "tiny", "messages": [{"role": "system", "content": "be brief"},
+                {"role": "user", "content": "the cat"}, {"role": "assistant", "content": "sat"},
+                {"role": "user", "content": "on the mat"}],
+                "max_tokens": 6, "temperature": 0, "logprobs": true, "top_logprobs": 3}),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let content = r.json()["choices"][0]["logprobs"]["content"].clone();
+    let content = content.as_array().unwrap();
+    assert!(!content.is_empty());
+    for t in content {
+        let top = t["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        assert_eq!(top[0]["logprob"], t["logprob"]);
+        assert!(t["logprob"].as_f64().unwrap() <= 0.0);
+    }
+    // Echo with max_tokens 0 scores the prompt: the first token has no log-probability, and
+    // the sum over a prompt equals what scoring prompt + continuation reports for that part.
+    let r = post(
+        server.addr,
+        "/v1/completions",
+        &json!({"model": "tiny", "prompt": "the cat sat on", "max_tokens": 0, "echo": true,
+                "logprobs": 1}),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let v = r.json();
+    assert_eq!(v["choices"][0]["text"], "the cat sat on");
+    assert_eq!(v["usage"]["completion_tokens"], 0);
+    let lp = &v["choices"][0]["logprobs"];
+    let scored = lp["token_logprobs"].as_array().unwrap();
+    assert!(scored[0].is_null() && lp["top_logprobs"][0].is_null());
+    let r2 = post(
+        server.addr,
+        "/v1/completions",
+        &json!({"model": "tiny", "prompt": "the cat sat on a mat", "max_tokens": 0,
+                "echo": true, "logprobs": 0}),
+    );
+    let longer = r2.json()["choices"][0]["logprobs"]["token_logprobs"].clone();
+    for (a, b) in scored.iter().zip(longer.as_array().unwrap()).skip(1) {
+        // The same positions computed in a forward pass of another length: equal up to f32
+        // rounding.
+        assert!(
+            (a.as_f64().unwrap() - b.as_f64().unwrap()).abs() < 1e-4,
+            "{a} vs {b}"
+        );
+    }
+    // Echo while generating: the text starts with the prompt.
+    let v = post(
+        server.addr,
+        "/v1/completions",
+        &json!({"model": "tiny", "prompt": "the cat", "max_tokens": 5, "echo": true,
+                "temperature": 0}),
+    )
+    .json();
+    assert!(v["choices"][0]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with("the cat"));
+    // n choices with a seed: reproducible, and indexed.
+    let body = json!({"model": "tiny", "prompt": ["a cat", "the mat"], "max_tokens": 12,
+                      "temperature": 1.5, "n": 3, "seed": 7});
+    let a = post(server.addr, "/v1/completions", &body).json();
+    let b = post(server.addr, "/v1/completions", &body).json();
+    assert_eq!(a["choices"], b["choices"]);
+    let idx: Vec<u64> = a["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(idx, vec![0, 1, 2, 3, 4, 5]);
+    let texts: std::collections::BTreeSet<&str> = a["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["text"].as_str().unwrap())
+        .collect();
+    assert!(texts.len() > 1, "choices differ: {texts:?}");
+}
+
+fn error_of(r: &Reply) -> (u16, Value) {
+    let v = r.json();
+    let e = v["error"].clone();
+    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    assert!(e["type"].is_string(), "{v}");
+    (r.status, e)
+}
+
+#[test]
+fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
+    let server = start(sched(64, 256));
+    let a = server.addr;
+    let cases: Vec<(&str, Vec<u8>, u16, Option<&str>)> = vec![
+        (
+            "/v1/completions",
+            b"{\"model\": \"tiny\", \"prompt\":".to_vec(),
+            400,
+            None,
+        ),
+        (
+            "/v1/completions",
+            b"{\"model\": \"tiny\", \"prompt\": \"\xff\xfe\"}".to_vec(),
+            400,
+            None,
+        ),
+        (
+            "/v1/completions",
+            br#"{"model": "tiny", "prompt": 12}"#.to_vec(),
+            400,
+            None,
+        ),
+        (
+            "/v1/completions",
+            br#"{"model": "nope", "prompt": "x"}"#.to_vec(),
+            404,
+            Some("model"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"model": "tiny", "prompt": "x", "max_tokens": -1}"#.to_vec(),
+            400,
+            None,
+        ),
+        (
+            "/v1/completions",
+            br#"{"model": "tiny", "prompt": "x", "temperature": 5}"#.to_vec(),
+            400,
+            Some("temperature"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"model": "tiny", "prompt": "x", "n": 1000}"#.to_vec(),
+            400,
+            Some("n"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"model": "tiny", "prompt": [[1, 2, 99999]]}"#.to_vec(),
+            400,
+            Some("prompt"),
+        ),
+        (
+            "/v1/completions",
+            br#"{"model": "embed", "prompt": "x"}"#.to_vec(),
+            400,
+            Some("model"),
+        ),
+        (
+            "/v1/chat/completions",
+            br#"{"model": "base", "messages": [{"role": "user", "content": "hi"}]}"#.to_vec(),
+            400,
+            Some("messages"),
+        ),
+        (
+            "/v1/chat/completions",
+            br#"{"model": "tiny", "messages": []}"#.to_vec(),
+            400,
+            Some("messages"),
+        ),
+        (
+            "/v1/chat/completions",
+            br#"{"model": "tiny", "messages": [{"role": "wizard", "content": "hi"}]}"#.to_vec(),
+            400,
+            Some("messages[0].role"),
+        ),
+        (
+            "/v1/embeddings",
+            br#"{"model": "embed", "input": ""}"#.to_vec(),
+            400,
+            Some("input"),
+        ),
+        (
+            "/v1/embeddings",
+            br#"{"model": "embed", "input": [[5, 999999]]}"#.to_vec(),
+            400,
+            Some("input"),
+        ),
+        (
+            "/v1/embeddings",
+            br#"{"model": "tiny", "input": "x"}"#.to_vec(),
+            400,
+            Some("model"),
+        ),
+        ("/v1/nothing", b"{}".to_vec(), 404, None),
+    ];
+    for (path, body, status, param) in cases {
+        let r = request(a, "POST", path, &body);
+        let (got, e) = error_of(&r);
+        assert_eq!(
+            got,
+            status,
+            "{path} {}: {e}",
+            String::from_utf8_lossy(&body)
+        );
+        if let Some(p) = param {
+            assert_eq!(e["param"], p, "{e}");
+        }
+    }
+    // A prompt longer than the context (256 tokens): 400 naming both lengths.
+    let long = "cat ".repeat(400);
+    let r = post(
+        a,
+        "/v1/completions",
+        &json!({"model": "tiny", "prompt": long}),
+    );
+    let (status, e) = error_of(&r);
+    assert_eq!(status, 400);
+    assert_eq!(e["code"], "context_length_exceeded");
+    let msg = e["message"].as_str().unwrap();
+    assert!(msg.contains("256"), "{msg}");
+    // Still serving.
+    assert_eq!(request(a, "GET", "/health", b"").status, 200);
+    completion(a, "the cat", 3);
+}
+
+fn metric(addr: SocketAddr, name: &str) -> f64 {
+    let r = request(addr, "GET", "/metrics", b"");
+    let text = String::from_utf8(r.body).unwrap();
+    text.lines()
+        .find(|l| l.starts_with(name) && l.contains("model=\"tiny\""))
+        .and_then(|l| l.rsplit(' ').next())
+        .map(|v| v.parse().unwrap())
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+}
+
+#[test]
+fn a_client_that_disconnects_mid_stream_frees_its_blocks() {
+    let server = start(sched(64, 256));
+    let a = server.addr;
+    let body = json!({"model": "tiny", "prompt": "the cat sat", "max_tokens": 200,
+                      "temperature": 0.9, "stream": true});
+    for _ in 0..8 {
+        let mut s = send(a, "POST", "/v1/completions", body.to_string().as_bytes());
+        let mut buf = [0u8; 512];
+        // Read until the first event has arrived, then hang up.
+        let mut seen = Vec::new();
+        while !String::from_utf8_lossy(&seen).contains("data: ") {
+            let n = s.read(&mut buf).unwrap();
+            assert!(n > 0);
+            seen.extend_from_slice(&buf[..n]);
+        }
+        drop(s);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let used = metric(a, "kiln_kv_blocks_used");
+        let running = metric(a, "kiln_running_sequences");
+        if used == 0.0 && running == 0.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "blocks still used: {used}, running {running}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(metric(a, "kiln_kv_blocks_free"), 256.0);
+    completion(a, "the cat", 3);
+}
+
+#[test]
+fn a_full_queue_answers_429_with_retry_after() {
+    let server = start(sched(1, 1));
+    let a = server.addr;
+    let replies: Vec<Reply> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..16)
+            .map(|i| {
+                s.spawn(move || {
+                    post(
+                        a,
+                        "/v1/completions",
+                        &json!({"model": "tiny", "prompt": format!("the cat {i}"),
+                                "max_tokens": 200, "temperature": 1.0}),
+                    )
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut refused = 0;
+    for r in &replies {
+        match r.status {
+            200 => {}
+            429 => {
+                refused += 1;
+                assert_eq!(r.header("retry-after"), Some("1"));
+                assert_eq!(r.json()["error"]["type"], "rate_limit_error");
+            }
+            s => panic!("status {s}: {}", String::from_utf8_lossy(&r.body)),
+        }
+    }
+    assert!(refused > 0, "16 concurrent requests into a queue of 1");
+    assert!(refused < 16);
+}
+
+#[test]
+fn embeddings_floats_base64_ids_and_batch_invariance() {
+    let server = start(sched(64, 256));
+    let a = server.addr;
+    let inputs = texts(32);
+    let alone: Vec<Vec<f64>> = inputs
+        .iter()
+        .map(|t| {
+            let r = post(a, "/v1/embeddings", &json!({"model": "embed", "input": t}));
+            assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+            let v = r.json();
+            v["data"][0]["embedding"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect()
+        })
+        .collect();
+    let together: Vec<Vec<f64>> = std::thread::scope(|s| {
+        let hs: Vec<_> = inputs
+            .iter()
+            .map(|t| {
+                s.spawn(move || {
+                    let v =
+                        post(a, "/v1/embeddings", &json!({"model": "embed", "input": t})).json();
+                    v["data"][0]["embedding"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.as_f64().unwrap())
+                        .collect::<Vec<f64>>()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let worst = together
+        .iter()
+        .flatten()
+        .zip(alone.iter().flatten())
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    assert_eq!(
+        together, alone,
+        "concurrent embeddings equal lone ones (max diff {worst:e})"
+    );
+    // A list in one request, and base64.
+    let v = post(
+        a,
+        "/v1/embeddings",
+        &json!({"model": "embed", "input": inputs[..3], "encoding_format": "base64"}),
+    )
+    .json();
+    for (i, d) in v["data"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(d["index"], i);
+        use base64::Engine as _;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(d["embedding"].as_str().unwrap())
+            .unwrap();
+        let floats: Vec<f64> = bytes
+            .chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
+            .collect();
+        // Packed with two other inputs: equal to the lone vectors up to f32 rounding.
+        for (x, y) in floats.iter().zip(&alone[i]) {
+            assert!((x - y).abs() < 1e-5, "{x} vs {y}");
+        }
+    }
+    assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() > 0);
+    // Token ids.
+    let v = post(
+        a,
+        "/v1/embeddings",
+        &json!({"model": "embed", "input": [[5, 6, 7], [8, 9]]}),
+    );
+    assert_eq!(v.status, 200);
+    assert_eq!(v.json()["usage"]["prompt_tokens"], 5);
+}
+
+#[test]
+fn models_health_and_metrics() {
+    let server = start(sched(64, 256));
+    let a = server.addr;
+    let v = request(a, "GET", "/v1/models", b"").json();
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, vec!["tiny", "base", "embed"]);
+    assert_eq!(request(a, "GET", "/health", b"").json()["status"], "ok");
+    completion(a, "the cat", 5);
+    let m = request(a, "GET", "/metrics", b"");
+    assert!(m.header("content-type").unwrap().starts_with("text/plain"));
+    let text = String::from_utf8(m.body).unwrap();
+    for needle in [
+        "kiln_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 1",
+        "kiln_time_to_first_token_seconds_count{model=\"tiny\"} 1",
+        "kiln_time_per_output_token_seconds_count{model=\"tiny\"} 4",
+        "kiln_generation_tokens_total{model=\"tiny\"} 5",
+        "kiln_kv_blocks_free{model=\"tiny\"} 256",
+        "kiln_running_sequences{model=\"tiny\"} 0",
+        "kiln_prefix_cache_hit_rate{model=\"tiny\"}",
+    ] {
+        assert!(text.contains(needle), "{needle} missing from\n{text}");
+    }
+}
