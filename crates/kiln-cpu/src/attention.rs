@@ -140,8 +140,27 @@ fn attention_over(
         return CpuTensor::new(out, q.rows, q.cols);
     }
     let rows = rows_per_task(job.group);
-    if q.rows <= rows {
-        decode(cpu, avx2, &job, p.n_kv_heads, q.rows, &mut out);
+    if cpu.batch_invariant && q.rows > 1 {
+        // Each query row alone, exactly as a one-row (decode) call computes it: its result
+        // does not depend on the other rows of the call (see `CpuBackend::set_batch_invariant`).
+        let (lo, hi) = (job.visible(0).0, job.visible(q.rows - 1).1);
+        let flops = 4 * q.rows * p.n_heads * (hi - lo) * hd;
+        crate::for_each_chunk(
+            cpu,
+            &mut out,
+            q.cols,
+            flops >= PARALLEL_MIN_FLOPS,
+            |i, row_out| {
+                let one = Job {
+                    q: &job.q[i * job.q_cols..(i + 1) * job.q_cols],
+                    q_pos: job.q_pos + i,
+                    ..job
+                };
+                decode(cpu, avx2, &one, p.n_kv_heads, 1, row_out, false);
+            },
+        );
+    } else if q.rows <= rows {
+        decode(cpu, avx2, &job, p.n_kv_heads, q.rows, &mut out, true);
     } else {
         let (lo, hi) = (job.visible(0).0, job.visible(q.rows - 1).1);
         let flops = 4 * q.rows * p.n_heads * (hi - lo) * hd;
@@ -162,6 +181,7 @@ fn rows_per_task(group: usize) -> usize {
 }
 
 /// The operands and shape of one call.
+#[derive(Clone, Copy)]
 struct Job<'a> {
     /// `[rows, q_cols]`, row `i` at position `q_pos + i`.
     q: &'a [f32],
@@ -297,6 +317,8 @@ fn rows_task(avx2: bool, job: &Job<'_>, n_kv_heads: usize, r0: usize, out: &mut 
 /// Decode: all `rows` query rows (at most one block per KV head, unless a GQA group is larger
 /// than a block) over their keys, cut into parts on the [`PART`] grid, one task per (KV head,
 /// part); then the parts of each vector are combined in key order into `out`.
+///
+/// `parallel`: the tasks may run on the team (false inside a team task); the result is the same.
 fn decode(
     cpu: &CpuBackend,
     avx2: bool,
@@ -304,6 +326,7 @@ fn decode(
     n_kv_heads: usize,
     rows: usize,
     out: &mut [f32],
+    parallel: bool,
 ) {
     let hd = job.hd;
     let (lo, hi) = (job.visible(0).0, job.visible(rows - 1).1);
@@ -321,7 +344,7 @@ fn decode(
         cpu,
         &mut states,
         per_task,
-        flops >= PARALLEL_MIN_FLOPS,
+        parallel && flops >= PARALLEL_MIN_FLOPS,
         |t, states| {
             let (kvh, (from, to)) = (t / parts.len(), parts[t % parts.len()]);
             for (st, b) in states.iter_mut().zip(job.blocks(kvh, 0, rows)) {

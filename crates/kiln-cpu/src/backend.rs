@@ -96,6 +96,8 @@ pub struct CpuBackend {
     pub(crate) team: crate::team::Team,
     pub(crate) threads: usize,
     pub(crate) simd: SimdLevel,
+    /// See [`CpuBackend::set_batch_invariant`].
+    pub(crate) batch_invariant: bool,
 }
 
 impl CpuBackend {
@@ -130,7 +132,23 @@ impl CpuBackend {
             team,
             threads,
             simd,
+            batch_invariant: false,
         })
+    }
+
+    /// Batch-invariant mode: every row of an op's result is computed by the same operations
+    /// whatever the other rows of the call are, so a sequence gets bit-identical results alone
+    /// or batched with others (what a server promises for greedy outputs). Quantized products
+    /// then run the tile kernels at any number of rows (no row-dot path for one row, nor the
+    /// fused decode products), float products run the packed GEMM at any number of rows, and
+    /// attention computes each query row on its own, as a decode step would. The cost is in
+    /// single-sequence decode (measured in `kiln bench --batch-invariant`).
+    pub fn set_batch_invariant(&mut self, on: bool) {
+        self.batch_invariant = on;
+    }
+
+    pub fn batch_invariant(&self) -> bool {
+        self.batch_invariant
     }
 
     pub fn threads(&self) -> usize {
@@ -415,7 +433,7 @@ impl Backend for CpuBackend {
         w: &Linear<Self>,
         act: Activation,
     ) -> Result<CpuTensor> {
-        if act == Activation::Gelu && crate::matmul::is_dense(x, w) {
+        if act == Activation::Gelu && crate::matmul::is_dense(self, x, w) {
             return crate::matmul::matmul(self, x, w, true);
         }
         self.activation(&self.matmul(x, w)?, act)

@@ -48,8 +48,8 @@ fn rows_per_task(n: usize, m: usize, threads: usize) -> usize {
 }
 
 /// Whether `x · Wᵀ` goes through the dense GEMM (float weight, enough rows).
-pub(crate) fn is_dense(x: &CpuTensor, lin: &Linear<CpuBackend>) -> bool {
-    is_float(lin.weight.ty) && x.rows >= DENSE_MIN_ROWS
+pub(crate) fn is_dense(cpu: &CpuBackend, x: &CpuTensor, lin: &Linear<CpuBackend>) -> bool {
+    is_float(lin.weight.ty) && (x.rows >= DENSE_MIN_ROWS || cpu.batch_invariant)
 }
 
 /// `x · Wᵀ (+ bias)`; with `gelu` (dense products only, see [`is_dense`]) the exact GELU of
@@ -79,7 +79,7 @@ pub(crate) fn matmul(
         add_bias(&mut y, lin)?;
         return CpuTensor::new(y, m, n);
     }
-    if is_dense(x, lin) {
+    if is_dense(cpu, x, lin) {
         let packed = cpu.pool.install(|| w.dense_packed())?;
         let bias = match &lin.bias {
             Some(b) => Some(b.vector("matmul bias")?),
@@ -107,8 +107,13 @@ pub(crate) fn matmul(
     });
     let wbytes: &[u8] = &w.bytes;
     let rb = w.row_bytes;
-    let mut y = if m >= TILED_MIN_ROWS {
-        let gemm = kernels::gemm_fn(w.ty, cpu.simd).map_err(qerr)?;
+    let mut y = if m >= TILED_MIN_ROWS || cpu.batch_invariant {
+        let gemm = if cpu.batch_invariant {
+            kernels::gemm_fn_invariant(w.ty, cpu.simd)
+        } else {
+            kernels::gemm_fn(w.ty, cpu.simd)
+        }
+        .map_err(qerr)?;
         tiled(cpu, wbytes, rb, &acts, act_bytes, m, n, k, gemm)
     } else {
         let dot = kernels::vec_dot_fn(w.ty, cpu.simd).map_err(qerr)?;
@@ -140,6 +145,7 @@ pub(crate) fn gemv_many(
 ) -> Result<Option<Vec<CpuTensor>>> {
     let k = x.cols;
     if x.rows != 1
+        || cpu.batch_invariant
         || lins.iter().any(|l| {
             let w = &*l.weight;
             is_float(w.ty)

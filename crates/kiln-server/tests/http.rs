@@ -47,7 +47,9 @@ fn start(cfg: SchedulerConfig) -> Server {
     let mut decoders = Vec::new();
     for (name, with_template) in [("tiny", true), ("base", false)] {
         let file = GgufFile::open(&llama_path()).unwrap();
-        let backend = CpuBackend::new(1).unwrap();
+        let mut backend = CpuBackend::new(1).unwrap();
+        // As `kiln serve` runs it.
+        backend.set_batch_invariant(true);
         let model = kiln_models::load_gguf_decoder(&backend, &file).unwrap();
         let tokenizer = TextTokenizer::Gguf(Box::new(Tokenizer::from_gguf(&file).unwrap()));
         let end_ids = (0..model.config.vocab_size as u32)

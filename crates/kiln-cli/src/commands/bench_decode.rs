@@ -59,6 +59,10 @@ pub struct DecodeBenchArgs {
     model: ModelArg,
     #[command(flatten)]
     mmap: MmapArg,
+    /// Run as `kiln serve` does: batch-invariant kernels (a sequence's results do not depend on
+    /// what it is batched with), to measure what that costs.
+    #[arg(long)]
+    batch_invariant: bool,
     /// Prompt lengths: test ppP is one forward pass over P tokens (0 = no prompt tests).
     #[arg(
         short = 'p',
@@ -190,7 +194,8 @@ pub fn run(a: DecodeBenchArgs) -> Result<()> {
 
     let mut rows = Vec::new();
     for &t in &threads {
-        let m = load(&a.model.model, &a.mmap, t)?;
+        let mut m = load(&a.model.model, &a.mmap, t)?;
+        m.backend.set_batch_invariant(a.batch_invariant);
         eprintln!(
             "[bench] {} loaded in {:.0} ms on {}",
             info.desc,

@@ -167,7 +167,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
             embedders.push(EmbedEntry { name, engine });
             continue;
         }
-        let m = load(model, &a.mmap, a.threads.threads)?;
+        let mut m = load(model, &a.mmap, a.threads.threads)?;
+        // A request gets the same tokens whatever it is batched with (see
+        // `CpuBackend::set_batch_invariant`).
+        m.backend.set_batch_invariant(true);
         let cfg = &m.model.config;
         let end_ids: Vec<u32> = (0..cfg.vocab_size as u32)
             .filter(|&id| m.tokenizer.is_end_of_generation(id))
@@ -214,7 +217,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             a.max_waiting
         );
         if positions < cfg.context_length {
-            tracing::warn!(
+            tracing::info!(
                 "'{name}': the KV cache holds {positions} positions, fewer than the context of {}; \
                  a longer sequence ends with finish_reason \"length\" (raise --kv-memory)",
                 cfg.context_length

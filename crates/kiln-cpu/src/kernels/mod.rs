@@ -116,6 +116,20 @@ pub fn gemm_fn(ty: GgmlType, level: SimdLevel) -> Result<GemmFn, QuantError> {
     })
 }
 
+/// As [`gemm_fn`], batch-invariant: each output value is computed by the same operations
+/// whatever the number of activation rows (`cols`), so that a row's results do not depend on
+/// the rows it is batched with. Slower than [`gemm_fn`] for one or two rows of K-quant weights.
+pub fn gemm_fn_invariant(ty: GgmlType, level: SimdLevel) -> Result<GemmFn, QuantError> {
+    let reference = scalar::gemm_fn(ty)?;
+    Ok(match usable(level) {
+        SimdLevel::Scalar => reference,
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 => x86::gemm_fn_invariant(ty).unwrap_or(reference),
+        #[cfg(not(target_arch = "x86_64"))]
+        SimdLevel::Avx2 => reference,
+    })
+}
+
 /// Signature of an activation quantizer: (f32 activations, output bytes).
 ///
 /// Panics when `x.len()` is not a whole number of blocks or the output is not exactly

@@ -137,7 +137,7 @@ struct Call {
 }
 
 /// The safe entry of every tile kernel: checks the lengths, sizes the scratch, runs `drive`.
-fn tiled<F: Format>(
+fn tiled<F: Format, const ALWAYS: bool>(
     k: usize,
     w: &[u8],
     rows: usize,
@@ -146,7 +146,7 @@ fn tiled<F: Format>(
     out: &mut [f32],
     ldo: usize,
 ) {
-    if cols < F::MIN_COLS {
+    if !ALWAYS && cols < F::MIN_COLS {
         return dot_loop(F::TYPE, F::ROW_DOT, k, w, rows, a, cols, out, ldo);
     }
     let (w_row, a_row) = gemm_shape(F::TYPE, k, w.len(), rows, a.len(), cols, out.len(), ldo);
@@ -439,8 +439,11 @@ fn sum_lanes_per_half(v: __m256i) -> __m256i {
 }
 
 /// Defines the public GEMM entry `$name` for the tile format `$format`.
+/// `$name` takes the row-dot loop below the format's crossover; `$always`, the batch-invariant
+/// entry, runs the tile kernel for any number of activation rows: each output is then computed
+/// by the same operations whatever else is in the call.
 macro_rules! gemm_entries {
-    ($($(#[$doc:meta])* $name:ident => $format:ty;)*) => {
+    ($($(#[$doc:meta])* $name:ident, $always:ident => $format:ty;)*) => {
         $(
             $(#[$doc])*
             pub(in crate::kernels) fn $name(
@@ -452,7 +455,20 @@ macro_rules! gemm_entries {
                 out: &mut [f32],
                 ldo: usize,
             ) {
-                tiled::<$format>(k, w, rows, a, cols, out, ldo)
+                tiled::<$format, false>(k, w, rows, a, cols, out, ldo)
+            }
+
+            $(#[$doc])*
+            pub(in crate::kernels) fn $always(
+                k: usize,
+                w: &[u8],
+                rows: usize,
+                a: &[u8],
+                cols: usize,
+                out: &mut [f32],
+                ldo: usize,
+            ) {
+                tiled::<$format, true>(k, w, rows, a, cols, out, ldo)
             }
         )*
     };
@@ -460,19 +476,19 @@ macro_rules! gemm_entries {
 
 gemm_entries! {
     /// Q4_0 weights x Q8_0 activations.
-    q4_0 => blocks32::Blocks32<blocks32::Q4_0>;
+    q4_0, q4_0_always => blocks32::Blocks32<blocks32::Q4_0>;
     /// Q4_1 weights x Q8_1 activations.
-    q4_1 => blocks32::Blocks32<blocks32::Q4_1>;
+    q4_1, q4_1_always => blocks32::Blocks32<blocks32::Q4_1>;
     /// Q5_0 weights x Q8_0 activations.
-    q5_0 => blocks32::Blocks32<blocks32::Q5_0>;
+    q5_0, q5_0_always => blocks32::Blocks32<blocks32::Q5_0>;
     /// Q5_1 weights x Q8_1 activations.
-    q5_1 => blocks32::Blocks32<blocks32::Q5_1>;
+    q5_1, q5_1_always => blocks32::Blocks32<blocks32::Q5_1>;
     /// Q8_0 weights x Q8_0 activations.
-    q8_0 => blocks32::Blocks32<blocks32::Q8_0>;
+    q8_0, q8_0_always => blocks32::Blocks32<blocks32::Q8_0>;
     /// Q4_K weights x Q8_K activations.
-    q4_k => superblocks::SuperBlocks<superblocks::Q4K>;
+    q4_k, q4_k_always => superblocks::SuperBlocks<superblocks::Q4K>;
     /// Q5_K weights x Q8_K activations.
-    q5_k => superblocks::SuperBlocks<superblocks::Q5K>;
+    q5_k, q5_k_always => superblocks::SuperBlocks<superblocks::Q5K>;
     /// Q6_K weights x Q8_K activations.
-    q6_k => superblocks::SuperBlocks<superblocks::Q6K>;
+    q6_k, q6_k_always => superblocks::SuperBlocks<superblocks::Q6K>;
 }

@@ -79,6 +79,25 @@ pub(super) fn gemm_fn(ty: GgmlType) -> Option<GemmFn> {
     Some(kernel)
 }
 
+/// The batch-invariant AVX2 GEMM for weights of type `ty`: as [`gemm_fn`], but a tile kernel
+/// runs for any number of activation rows (never its row-dot loop), so that every output value
+/// is computed by the same operations however many rows the call has.
+pub(super) fn gemm_fn_invariant(ty: GgmlType) -> Option<GemmFn> {
+    let kernel: GemmFn = match ty {
+        GgmlType::Q4_0 => gemm::q4_0_always,
+        GgmlType::Q4_1 => gemm::q4_1_always,
+        GgmlType::Q5_0 => gemm::q5_0_always,
+        GgmlType::Q5_1 => gemm::q5_1_always,
+        GgmlType::Q8_0 => gemm::q8_0_always,
+        GgmlType::Q4_K => gemm::q4_k_always,
+        GgmlType::Q5_K => gemm::q5_k_always,
+        GgmlType::Q6_K => gemm::q6_k_always,
+        // The row-dot loops compute each output alone: invariant already.
+        other => return gemm_fn(other),
+    };
+    Some(kernel)
+}
+
 /// Defines `$name`, the GEMM of `$ty` as the loop over its AVX2 row dot `$dot`.
 macro_rules! dot_loops {
     ($($name:ident => $ty:ident, $dot:path;)*) => {

@@ -1,0 +1,164 @@
+//! Batch-invariant mode (`CpuBackend::set_batch_invariant`): a row's results are bit-identical
+//! whatever the other rows of the call are — every weight type's product at 1 to 70 rows
+//! against each row alone, and attention (causal, GQA, sliding window, soft cap) over a prefill
+//! against each query row alone, paged and contiguous. Without the mode these differ in the
+//! last bits (the one-row paths are other kernels), which the first test also checks, so that
+//! the mode is known to matter.
+
+use std::sync::Arc;
+
+use kiln_backend::{AttentionParams, Backend, KvPages, Linear};
+use kiln_core::GgmlType;
+use kiln_cpu::kernels::{simd_level, SimdLevel};
+use kiln_cpu::CpuBackend;
+
+mod common;
+use common::quant::WEIGHT_TYPES;
+use common::{upload, values};
+
+fn invariant(threads: usize) -> CpuBackend {
+    let mut b = CpuBackend::new(threads).unwrap();
+    b.set_batch_invariant(true);
+    b
+}
+
+fn linear(b: &CpuBackend, ty: GgmlType, n: usize, k: usize, seed: u64) -> Linear<CpuBackend> {
+    let w = values(n * k, seed);
+    let bytes = if ty == GgmlType::F32 {
+        w.iter().flat_map(|x| x.to_le_bytes()).collect()
+    } else {
+        let mut out = vec![0u8; kiln_quant::quantized_size(ty, n * k).unwrap()];
+        kiln_quant::quantize(ty, &w, &mut out).unwrap();
+        out
+    };
+    Linear {
+        weight: Arc::new(upload(b, "w", ty, &[k, n], bytes)),
+        bias: None,
+        in_features: k,
+        out_features: n,
+        ty,
+    }
+}
+
+fn rows_of(b: &CpuBackend, x: &[f32], rows: std::ops::Range<usize>, k: usize) -> Vec<f32> {
+    let t = b
+        .tensor_from_f32(&x[rows.start * k..rows.end * k], rows.len(), k)
+        .unwrap();
+    b.to_f32(&t).unwrap()
+}
+
+#[test]
+fn products_give_each_row_what_it_gets_alone() {
+    let (n, k) = (72, 512);
+    let mut differs_without = 0;
+    for threads in [1, 2] {
+        let b = invariant(threads);
+        let plain = CpuBackend::new(threads).unwrap();
+        for (t, &ty) in WEIGHT_TYPES.iter().enumerate() {
+            let lin = linear(&b, ty, n, k, 3 + t as u64);
+            let x = values(70 * k, 99 + t as u64);
+            let alone: Vec<Vec<f32>> = (0..70)
+                .map(|r| {
+                    let xr = b
+                        .tensor_from_f32(&rows_of(&b, &x, r..r + 1, k), 1, k)
+                        .unwrap();
+                    b.to_f32(&b.matmul(&xr, &lin).unwrap()).unwrap()
+                })
+                .collect();
+            for m in [1, 2, 3, 5, 8, 13, 64, 70] {
+                let xm = b.tensor_from_f32(&x[..m * k], m, k).unwrap();
+                let y = b.to_f32(&b.matmul(&xm, &lin).unwrap()).unwrap();
+                for r in 0..m {
+                    assert_eq!(
+                        &y[r * n..(r + 1) * n],
+                        &alone[r][..],
+                        "{ty}, row {r} of {m}, {threads} threads"
+                    );
+                }
+                let yp = plain.to_f32(&plain.matmul(&xm, &lin).unwrap()).unwrap();
+                differs_without += usize::from(yp[..n] != alone[0][..]);
+            }
+        }
+    }
+    if simd_level() != SimdLevel::Scalar {
+        assert!(differs_without > 0, "the plain paths differ somewhere");
+    }
+}
+
+#[test]
+fn attention_gives_each_query_row_what_it_gets_alone() {
+    let (n_heads, n_kv_heads, hd) = (8, 2, 16);
+    let cap = 300;
+    let kv_cols = n_kv_heads * hd;
+    let k = values(cap * kv_cols, 5);
+    let v = values(cap * kv_cols, 6);
+    // A paged copy: logical block i at physical block `table[i]` (blocks of 16 rows).
+    let bs = 16;
+    let table: Vec<u32> = (0..cap.div_ceil(bs) as u32).rev().collect();
+    let mut kp = vec![0.0f32; table.len() * bs * kv_cols];
+    let mut vp = kp.clone();
+    for j in 0..cap {
+        let at = (table[j / bs] as usize * bs + j % bs) * kv_cols;
+        kp[at..at + kv_cols].copy_from_slice(&k[j * kv_cols..(j + 1) * kv_cols]);
+        vp[at..at + kv_cols].copy_from_slice(&v[j * kv_cols..(j + 1) * kv_cols]);
+    }
+    for threads in [1, 2] {
+        let b = invariant(threads);
+        let kt = b.tensor_from_f32(&k, cap, kv_cols).unwrap();
+        let vt = b.tensor_from_f32(&v, cap, kv_cols).unwrap();
+        let kpt = b.tensor_from_f32(&kp, kp.len() / kv_cols, kv_cols).unwrap();
+        let vpt = b.tensor_from_f32(&vp, vp.len() / kv_cols, kv_cols).unwrap();
+        let pages = KvPages {
+            table: &table,
+            block_size: bs,
+        };
+        for (window, softcap) in [(None, None), (Some(37), None), (Some(100), Some(30.0))] {
+            let p = AttentionParams {
+                n_heads,
+                n_kv_heads,
+                head_dim: hd,
+                scale: 0.25,
+                sliding_window: window,
+                softcap,
+            };
+            let (q_pos, rows) = (7, 280);
+            let q = values(rows * n_heads * hd, 11);
+            let qt = b.tensor_from_f32(&q, rows, n_heads * hd).unwrap();
+            let n_kv = q_pos + rows;
+            let all = b
+                .to_f32(&b.attention(&qt, &kt, &vt, q_pos, n_kv, &p).unwrap())
+                .unwrap();
+            let paged = b
+                .to_f32(
+                    &b.paged_attention(&qt, &kpt, &vpt, &pages, q_pos, n_kv, &p)
+                        .unwrap(),
+                )
+                .unwrap();
+            assert_eq!(all, paged, "paged and contiguous");
+            let w = n_heads * hd;
+            for r in [0, 1, 5, 63, 64, 150, 279] {
+                let qr = b.tensor_from_f32(&q[r * w..(r + 1) * w], 1, w).unwrap();
+                let one = b
+                    .to_f32(
+                        &b.attention(&qr, &kt, &vt, q_pos + r, q_pos + r + 1, &p)
+                            .unwrap(),
+                    )
+                    .unwrap();
+                assert_eq!(
+                    &all[r * w..(r + 1) * w],
+                    &one[..],
+                    "row {r}, window {window:?}"
+                );
+            }
+            // A chunk that starts mid-prompt (chunked prefill) agrees too.
+            let qc = b.tensor_from_f32(&q[100 * w..140 * w], 40, w).unwrap();
+            let chunk = b
+                .to_f32(
+                    &b.attention(&qc, &kt, &vt, q_pos + 100, q_pos + 140, &p)
+                        .unwrap(),
+                )
+                .unwrap();
+            assert_eq!(&all[100 * w..140 * w], &chunk[..]);
+        }
+    }
+}
