@@ -107,7 +107,27 @@ pub(crate) fn matmul(
     });
     let wbytes: &[u8] = &w.bytes;
     let rb = w.row_bytes;
-    let mut y = if m >= TILED_MIN_ROWS || cpu.batch_invariant {
+    let exact_rows = if m == 1 && cpu.batch_invariant {
+        kernels::rows_exact_fn(w.ty, cpu.simd)
+    } else {
+        None
+    };
+    let mut y = if let Some(rows_fn) = exact_rows {
+        // Batch-invariant decode: the tile kernels' arithmetic without their packing.
+        let mut y = vec![0.0f32; n];
+        let chunk = rows_per_task(n, 1, cpu.threads);
+        cpu.team.for_each_chunk(&mut y, chunk, |t, out| {
+            let r0 = t * chunk;
+            rows_fn(
+                k,
+                &wbytes[r0 * rb..(r0 + out.len()) * rb],
+                out.len(),
+                &acts,
+                out,
+            );
+        });
+        y
+    } else if m >= TILED_MIN_ROWS || cpu.batch_invariant {
         let gemm = if cpu.batch_invariant {
             kernels::gemm_fn_invariant(w.ty, cpu.simd)
         } else {
@@ -145,7 +165,6 @@ pub(crate) fn gemv_many(
 ) -> Result<Option<Vec<CpuTensor>>> {
     let k = x.cols;
     if x.rows != 1
-        || cpu.batch_invariant
         || lins.iter().any(|l| {
             let w = &*l.weight;
             is_float(w.ty)
@@ -172,7 +191,20 @@ pub(crate) fn gemv_many(
                 formats.len() - 1
             }
         };
-        plan.push((f, kernels::vec_dot_fn(l.weight.ty, cpu.simd).map_err(qerr)?));
+        // Batch-invariant mode needs the tile-exact one-row kernel of every matrix.
+        let exact = if cpu.batch_invariant {
+            match kernels::rows_exact_fn(l.weight.ty, cpu.simd) {
+                Some(e) => Some(e),
+                None => return Ok(None),
+            }
+        } else {
+            None
+        };
+        plan.push((
+            f,
+            kernels::vec_dot_fn(l.weight.ty, cpu.simd).map_err(qerr)?,
+            exact,
+        ));
     }
     let mut outs: Vec<Vec<f32>> = lins.iter().map(|l| vec![0.0f32; l.out_features]).collect();
     // (matrix, first row, rows) of every task, matrix after matrix.
@@ -187,10 +219,15 @@ pub(crate) fn gemv_many(
         cpu.team.run(tasks.len(), |t| {
             let (i, r0, rows) = tasks[t];
             let w = &*lins[i].weight;
-            let (f, dot) = plan[i];
+            let (f, dot, exact) = plan[i];
             let a = &formats[f].1;
             // SAFETY: tasks cover disjoint row ranges of matrix i's output.
             let out = unsafe { sinks[i].slice(r0..r0 + rows) };
+            if let Some(rows_fn) = exact {
+                let rb = w.row_bytes;
+                rows_fn(k, &w.bytes[r0 * rb..(r0 + rows) * rb], rows, a, out);
+                return;
+            }
             for (o, r) in out.iter_mut().zip(r0..) {
                 *o = dot(k, w.row_bytes_of(r), a);
             }

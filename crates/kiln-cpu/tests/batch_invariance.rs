@@ -49,9 +49,8 @@ fn rows_of(b: &CpuBackend, x: &[f32], rows: std::ops::Range<usize>, k: usize) ->
 
 #[test]
 fn products_give_each_row_what_it_gets_alone() {
-    let (n, k) = (72, 512);
     let mut differs_without = 0;
-    for threads in [1, 2] {
+    for (threads, (n, k)) in [(1, (72, 512)), (2, (72, 512)), (2, (75, 256))] {
         let b = invariant(threads);
         let plain = CpuBackend::new(threads).unwrap();
         for (t, &ty) in WEIGHT_TYPES.iter().enumerate() {
@@ -159,6 +158,29 @@ fn attention_gives_each_query_row_what_it_gets_alone() {
                 )
                 .unwrap();
             assert_eq!(&all[100 * w..140 * w], &chunk[..]);
+        }
+    }
+}
+
+#[test]
+fn fused_decode_products_match_the_single_ones() {
+    let k = 256;
+    let b = invariant(2);
+    for types in [
+        [GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_0],
+        [GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K],
+    ] {
+        let lins: Vec<Linear<CpuBackend>> = types
+            .iter()
+            .enumerate()
+            .map(|(i, &ty)| linear(&b, ty, 40 + 9 * i, k, 70 + i as u64))
+            .collect();
+        let refs: Vec<&Linear<CpuBackend>> = lins.iter().collect();
+        let x = b.tensor_from_f32(&values(k, 5), 1, k).unwrap();
+        let fused = b.matmul_many(&x, &refs).unwrap();
+        for (y, l) in fused.iter().zip(&lins) {
+            let single = b.matmul(&x, l).unwrap();
+            assert_eq!(b.to_f32(y).unwrap(), b.to_f32(&single).unwrap(), "{}", l.ty);
         }
     }
 }

@@ -130,6 +130,25 @@ pub fn gemm_fn_invariant(ty: GgmlType, level: SimdLevel) -> Result<GemmFn, Quant
     })
 }
 
+/// A one-row product over many weight rows: `(k, weight rows, rows, one activation row, out)`,
+/// `out[r]` the dot of weight row `r`. Same contract style as [`GemmFn`].
+pub type RowsFn = fn(k: usize, w: &[u8], rows: usize, a: &[u8], out: &mut [f32]);
+
+/// The one-row product of `ty` that computes every output exactly as
+/// [`gemm_fn_invariant`]`(ty, level)` does at any number of activation rows, without packing
+/// the weights (the decode product of batch-invariant mode): the 32-element formats at the
+/// AVX2 level. `None` elsewhere (the invariant GEMM serves one row too, slower for lack of
+/// this kernel; at the scalar level it is the row-dot loop already).
+pub fn rows_exact_fn(ty: GgmlType, level: SimdLevel) -> Option<RowsFn> {
+    match usable(level) {
+        SimdLevel::Scalar => None,
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 => x86::rows_exact_fn(ty),
+        #[cfg(not(target_arch = "x86_64"))]
+        SimdLevel::Avx2 => None,
+    }
+}
+
 /// Signature of an activation quantizer: (f32 activations, output bytes).
 ///
 /// Panics when `x.len()` is not a whole number of blocks or the output is not exactly

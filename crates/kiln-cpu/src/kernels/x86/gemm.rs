@@ -62,6 +62,8 @@ struct Line([u8; 32]);
 struct Scratch {
     panels: Vec<Line>,
     factors: Vec<u32>,
+    /// Block sums of the one-row products (`blocks32::rows_exact`).
+    sums: Vec<Line>,
 }
 
 thread_local! {
@@ -340,7 +342,7 @@ unsafe fn run<F: Format, const NP: usize, const NR: usize>(
 /// `4i..4i + 4` of row `r`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn transpose(u: [__m256i; PANEL_ROWS]) -> [__m256i; PANEL_ROWS] {
+pub(super) fn transpose(u: [__m256i; PANEL_ROWS]) -> [__m256i; PANEL_ROWS] {
     // Per 128-bit half: t[2p] = (u[2p].0, u[2p+1].0, u[2p].1, u[2p+1].1), t[2p+1] the same of
     // elements 2 and 3 (4..8 in the high half).
     let t: [__m256i; PANEL_ROWS] = std::array::from_fn(|i| {
@@ -491,4 +493,69 @@ gemm_entries! {
     q5_k, q5_k_always => superblocks::SuperBlocks<superblocks::Q5K>;
     /// Q6_K weights x Q8_K activations.
     q6_k, q6_k_always => superblocks::SuperBlocks<superblocks::Q6K>;
+}
+
+/// The safe entry of the tile-exact one-row products (see `blocks32::rows_exact`): checks the
+/// lengths as a GEMM of one activation row would, then runs the kernel.
+fn exact_rows<L: blocks32::Legacy>(k: usize, w: &[u8], rows: usize, a: &[u8], out: &mut [f32]) {
+    let (w_row, _) = gemm_shape(
+        L::TYPE,
+        k,
+        w.len(),
+        rows,
+        a.len(),
+        1,
+        out.len(),
+        rows.max(1),
+    );
+    let blocks = k / kiln_quant::blocks::QK8_0;
+    debug_assert_eq!(w_row, blocks * L::W_BLOCK);
+    if rows == 0 {
+        return;
+    }
+    SCRATCH.with_borrow_mut(|scratch| {
+        let vectors = blocks.div_ceil(8) * PANEL_ROWS;
+        if scratch.sums.len() < vectors {
+            scratch.sums.resize(vectors, Line([0; 32]));
+        }
+        // SAFETY: the CPU has AVX2+FMA+F16C (this fn is handed out only after detection);
+        // `gemm_shape` checked that `w` is `rows` rows of `blocks` blocks, `a` one activation
+        // row of `blocks` blocks, and that `out` holds `rows` values; `sums` was just sized for
+        // `blocks.div_ceil(8) * 8` vectors (32-byte lines).
+        unsafe {
+            blocks32::rows_exact::<L>(
+                blocks,
+                w.as_ptr(),
+                rows,
+                a.as_ptr(),
+                out.as_mut_ptr(),
+                scratch.sums.as_mut_ptr().cast(),
+            )
+        }
+    })
+}
+
+/// Defines the public tile-exact one-row entries.
+macro_rules! exact_rows_entries {
+    ($($(#[$doc:meta])* $name:ident => $format:ty;)*) => {
+        $(
+            $(#[$doc])*
+            pub(in crate::kernels) fn $name(k: usize, w: &[u8], rows: usize, a: &[u8], out: &mut [f32]) {
+                exact_rows::<$format>(k, w, rows, a, out)
+            }
+        )*
+    };
+}
+
+exact_rows_entries! {
+    /// Q4_0 weights x one Q8_0 activation row.
+    q4_0_rows => blocks32::Q4_0;
+    /// Q4_1 weights x one Q8_1 activation row.
+    q4_1_rows => blocks32::Q4_1;
+    /// Q5_0 weights x one Q8_0 activation row.
+    q5_0_rows => blocks32::Q5_0;
+    /// Q5_1 weights x one Q8_1 activation row.
+    q5_1_rows => blocks32::Q5_1;
+    /// Q8_0 weights x one Q8_0 activation row.
+    q8_0_rows => blocks32::Q8_0;
 }

@@ -19,7 +19,7 @@ use std::arch::x86_64::*;
 
 use kiln_core::GgmlType;
 
-use super::{GemmFn, QuantizeFn, VecDotFn};
+use super::{GemmFn, QuantizeFn, RowsFn, VecDotFn};
 
 mod float;
 mod gemm;
@@ -96,6 +96,18 @@ pub(super) fn gemm_fn_invariant(ty: GgmlType) -> Option<GemmFn> {
         other => return gemm_fn(other),
     };
     Some(kernel)
+}
+
+/// The tile-exact one-row product of `ty` (see `kernels::rows_exact_fn`), where there is one.
+pub(super) fn rows_exact_fn(ty: GgmlType) -> Option<RowsFn> {
+    Some(match ty {
+        GgmlType::Q4_0 => gemm::q4_0_rows,
+        GgmlType::Q4_1 => gemm::q4_1_rows,
+        GgmlType::Q5_0 => gemm::q5_0_rows,
+        GgmlType::Q5_1 => gemm::q5_1_rows,
+        GgmlType::Q8_0 => gemm::q8_0_rows,
+        _ => return None,
+    })
 }
 
 /// Defines `$name`, the GEMM of `$ty` as the loop over its AVX2 row dot `$dot`.

@@ -12,10 +12,12 @@ use std::mem::{offset_of, size_of};
 use kiln_core::GgmlType;
 use kiln_quant::blocks::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1, QK8_0};
 
-use super::super::{bits_to_bytes32, legacy, load32, nibbles32, read_u32};
+use super::super::{
+    bits_to_bytes32, legacy, load32, nibbles32, prefetch_ahead, read_f16_bits, read_u32,
+};
 use super::{
-    broadcast4, half, offset_shares, store_halves, store_piece, sum_lanes_per_half, Format,
-    PANEL_ROWS, PIECE,
+    broadcast4, half, offset_shares, store_halves, store_piece, sum_lanes_per_half, transpose,
+    Format, PANEL_ROWS, PIECE,
 };
 use crate::kernels::VecDotFn;
 
@@ -268,4 +270,137 @@ impl Legacy for Q8_0 {
     unsafe fn quants(p: *const u8) -> __m256i {
         load32(p.add(offset_of!(BlockQ8_0, qs)))
     }
+}
+
+/// One activation row against `rows` weight rows, each output computed with exactly the
+/// operations of lane `r` of [`Blocks32::tile`] (so bit-identical to the tile kernels at any
+/// number of activation rows), but reading the weight rows where they lie instead of packing
+/// them into panels: the decode (one-row) product of batch-invariant mode.
+///
+/// Eight rows at a time. Each row is walked from start to end (one sequential stream, as a row
+/// dot reads it): the integer dot of each block is formed as in a row dot (exact: `maddubs` of
+/// one chunk pair widened at once by `madd`), eight blocks' lane sums are reduced into one
+/// vector (lane `j`: block `b0 + j`), kept in `sums`. A transpose then gives, per block, the
+/// eight rows' block sums in one vector — the exact integers the tile kernel holds in its lanes;
+/// the offset formats subtract `offset * sum(a)` (exact). What follows is the tile kernel's f32
+/// step, block after block: `acc = fma(sum, d * da, acc)`, then `acc = fma(m, s, acc)` for the
+/// `_1` formats.
+///
+/// # Safety
+/// AVX2+FMA+F16C; `w` holds `rows` rows of `blocks` blocks (`blocks * W_BLOCK` bytes each), `a`
+/// one activation row of `blocks` blocks, `out` has room for `rows` values; `sums` has room for
+/// `blocks.div_ceil(8) * 8` vectors.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn rows_exact<L: Legacy>(
+    blocks: usize,
+    w: *const u8,
+    rows: usize,
+    a: *const u8,
+    out: *mut f32,
+    sums: *mut __m256i,
+) {
+    let w_row = blocks * L::W_BLOCK;
+    let ones = _mm256_set1_epi16(1);
+    let groups = blocks.div_ceil(8);
+    for r0 in (0..rows).step_by(PANEL_ROWS) {
+        let p: [*const u8; PANEL_ROWS] =
+            std::array::from_fn(|r| w.add((r0 + r).min(rows - 1) * w_row));
+        for (r, &row) in p.iter().enumerate() {
+            for g in 0..groups {
+                prefetch_ahead(row.add(g * 8 * L::W_BLOCK), (8 * L::W_BLOCK).div_ceil(64));
+                let v: [__m256i; 8] = std::array::from_fn(|j| {
+                    let b = g * 8 + j;
+                    if b >= blocks {
+                        return _mm256_setzero_si256();
+                    }
+                    let aq = load32(a.add(b * L::A_BLOCK + L::A_QS));
+                    let wq = L::quants(row.add(b * L::W_BLOCK));
+                    let prod = if L::SIGNED {
+                        _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(aq, wq))
+                    } else {
+                        _mm256_maddubs_epi16(wq, aq)
+                    };
+                    _mm256_madd_epi16(prod, ones)
+                });
+                *sums.add(g * PANEL_ROWS + r) = sum_rows(v);
+            }
+        }
+        let mut acc = _mm256_setzero_ps();
+        for g in 0..groups {
+            let t = transpose(std::array::from_fn(|r| *sums.add(g * PANEL_ROWS + r)));
+            for (j, &raw) in t.iter().enumerate().take(blocks - g * 8) {
+                let b = g * 8 + j;
+                let ab = a.add(b * L::A_BLOCK);
+                let isum = if L::OFFSET != 0 {
+                    let aq = load32(ab.add(L::A_QS));
+                    let pairs =
+                        _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), aq), ones);
+                    let total = hsum_i32(pairs) * i32::from(L::OFFSET);
+                    _mm256_sub_epi32(raw, _mm256_set1_epi32(total))
+                } else {
+                    raw
+                };
+                let d = halves(&p, b * L::W_BLOCK);
+                let da = _mm256_set1_ps(half(ab));
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, da), acc);
+                if let Some(at) = L::MIN_AT {
+                    let m = halves(&p, b * L::W_BLOCK + at);
+                    let s = _mm256_set1_ps(half(ab.add(offset_of!(BlockQ8_1, s))));
+                    acc = _mm256_fmadd_ps(m, s, acc);
+                }
+            }
+        }
+        let valid = (rows - r0).min(PANEL_ROWS);
+        if valid == PANEL_ROWS {
+            _mm256_storeu_ps(out.add(r0), acc);
+        } else {
+            let mut lanes = [0f32; PANEL_ROWS];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+            std::ptr::copy_nonoverlapping(lanes.as_ptr(), out.add(r0), valid);
+        }
+    }
+}
+
+/// Lane `r` of the result: the sum of the 8 lanes of `v[r]` (exact, wrapping i32 adds of values
+/// far from the i32 range).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn sum_rows(v: [__m256i; PANEL_ROWS]) -> __m256i {
+    let t0 = _mm256_hadd_epi32(v[0], v[1]);
+    let t1 = _mm256_hadd_epi32(v[2], v[3]);
+    let t2 = _mm256_hadd_epi32(v[4], v[5]);
+    let t3 = _mm256_hadd_epi32(v[6], v[7]);
+    // Per 128-bit half: (rows 0..4 | rows 4..8) partial sums of that half's lanes.
+    let u0 = _mm256_hadd_epi32(t0, t1);
+    let u1 = _mm256_hadd_epi32(t2, t3);
+    let lo = _mm256_permute2x128_si256::<0x20>(u0, u1);
+    let hi = _mm256_permute2x128_si256::<0x31>(u0, u1);
+    _mm256_add_epi32(lo, hi)
+}
+
+/// The sum of the 8 i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// The halves at `p[r] + at`, widened to f32 (exact), in lane `r`.
+///
+/// # Safety
+/// Each `p[r] + at` has 2 readable bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn halves(p: &[*const u8; PANEL_ROWS], at: usize) -> __m256 {
+    // Gathered in two general registers: eight 2-byte stores read back as one 16-byte load
+    // would stall on store forwarding.
+    let (mut lo, mut hi) = (0u64, 0u64);
+    for r in 0..4 {
+        lo |= u64::from(read_f16_bits(p[r].add(at))) << (16 * r);
+        hi |= u64::from(read_f16_bits(p[r + 4].add(at))) << (16 * r);
+    }
+    _mm256_cvtph_ps(_mm_set_epi64x(hi as i64, lo as i64))
 }
