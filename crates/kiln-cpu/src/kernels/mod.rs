@@ -136,9 +136,9 @@ pub type RowsFn = fn(k: usize, w: &[u8], rows: usize, a: &[u8], out: &mut [f32])
 
 /// The one-row product of `ty` that computes every output exactly as
 /// [`gemm_fn_invariant`]`(ty, level)` does at any number of activation rows, without packing
-/// the weights (the decode product of batch-invariant mode): the 32-element formats at the
-/// AVX2 level. `None` elsewhere (the invariant GEMM serves one row too, slower for lack of
-/// this kernel; at the scalar level it is the row-dot loop already).
+/// the weights (the decode product of batch-invariant mode): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+/// Q4_K, Q5_K and Q6_K at the AVX2 level. `None` elsewhere (the invariant GEMM serves one row
+/// too, slower for lack of this kernel; at the scalar level it is the row-dot loop already).
 pub fn rows_exact_fn(ty: GgmlType, level: SimdLevel) -> Option<RowsFn> {
     match usable(level) {
         SimdLevel::Scalar => None,

@@ -559,3 +559,53 @@ exact_rows_entries! {
     /// Q8_0 weights x one Q8_0 activation row.
     q8_0_rows => blocks32::Q8_0;
 }
+
+/// As `exact_rows`, for the k-quants (see `superblocks::rows_exact`).
+fn exact_rows_k<K: superblocks::KQuant>(
+    k: usize,
+    w: &[u8],
+    rows: usize,
+    a: &[u8],
+    out: &mut [f32],
+) {
+    gemm_shape(
+        K::TYPE,
+        k,
+        w.len(),
+        rows,
+        a.len(),
+        1,
+        out.len(),
+        rows.max(1),
+    );
+    if rows == 0 {
+        return;
+    }
+    // SAFETY: AVX2+FMA+F16C (handed out only after detection); `gemm_shape` checked that `w` is
+    // `rows` rows of `k / 256` super-blocks, `a` one Q8_K row of as many blocks, and `out` holds
+    // `rows` values.
+    unsafe {
+        superblocks::rows_exact::<K>(
+            k / kiln_quant::blocks::QK_K,
+            w.as_ptr(),
+            rows,
+            a.as_ptr(),
+            out.as_mut_ptr(),
+        )
+    }
+}
+
+/// Q4_K weights x one Q8_K activation row.
+pub(in crate::kernels) fn q4_k_rows(k: usize, w: &[u8], rows: usize, a: &[u8], out: &mut [f32]) {
+    exact_rows_k::<superblocks::Q4K>(k, w, rows, a, out)
+}
+
+/// Q5_K weights x one Q8_K activation row.
+pub(in crate::kernels) fn q5_k_rows(k: usize, w: &[u8], rows: usize, a: &[u8], out: &mut [f32]) {
+    exact_rows_k::<superblocks::Q5K>(k, w, rows, a, out)
+}
+
+/// Q6_K weights x one Q8_K activation row.
+pub(in crate::kernels) fn q6_k_rows(k: usize, w: &[u8], rows: usize, a: &[u8], out: &mut [f32]) {
+    exact_rows_k::<superblocks::Q6K>(k, w, rows, a, out)
+}

@@ -106,6 +106,9 @@ pub(super) fn rows_exact_fn(ty: GgmlType) -> Option<RowsFn> {
         GgmlType::Q5_0 => gemm::q5_0_rows,
         GgmlType::Q5_1 => gemm::q5_1_rows,
         GgmlType::Q8_0 => gemm::q8_0_rows,
+        GgmlType::Q4_K => gemm::q4_k_rows,
+        GgmlType::Q5_K => gemm::q5_k_rows,
+        GgmlType::Q6_K => gemm::q6_k_rows,
         _ => return None,
     })
 }

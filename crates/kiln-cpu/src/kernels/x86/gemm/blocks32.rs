@@ -365,7 +365,7 @@ pub(super) unsafe fn rows_exact<L: Legacy>(
 /// far from the i32 range).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn sum_rows(v: [__m256i; PANEL_ROWS]) -> __m256i {
+pub(super) fn sum_rows(v: [__m256i; PANEL_ROWS]) -> __m256i {
     let t0 = _mm256_hadd_epi32(v[0], v[1]);
     let t1 = _mm256_hadd_epi32(v[2], v[3]);
     let t2 = _mm256_hadd_epi32(v[4], v[5]);
@@ -394,7 +394,7 @@ fn hsum_i32(v: __m256i) -> i32 {
 /// Each `p[r] + at` has 2 readable bytes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn halves(p: &[*const u8; PANEL_ROWS], at: usize) -> __m256 {
+pub(super) unsafe fn halves(p: &[*const u8; PANEL_ROWS], at: usize) -> __m256 {
     // Gathered in two general registers: eight 2-byte stores read back as one 16-byte load
     // would stall on store forwarding.
     let (mut lo, mut hi) = (0u64, 0u64);

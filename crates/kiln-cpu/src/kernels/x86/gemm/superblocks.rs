@@ -331,3 +331,92 @@ impl KQuant for Q6K {
         }
     }
 }
+
+/// One activation row against `rows` weight rows, each output computed with exactly the
+/// operations of lane `r` of [`SuperBlocks::tile`] (bit-identical to the tile kernels at any
+/// number of activation rows) without packing the weights: the decode product of
+/// batch-invariant mode (see `blocks32::rows_exact`).
+///
+/// Eight rows at a time, super-block after super-block: each row's integer sums are formed
+/// exactly (`maddubs` of one piece, widened at once by `madd` against the sub-block scale; the
+/// Q6_K offset `32 * sc * sum(a)` and the Q4_K/Q5_K minimum term `sum(mn * bsums)` from the
+/// activation's block sums), the eight rows' sums gathered into lanes; then the tile kernel's
+/// f32 step: `acc = fma(sum, d * da, acc)`, and `acc = fnmadd(mins, dmin * da, acc)`.
+///
+/// # Safety
+/// AVX2+FMA+F16C; `w` holds `rows` rows of `blocks` super-blocks, `a` one Q8_K row of `blocks`
+/// blocks, `out` has room for `rows` values.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn rows_exact<K: KQuant>(
+    blocks: usize,
+    w: *const u8,
+    rows: usize,
+    a: *const u8,
+    out: *mut f32,
+) {
+    let w_row = blocks * K::W_BLOCK;
+    for r0 in (0..rows).step_by(PANEL_ROWS) {
+        let p: [*const u8; PANEL_ROWS] =
+            std::array::from_fn(|r| w.add((r0 + r).min(rows - 1) * w_row));
+        let mut acc = _mm256_setzero_ps();
+        for b in 0..blocks {
+            let y = a.add(b * Q8K);
+            let bsums: [i16; 16] = y.add(Q8K_BSUMS).cast::<[i16; 16]>().read_unaligned();
+            let mut mins = [0i32; PANEL_ROWS];
+            let mut offsets = [0i32; PANEL_ROWS];
+            let sums: [__m256i; PANEL_ROWS] = std::array::from_fn(|r| {
+                let blk = p[r].add(b * K::W_BLOCK);
+                let s = K::scales(blk);
+                let mut v = _mm256_setzero_si256();
+                for t in 0..QK_K / 32 {
+                    let aq = load32(y.add(Q8K_QS + 32 * t));
+                    let prod = _mm256_maddubs_epi16(K::quants(blk, t), aq);
+                    let sc = if K::SUBS == 16 {
+                        _mm256_set_m128i(
+                            _mm_set1_epi16(s.sc[2 * t + 1]),
+                            _mm_set1_epi16(s.sc[2 * t]),
+                        )
+                    } else {
+                        _mm256_set1_epi16(s.sc[t])
+                    };
+                    v = _mm256_add_epi32(v, _mm256_madd_epi16(prod, sc));
+                }
+                if K::OFFSET != 0 {
+                    offsets[r] = (0..16)
+                        .map(|g| i32::from(s.sc[g]) * i32::from(bsums[g]))
+                        .sum::<i32>()
+                        * i32::from(K::OFFSET);
+                }
+                if K::DMIN_AT.is_some() {
+                    mins[r] = (0..8)
+                        .map(|g| {
+                            i32::from(s.mn[g])
+                                * (i32::from(bsums[2 * g]) + i32::from(bsums[2 * g + 1]))
+                        })
+                        .sum();
+                }
+                v
+            });
+            let mut isum = super::blocks32::sum_rows(sums);
+            if K::OFFSET != 0 {
+                isum = _mm256_sub_epi32(isum, _mm256_loadu_si256(offsets.as_ptr().cast()));
+            }
+            let d = super::blocks32::halves(&p, b * K::W_BLOCK + K::D_AT);
+            let da = _mm256_set1_ps(read_f32(y));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, da), acc);
+            if let Some(at) = K::DMIN_AT {
+                let dmin = super::blocks32::halves(&p, b * K::W_BLOCK + at);
+                let mins = _mm256_cvtepi32_ps(_mm256_loadu_si256(mins.as_ptr().cast()));
+                acc = _mm256_fnmadd_ps(mins, _mm256_mul_ps(dmin, da), acc);
+            }
+        }
+        let valid = (rows - r0).min(PANEL_ROWS);
+        if valid == PANEL_ROWS {
+            _mm256_storeu_ps(out.add(r0), acc);
+        } else {
+            let mut lanes = [0f32; PANEL_ROWS];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+            std::ptr::copy_nonoverlapping(lanes.as_ptr(), out.add(r0), valid);
+        }
+    }
+}
