@@ -245,6 +245,9 @@ fn decoder_loop<B: Backend>(
         if !s.is_idle() {
             match s.step(b, model) {
                 Ok(events) => {
+                    // Before the events go out: a client that sees its request end and then
+                    // reads /metrics finds its blocks already counted free.
+                    stats.update(&s);
                     for e in events {
                         route(&mut s, &mut routes, e);
                     }

@@ -772,6 +772,13 @@ async fn generate(
         .into());
     }
     let generating = g.gen.max_tokens > 0;
+    if g.prompts.iter().any(|p| p.ids.is_empty()) {
+        return Err(ApiError::invalid(
+            prompt_param,
+            "the prompt is empty (it tokenizes to no tokens)",
+        )
+        .into());
+    }
     for p in &g.prompts {
         // Scoring alone (echo, max_tokens 0) may fill the whole context.
         if p.ids.len() >= d.context + usize::from(!generating) {

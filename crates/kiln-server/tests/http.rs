@@ -604,6 +604,15 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
     assert_eq!(e["code"], "context_length_exceeded");
     let msg = e["message"].as_str().unwrap();
     assert!(msg.contains("256"), "{msg}");
+    // An empty text prompt is BOS alone (the fixture's tokenizer adds it), also when scored.
+    let v = post(
+        a,
+        "/v1/completions",
+        &json!({"model": "tiny", "prompt": "", "echo": true, "logprobs": 1, "max_tokens": 0}),
+    )
+    .json();
+    assert_eq!(v["usage"]["prompt_tokens"], 1, "{v}");
+    assert_eq!(v["choices"][0]["logprobs"]["token_logprobs"], json!([null]));
     // Still serving.
     assert_eq!(request(a, "GET", "/health", b"").status, 200);
     completion(a, "the cat", 3);
@@ -797,4 +806,25 @@ fn models_health_and_metrics() {
     ] {
         assert!(text.contains(needle), "{needle} missing from\n{text}");
     }
+}
+
+#[test]
+fn a_shared_prompt_prefix_hits_the_cache() {
+    let server = start(sched(64, 256));
+    let a = server.addr;
+    // 80 tokens of shared prefix as ids (5 full blocks of 16), then different tails.
+    let prefix: Vec<u32> = (0..80).map(|i| 1 + (i * 37 % 390)).collect();
+    let with_tail = |t: u32| {
+        let mut p = prefix.clone();
+        p.extend([t, t + 1, t + 2]);
+        json!({"model": "tiny", "prompt": [p], "max_tokens": 4, "temperature": 0})
+    };
+    let hits = |a| metric(a, "kiln_prefix_cache_hit_blocks_total");
+    assert_eq!(hits(a), 0.0);
+    assert_eq!(post(a, "/v1/completions", &with_tail(5)).status, 200);
+    assert_eq!(hits(a), 0.0, "nothing cached before the first request");
+    assert_eq!(post(a, "/v1/completions", &with_tail(9)).status, 200);
+    assert_eq!(hits(a), 5.0, "the second request finds the 5 shared blocks");
+    let rate = metric(a, "kiln_prefix_cache_hit_rate");
+    assert!(rate > 0.0 && rate <= 1.0, "{rate}");
 }

@@ -269,13 +269,34 @@ pub fn run(a: ServeArgs) -> Result<()> {
             .with_context(|| format!("listening on {addr}"))?;
         let local = listener.local_addr()?;
         tracing::info!("listening on http://{local} (OpenAI API under /v1; /health, /metrics)");
-        kiln_server::serve(listener, state, async {
-            let _ = tokio::signal::ctrl_c().await;
-            tracing::info!("shutting down");
-        })
-        .await
-        .context("serving")
+        kiln_server::serve(listener, state, shutdown_signal())
+            .await
+            .context("serving")
     })
+}
+
+/// Resolves on Ctrl-C (SIGINT) or SIGTERM: the server stops accepting connections and finishes
+/// the requests in flight.
+async fn shutdown_signal() {
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = interrupt => {},
+        _ = terminate => {},
+    }
+    tracing::info!("shutting down: finishing the requests in flight");
 }
 
 /// Logs to stderr; `RUST_LOG` filters (default `info`).
