@@ -283,3 +283,68 @@ fn inspect_names_the_architecture_and_says_whether_kiln_runs_it() {
         "{line}"
     );
 }
+
+#[test]
+fn serve_refuses_bad_setups_before_listening() {
+    let home = temp_dir("serve");
+    let tiny = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../kiln-models/tests/fixtures/decoders/llama/model-f32.gguf");
+    let tiny = tiny.to_str().unwrap();
+    let missing = home.join("no-such-template.jinja");
+    let broken = home.join("broken.jinja");
+    std::fs::write(&broken, "{% for m in messages %}{{ m.content }").unwrap();
+    let a = format!("a={tiny}");
+    for (args, needle) in [
+        (
+            vec![
+                "serve",
+                "-m",
+                tiny,
+                "--port",
+                "0",
+                "--chat-template",
+                missing.to_str().unwrap(),
+            ],
+            "no-such-template.jinja",
+        ),
+        (
+            vec![
+                "serve",
+                "-m",
+                tiny,
+                "--port",
+                "0",
+                "--chat-template",
+                broken.to_str().unwrap(),
+            ],
+            "syntax",
+        ),
+        (
+            vec!["serve", "-m", &a, "-m", &a, "--port", "0"],
+            "two models are named 'a'",
+        ),
+        (
+            vec![
+                "serve",
+                "-m",
+                tiny,
+                "--port",
+                "0",
+                "--chat-template",
+                "b=x.jinja",
+            ],
+            "no decoder is named 'b'",
+        ),
+        (
+            vec!["serve", "-m", tiny, "--port", "0", "--kv-memory", "0"],
+            "--kv-memory",
+        ),
+        (
+            vec!["serve", "-m", tiny, "--host", "not an address"],
+            "not an address",
+        ),
+    ] {
+        let out = kiln(&args, "", &home);
+        assert_clean_failure(&out, needle);
+    }
+}
