@@ -10,6 +10,11 @@
 //!   `max_batch` sequences, so a request's vectors do not depend on what else is queued.
 //! - [`DecoderStats`] are written by the thread after each step and read by `/metrics`.
 //!
+//! - A step that fails or panics (a bug: requests are validated before they reach the
+//!   scheduler) fails the requests in flight; after a panic the scheduler is rebuilt with a
+//!   fresh KV pool, so the model keeps serving. [`DecoderStats::alive`] turns false only if the
+//!   thread itself ends.
+//!
 //! Invariants: a submitted request gets exactly one final event (`Finished` or `Failed`) unless
 //! it was cancelled; a [`Ticket`] dropped before that cancels its request.
 
@@ -165,7 +170,7 @@ impl DecoderEngine {
         B: Backend + Send + 'static,
         Decoder<B>: Send,
     {
-        let scheduler = Scheduler::new(&backend, &model, cfg).map_err(|e| e.to_string())?;
+        let scheduler = Scheduler::new(&backend, &model, cfg.clone()).map_err(|e| e.to_string())?;
         let stats = Arc::new(DecoderStats::default());
         stats.update(&scheduler);
         stats.alive.store(true, Ordering::Relaxed);
@@ -174,8 +179,8 @@ impl DecoderEngine {
         std::thread::Builder::new()
             .name(format!("kiln-decoder-{name}"))
             .spawn(move || {
-                decoder_loop(&backend, &model, scheduler, &rx, &thread_stats);
-                thread_stats.alive.store(false, Ordering::Relaxed);
+                let _alive = Alive(&thread_stats.alive);
+                decoder_loop(&backend, &model, scheduler, &cfg, &rx, &thread_stats);
             })
             .map_err(|e| format!("starting the engine thread: {e}"))?;
         Ok(DecoderEngine { tx, stats })
@@ -223,10 +228,20 @@ impl DecoderEngine {
     }
 }
 
+/// Marks its thread stopped when dropped (also when it unwinds).
+struct Alive<'a>(&'a AtomicBool);
+
+impl Drop for Alive<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+}
+
 fn decoder_loop<B: Backend>(
     b: &B,
     model: &Decoder<B>,
     mut s: Scheduler<B>,
+    cfg: &SchedulerConfig,
     rx: &std_mpsc::Receiver<Command>,
     stats: &DecoderStats,
 ) {
@@ -243,7 +258,34 @@ fn decoder_loop<B: Backend>(
             handle(b, model, &mut s, &mut routes, cmd);
         }
         if !s.is_idle() {
-            match s.step(b, model) {
+            let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.step(b, model)));
+            let step = match step {
+                Ok(step) => step,
+                Err(panic) => {
+                    // A bug: the scheduler's state is no longer trusted. Fail what was in flight
+                    // and start over with a fresh KV pool, so the model keeps serving.
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    tracing::error!("scheduler step panicked: {what}; restarting the scheduler");
+                    for (_, (tag, tx)) in routes.drain() {
+                        let _ =
+                            tx.send((tag, Out::Failed("the model failed (internal error)".into())));
+                    }
+                    match Scheduler::new(b, model, cfg.clone()) {
+                        Ok(fresh) => s = fresh,
+                        Err(e) => {
+                            tracing::error!("restarting the scheduler failed: {e}");
+                            return;
+                        }
+                    }
+                    stats.update(&s);
+                    continue;
+                }
+            };
+            match step {
                 Ok(events) => {
                     // Before the events go out: a client that sees its request end and then
                     // reads /metrics finds its blocks already counted free.
@@ -363,6 +405,7 @@ impl EmbedEngine {
         std::thread::Builder::new()
             .name(format!("kiln-embed-{name}"))
             .spawn(move || {
+                let _alive = Alive(&thread_alive);
                 while let Ok(first) = rx.recv() {
                     let mut jobs = vec![first];
                     while let Ok(j) = rx.try_recv() {
@@ -370,7 +413,6 @@ impl EmbedEngine {
                     }
                     embed_jobs(&backend, &model, jobs, max_batch);
                 }
-                thread_alive.store(false, Ordering::Relaxed);
             })
             .map_err(|e| format!("starting the embedding thread: {e}"))?;
         Ok(EmbedEngine { tx, alive })
@@ -398,7 +440,16 @@ fn embed_jobs<B: Backend>(b: &B, model: &EmbeddingModel<B>, jobs: Vec<EmbedJob>,
         if job.reply.is_closed() {
             continue;
         }
-        let result = embed_one(b, model, job.input, max_batch);
+        // A panic (a bug) fails this request only; the thread keeps serving.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            embed_one(b, model, job.input, max_batch)
+        }))
+        .unwrap_or_else(|_| {
+            tracing::error!("embedding panicked");
+            Err(EngineCallError::Failed(
+                "the model failed (internal error)".into(),
+            ))
+        });
         let _ = job.reply.send(result);
     }
 }
