@@ -96,23 +96,59 @@ impl Sampler {
         if self.params.temperature == 0.0 {
             return argmax(logits);
         }
-        // Candidates sorted by logit, descending (ties: lower id first).
-        let mut cand: Vec<(u32, f32)> = logits
+        let p = &self.params;
+        let finite = logits.iter().filter(|l| l.is_finite()).count();
+        if finite == 0 {
+            return argmax(logits);
+        }
+        if p.top_k == 0 && p.top_p >= 1.0 && p.min_p <= 0.0 {
+            // No filter (OpenAI's defaults): one pass over the vocabulary, no sort.
+            return self.draw_all(logits);
+        }
+        // The candidates, most likely first (ties: lower id first): with top-k its k; without,
+        // a growing prefix of the sorted vocabulary, as long as the filters need (the
+        // 262k-token vocabularies make a full sort per token the sampler's main cost).
+        let mut all: Vec<(u32, f32)> = logits
             .iter()
             .enumerate()
             .filter(|(_, l)| l.is_finite())
             .map(|(i, &l)| (i as u32, l))
             .collect();
-        if cand.is_empty() {
-            return argmax(logits);
-        }
-        let p = &self.params;
-        if p.top_k > 0 && p.top_k < cand.len() {
-            cand.select_nth_unstable_by(p.top_k - 1, by_logit_desc);
-            cand.truncate(p.top_k);
-        }
-        cand.sort_unstable_by(by_logit_desc);
-        let probs = softmax(&cand, 1.0);
+        // Probabilities on the untempered distribution: over the top-k set, or the vocabulary.
+        let mut k = if p.top_k > 0 {
+            p.top_k.min(finite)
+        } else {
+            64.min(finite)
+        };
+        let (cand, probs) = loop {
+            if k < all.len() {
+                all.select_nth_unstable_by(k - 1, by_logit_desc);
+            }
+            let mut cand = all[..k].to_vec();
+            cand.sort_unstable_by(by_logit_desc);
+            let probs = if p.top_k > 0 {
+                softmax(&cand, 1.0)
+            } else {
+                // Normalized over the whole vocabulary (the tail is not in `cand`).
+                let max = cand[0].1 as f64;
+                let z: f64 = all.iter().map(|c| (c.1 as f64 - max).exp()).sum();
+                cand.iter()
+                    .map(|c| (c.1 as f64 - max).exp() / z)
+                    .collect::<Vec<f64>>()
+            };
+            // The filters are decided within `cand` unless they may keep tokens beyond it.
+            let decided = k == all.len() || p.top_k > 0 || {
+                let reaches_p = p.top_p < 1.0 && probs.iter().sum::<f64>() >= p.top_p as f64;
+                let floor = probs[0] * p.min_p as f64;
+                let min_p_cut = p.min_p > 0.0 && probs[k - 1] < floor;
+                reaches_p || min_p_cut
+            };
+            if decided {
+                break (cand, probs);
+            }
+            k = (k * 8).min(all.len());
+        };
+        let mut cand = cand;
         // top-p: the smallest prefix reaching p.
         let mut keep = cand.len();
         if p.top_p < 1.0 {
@@ -141,6 +177,37 @@ impl Sampler {
             }
         }
         cand[cand.len() - 1].0
+    }
+
+    /// A draw from the tempered distribution over every finite logit, in vocabulary order.
+    fn draw_all(&mut self, logits: &[f32]) -> u32 {
+        let t = self.params.temperature as f64;
+        let max = logits
+            .iter()
+            .filter(|l| l.is_finite())
+            .fold(f32::NEG_INFINITY, |m, &l| m.max(l)) as f64;
+        let weight = |l: f32| {
+            if l.is_finite() {
+                ((l as f64 - max) / t).exp()
+            } else {
+                0.0
+            }
+        };
+        let z: f64 = logits.iter().map(|&l| weight(l)).sum();
+        let target = self.rng.next_f64() * z;
+        let mut acc = 0.0;
+        let mut last = 0;
+        for (i, &l) in logits.iter().enumerate() {
+            let w = weight(l);
+            if w > 0.0 {
+                acc += w;
+                last = i;
+                if target < acc {
+                    return i as u32;
+                }
+            }
+        }
+        last as u32
     }
 
     fn apply_penalties(&self, logits: &mut [f32], history: &[u32]) {
@@ -256,6 +323,89 @@ mod tests {
         // min-p 0.3: keep tokens with p >= 0.3·p(0) → 0 and 1 (0.368 ratio), not 2 (0.135).
         assert_eq!(seen(&mut sampler(|p| p.min_p = 0.3)), vec![0, 1]);
         assert_eq!(seen(&mut sampler(|p| p.temperature = 1e-3)), vec![0]);
+    }
+
+    /// The filters as a full sort computes them (the sampler's definition), drawing with `r`.
+    fn reference(logits: &[f32], p: &SamplingParams, r: f64) -> u32 {
+        let mut cand: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.is_finite())
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
+        cand.sort_unstable_by(by_logit_desc);
+        if p.top_k > 0 {
+            cand.truncate(p.top_k);
+        }
+        let probs = softmax(&cand, 1.0);
+        let mut keep = cand.len();
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            for (i, &pr) in probs.iter().enumerate() {
+                acc += pr;
+                if acc >= p.top_p as f64 {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        if p.min_p > 0.0 {
+            let floor = probs[0] * p.min_p as f64;
+            keep = keep.min(probs.iter().take_while(|&&pr| pr >= floor).count().max(1));
+        }
+        cand.truncate(keep.max(1));
+        let probs = softmax(&cand, p.temperature);
+        let mut acc = 0.0;
+        for (&(id, _), pr) in cand.iter().zip(&probs) {
+            acc += pr;
+            if r < acc {
+                return id;
+            }
+        }
+        cand[cand.len() - 1].0
+    }
+
+    #[test]
+    fn filters_over_a_large_vocabulary_match_a_full_sort() {
+        let mut rng = Rng::new(3);
+        for case in 0..60 {
+            // Peaked and flat distributions over 5000 tokens, a few of them -inf.
+            let spread = [0.5f32, 2.0, 6.0][case % 3];
+            let mut logits: Vec<f32> = (0..5000)
+                .map(|_| (rng.next_f64() as f32 - 0.5) * 2.0 * spread)
+                .collect();
+            logits[case * 7] = f32::NEG_INFINITY;
+            logits[case * 11 + 1] += 4.0;
+            let params = [
+                (0, 0.9, 0.0),
+                (0, 0.5, 0.0),
+                (0, 1.0, 0.05),
+                (0, 0.95, 0.05),
+                (0, 0.999, 0.0),
+                (40, 0.95, 0.05),
+            ];
+            for &(top_k, top_p, min_p) in &params {
+                let p = SamplingParams {
+                    temperature: 0.8,
+                    top_k,
+                    top_p,
+                    min_p,
+                    seed: case as u64,
+                    ..SamplingParams::default()
+                };
+                let mut s = Sampler::new(p.clone()).unwrap();
+                let mut draws = Rng::new(case as u64);
+                for _ in 0..5 {
+                    let r = draws.next_f64();
+                    let got = s.sample(&mut logits.clone(), &[]);
+                    assert_eq!(
+                        got,
+                        reference(&logits, &p, r),
+                        "case {case}, {top_k} {top_p} {min_p}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -84,13 +84,34 @@ pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             e.valid_up_to()
         ))
     })?;
-    serde_json::from_str(text).map_err(|e| {
-        let what = match e.classify() {
-            serde_json::error::Category::Data => "the request body does not fit the API",
-            _ => "the request body is not valid JSON",
-        };
-        ApiError::bad_body(format!("{what}: {e}"))
-    })
+    let mut de = serde_json::Deserializer::from_str(text);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let e = e.into_inner();
+        match e.classify() {
+            // A field of the wrong type or range: named, as OpenAI names it.
+            serde_json::error::Category::Data if path != "." => {
+                ApiError::invalid(&path, format!("'{path}': {e}"))
+            }
+            serde_json::error::Category::Data => {
+                // `#[serde(flatten)]` hides the path: the shared generation fields are the
+                // flattened ones, so look for the culprit among them.
+                let mut de = serde_json::Deserializer::from_str(text);
+                match serde_path_to_error::deserialize::<_, GenerationFields>(&mut de) {
+                    Err(inner) if inner.path().to_string() != "." => {
+                        let path = inner.path().to_string();
+                        ApiError::invalid(&path, format!("'{path}': {}", inner.into_inner()))
+                    }
+                    _ => ApiError::bad_body(format!("the request body does not fit the API: {e}")),
+                }
+            }
+            _ => ApiError::bad_body(format!("the request body is not valid JSON: {e}")),
+        }
+    })?;
+    // Trailing characters after the value.
+    de.end()
+        .map_err(|e| ApiError::bad_body(format!("the request body is not valid JSON: {e}")))?;
+    Ok(value)
 }
 
 /// A string or a list of strings (`stop`).
@@ -681,20 +702,28 @@ mod tests {
         assert!(e.message.contains("UTF-8"), "{e:?}");
         let e = parse_body::<ChatCompletionRequest>(b"{\"model\": ").unwrap_err();
         assert!(e.message.contains("not valid JSON"), "{e:?}");
+        // A field of the wrong type is named, as OpenAI names it.
         let e =
             parse_body::<ChatCompletionRequest>(br#"{"model": 3, "messages": []}"#).unwrap_err();
-        assert!(e.message.contains("does not fit"), "{e:?}");
+        assert_eq!(e.param.as_deref(), Some("model"), "{e:?}");
+        assert!(e.message.contains("expected a string"), "{e:?}");
+        let e = parse_body::<ChatCompletionRequest>(
+            br#"{"model": "m", "messages": [{"role": "user", "content": 5}]}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].content"), "{e:?}");
+        // Flattened fields too (the generation parameters).
         let e = parse_body::<ChatCompletionRequest>(
             br#"{"model": "m", "messages": [], "temperature": "hot"}"#,
         )
         .unwrap_err();
         assert_eq!(e.status, 400);
+        assert_eq!(e.param.as_deref(), Some("temperature"), "{e:?}");
         let body = e.body();
         assert_eq!(body["error"]["type"], "invalid_request_error");
-        assert!(body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("request body"));
+        let e = parse_body::<ChatCompletionRequest>(br#"{"model": "m", "messages": []} x"#)
+            .unwrap_err();
+        assert!(e.message.contains("not valid JSON"), "{e:?}");
     }
 
     #[test]
@@ -733,7 +762,7 @@ mod tests {
             "logprobs"
         );
         let e = completion(r#"{"model": "m", "prompt": [-1]}"#).unwrap_err();
-        assert!(e.message.contains("does not fit"), "{e:?}");
+        assert_eq!(e.param.as_deref(), Some("prompt"), "{e:?}");
     }
 
     #[test]
