@@ -349,20 +349,21 @@ impl<B: Backend> Scheduler<B> {
         }
         if !sampled.is_empty() {
             let last = b.gather_rows(&h, &last_rows)?;
-            let logits = b.to_f32(&model.logits(b, &last)?)?;
+            let mut logits = b.to_f32(&model.logits(b, &last)?)?;
             let vocab = logits.len() / sampled.len();
             let mut finished = Vec::new();
-            for (k, &i) in sampled.iter().enumerate() {
+            // Each sequence's row in place (no copy: a row is a whole vocabulary, 1 MiB for
+            // Gemma's 262k tokens).
+            for (&i, l) in sampled.iter().zip(logits.chunks_exact_mut(vocab)) {
                 let s = &mut self.running[i];
-                let mut l = logits[k * vocab..(k + 1) * vocab].to_vec();
                 // Log-probabilities of the model's own distribution, before the sampler's
                 // penalties and filters change `l`.
                 let lp = s.logprobs.map(|top| {
-                    let lp = log_softmax(&l);
+                    let lp = log_softmax(l);
                     let best = top_k(&lp, top);
                     (lp, best)
                 });
-                let token = s.sampler.sample(&mut l, &s.tokens);
+                let token = s.sampler.sample(l, &s.tokens);
                 s.tokens.push(token);
                 let logprob = lp.map(|(lp, top)| TokenLogprob {
                     logprob: lp[token as usize],
