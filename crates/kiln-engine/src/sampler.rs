@@ -149,34 +149,8 @@ impl Sampler {
             k = (k * 8).min(all.len());
         };
         let mut cand = cand;
-        // top-p: the smallest prefix reaching p.
-        let mut keep = cand.len();
-        if p.top_p < 1.0 {
-            let mut acc = 0.0;
-            for (i, &pr) in probs.iter().enumerate() {
-                acc += pr;
-                if acc >= p.top_p as f64 {
-                    keep = i + 1;
-                    break;
-                }
-            }
-        }
-        // min-p: relative to the most likely token.
-        if p.min_p > 0.0 {
-            let floor = probs[0] * p.min_p as f64;
-            keep = keep.min(probs.iter().take_while(|&&pr| pr >= floor).count().max(1));
-        }
-        cand.truncate(keep.max(1));
-        let probs = softmax(&cand, p.temperature);
-        let r = self.rng.next_f64();
-        let mut acc = 0.0;
-        for (&(id, _), pr) in cand.iter().zip(&probs) {
-            acc += pr;
-            if r < acc {
-                return id;
-            }
-        }
-        cand[cand.len() - 1].0
+        cand.truncate(kept(&probs, p));
+        draw(&cand, p.temperature, self.rng.next_f64())
     }
 
     /// A draw from the tempered distribution over every finite logit, in vocabulary order.
@@ -236,6 +210,41 @@ impl Sampler {
             *l -= c as f32 * p.frequency_penalty + p.presence_penalty;
         }
     }
+}
+
+/// How many of the candidates (most likely first, `probs` their untempered probabilities) the
+/// top-p and min-p filters keep: top-p the smallest prefix reaching p, min-p those at least
+/// `min_p ×` the most likely; at least one.
+fn kept(probs: &[f64], p: &SamplingParams) -> usize {
+    let mut keep = probs.len();
+    if p.top_p < 1.0 {
+        let mut acc = 0.0;
+        for (i, &pr) in probs.iter().enumerate() {
+            acc += pr;
+            if acc >= p.top_p as f64 {
+                keep = i + 1;
+                break;
+            }
+        }
+    }
+    if p.min_p > 0.0 {
+        let floor = probs[0] * p.min_p as f64;
+        keep = keep.min(probs.iter().take_while(|&&pr| pr >= floor).count());
+    }
+    keep.max(1)
+}
+
+/// The candidate where the cumulative tempered probability (in candidate order) passes `r`.
+fn draw(cand: &[(u32, f32)], temperature: f32, r: f64) -> u32 {
+    let probs = softmax(cand, temperature);
+    let mut acc = 0.0;
+    for (&(id, _), pr) in cand.iter().zip(&probs) {
+        acc += pr;
+        if r < acc {
+            return id;
+        }
+    }
+    cand[cand.len() - 1].0
 }
 
 fn by_logit_desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
@@ -325,7 +334,7 @@ mod tests {
         assert_eq!(seen(&mut sampler(|p| p.temperature = 1e-3)), vec![0]);
     }
 
-    /// The filters as a full sort computes them (the sampler's definition), drawing with `r`.
+    /// The sampler as a full sort of the vocabulary computes it, drawing with `r`.
     fn reference(logits: &[f32], p: &SamplingParams, r: f64) -> u32 {
         let mut cand: Vec<(u32, f32)> = logits
             .iter()
@@ -337,32 +346,9 @@ mod tests {
         if p.top_k > 0 {
             cand.truncate(p.top_k);
         }
-        let probs = softmax(&cand, 1.0);
-        let mut keep = cand.len();
-        if p.top_p < 1.0 {
-            let mut acc = 0.0;
-            for (i, &pr) in probs.iter().enumerate() {
-                acc += pr;
-                if acc >= p.top_p as f64 {
-                    keep = i + 1;
-                    break;
-                }
-            }
-        }
-        if p.min_p > 0.0 {
-            let floor = probs[0] * p.min_p as f64;
-            keep = keep.min(probs.iter().take_while(|&&pr| pr >= floor).count().max(1));
-        }
-        cand.truncate(keep.max(1));
-        let probs = softmax(&cand, p.temperature);
-        let mut acc = 0.0;
-        for (&(id, _), pr) in cand.iter().zip(&probs) {
-            acc += pr;
-            if r < acc {
-                return id;
-            }
-        }
-        cand[cand.len() - 1].0
+        // The filters' definition on the fully sorted vocabulary.
+        cand.truncate(kept(&softmax(&cand, 1.0), p));
+        draw(&cand, p.temperature, r)
     }
 
     #[test]

@@ -324,15 +324,24 @@ unsafe fn run<F: Format, const NP: usize, const NR: usize>(
         let row = r0 + i * PANEL_ROWS;
         let valid = (call.rows - row).min(PANEL_ROWS);
         for (j, v) in acc.into_iter().enumerate() {
-            let dst = call.out.add((c + j) * call.ldo + row);
-            if valid == PANEL_ROWS {
-                _mm256_storeu_ps(dst, v);
-            } else {
-                let mut lanes = [0f32; PANEL_ROWS];
-                _mm256_storeu_ps(lanes.as_mut_ptr(), v);
-                std::ptr::copy_nonoverlapping(lanes.as_ptr(), dst, valid);
-            }
+            store_lanes(call.out.add((c + j) * call.ldo + row), v, valid);
         }
+    }
+}
+
+/// Stores the first `valid` lanes of `v` at `dst` (all 8 with one store).
+///
+/// # Safety
+/// `dst..dst + valid` writable, `valid <= 8`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn store_lanes(dst: *mut f32, v: __m256, valid: usize) {
+    if valid == PANEL_ROWS {
+        _mm256_storeu_ps(dst, v);
+    } else {
+        let mut lanes = [0f32; PANEL_ROWS];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+        std::ptr::copy_nonoverlapping(lanes.as_ptr(), dst, valid);
     }
 }
 

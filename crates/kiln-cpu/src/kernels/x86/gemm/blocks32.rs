@@ -350,14 +350,7 @@ pub(super) unsafe fn rows_exact<L: Legacy>(
                 }
             }
         }
-        let valid = (rows - r0).min(PANEL_ROWS);
-        if valid == PANEL_ROWS {
-            _mm256_storeu_ps(out.add(r0), acc);
-        } else {
-            let mut lanes = [0f32; PANEL_ROWS];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
-            std::ptr::copy_nonoverlapping(lanes.as_ptr(), out.add(r0), valid);
-        }
+        super::store_lanes(out.add(r0), acc, (rows - r0).min(PANEL_ROWS));
     }
 }
 

@@ -410,13 +410,6 @@ pub(super) unsafe fn rows_exact<K: KQuant>(
                 acc = _mm256_fnmadd_ps(mins, _mm256_mul_ps(dmin, da), acc);
             }
         }
-        let valid = (rows - r0).min(PANEL_ROWS);
-        if valid == PANEL_ROWS {
-            _mm256_storeu_ps(out.add(r0), acc);
-        } else {
-            let mut lanes = [0f32; PANEL_ROWS];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
-            std::ptr::copy_nonoverlapping(lanes.as_ptr(), out.add(r0), valid);
-        }
+        super::store_lanes(out.add(r0), acc, (rows - r0).min(PANEL_ROWS));
     }
 }
