@@ -406,12 +406,8 @@ impl EmbedEngine {
             .name(format!("kiln-embed-{name}"))
             .spawn(move || {
                 let _alive = Alive(&thread_alive);
-                while let Ok(first) = rx.recv() {
-                    let mut jobs = vec![first];
-                    while let Ok(j) = rx.try_recv() {
-                        jobs.push(j);
-                    }
-                    embed_jobs(&backend, &model, jobs, max_batch);
+                while let Ok(job) = rx.recv() {
+                    embed_job(&backend, &model, job, max_batch);
                 }
             })
             .map_err(|e| format!("starting the embedding thread: {e}"))?;
@@ -430,28 +426,25 @@ impl EmbedEngine {
     }
 }
 
-/// Embeds each job on its own, in packed batches of at most `max_batch` of its sequences. A job
-/// is never packed with another: the dense kernels pick their path by the number of rows, so
-/// packing requests together would change the last bits of a request's vectors with whatever
-/// else was queued (measured: up to 1.4e-7), and the server promises the vectors a request gets
-/// alone.
-fn embed_jobs<B: Backend>(b: &B, model: &EmbeddingModel<B>, jobs: Vec<EmbedJob>, max_batch: usize) {
-    for job in jobs {
-        if job.reply.is_closed() {
-            continue;
-        }
-        // A panic (a bug) fails this request only; the thread keeps serving.
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            embed_one(b, model, job.input, max_batch)
-        }))
-        .unwrap_or_else(|_| {
-            tracing::error!("embedding panicked");
-            Err(EngineCallError::Failed(
-                "the model failed (internal error)".into(),
-            ))
-        });
-        let _ = job.reply.send(result);
+/// Embeds one request, in packed batches of at most `max_batch` of its sequences. Requests are
+/// never packed together: the dense kernels pick their path by the number of rows, so packing
+/// requests together would change the last bits of a request's vectors with whatever else was
+/// queued (measured: up to 1.4e-7), and the server promises the vectors a request gets alone.
+fn embed_job<B: Backend>(b: &B, model: &EmbeddingModel<B>, job: EmbedJob, max_batch: usize) {
+    if job.reply.is_closed() {
+        return;
     }
+    // A panic (a bug) fails this request only; the thread keeps serving.
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        embed_one(b, model, job.input, max_batch)
+    }))
+    .unwrap_or_else(|_| {
+        tracing::error!("embedding panicked");
+        Err(EngineCallError::Failed(
+            "the model failed (internal error)".into(),
+        ))
+    });
+    let _ = job.reply.send(result);
 }
 
 fn embed_one<B: Backend>(

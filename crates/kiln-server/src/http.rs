@@ -526,6 +526,7 @@ async fn completions(
 }
 
 /// One token with its log-probability, as reported.
+#[derive(Clone)]
 struct TokenInfo {
     text: String,
     bytes: Vec<u8>,
@@ -920,14 +921,12 @@ async fn collect_choices(
             }),
             Api::Completion => {
                 let (prefix, mut lp) = if g.echo {
-                    let prompt_lp = echoed[p]
-                        .as_ref()
-                        .map(|e| e.iter().map(clone_info).collect());
+                    let prompt_lp = echoed[p].clone();
                     (g.prompts[p].text.clone(), prompt_lp.unwrap_or_default())
                 } else {
                     (String::new(), Vec::new())
                 };
-                lp.extend(tokens[i].iter().map(clone_info));
+                lp.extend(tokens[i].iter().cloned());
                 json!({
                     "index": i,
                     "text": prefix + &texts[i],
@@ -950,15 +949,6 @@ async fn collect_choices(
         "usage": usage(ctx.prompt_tokens, generated),
     }))
     .into_response())
-}
-
-fn clone_info(t: &TokenInfo) -> TokenInfo {
-    TokenInfo {
-        text: t.text.clone(),
-        bytes: t.bytes.clone(),
-        logprob: t.logprob,
-        top: t.top.clone(),
-    }
 }
 
 /// One SSE chunk of choice `index`.

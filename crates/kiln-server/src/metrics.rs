@@ -84,6 +84,12 @@ fn label(v: &str) -> String {
         .replace('\n', "\\n")
 }
 
+/// The `# HELP` and `# TYPE` lines of a metric family.
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
 impl Metrics {
     fn with<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
         // A poisoned lock only means a panic elsewhere mid-update; the counts stay usable.
@@ -128,8 +134,12 @@ impl Metrics {
     pub fn render(&self, decoders: &[(&str, &DecoderStats)]) -> String {
         let mut out = String::new();
         self.with(|m| {
-            out.push_str("# HELP kiln_requests_total HTTP requests by endpoint and status.\n");
-            out.push_str("# TYPE kiln_requests_total counter\n");
+            header(
+                &mut out,
+                "kiln_requests_total",
+                "counter",
+                "HTTP requests by endpoint and status.",
+            );
             for ((endpoint, status), n) in &m.requests {
                 let _ = writeln!(
                     out,
@@ -149,8 +159,7 @@ impl Metrics {
                     &m.tpot,
                 ),
             ] {
-                let _ = writeln!(out, "# HELP {name} {help}");
-                let _ = writeln!(out, "# TYPE {name} histogram");
+                header(&mut out, name, "histogram", help);
                 for (model, h) in map {
                     h.render(&mut out, name, &format!("model=\"{}\"", label(model)));
                 }
@@ -167,8 +176,7 @@ impl Metrics {
                     &m.generation_tokens,
                 ),
             ] {
-                let _ = writeln!(out, "# HELP {name} {help}");
-                let _ = writeln!(out, "# TYPE {name} counter");
+                header(&mut out, name, "counter", help);
                 for (model, n) in map {
                     let _ = writeln!(out, "{name}{{model=\"{}\"}} {n}", label(model));
                 }
@@ -226,14 +234,17 @@ impl Metrics {
             ),
         ];
         for (name, kind, help, read) in gauges {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} {kind}");
+            header(&mut out, name, kind, help);
             for (model, s) in decoders {
                 let _ = writeln!(out, "{name}{{model=\"{}\"}} {}", label(model), read(s));
             }
         }
-        out.push_str("# HELP kiln_prefix_cache_hit_rate Fraction of looked-up prompt blocks found in the prefix cache.\n");
-        out.push_str("# TYPE kiln_prefix_cache_hit_rate gauge\n");
+        header(
+            &mut out,
+            "kiln_prefix_cache_hit_rate",
+            "gauge",
+            "Fraction of looked-up prompt blocks found in the prefix cache.",
+        );
         for (model, s) in decoders {
             let q = DecoderStats::get(&s.prefix_queried_blocks);
             let h = DecoderStats::get(&s.prefix_hit_blocks);

@@ -544,13 +544,13 @@ fn exact_rows<L: blocks32::Legacy>(k: usize, w: &[u8], rows: usize, a: &[u8], ou
     })
 }
 
-/// Defines the public tile-exact one-row entries.
+/// Defines the public tile-exact one-row entries, each the safe entry `$entry` of its format.
 macro_rules! exact_rows_entries {
-    ($($(#[$doc:meta])* $name:ident => $format:ty;)*) => {
+    ($($(#[$doc:meta])* $name:ident => $entry:ident::<$format:ty>;)*) => {
         $(
             $(#[$doc])*
             pub(in crate::kernels) fn $name(k: usize, w: &[u8], rows: usize, a: &[u8], out: &mut [f32]) {
-                exact_rows::<$format>(k, w, rows, a, out)
+                $entry::<$format>(k, w, rows, a, out)
             }
         )*
     };
@@ -558,15 +558,21 @@ macro_rules! exact_rows_entries {
 
 exact_rows_entries! {
     /// Q4_0 weights x one Q8_0 activation row.
-    q4_0_rows => blocks32::Q4_0;
+    q4_0_rows => exact_rows::<blocks32::Q4_0>;
     /// Q4_1 weights x one Q8_1 activation row.
-    q4_1_rows => blocks32::Q4_1;
+    q4_1_rows => exact_rows::<blocks32::Q4_1>;
     /// Q5_0 weights x one Q8_0 activation row.
-    q5_0_rows => blocks32::Q5_0;
+    q5_0_rows => exact_rows::<blocks32::Q5_0>;
     /// Q5_1 weights x one Q8_1 activation row.
-    q5_1_rows => blocks32::Q5_1;
+    q5_1_rows => exact_rows::<blocks32::Q5_1>;
     /// Q8_0 weights x one Q8_0 activation row.
-    q8_0_rows => blocks32::Q8_0;
+    q8_0_rows => exact_rows::<blocks32::Q8_0>;
+    /// Q4_K weights x one Q8_K activation row.
+    q4_k_rows => exact_rows_k::<superblocks::Q4K>;
+    /// Q5_K weights x one Q8_K activation row.
+    q5_k_rows => exact_rows_k::<superblocks::Q5K>;
+    /// Q6_K weights x one Q8_K activation row.
+    q6_k_rows => exact_rows_k::<superblocks::Q6K>;
 }
 
 /// As `exact_rows`, for the k-quants (see `superblocks::rows_exact`).
@@ -602,19 +608,4 @@ fn exact_rows_k<K: superblocks::KQuant>(
             out.as_mut_ptr(),
         )
     }
-}
-
-/// Q4_K weights x one Q8_K activation row.
-pub(in crate::kernels) fn q4_k_rows(k: usize, w: &[u8], rows: usize, a: &[u8], out: &mut [f32]) {
-    exact_rows_k::<superblocks::Q4K>(k, w, rows, a, out)
-}
-
-/// Q5_K weights x one Q8_K activation row.
-pub(in crate::kernels) fn q5_k_rows(k: usize, w: &[u8], rows: usize, a: &[u8], out: &mut [f32]) {
-    exact_rows_k::<superblocks::Q5K>(k, w, rows, a, out)
-}
-
-/// Q6_K weights x one Q8_K activation row.
-pub(in crate::kernels) fn q6_k_rows(k: usize, w: &[u8], rows: usize, a: &[u8], out: &mut [f32]) {
-    exact_rows_k::<superblocks::Q6K>(k, w, rows, a, out)
 }
