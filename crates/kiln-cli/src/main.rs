@@ -6,6 +6,10 @@
 
 mod commands;
 mod load;
+mod plan;
+
+/// Tokens per prompt chunk of a forward pass (the engine's).
+pub(crate) use kiln_engine::PREFILL_CHUNK;
 
 use std::process::ExitCode;
 
@@ -41,6 +45,9 @@ enum Command {
     /// Serve models over an OpenAI-compatible HTTP API (chat, completions, embeddings) with
     /// continuous batching over a paged KV cache.
     Serve(commands::serve::ServeArgs),
+    /// Which devices would run a model, whether it fits, and how fast each plan is predicted to
+    /// be.
+    Plan(commands::plan::PlanCmdArgs),
     /// Convert a GGUF model to a quantization mix (q4_k_m, q8_0, ...), as llama-quantize does.
     Quantize(commands::quantize::QuantizeArgs),
 }
@@ -58,6 +65,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => commands::bench::run(a),
         Command::Quantize(a) => commands::quantize::run(a),
         Command::Serve(a) => commands::serve::run(a),
+        Command::Plan(a) => commands::plan::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -8,6 +8,7 @@ mod embed;
 mod error;
 mod generate;
 mod perplexity;
+pub mod plan;
 mod rng;
 mod sampler;
 mod scheduler;

@@ -13,6 +13,7 @@ use serde_json::json;
 use super::bench_decode::DecodeBenchArgs;
 use super::embed::EmbedModelArg;
 use crate::load::{load_embedding, ThreadsArg};
+use crate::plan::{choose, describe, PlanArgs, Workload};
 
 #[derive(clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -35,6 +36,8 @@ pub struct BenchEmbedArgs {
     model: EmbedModelArg,
     #[command(flatten)]
     threads: ThreadsArg,
+    #[command(flatten)]
+    placement: PlanArgs,
     /// Text file, one text per line (blank lines are skipped).
     #[arg(short = 'f', long)]
     file: std::path::PathBuf,
@@ -63,6 +66,13 @@ fn embed(a: BenchEmbedArgs) -> Result<()> {
     if lines.is_empty() {
         bail!("{}: no texts (one per line)", a.file.display());
     }
+    let work = Workload {
+        ctx: usize::MAX,
+        batch: a.batch_size as usize,
+        kv_budget: None,
+    };
+    let chosen = choose(&a.model.model, &a.placement, a.threads.threads, work)?;
+    eprintln!("[bench] {}", describe(&chosen));
     let loaded = load_embedding(&a.model.model, a.threads.threads, true)?;
     let model = &loaded.model;
     let batch = a.batch_size as usize;

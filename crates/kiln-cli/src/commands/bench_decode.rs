@@ -46,6 +46,7 @@ use kiln_models::{Decoder, DecoderLayer, Ffn, KvCache, NoTrace};
 use serde_json::{json, Value};
 
 use crate::load::{load, Loaded, MmapArg, ModelArg};
+use crate::plan::{choose, describe, PlanArgs, Workload};
 
 /// Most concurrent sequences `-b` accepts.
 const MAX_BATCH: u32 = 1024;
@@ -59,6 +60,8 @@ pub struct DecodeBenchArgs {
     model: ModelArg,
     #[command(flatten)]
     mmap: MmapArg,
+    #[command(flatten)]
+    placement: PlanArgs,
     /// Run as `kiln serve` does: batch-invariant kernels (a sequence's results do not depend on
     /// what it is batched with), to measure what that costs.
     #[arg(long)]
@@ -192,6 +195,22 @@ pub fn run(a: DecodeBenchArgs) -> Result<()> {
     }
     let peak_reset = std::fs::write("/proc/self/clear_refs", "5").is_ok();
 
+    let work = Workload {
+        ctx: tests
+            .iter()
+            .map(|&t| match t {
+                Test::Prompt(p) => p,
+                Test::Gen { n, .. } => n + 1,
+            })
+            .max()
+            .unwrap_or(1),
+        batch: tests.iter().map(|t| t.batch()).max().unwrap_or(1),
+        kv_budget: None,
+    };
+    for &t in &threads {
+        let chosen = choose(&a.model.model, &a.placement, t, work)?;
+        eprintln!("[bench] {t} threads: {}", describe(&chosen));
+    }
     let mut rows = Vec::new();
     for &t in &threads {
         let mut m = load(&a.model.model, &a.mmap, t)?;

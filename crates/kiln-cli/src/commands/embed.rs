@@ -8,6 +8,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::load::{load_embedding, ThreadsArg};
+use crate::plan::{choose, describe, PlanArgs, Workload};
 
 /// The embedding model commands use when `-m` is not given.
 pub const DEFAULT_EMBEDDING_MODEL: &str = "minilm";
@@ -30,6 +31,8 @@ pub struct EmbedArgs {
     model: EmbedModelArg,
     #[command(flatten)]
     threads: ThreadsArg,
+    #[command(flatten)]
+    placement: PlanArgs,
     /// Read `{"text": ...}` lines on stdin (instead of texts as arguments).
     #[arg(long)]
     jsonl: bool,
@@ -88,6 +91,13 @@ pub fn run(a: EmbedArgs) -> Result<()> {
         }
         a.texts.clone()
     };
+    let work = Workload {
+        ctx: usize::MAX,
+        batch: a.batch_size as usize,
+        kv_budget: None,
+    };
+    let chosen = choose(&a.model.model, &a.placement, a.threads.threads, work)?;
+    eprintln!("[embed] {}", describe(&chosen));
     let loaded = load_embedding(&a.model.model, a.threads.threads, !a.no_truncate)?;
     let model = &loaded.model;
 

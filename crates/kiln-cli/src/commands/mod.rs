@@ -4,6 +4,7 @@ pub mod bench_report;
 pub mod embed;
 pub mod inspect;
 pub mod perplexity;
+pub mod plan;
 pub mod pull;
 pub mod quantize;
 pub mod run;

@@ -5,6 +5,7 @@ use kiln_engine::{generate, GenerateOptions, SamplingParams, StopReason};
 use serde_json::json;
 
 use crate::load::{load, MmapArg, ModelArg, ThreadsArg};
+use crate::plan::{choose, describe, PlanArgs, Workload};
 
 #[derive(clap::Args)]
 pub struct RunArgs {
@@ -21,6 +22,8 @@ pub struct RunArgs {
     n_predict: usize,
     #[command(flatten)]
     threads: ThreadsArg,
+    #[command(flatten)]
+    placement: PlanArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
     /// Don't stop at end-of-generation tokens (for benchmarks).
@@ -82,6 +85,14 @@ impl SamplingArgs {
 pub fn run(a: RunArgs) -> Result<()> {
     let sampling = a.sampling.params();
     sampling.validate()?;
+    // Positions: the prompt has at most one token per byte, plus special tokens.
+    let work = Workload {
+        ctx: a.prompt.len() + 8 + a.n_predict,
+        batch: 1,
+        kv_budget: None,
+    };
+    let chosen = choose(&a.model.model, &a.placement, a.threads.threads, work)?;
+    eprintln!("[run] {}", describe(&chosen));
     let m = load(&a.model.model, &a.mmap, a.threads.threads)?;
     let tok = &m.tokenizer;
     let prompt_ids = tok.encode(&a.prompt, true, true)?;

@@ -11,6 +11,7 @@ use kiln_server::{DecoderEngine, DecoderEntry, EmbedEngine, EmbedEntry, ServerSt
 use kiln_tokenizer::{ChatTemplate, SpecialTokens};
 
 use crate::load::{load, load_embedding, resolve, MmapArg, ThreadsArg, DEFAULT_MODEL};
+use crate::plan::{choose, describe, PlanArgs, Workload};
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -32,6 +33,8 @@ pub struct ServeArgs {
     port: u16,
     #[command(flatten)]
     threads: ThreadsArg,
+    #[command(flatten)]
+    placement: PlanArgs,
     #[command(flatten)]
     mmap: MmapArg,
     /// KV-cache memory per decoder, in MiB (keys and values of every layer, f32). It sets how
@@ -151,6 +154,21 @@ pub fn run(a: ServeArgs) -> Result<()> {
             bail!("two models are named '{name}'; name them with --model NAME=MODEL");
         }
         let is_embedding = path.is_dir() && !kiln_engine::is_hf_decoder_dir(&path);
+        let work = if is_embedding {
+            Workload {
+                ctx: usize::MAX,
+                batch: a.embed_batch,
+                kv_budget: None,
+            }
+        } else {
+            Workload {
+                ctx: usize::MAX,
+                batch: a.max_running,
+                kv_budget: Some((a.kv_memory_mib as u64) << 20),
+            }
+        };
+        let chosen = choose(model, &a.placement, a.threads.threads, work)?;
+        tracing::info!("'{name}': {}", describe(&chosen));
         if is_embedding {
             let m = load_embedding(model, a.threads.threads, false)?;
             tracing::info!(

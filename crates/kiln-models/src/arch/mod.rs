@@ -121,3 +121,9 @@ impl<'a> Meta<'a> {
         self.f32(key)
     }
 }
+
+/// The configuration of a Hugging Face decoder alone (what the planner reads before loading;
+/// loading also needs the family's name map).
+pub fn hf_decoder_shape(c: &HfConfig) -> Result<DecoderConfig, ModelError> {
+    hf_decoder_config(c).map(|(config, _)| config)
+}

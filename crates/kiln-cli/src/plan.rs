@@ -1,0 +1,282 @@
+//! The planner at the command line: the flags every model command shares (`--backend`,
+//! `--gpu-layers`, memory caps), the machine's profile (probed with the CPU backend, cached under
+//! `$KILN_HOME/probe/`), a model's costs read from its file, and the plan every command logs
+//! before it loads anything. A model that fits on no device is refused here, with the numbers.
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use kiln_core::GgmlType;
+use kiln_cpu::CpuBackend;
+use kiln_engine::plan::{
+    self, probe, BackendChoice, Candidate, Device, DeviceKind, Hardware, ModelCost, ModelShape,
+    PlanRequest, ProfileCache, Rates, PROBE_ROWS,
+};
+use kiln_formats::{GgufFile, LoadMode, SafetensorsModel};
+use kiln_hub::Hub;
+use kiln_models::hf::HfConfig;
+
+/// Seconds per timed window of a throughput probe.
+const PROBE_WINDOW_SECS: f64 = 0.05;
+
+/// `--backend`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendArg {
+    /// The fastest plan that fits (see `kiln plan`).
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+/// The placement flags of every command that loads a model.
+#[derive(clap::Args, Clone, Debug)]
+pub struct PlanArgs {
+    /// Where the model runs: `auto` plans it (see `kiln plan`), `cpu` or `cuda` force it.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub backend: BackendArg,
+    /// Put the first N layers on the GPU and the rest on the CPU.
+    #[arg(long, value_name = "N")]
+    pub gpu_layers: Option<usize>,
+    /// Use at most this much RAM (MiB) for the plan's check (default: what the system has
+    /// available).
+    #[arg(long, value_name = "MiB")]
+    pub cpu_memory: Option<u64>,
+    /// Use at most this much GPU memory (MiB) on each GPU.
+    #[arg(long, value_name = "MiB")]
+    pub gpu_memory: Option<u64>,
+}
+
+impl PlanArgs {
+    pub fn choice(&self) -> BackendChoice {
+        match self.backend {
+            BackendArg::Auto => BackendChoice::Auto,
+            BackendArg::Cpu => BackendChoice::Cpu,
+            BackendArg::Cuda => BackendChoice::Cuda,
+        }
+    }
+}
+
+/// A model file's costs, read without loading a weight.
+pub fn model_cost(path: &Path) -> Result<ModelCost> {
+    if path.is_dir() {
+        let hf = HfConfig::read(&path.join("config.json"))?;
+        let st = SafetensorsModel::open(path)
+            .with_context(|| format!("reading the safetensors in {}", path.display()))?;
+        if kiln_engine::is_hf_decoder_dir(path) {
+            let config = kiln_models::arch::hf_decoder_shape(&hf)?;
+            let tied =
+                hf.bool_or("tie_word_embeddings", false)? && st.tensor("lm_head.weight").is_none();
+            return Ok(ModelCost::from_safetensors(
+                &st,
+                ModelShape::Decoder(config),
+                tied,
+            ));
+        }
+        let config = kiln_models::arch::encoder_config(&hf)?;
+        return Ok(ModelCost::from_safetensors(
+            &st,
+            ModelShape::Encoder(config),
+            false,
+        ));
+    }
+    let file = GgufFile::open_with(path, LoadMode::Map)
+        .with_context(|| format!("reading {}", path.display()))?;
+    let arch = file
+        .architecture()
+        .context("the GGUF file has no general.architecture")?;
+    let config = kiln_models::arch::decoder_config(arch, &file)?;
+    Ok(ModelCost::from_gguf(&file, config))
+}
+
+/// How much measuring the machine may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probe {
+    /// Use cached rates where there are some; measure nothing.
+    CachedOnly,
+    /// Measure what is missing for these types (and cache it).
+    Missing,
+    /// Measure everything again.
+    Again,
+}
+
+fn simd_name(b: &CpuBackend) -> String {
+    format!("{:?}", b.simd()).to_uppercase()
+}
+
+/// The machine: the CPU with `threads` threads (rates cached or measured as `probe` says, for
+/// the weight types `types`), RAM available (capped by `--cpu-memory`), and no GPU (this kiln
+/// has no CUDA backend).
+pub fn hardware(
+    args: &PlanArgs,
+    threads: usize,
+    types: &[GgmlType],
+    probe: Probe,
+) -> Result<Hardware> {
+    let backend = CpuBackend::new(threads)?;
+    let threads = backend.threads();
+    let simd = simd_name(&backend);
+    let cpu_model = plan::hardware::cpu_model();
+    let (total, available) = plan::hardware::meminfo().unwrap_or((0, 0));
+    let cap = args.cpu_memory.map(|m| m << 20);
+    let free = match (cap, available) {
+        (Some(c), 0) => c,
+        (Some(c), a) => c.min(a),
+        (None, a) => a,
+    };
+    let cache = ProfileCache::new(Hub::from_env().home());
+    let key = ProfileCache::key("cpu", &cpu_model, threads, &simd);
+    let mut rates = match probe {
+        Probe::Again => Rates::default(),
+        _ => cache.load(&key).unwrap_or_default(),
+    };
+    if probe != Probe::CachedOnly {
+        let missing = rates.missing(types);
+        if rates.bandwidth == 0.0 || !missing.is_empty() {
+            measure(&backend, &mut rates, &missing)?;
+            match cache.store(&key, &rates) {
+                Ok(p) => eprintln!("[plan] measured rates cached in {}", p.display()),
+                Err(e) => eprintln!("[plan] could not cache the measured rates: {e}"),
+            }
+        }
+    }
+    Ok(Hardware {
+        cpu: Device {
+            kind: DeviceKind::Cpu,
+            name: format!("cpu ({threads} threads, {simd})"),
+            memory_free: free,
+            memory_total: total,
+            rates,
+            link_bandwidth: 0.0,
+            link_latency: 0.0,
+        },
+        cpu_model,
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        simd,
+        gpus: Vec::new(),
+    })
+}
+
+/// Measures the CPU's rates: bandwidth and fixed costs when not known, products of `types`.
+fn measure(b: &CpuBackend, rates: &mut Rates, types: &[GgmlType]) -> Result<()> {
+    if rates.bandwidth == 0.0 {
+        eprintln!("[plan] measuring this machine (once; cached under $KILN_HOME/probe)...");
+        let bw =
+            kiln_cpu::memory_bandwidth(b.threads()).context("measuring the memory bandwidth")?;
+        rates.bandwidth = bw.bytes_per_s;
+        rates.product_latency = probe::product_latency(b, PROBE_WINDOW_SECS)?;
+        rates.op_latency = probe::op_latency(b, 1024, PROBE_WINDOW_SECS)?;
+        let shape = probe::AttentionShape {
+            n_heads: 8,
+            n_kv_heads: 2,
+            head_dim: 128,
+            tokens: 256,
+        };
+        rates.attention = probe::attention_rate(b, shape, PROBE_WINDOW_SECS)?;
+        eprintln!(
+            "[plan]   bandwidth {:.1} GB/s, attention {:.1} GMAC/s, product latency {:.1} µs, op latency {:.2} µs",
+            rates.bandwidth / 1e9,
+            rates.attention / 1e9,
+            rates.product_latency * 1e6,
+            rates.op_latency * 1e6
+        );
+    }
+    for &ty in types {
+        let mut per_rows = Vec::new();
+        for rows in PROBE_ROWS {
+            per_rows.push(probe::matmul_rate(
+                b,
+                ty,
+                rows,
+                1024,
+                1024,
+                PROBE_WINDOW_SECS,
+                rates.product_latency,
+            )?);
+        }
+        eprintln!(
+            "[plan]   {ty} products: {} GMAC/s at {} rows",
+            per_rows
+                .iter()
+                .map(|r| format!("{:.1}", r / 1e9))
+                .collect::<Vec<_>>()
+                .join(" / "),
+            PROBE_ROWS.map(|r| r.to_string()).join(" / ")
+        );
+        rates.matmul.insert(ty.to_string(), per_rows);
+    }
+    Ok(())
+}
+
+/// The weight types of `cost`'s matrices.
+pub fn matrix_types(cost: &ModelCost) -> Vec<GgmlType> {
+    let mut types: Vec<GgmlType> = Vec::new();
+    for t in cost.tensors.iter().filter(|t| t.is_matrix()) {
+        if !types.contains(&t.ty) {
+            types.push(t.ty);
+        }
+    }
+    if let Some(o) = cost.output() {
+        if !types.contains(&o.ty) {
+            types.push(o.ty);
+        }
+    }
+    types
+}
+
+/// What a command will run: context positions per sequence (capped at the model's; tokens per
+/// sentence for encoders), sequences or sentences per pass, and a server's fixed KV pool.
+#[derive(Clone, Copy, Debug)]
+pub struct Workload {
+    pub ctx: usize,
+    pub batch: usize,
+    pub kv_budget: Option<u64>,
+}
+
+/// Plans the model `model` for a command: reads its costs, profiles the machine (cached rates
+/// only: a command does not stop to measure), and returns the chosen plan, or refuses with the
+/// numbers. Nothing is loaded.
+pub fn choose(model: &str, args: &PlanArgs, threads: usize, work: Workload) -> Result<Candidate> {
+    let path = crate::load::resolve(model)?;
+    let cost = model_cost(&path)?;
+    let ctx = match &cost.shape {
+        ModelShape::Decoder(c) => work.ctx.min(c.context_length),
+        ModelShape::Encoder(c) => work.ctx.min(c.max_positions),
+    };
+    let hw = hardware(args, threads, &matrix_types(&cost), Probe::CachedOnly)?;
+    let req = PlanRequest {
+        ctx,
+        batch: work.batch.max(1),
+        prompt: ctx.min(crate::PREFILL_CHUNK),
+        backend: args.choice(),
+        gpu_layers: args.gpu_layers,
+        kv_budget: work.kv_budget,
+    };
+    let p = plan::plan(&cost, &hw, &req)?;
+    let chosen = p
+        .require()
+        .map_err(|e| anyhow::anyhow!("{e}\n(the model was not loaded; see `kiln plan`)"))?;
+    if chosen.placement != plan::Placement::Cpu {
+        bail!(
+            "plan {}: this kiln has no CUDA backend",
+            chosen.placement.name()
+        );
+    }
+    Ok(chosen.clone())
+}
+
+/// One line for logs: the placement, the memory it needs, the prediction when rates are known.
+pub fn describe(c: &Candidate) -> String {
+    let predicted = c
+        .prediction
+        .as_ref()
+        .map(|p| match (p.decode_tps, p.sentences_per_s) {
+            (Some(d), _) => format!(
+                ", predicted {d:.0} tok/s decode, {:.0} tok/s prefill",
+                p.prefill_tps
+            ),
+            (None, Some(s)) => format!(", predicted {s:.0} sentences/s"),
+            _ => String::new(),
+        })
+        .unwrap_or_default();
+    format!("plan: {} ({}{predicted})", c.placement.name(), c.reason)
+}

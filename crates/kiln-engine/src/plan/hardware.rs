@@ -1,0 +1,213 @@
+//! What the machine offers: each device's memory, and what its kernels sustain (memory
+//! bandwidth, multiply-add rates per weight type, the fixed costs of a step's ops).
+//!
+//! Memory is read afresh on every run (it changes); measured rates are cached per machine in a
+//! JSON file under `$KILN_HOME/probe/` (see [`ProfileCache`]) because measuring them takes a few
+//! seconds. A cache entry is keyed by the CPU's model name, the thread count, the SIMD level and
+//! kiln's version, so a new machine, a new setting or a new kiln measures again.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use kiln_core::GgmlType;
+use serde::{Deserialize, Serialize};
+
+/// Activation rows at which matrix products are probed: one (decode), a small batch, a prompt
+/// chunk's tile regime.
+pub const PROBE_ROWS: [usize; 3] = [1, 8, 128];
+
+/// What kind of device a profile describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DeviceKind {
+    Cpu,
+    Cuda { index: usize },
+}
+
+/// Measured rates of one device (cached).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Rates {
+    /// Bytes per second its cores read from memory.
+    pub bandwidth: f64,
+    /// Per weight type (its name): multiply-adds per second at each of [`PROBE_ROWS`].
+    pub matmul: BTreeMap<String, Vec<f64>>,
+    /// Multiply-adds per second of causal attention over a prompt.
+    pub attention: f64,
+    /// Seconds of one matrix product's fixed cost (a tiny one-row product).
+    pub product_latency: f64,
+    /// Seconds of one small element-wise op over a row (a norm).
+    pub op_latency: f64,
+}
+
+impl Rates {
+    /// Multiply-adds per second of `ty` at `rows` rows: the probe at the largest probed row
+    /// count not above `rows`. `None` when `ty` was not probed.
+    pub fn matmul_rate(&self, ty: GgmlType, rows: usize) -> Option<f64> {
+        let rates = self.matmul.get(&ty.to_string())?;
+        let i = PROBE_ROWS.iter().rposition(|&r| r <= rows.max(1))?;
+        rates.get(i).copied()
+    }
+
+    /// Types with no probe yet among `types`.
+    pub fn missing(&self, types: &[GgmlType]) -> Vec<GgmlType> {
+        let mut out: Vec<GgmlType> = types
+            .iter()
+            .copied()
+            .filter(|t| !self.matmul.contains_key(&t.to_string()))
+            .collect();
+        out.dedup();
+        out
+    }
+}
+
+/// One device the planner may place layers on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Device {
+    pub kind: DeviceKind,
+    /// For logs: "cpu (2 threads, AVX2)", "cuda:0 NVIDIA H100".
+    pub name: String,
+    /// Bytes the planner may use (free memory, or a user's cap if lower).
+    pub memory_free: u64,
+    pub memory_total: u64,
+    pub rates: Rates,
+    /// Host↔device copy: bytes per second and seconds per transfer (zero for the CPU).
+    pub link_bandwidth: f64,
+    pub link_latency: f64,
+}
+
+/// The machine: the CPU and any GPUs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Hardware {
+    pub cpu: Device,
+    /// Model name from `/proc/cpuinfo` (or "unknown").
+    pub cpu_model: String,
+    pub cores: usize,
+    /// "AVX2", "scalar", ...
+    pub simd: String,
+    pub gpus: Vec<Device>,
+}
+
+/// RAM from `/proc/meminfo`: `(MemTotal, MemAvailable)` in bytes.
+pub fn meminfo() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |key: &str| -> Option<u64> {
+        let line = text.lines().find(|l| l.starts_with(key))?;
+        let kib: u64 = line[key.len()..]
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()?;
+        Some(kib * 1024)
+    };
+    Some((field("MemTotal:")?, field("MemAvailable:")?))
+}
+
+/// The CPU's model name (`/proc/cpuinfo`), or "unknown".
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// The probe cache: one JSON file of measured [`Rates`] per key.
+pub struct ProfileCache {
+    dir: PathBuf,
+}
+
+#[derive(Serialize, Deserialize)]
+struct CacheFile {
+    key: String,
+    rates: Rates,
+}
+
+impl ProfileCache {
+    /// The cache under `kiln_home/probe/`.
+    pub fn new(kiln_home: &Path) -> Self {
+        ProfileCache {
+            dir: kiln_home.join("probe"),
+        }
+    }
+
+    /// The key of a device's rates: what, if changed, changes them.
+    pub fn key(device: &str, cpu_model: &str, threads: usize, simd: &str) -> String {
+        format!(
+            "{device}|{cpu_model}|{threads} threads|{simd}|kiln {}",
+            env!("CARGO_PKG_VERSION")
+        )
+    }
+
+    fn path(&self, key: &str) -> PathBuf {
+        // A stable file name from the key (FNV-1a), the key itself kept inside.
+        let mut h: u64 = 0xcbf29ce484222325;
+        for b in key.bytes() {
+            h = (h ^ b as u64).wrapping_mul(0x100000001b3);
+        }
+        self.dir.join(format!("{h:016x}.json"))
+    }
+
+    /// The cached rates of `key`, if any (an unreadable or foreign file counts as none).
+    pub fn load(&self, key: &str) -> Option<Rates> {
+        let text = std::fs::read_to_string(self.path(key)).ok()?;
+        let file: CacheFile = serde_json::from_str(&text).ok()?;
+        (file.key == key).then_some(file.rates)
+    }
+
+    /// Stores `rates` under `key` (written to a temporary file, then renamed into place).
+    pub fn store(&self, key: &str, rates: &Rates) -> std::io::Result<PathBuf> {
+        std::fs::create_dir_all(&self.dir)?;
+        let path = self.path(key);
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let file = CacheFile {
+            key: key.to_string(),
+            rates: rates.clone(),
+        };
+        std::fs::write(&tmp, serde_json::to_string_pretty(&file)?)?;
+        std::fs::rename(&tmp, &path)?;
+        Ok(path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_pick_the_probe_at_or_below_the_rows() {
+        let mut r = Rates::default();
+        r.matmul.insert("Q8_0".into(), vec![1.0, 8.0, 128.0]);
+        assert_eq!(r.matmul_rate(GgmlType::Q8_0, 1), Some(1.0));
+        assert_eq!(r.matmul_rate(GgmlType::Q8_0, 7), Some(1.0));
+        assert_eq!(r.matmul_rate(GgmlType::Q8_0, 64), Some(8.0));
+        assert_eq!(r.matmul_rate(GgmlType::Q8_0, 512), Some(128.0));
+        assert_eq!(r.matmul_rate(GgmlType::Q4_K, 1), None);
+        assert_eq!(
+            r.missing(&[GgmlType::Q8_0, GgmlType::Q4_K]),
+            [GgmlType::Q4_K]
+        );
+    }
+
+    #[test]
+    fn the_cache_round_trips_and_keys_are_checked() {
+        let dir = std::env::temp_dir().join(format!("kiln-probe-cache-{}", std::process::id()));
+        let cache = ProfileCache::new(&dir);
+        let key = ProfileCache::key("cpu", "Test CPU", 2, "AVX2");
+        assert!(cache.load(&key).is_none());
+        let mut r = Rates {
+            bandwidth: 5e10,
+            ..Rates::default()
+        };
+        r.matmul.insert("Q4_K".into(), vec![1e9, 2e9, 3e9]);
+        cache.store(&key, &r).unwrap();
+        assert_eq!(cache.load(&key), Some(r));
+        assert!(cache
+            .load(&ProfileCache::key("cpu", "Test CPU", 1, "AVX2"))
+            .is_none());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
