@@ -276,7 +276,8 @@ fn predict(cost: &ModelCost, parts: &[(&Device, Part)], req: &PlanRequest) -> Pr
     let gpu = parts.first().map(|p| p.0);
     match cost.shape {
         ModelShape::Decoder(_) => {
-            let position = (req.prompt + DECODE_TOKENS / 2).min(req.ctx);
+            // A 128-token generation from an empty context, as `kiln bench`'s tg128.
+            let position = (DECODE_TOKENS / 2).min(req.ctx);
             let mut step: f64 = parts
                 .iter()
                 .map(|(d, p)| decode_secs(cost, d, p, req.batch, position))
