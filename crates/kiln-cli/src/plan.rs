@@ -6,11 +6,12 @@
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
+use kiln_backend::Activation;
 use kiln_core::GgmlType;
 use kiln_cpu::CpuBackend;
 use kiln_engine::plan::{
     self, probe, BackendChoice, Candidate, Device, DeviceKind, Hardware, ModelCost, ModelShape,
-    PlanRequest, ProfileCache, Rates, PROBE_ROWS,
+    PlanRequest, ProfileCache, Rates, PROBE_ROWS, PROBE_STREAM_BYTES,
 };
 use kiln_formats::{GgufFile, LoadMode, SafetensorsModel};
 use kiln_hub::Hub;
@@ -104,12 +105,12 @@ fn simd_name(b: &CpuBackend) -> String {
 }
 
 /// The machine: the CPU with `threads` threads (rates cached or measured as `probe` says, for
-/// the weight types `types`), RAM available (capped by `--cpu-memory`), and no GPU (this kiln
-/// has no CUDA backend).
+/// what `cost` needs: its weight types and attention shape), RAM available (capped by
+/// `--cpu-memory`), and no GPU (this kiln has no CUDA backend).
 pub fn hardware(
     args: &PlanArgs,
     threads: usize,
-    types: &[GgmlType],
+    cost: &ModelCost,
     probe: Probe,
 ) -> Result<Hardware> {
     let backend = CpuBackend::new(threads)?;
@@ -130,9 +131,11 @@ pub fn hardware(
         _ => cache.load(&key).unwrap_or_default(),
     };
     if probe != Probe::CachedOnly {
-        let missing = rates.missing(types);
-        if rates.bandwidth == 0.0 || !missing.is_empty() {
-            measure(&backend, &mut rates, &missing)?;
+        let missing = rates.missing(&matrix_types(cost));
+        let shape = cost.attention_shape();
+        let attention = (!rates.attention.contains_key(&shape.key())).then_some(shape);
+        if !rates.measured() || !missing.is_empty() || attention.is_some() {
+            measure(&backend, &mut rates, &missing, attention)?;
             match cache.store(&key, &rates) {
                 Ok(p) => eprintln!("[plan] measured rates cached in {}", p.display()),
                 Err(e) => eprintln!("[plan] could not cache the measured rates: {e}"),
@@ -157,28 +160,47 @@ pub fn hardware(
 }
 
 /// Measures the CPU's rates: bandwidth and fixed costs when not known, products of `types`.
-fn measure(b: &CpuBackend, rates: &mut Rates, types: &[GgmlType]) -> Result<()> {
-    if rates.bandwidth == 0.0 {
+fn measure(
+    b: &CpuBackend,
+    rates: &mut Rates,
+    types: &[GgmlType],
+    attention: Option<probe::AttentionShape>,
+) -> Result<()> {
+    if let Some(busy) = cpu_busy(std::time::Duration::from_millis(250)) {
+        if busy > 0.25 {
+            eprintln!(
+                "[plan] warning: other processes are using {:.0}% of the CPU; the measured rates \
+                 will be low (run `kiln plan --reprobe` again on an idle machine)",
+                busy * 100.0
+            );
+        }
+    }
+    if !rates.measured() {
         eprintln!("[plan] measuring this machine (once; cached under $KILN_HOME/probe)...");
         let bw =
             kiln_cpu::memory_bandwidth(b.threads()).context("measuring the memory bandwidth")?;
         rates.bandwidth = bw.bytes_per_s;
         rates.product_latency = probe::product_latency(b, PROBE_WINDOW_SECS)?;
         rates.op_latency = probe::op_latency(b, 1024, PROBE_WINDOW_SECS)?;
-        let shape = probe::AttentionShape {
-            n_heads: 8,
-            n_kv_heads: 2,
-            head_dim: 128,
-            tokens: 256,
-        };
-        rates.attention = probe::attention_rate(b, shape, PROBE_WINDOW_SECS)?;
+        rates.elementwise =
+            probe::elementwise_secs(b, Activation::GeluTanh, 128, 4096, PROBE_WINDOW_SECS)?;
         eprintln!(
-            "[plan]   bandwidth {:.1} GB/s, attention {:.1} GMAC/s, product latency {:.1} µs, op latency {:.2} µs",
+            "[plan]   bandwidth {:.1} GB/s, product latency {:.1} µs, op latency {:.2} µs, \
+             element-wise {:.2} ns/element",
             rates.bandwidth / 1e9,
-            rates.attention / 1e9,
             rates.product_latency * 1e6,
-            rates.op_latency * 1e6
+            rates.op_latency * 1e6,
+            rates.elementwise * 1e9
         );
+    }
+    if let Some(shape) = attention {
+        let rate = probe::attention_rate(b, shape, PROBE_WINDOW_SECS)?;
+        eprintln!(
+            "[plan]   attention ({}): {:.1} GMAC/s",
+            shape.key(),
+            rate / 1e9
+        );
+        rates.attention.insert(shape.key(), rate);
     }
     for &ty in types {
         let mut per_rows = Vec::new();
@@ -189,6 +211,7 @@ fn measure(b: &CpuBackend, rates: &mut Rates, types: &[GgmlType]) -> Result<()> 
                 rows,
                 1024,
                 1024,
+                PROBE_STREAM_BYTES,
                 PROBE_WINDOW_SECS,
                 rates.product_latency,
             )?);
@@ -205,6 +228,28 @@ fn measure(b: &CpuBackend, rates: &mut Rates, types: &[GgmlType]) -> Result<()> 
         rates.matmul.insert(ty.to_string(), per_rows);
     }
     Ok(())
+}
+
+/// The share of the machine's CPU time spent busy over `window` (`/proc/stat`), before any
+/// probe runs: what others are using.
+fn cpu_busy(window: std::time::Duration) -> Option<f64> {
+    fn sample() -> Option<(u64, u64)> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let fields: Vec<u64> = stat
+            .lines()
+            .next()?
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|f| f.parse().ok())
+            .collect();
+        let idle = fields.get(3)? + fields.get(4).unwrap_or(&0);
+        Some((fields.iter().sum(), idle))
+    }
+    let (t0, i0) = sample()?;
+    std::thread::sleep(window);
+    let (t1, i1) = sample()?;
+    let total = t1.checked_sub(t0).filter(|&t| t > 0)?;
+    Some(1.0 - (i1.saturating_sub(i0)) as f64 / total as f64)
 }
 
 /// The weight types of `cost`'s matrices.
@@ -242,7 +287,7 @@ pub fn choose(model: &str, args: &PlanArgs, threads: usize, work: Workload) -> R
         ModelShape::Decoder(c) => work.ctx.min(c.context_length),
         ModelShape::Encoder(c) => work.ctx.min(c.max_positions),
     };
-    let hw = hardware(args, threads, &matrix_types(&cost), Probe::CachedOnly)?;
+    let hw = hardware(args, threads, &cost, Probe::CachedOnly)?;
     let req = PlanRequest {
         ctx,
         batch: work.batch.max(1),

@@ -103,7 +103,8 @@ fn llama8b() -> ModelCost {
 fn rates(bandwidth: f64, gmacs: f64) -> Rates {
     let mut r = Rates {
         bandwidth,
-        attention: gmacs * 1e9,
+        attention: [(llama8b().attention_shape().key(), gmacs * 1e9)].into(),
+        elementwise: 1e-9 / gmacs,
         product_latency: 5e-6,
         op_latency: 1e-6,
         ..Rates::default()
@@ -317,6 +318,7 @@ fn decode_reads_every_weight_once_and_prediction_is_the_roofline_when_memory_bou
     hw.cpu.rates = rates(50e9, 1e9);
     hw.cpu.rates.product_latency = 0.0;
     hw.cpu.rates.op_latency = 0.0;
+    hw.cpu.rates.elementwise = 1e-18;
     let p = plan(&cost, &hw, &request(4096)).unwrap();
     let pred = p.require().unwrap().prediction.clone().unwrap();
     let bytes = pred.decode_bytes_per_step.unwrap();

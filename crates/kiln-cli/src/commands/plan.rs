@@ -6,7 +6,7 @@ use kiln_engine::plan::{self, Candidate, ModelCost, Place, PlanRequest};
 use serde_json::json;
 
 use crate::load::{resolve, ModelArg, ThreadsArg};
-use crate::plan::{hardware, matrix_types, model_cost, PlanArgs, Probe};
+use crate::plan::{hardware, model_cost, PlanArgs, Probe};
 
 #[derive(clap::Args)]
 pub struct PlanCmdArgs {
@@ -49,7 +49,7 @@ pub fn run(a: PlanCmdArgs) -> Result<()> {
     } else {
         Probe::Missing
     };
-    let hw = hardware(&a.placement, a.threads.threads, &matrix_types(&cost), probe)?;
+    let hw = hardware(&a.placement, a.threads.threads, &cost, probe)?;
     let ctx = cost
         .decoder()
         .map_or(a.ctx, |c| a.ctx.min(c.context_length));
@@ -158,8 +158,8 @@ fn print_report(
     );
     if let Some(c) = cost.decoder() {
         println!(
-            "KV cache: {} per token (f32, {} layers); {} for {} sequence(s) of {} positions",
-            mib(plan::cost::kv_bytes_per_token(c) as f64),
+            "KV cache: {:.1} KiB per token (f32, {} layers); {} for {} sequence(s) of {} positions",
+            plan::cost::kv_bytes_per_token(c) as f64 / 1024.0,
             c.n_layers,
             mib(cost.kv_cache_bytes(0..c.n_layers, req.ctx, req.batch) as f64),
             req.batch,

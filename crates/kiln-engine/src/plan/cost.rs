@@ -12,10 +12,12 @@
 //! position of the context, sliding-window layers included (kiln has no ring buffers yet, so a
 //! window saves reads, not memory).
 
-use kiln_core::config::{DecoderConfig, EncoderConfig, LayerAttention};
+use kiln_backend::Activation;
+use kiln_core::config::{DecoderConfig, EncoderConfig, FfnActivation, LayerAttention};
 use kiln_core::GgmlType;
 use kiln_formats::{GgufFile, SafetensorsModel};
 
+use super::probe::AttentionShape;
 use crate::PREFILL_CHUNK;
 
 /// Where a tensor belongs in the forward pass.
@@ -301,6 +303,54 @@ impl ModelCost {
                     .sum()
             }
             ModelShape::Encoder(c) => layers.len() as f64 * t * t * (2 * c.attn_dim()) as f64,
+        }
+    }
+
+    /// The attention shape a rate is probed at for this model (over 256 tokens).
+    pub fn attention_shape(&self) -> AttentionShape {
+        match &self.shape {
+            ModelShape::Decoder(c) => AttentionShape {
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv_heads,
+                head_dim: c.head_dim,
+                tokens: 256,
+                causal: true,
+            },
+            ModelShape::Encoder(c) => AttentionShape {
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_heads,
+                head_dim: c.head_dim,
+                tokens: 256,
+                causal: false,
+            },
+        }
+    }
+
+    /// The gated activation the model's FFN runs.
+    pub fn activation(&self) -> Activation {
+        let act = match &self.shape {
+            ModelShape::Decoder(c) => c.activation,
+            ModelShape::Encoder(c) => c.activation,
+        };
+        match act {
+            FfnActivation::GeluTanh => Activation::GeluTanh,
+            FfnActivation::Gelu => Activation::Gelu,
+            FfnActivation::Silu => Activation::Silu,
+        }
+    }
+
+    /// Elements the element-wise ops of one layer touch per token: norms, residual adds, QK
+    /// norms and ropes over the queries and keys, the FFN's activation.
+    pub fn elementwise_per_token(&self) -> f64 {
+        match &self.shape {
+            ModelShape::Decoder(c) => {
+                let ffn = c
+                    .moe
+                    .as_ref()
+                    .map_or(c.ffn_dim, |m| m.expert_ffn_dim * m.top_k);
+                (4 * c.d_model + 2 * (c.q_dim() + c.kv_dim()) + ffn) as f64
+            }
+            ModelShape::Encoder(c) => (6 * c.d_model + c.ffn_dim) as f64,
         }
     }
 

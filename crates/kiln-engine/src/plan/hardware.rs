@@ -15,6 +15,9 @@ use serde::{Deserialize, Serialize};
 /// Activation rows at which matrix products are probed: one (decode), a small batch, a prompt
 /// chunk's tile regime.
 pub const PROBE_ROWS: [usize; 3] = [1, 8, 128];
+/// Bytes of the set of matrices a product probe streams through: larger than the last-level
+/// cache of the machines kiln targets, as a forward pass streams its weights.
+pub const PROBE_STREAM_BYTES: usize = 128 << 20;
 
 /// What kind of device a profile describes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,8 +33,10 @@ pub struct Rates {
     pub bandwidth: f64,
     /// Per weight type (its name): multiply-adds per second at each of [`PROBE_ROWS`].
     pub matmul: BTreeMap<String, Vec<f64>>,
-    /// Multiply-adds per second of causal attention over a prompt.
-    pub attention: f64,
+    /// Per attention shape (`AttentionShape::key`): multiply-adds per second over a prompt.
+    pub attention: BTreeMap<String, f64>,
+    /// Seconds per element of the element-wise ops of a pass over many rows.
+    pub elementwise: f64,
     /// Seconds of one matrix product's fixed cost (a tiny one-row product).
     pub product_latency: f64,
     /// Seconds of one small element-wise op over a row (a norm).
@@ -45,6 +50,11 @@ impl Rates {
         let rates = self.matmul.get(&ty.to_string())?;
         let i = PROBE_ROWS.iter().rposition(|&r| r <= rows.max(1))?;
         rates.get(i).copied()
+    }
+
+    /// Whether the machine-wide figures (bandwidth, fixed costs) are measured.
+    pub fn measured(&self) -> bool {
+        self.bandwidth > 0.0 && self.elementwise > 0.0
     }
 
     /// Types with no probe yet among `types`.

@@ -11,7 +11,9 @@ pub mod plans;
 pub mod probe;
 
 pub use cost::{ModelCost, ModelShape, Place, TensorCost};
-pub use hardware::{Device, DeviceKind, Hardware, ProfileCache, Rates, PROBE_ROWS};
+pub use hardware::{
+    Device, DeviceKind, Hardware, ProfileCache, Rates, PROBE_ROWS, PROBE_STREAM_BYTES,
+};
 pub use plans::{
     plan, BackendChoice, Candidate, DeviceUse, Placement, Plan, PlanError, PlanRequest, Prediction,
     HEADROOM,

@@ -218,8 +218,8 @@ fn decode_secs(cost: &ModelCost, dev: &Device, part: &Part, batch: usize, positi
     }
     let layers = part.layers.len() as f64;
     secs += batch as f64 * cost.kv_read_bytes(part.layers.clone(), position) / r.bandwidth;
-    secs += layers
-        * (PRODUCTS_PER_LAYER * r.product_latency + OPS_PER_LAYER * batch as f64 * r.op_latency);
+    secs += layers * (PRODUCTS_PER_LAYER * r.product_latency + OPS_PER_LAYER * r.op_latency);
+    secs += layers * batch as f64 * cost.elementwise_per_token() * r.elementwise;
     if part.head {
         // The logits' copy to the host and the sampler's pass over them.
         let vocab = cost.decoder().map_or(0, |c| c.vocab_size) as f64;
@@ -245,9 +245,15 @@ fn prefill_secs(cost: &ModelCost, dev: &Device, part: &Part, tokens: usize, seq:
             (tokens / seq.max(1)) as f64 * cost.attention_macs(part.layers.clone(), seq)
         }
     };
-    secs += attention / r.attention;
-    secs += part.layers.len() as f64
-        * (PRODUCTS_PER_LAYER * r.product_latency + OPS_PER_LAYER * r.op_latency);
+    let attention_rate = r
+        .attention
+        .get(&cost.attention_shape().key())
+        .copied()
+        .unwrap_or(f64::INFINITY);
+    secs += attention / attention_rate;
+    let layers = part.layers.len() as f64;
+    secs += layers * tokens as f64 * cost.elementwise_per_token() * r.elementwise;
+    secs += layers * (PRODUCTS_PER_LAYER * r.product_latency + OPS_PER_LAYER * r.op_latency);
     if part.head && cost.decoder().is_some() {
         secs += decode_secs(
             cost,
@@ -376,9 +382,12 @@ fn candidate(
         .collect::<Vec<_>>()
         .join("; ");
     // Predictions need every device's measured rates.
-    let measured = parts
-        .iter()
-        .all(|(d, _)| d.rates.bandwidth > 0.0 && d.rates.attention > 0.0);
+    let measured = parts.iter().all(|(d, _)| {
+        d.rates.measured()
+            && d.rates
+                .attention
+                .contains_key(&cost.attention_shape().key())
+    });
     Candidate {
         placement,
         prediction: measured.then(|| predict(cost, &parts, req)),

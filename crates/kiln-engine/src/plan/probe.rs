@@ -2,11 +2,16 @@
 //! trait so that every device is probed the same way.
 //!
 //! - [`matmul_rate`]: multiply-adds per second of `matmul` for one weight type at a given number
-//!   of activation rows, over a matrix small enough to stay in cache (the arithmetic limit; the
-//!   memory limit is the bandwidth probe's business).
-//! - [`attention_rate`]: multiply-adds per second of causal attention over a prompt.
-//! - [`op_latency`]: the fixed cost of one small op of a decode step (a norm over one row),
-//!   which bounds how fast a model with many small layers can step however few bytes it reads.
+//!   of activation rows, over a set of matrices larger than the caches used in turn, as a
+//!   forward pass streams its layers' weights from memory (so the rate includes what the memory
+//!   costs the kernel at that row count).
+//! - [`attention_rate`]: multiply-adds per second of attention over a prompt of a model's head
+//!   shape (causal, or bidirectional over a packed batch for encoders).
+//! - [`elementwise_secs`]: seconds per element of a gated activation over many rows (the
+//!   norms, ropes and adds of a pass cost about as much per element).
+//! - [`product_latency`], [`op_latency`]: the fixed cost of a product and of one small op of a
+//!   decode step, which bound how fast a model with many small layers can step however few
+//!   bytes it reads.
 //!
 //! Each probe runs its op once to warm up, then repeats it for a few windows of at least
 //! `min_secs` and keeps the best window (anything else running on the machine can only slow a
@@ -14,7 +19,9 @@
 
 use std::time::Instant;
 
-use kiln_backend::{AttentionParams, Backend, Linear, WeightData};
+use kiln_backend::{
+    Activation, AttentionParams, Backend, Linear, PackedAttentionParams, WeightData,
+};
 use kiln_core::{GgmlType, SharedBytes};
 
 use crate::EngineError;
@@ -95,26 +102,57 @@ pub fn synthetic_linear<B: Backend>(
     })
 }
 
-/// Multiply-adds per second of `b.matmul` with `rows` activation rows against a `[n, k]` matrix
-/// of type `ty`, not counting `latency` seconds of fixed cost per call (see
+/// Multiply-adds per second of `b.matmul` with `rows` activation rows against `[n, k]` matrices
+/// of type `ty`, used in turn from a set of about `stream_bytes` (copies of one matrix at
+/// different addresses), not counting `latency` seconds of fixed cost per call (see
 /// [`product_latency`]).
+#[allow(clippy::too_many_arguments)]
 pub fn matmul_rate<B: Backend>(
     b: &B,
     ty: GgmlType,
     rows: usize,
     k: usize,
     n: usize,
+    stream_bytes: usize,
     min_secs: f64,
     latency: f64,
 ) -> Result<f64, EngineError> {
-    let w = synthetic_linear(b, ty, k, n)?;
+    let first = synthetic_linear(b, ty, k, n)?;
+    let what = format!("a {ty} matrix");
+    let size = kiln_quant::quantized_size(ty, k * n).map_err(|e| probe_err(&what, e))?;
+    let copies = (stream_bytes / size.max(1)).max(1);
+    let mut ws = vec![first];
+    if copies > 1 {
+        let src = values(k * n, 7);
+        let mut bytes = vec![0u8; size];
+        kiln_quant::quantize(ty, &src, &mut bytes).map_err(|e| probe_err(&what, e))?;
+        for _ in 1..copies {
+            let weight = b
+                .upload_weight(&WeightData {
+                    name: format!("probe.{ty}"),
+                    ty,
+                    dims: vec![k, n],
+                    bytes: SharedBytes::from_vec(bytes.clone()),
+                })
+                .map_err(|e| probe_err(&what, e))?;
+            ws.push(Linear {
+                weight: std::sync::Arc::new(weight),
+                bias: None,
+                in_features: k,
+                out_features: n,
+                ty,
+            });
+        }
+    }
     let x = b
         .tensor_from_f32(&values(rows * k, 3), rows, k)
         .map_err(|e| probe_err("activations", e))?;
     let work = (rows * k * n) as f64;
+    let mut next = 0;
     let calls_per_s = b.run(|| {
         best_rate(min_secs, 1.0, || {
-            b.matmul(&x, &w)
+            next = (next + 1) % ws.len();
+            b.matmul(&x, &ws[next])
                 .map(drop)
                 .map_err(|e| probe_err(&format!("a {ty} product"), e))
         })
@@ -142,24 +180,38 @@ pub fn product_latency<B: Backend>(b: &B, min_secs: f64) -> Result<f64, EngineEr
 }
 
 /// The shape of an attention probe.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttentionShape {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
-    /// Prompt length: queries at positions `0..tokens`, each attending to itself and before.
+    /// Prompt length: queries at positions `0..tokens`.
     pub tokens: usize,
+    /// Causal (a decoder's prompt) or bidirectional (an encoder's sentence, packed).
+    pub causal: bool,
 }
 
 impl AttentionShape {
-    /// Multiply-adds of one causal pass (`q·k` and `p·v` over every visible position).
+    /// Multiply-adds of one pass (`q·k` and `p·v` over every visible position).
     pub fn macs(&self) -> f64 {
-        let visible = (self.tokens * (self.tokens + 1) / 2) as f64;
+        let t = self.tokens;
+        let visible = if self.causal { t * (t + 1) / 2 } else { t * t } as f64;
         visible * (self.n_heads * self.head_dim * 2) as f64
+    }
+
+    /// The cache key of its rate.
+    pub fn key(&self) -> String {
+        format!(
+            "{} heads / {} kv of {}{}",
+            self.n_heads,
+            self.n_kv_heads,
+            self.head_dim,
+            if self.causal { ", causal" } else { ", packed" }
+        )
     }
 }
 
-/// Multiply-adds per second of causal attention over a whole prompt of `shape`.
+/// Multiply-adds per second of attention over a whole prompt of `shape`.
 pub fn attention_rate<B: Backend>(
     b: &B,
     shape: AttentionShape,
@@ -168,30 +220,59 @@ pub fn attention_rate<B: Backend>(
     let s = shape;
     let (qd, kvd) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
     let err = |e| probe_err("attention", e);
-    let q = b
-        .tensor_from_f32(&values(s.tokens * qd, 11), s.tokens, qd)
-        .map_err(err)?;
-    let k = b
-        .tensor_from_f32(&values(s.tokens * kvd, 12), s.tokens, kvd)
-        .map_err(err)?;
-    let v = b
-        .tensor_from_f32(&values(s.tokens * kvd, 13), s.tokens, kvd)
-        .map_err(err)?;
+    let tensor = |seed, cols| b.tensor_from_f32(&values(s.tokens * cols, seed), s.tokens, cols);
+    let q = tensor(11, qd).map_err(err)?;
+    let k = tensor(12, kvd).map_err(err)?;
+    let v = tensor(13, kvd).map_err(err)?;
+    let scale = 1.0 / (s.head_dim as f32).sqrt();
     let params = AttentionParams {
         n_heads: s.n_heads,
         n_kv_heads: s.n_kv_heads,
         head_dim: s.head_dim,
-        scale: 1.0 / (s.head_dim as f32).sqrt(),
+        scale,
         sliding_window: None,
         softcap: None,
     };
+    let packed = PackedAttentionParams {
+        n_heads: s.n_heads,
+        head_dim: s.head_dim,
+        scale,
+        radius: None,
+    };
     b.run(|| {
         best_rate(min_secs, s.macs(), || {
-            b.attention(&q, &k, &v, 0, s.tokens, &params)
-                .map(drop)
-                .map_err(err)
+            if s.causal {
+                b.attention(&q, &k, &v, 0, s.tokens, &params)
+            } else {
+                b.packed_attention(&q, &k, &v, &[s.tokens], &packed)
+            }
+            .map(drop)
+            .map_err(err)
         })
     })
+}
+
+/// Seconds per element of a gated activation (`act(g) · u`) over `[rows, cols]`.
+pub fn elementwise_secs<B: Backend>(
+    b: &B,
+    act: Activation,
+    rows: usize,
+    cols: usize,
+    min_secs: f64,
+) -> Result<f64, EngineError> {
+    let err = |e| probe_err("an element-wise op", e);
+    let g = b
+        .tensor_from_f32(&values(rows * cols, 8), rows, cols)
+        .map_err(err)?;
+    let u = b
+        .tensor_from_f32(&values(rows * cols, 9), rows, cols)
+        .map_err(err)?;
+    let per_s = b.run(|| {
+        best_rate(min_secs, (rows * cols) as f64, || {
+            b.gated_activation(&g, &u, act).map(drop).map_err(err)
+        })
+    })?;
+    Ok(1.0 / per_s)
 }
 
 /// Seconds of one small op of a decode step: an RMS norm over one row of `d` values.
