@@ -21,7 +21,8 @@
 //! weights and the output projection; the token embedding lookup reads one row per sequence,
 //! so a tied embedding counts once, as the output; a mixture of experts reads the experts its
 //! tokens are routed to, counted for uniform routing) plus the KV cache of every sequence at
-//! each step's context, averaged over the test's steps. Divided by the machine's read bandwidth
+//! each step's context, averaged over the test's steps (counted from the file's tensor table by
+//! the planner's cost model, `kiln_engine::plan::ModelCost`, so both agree). Divided by the machine's read bandwidth
 //! (measured by [`kiln_cpu::memory_bandwidth`] at the test's thread count before the model is
 //! loaded) that gives the fastest the step could be; the reached fraction is
 //! `steps/s · bytes/step / bandwidth`.
@@ -38,11 +39,10 @@
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use kiln_backend::{Backend, Linear};
-use kiln_core::config::{DecoderConfig, LayerAttention};
-use kiln_core::GgmlType;
+use kiln_backend::Backend;
+use kiln_core::config::DecoderConfig;
 use kiln_cpu::{Bandwidth, CpuBackend, CpuTensor};
-use kiln_models::{Decoder, DecoderLayer, Ffn, KvCache, NoTrace};
+use kiln_models::{Decoder, KvCache, NoTrace};
 use serde_json::{json, Value};
 
 use crate::load::{load, Loaded, MmapArg, ModelArg};
@@ -211,6 +211,8 @@ pub fn run(a: DecodeBenchArgs) -> Result<()> {
         let chosen = choose(&a.model.model, &a.placement, t, work)?;
         eprintln!("[bench] {t} threads: {}", describe(&chosen));
     }
+    // The roofline's bytes per step, from the file as the planner counts them.
+    let cost = crate::plan::model_cost(&crate::load::resolve(&a.model.model)?)?;
     let mut rows = Vec::new();
     for &t in &threads {
         let mut m = load(&a.model.model, &a.mmap, t)?;
@@ -234,8 +236,8 @@ pub fn run(a: DecodeBenchArgs) -> Result<()> {
             );
             let roofline = match (test, bandwidth) {
                 (Test::Gen { n, batch }, Some(bandwidth)) => Some(Roofline {
-                    weight_bytes: step_weight_bytes(&m.model, batch),
-                    kv_bytes: batch as f64 * mean_kv_bytes(&m.model.config, n),
+                    weight_bytes: cost.step_weight_bytes(0..cost.n_layers(), true, batch),
+                    kv_bytes: batch as f64 * cost.mean_kv_read_bytes(n),
                     bandwidth,
                     steps_per_s: mean / batch as f64,
                 }),
@@ -473,83 +475,6 @@ fn mean_sd(xs: &[f64]) -> (f64, f64) {
 }
 
 // ---- roofline ---------------------------------------------------------------------------
-
-/// Bytes of a linear layer's weight and bias. A GPTQ matrix (type I32, the checkpoint's word
-/// type) is counted as its 4-bit codes; its scales and zeros add about 3% at group size 128.
-fn linear_bytes<B: Backend>(l: &Linear<B>) -> f64 {
-    let (k, n) = (l.in_features as f64, l.out_features as f64);
-    let weight = if l.ty == GgmlType::I32 {
-        k * n / 2.0
-    } else {
-        l.ty.row_bytes(l.in_features as u64).unwrap_or(0) as f64 * n
-    };
-    weight + if l.bias.is_some() { 4.0 * n } else { 0.0 }
-}
-
-/// Bytes of weights one decode step over `batch` sequences reads. Norm weights are f32 vectors
-/// on the CPU; an untied embedding row is counted at f32 width (an upper bound, and a tiny one).
-fn step_weight_bytes<B: Backend>(model: &Decoder<B>, batch: usize) -> f64 {
-    let c = &model.config;
-    let vector = |present: bool, len: usize| if present { 4.0 * len as f64 } else { 0.0 };
-    let layer = |l: &DecoderLayer<B>| {
-        let norms = vector(true, c.d_model) * 2.0
-            + vector(l.q_norm.is_some(), c.head_dim)
-            + vector(l.k_norm.is_some(), c.head_dim)
-            + vector(l.post_attn_norm.is_some(), c.d_model)
-            + vector(l.post_ffn_norm.is_some(), c.d_model);
-        let attention =
-            linear_bytes(&l.q) + linear_bytes(&l.k) + linear_bytes(&l.v) + linear_bytes(&l.o);
-        let ffn = match &l.ffn {
-            Ffn::Dense { gate, up, down } => {
-                linear_bytes(gate) + linear_bytes(up) + linear_bytes(down)
-            }
-            Ffn::Moe(moe) => {
-                let n = moe.gate.len().max(1) as f64;
-                let experts: f64 = moe
-                    .gate
-                    .iter()
-                    .chain(&moe.up)
-                    .chain(&moe.down)
-                    .map(linear_bytes)
-                    .sum();
-                let top_k = c.moe.as_ref().map_or(1, |m| m.top_k) as f64;
-                // Expected distinct experts chosen by `batch` tokens under uniform routing.
-                let read = n * (1.0 - (1.0 - (top_k / n).min(1.0)).powi(batch as i32));
-                linear_bytes(&moe.router) + experts / n * read
-            }
-        };
-        norms + attention + ffn
-    };
-    let tied = std::sync::Arc::ptr_eq(&model.token_embd, &model.output.weight);
-    let embedding_rows = if tied {
-        0.0
-    } else {
-        batch as f64 * vector(true, c.d_model)
-    };
-    model.layers.iter().map(layer).sum::<f64>()
-        + vector(true, c.d_model)
-        + linear_bytes(&model.output)
-        + embedding_rows
-}
-
-/// Bytes of one sequence's KV cache (f32 keys and values) read per step, averaged over the `n`
-/// steps of a decode test from an empty cache: step `i` (1-based) attends to `i` positions, or
-/// to the window on sliding-window layers.
-fn mean_kv_bytes(c: &DecoderConfig, n: usize) -> f64 {
-    let row = 4.0 * (c.kv_dim() + c.v_dim()) as f64;
-    let positions: f64 = c
-        .layer_attention
-        .iter()
-        .map(|a| {
-            let window = match a {
-                LayerAttention::Global => usize::MAX,
-                LayerAttention::Sliding { window } => *window,
-            };
-            (1..=n).map(|i| i.min(window) as f64).sum::<f64>()
-        })
-        .sum();
-    row * positions / n.max(1) as f64
-}
 
 /// The process's peak resident set (`VmHWM`), in bytes.
 fn peak_rss_bytes() -> Option<u64> {

@@ -267,6 +267,40 @@ impl ModelCost {
             .sum()
     }
 
+    /// Bytes of weights a decode step of `batch` sequences reads in layers `layers` (and the
+    /// head when `head`): every matrix (the routed share of expert tensors) and every vector.
+    pub fn step_weight_bytes(
+        &self,
+        layers: std::ops::Range<usize>,
+        head: bool,
+        batch: usize,
+    ) -> f64 {
+        let mut places: Vec<Place> = layers.map(Place::Layer).collect();
+        if head {
+            places.push(Place::Head);
+        }
+        places
+            .into_iter()
+            .map(|pl| {
+                self.products(pl, batch)
+                    .iter()
+                    .map(|p| p.bytes)
+                    .sum::<f64>()
+                    + self.vector_bytes(pl)
+            })
+            .sum()
+    }
+
+    /// Bytes of one sequence's KV cache read per step, averaged over the `n` steps of a
+    /// generation from an empty cache (step `i` attends to `i` positions, or the window).
+    pub fn mean_kv_read_bytes(&self, n: usize) -> f64 {
+        let layers = 0..self.n_layers();
+        (1..=n)
+            .map(|i| self.kv_read_bytes(layers.clone(), i))
+            .sum::<f64>()
+            / n.max(1) as f64
+    }
+
     /// Bytes of one sequence's KV cache read by a decode step at `position` (the positions it
     /// attends to: all before it, or the window on sliding-window layers), for layers `layers`.
     pub fn kv_read_bytes(&self, layers: std::ops::Range<usize>, position: usize) -> f64 {

@@ -299,22 +299,7 @@ fn predict(cost: &ModelCost, parts: &[(&Device, Part)], req: &PlanRequest) -> Pr
             }
             let bytes: f64 = parts
                 .iter()
-                .map(|(_, p)| {
-                    let mut places: Vec<Place> = p.layers.clone().map(Place::Layer).collect();
-                    if p.head {
-                        places.push(Place::Head);
-                    }
-                    places
-                        .into_iter()
-                        .map(|pl| {
-                            cost.products(pl, req.batch)
-                                .iter()
-                                .map(|x| x.bytes)
-                                .sum::<f64>()
-                                + cost.vector_bytes(pl)
-                        })
-                        .sum::<f64>()
-                })
+                .map(|(_, p)| cost.step_weight_bytes(p.layers.clone(), p.head, req.batch))
                 .sum();
             Prediction {
                 decode_tps: Some(req.batch as f64 / step),
