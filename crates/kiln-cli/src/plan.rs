@@ -252,16 +252,17 @@ fn cpu_busy(window: std::time::Duration) -> Option<f64> {
     Some(1.0 - (i1.saturating_sub(i0)) as f64 / total as f64)
 }
 
-/// The weight types of `cost`'s matrices.
+/// The weight types of `cost`'s matrices that can be probed (kiln writes them). Others (GPTQ's
+/// packed words) are predicted from their bytes alone.
 pub fn matrix_types(cost: &ModelCost) -> Vec<GgmlType> {
     let mut types: Vec<GgmlType> = Vec::new();
     for t in cost.tensors.iter().filter(|t| t.is_matrix()) {
-        if !types.contains(&t.ty) {
+        if !types.contains(&t.ty) && kiln_quant::can_quantize(t.ty) {
             types.push(t.ty);
         }
     }
     if let Some(o) = cost.output() {
-        if !types.contains(&o.ty) {
+        if !types.contains(&o.ty) && kiln_quant::can_quantize(o.ty) {
             types.push(o.ty);
         }
     }
