@@ -125,6 +125,18 @@ pub fn load(model: &str, mmap: &MmapArg, threads: usize) -> Result<Loaded> {
     })
 }
 
+/// The folder of the embedding model `model` (an alias, fetched on first use, or a folder).
+pub fn embedding_dir(model: &str) -> Result<PathBuf> {
+    let path = resolve(model)?;
+    if !path.is_dir() {
+        anyhow::bail!(
+            "{}: an embedding model is a folder (config.json, model.safetensors, tokenizer.json)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
 /// An embedding model ready to run.
 pub struct LoadedEmbedding {
     pub backend: CpuBackend,
@@ -135,13 +147,7 @@ pub struct LoadedEmbedding {
 /// Load the embedding model `model` (an alias, fetched on first use, or a folder); `truncate`
 /// as `kiln embed --no-truncate` says.
 pub fn load_embedding(model: &str, threads: usize, truncate: bool) -> Result<LoadedEmbedding> {
-    let path = resolve(model)?;
-    if !path.is_dir() {
-        anyhow::bail!(
-            "{}: an embedding model is a folder (config.json, model.safetensors, tokenizer.json)",
-            path.display()
-        );
-    }
+    let path = embedding_dir(model)?;
     let t0 = Instant::now();
     let backend = CpuBackend::new(threads)?;
     let model = EmbeddingModel::load(&backend, &path, truncate)

@@ -71,6 +71,7 @@ fn embed(a: BenchEmbedArgs) -> Result<()> {
         batch: a.batch_size as usize,
         kv_budget: None,
     };
+    crate::load::embedding_dir(&a.model.model)?;
     let chosen = choose(&a.model.model, &a.placement, a.threads.threads, work)?;
     eprintln!("[bench] {}", describe(&chosen));
     let loaded = load_embedding(&a.model.model, a.threads.threads, true)?;

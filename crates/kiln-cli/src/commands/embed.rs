@@ -96,6 +96,7 @@ pub fn run(a: EmbedArgs) -> Result<()> {
         batch: a.batch_size as usize,
         kv_budget: None,
     };
+    crate::load::embedding_dir(&a.model.model)?;
     let chosen = choose(&a.model.model, &a.placement, a.threads.threads, work)?;
     eprintln!("[embed] {}", describe(&chosen));
     let loaded = load_embedding(&a.model.model, a.threads.threads, !a.no_truncate)?;
