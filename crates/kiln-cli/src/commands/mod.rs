@@ -2,6 +2,7 @@ pub mod bench;
 pub mod bench_decode;
 pub mod bench_report;
 pub mod embed;
+pub mod gguf_out;
 pub mod inspect;
 pub mod perplexity;
 pub mod plan;
