@@ -11,6 +11,7 @@ pub mod quantize;
 pub mod run;
 pub mod score;
 pub mod serve;
+pub mod synth;
 pub mod tokenize;
 
 use std::io::{BufRead, Write};
