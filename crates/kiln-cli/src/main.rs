@@ -50,6 +50,9 @@ enum Command {
     Plan(commands::plan::PlanCmdArgs),
     /// Convert a GGUF model to a quantization mix (q4_k_m, q8_0, ...), as llama-quantize does.
     Quantize(commands::quantize::QuantizeArgs),
+    /// Write a GGUF with a real model's shapes and random weights (llama-3.2-1b, llama-3.1-8b,
+    /// qwen3-0.6b), to measure speed and memory without the checkpoint.
+    Synth(commands::synth::SynthArgs),
 }
 
 fn main() -> ExitCode {
@@ -64,6 +67,7 @@ fn main() -> ExitCode {
         Command::Embed(a) => commands::embed::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Quantize(a) => commands::quantize::run(a),
+        Command::Synth(a) => commands::synth::run(a),
         Command::Serve(a) => commands::serve::run(a),
         Command::Plan(a) => commands::plan::run(a),
     };

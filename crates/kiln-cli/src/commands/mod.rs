@@ -2,6 +2,7 @@ pub mod bench;
 pub mod bench_decode;
 pub mod bench_report;
 pub mod embed;
+pub mod gguf_out;
 pub mod inspect;
 pub mod perplexity;
 pub mod plan;
@@ -10,6 +11,7 @@ pub mod quantize;
 pub mod run;
 pub mod score;
 pub mod serve;
+pub mod synth;
 pub mod tokenize;
 
 use std::io::{BufRead, Write};

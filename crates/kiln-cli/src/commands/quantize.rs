@@ -17,19 +17,21 @@
 //!   failure).
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use kiln_core::GgmlType;
-use kiln_formats::{put_str, put_value, GgufFile, MetaValue, TensorInfo, GGUF_MAGIC};
+use kiln_formats::{GgufFile, MetaValue, TensorInfo};
 use kiln_quant::mix::{MixModel, MixTensor, TensorPlan};
 use kiln_quant::{plan_types, QuantMix};
 
+use super::gguf_out::{
+    header, lay_out, progress_bar, write_padding, OutTensor, TempFile, SLAB_ELEMENTS,
+};
 use crate::load::resolve;
 
 #[derive(clap::Args)]
@@ -67,22 +69,18 @@ fn describe(mix: QuantMix) -> &'static str {
     }
 }
 
-fn mix_parser() -> impl TypedValueParser<Value = QuantMix> {
+/// `--type`: the mixes by name (case-insensitive), each with its help line.
+pub(crate) fn mix_parser() -> impl TypedValueParser<Value = QuantMix> {
     let values = QuantMix::ALL.map(|m| PossibleValue::new(m.name()).help(describe(m)));
     // The names are the possible values, so the parse cannot fail; keep the error typed anyway.
     PossibleValuesParser::new(values).try_map(|s| s.parse::<QuantMix>())
 }
 
-/// Rows of f32 converted at a time: bounds memory for the largest embedding tables.
-const SLAB_ELEMENTS: usize = 1 << 24;
-
 /// One output tensor.
 struct Planned<'f> {
     info: &'f TensorInfo,
     plan: TensorPlan,
-    /// Relative to the data section.
-    offset: u64,
-    n_bytes: u64,
+    out: OutTensor<'f>,
 }
 
 impl Planned<'_> {
@@ -113,11 +111,11 @@ pub fn run(a: QuantizeArgs) -> Result<()> {
         .collect();
     let plans = plan_types(a.mix, &model, &tensors)
         .with_context(|| format!("choosing the tensor types of {}", input.display()))?;
-    let planned = lay_out(&file, &plans)?;
+    let planned = plan_layout(&file, &plans)?;
     check_sources(&planned, &input)?;
 
     let meta = output_metadata(&file, a.mix);
-    let header = header(&meta, &planned, file.alignment());
+    let header = header(&meta, planned.iter().map(|p| &p.out), file.alignment());
     let mut tmp = TempFile::create(&a.output)?;
     write_model(&file, &planned, &header, &mut tmp)?;
     tmp.commit(&a.output)?;
@@ -197,29 +195,21 @@ fn mix_model(file: &GgufFile) -> MixModel {
 }
 
 /// Output offsets and sizes of every tensor, in file order, each at the next aligned offset.
-fn lay_out<'f>(file: &'f GgufFile, plans: &[TensorPlan]) -> Result<Vec<Planned<'f>>> {
-    let alignment = file.alignment();
-    let mut offset = 0u64;
-    let mut planned = Vec::with_capacity(plans.len());
-    for (info, &plan) in file.tensors().iter().zip(plans) {
-        let row_len = info.dims.first().copied().unwrap_or(1);
-        let n_bytes = plan
-            .ty
-            .row_bytes(row_len)
-            .and_then(|row| row.checked_mul(info.n_elements() / row_len.max(1)))
-            .with_context(|| format!("{}: {} does not fit {:?}", info.name, plan.ty, info.dims))?;
-        planned.push(Planned {
-            info,
-            plan,
-            offset,
-            n_bytes,
-        });
-        offset = offset
-            .checked_add(n_bytes)
-            .map(|end| end.next_multiple_of(alignment))
-            .context("the output would be larger than 2^64 bytes")?;
-    }
-    Ok(planned)
+fn plan_layout<'f>(file: &'f GgufFile, plans: &[TensorPlan]) -> Result<Vec<Planned<'f>>> {
+    let tensors = file.tensors();
+    let layout = lay_out(
+        tensors
+            .iter()
+            .zip(plans)
+            .map(|(t, p)| (t.name.as_str(), t.dims.as_slice(), p.ty)),
+        file.alignment(),
+    )?;
+    Ok(tensors
+        .iter()
+        .zip(plans)
+        .zip(layout)
+        .map(|((info, &plan), out)| Planned { info, plan, out })
+        .collect())
 }
 
 /// Every tensor to convert must be readable; requantizing is allowed with one warning.
@@ -282,34 +272,6 @@ fn output_metadata(file: &GgufFile, mix: QuantMix) -> Vec<(String, MetaValue)> {
     meta
 }
 
-/// The GGUF v3 header (everything before the data section, padding included), laid out as
-/// `kiln_formats::GgufWriter` lays it out (the CLI test compares the two byte for byte); built
-/// here because the writer holds all tensor data in memory and this command streams it.
-fn header(meta: &[(String, MetaValue)], planned: &[Planned], alignment: u64) -> Vec<u8> {
-    let mut out = Vec::new();
-    out.extend_from_slice(&GGUF_MAGIC);
-    out.extend_from_slice(&3u32.to_le_bytes());
-    out.extend_from_slice(&(planned.len() as u64).to_le_bytes());
-    out.extend_from_slice(&(meta.len() as u64).to_le_bytes());
-    for (key, value) in meta {
-        put_str(&mut out, key);
-        out.extend_from_slice(&value.meta_type().id().to_le_bytes());
-        put_value(&mut out, value);
-    }
-    for p in planned {
-        put_str(&mut out, &p.info.name);
-        out.extend_from_slice(&(p.info.dims.len() as u32).to_le_bytes());
-        for d in &p.info.dims {
-            out.extend_from_slice(&d.to_le_bytes());
-        }
-        out.extend_from_slice(&p.plan.ty.id().to_le_bytes());
-        out.extend_from_slice(&p.offset.to_le_bytes());
-    }
-    let padded = (out.len() as u64).next_multiple_of(alignment);
-    out.resize(padded as usize, 0);
-    out
-}
-
 /// Writes the header and every tensor (copied or converted), each padded to the alignment.
 fn write_model(
     file: &GgufFile,
@@ -318,11 +280,7 @@ fn write_model(
     tmp: &mut TempFile,
 ) -> Result<()> {
     let total: u64 = planned.iter().map(|p| p.info.n_elements()).sum();
-    let bar = ProgressBar::new(total);
-    bar.set_style(
-        ProgressStyle::with_template("{bar:40} {percent:>3}%  eta {eta}  {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
+    let bar = progress_bar(total);
     let path = tmp.path.clone();
     let write_err = || format!("writing {}", path.display());
     let out = &mut tmp.writer;
@@ -337,12 +295,8 @@ fn write_model(
             out.write_all(&src).with_context(write_err)?;
             bar.inc(p.info.n_elements());
         }
-        // Offsets are aligned, so padding each tensor's end aligns the next one.
-        let padding = p.n_bytes.next_multiple_of(file.alignment()) - p.n_bytes;
-        out.write_all(&vec![0u8; padding as usize])
-            .with_context(write_err)?;
+        write_padding(out, p.out.n_bytes, file.alignment()).with_context(write_err)?;
     }
-    out.flush().with_context(write_err)?;
     bar.finish_and_clear();
     Ok(())
 }
@@ -372,58 +326,13 @@ fn convert(src: &[u8], p: &Planned, out: &mut impl Write, bar: &ProgressBar) -> 
     Ok(())
 }
 
-/// A file next to the output that becomes the output only when complete.
-struct TempFile {
-    path: PathBuf,
-    writer: BufWriter<File>,
-    committed: bool,
-}
-
-impl TempFile {
-    fn create(output: &Path) -> Result<TempFile> {
-        let name = output
-            .file_name()
-            .with_context(|| format!("{} is not a file path", output.display()))?;
-        let mut tmp_name = std::ffi::OsString::from(".");
-        tmp_name.push(name);
-        tmp_name.push(format!(".{}.tmp", std::process::id()));
-        let path = output.with_file_name(tmp_name);
-        let file = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-        Ok(TempFile {
-            path,
-            writer: BufWriter::with_capacity(1 << 20, file),
-            committed: false,
-        })
-    }
-
-    fn commit(mut self, output: &Path) -> Result<()> {
-        self.writer
-            .get_ref()
-            .sync_all()
-            .with_context(|| format!("writing {}", self.path.display()))?;
-        std::fs::rename(&self.path, output)
-            .with_context(|| format!("renaming {} to {}", self.path.display(), output.display()))?;
-        self.committed = true;
-        Ok(())
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        if !self.committed {
-            // Best effort: the error that got us here is what the user needs to see.
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
-}
-
 /// Prints what was written: sizes, types, fallbacks, time.
 fn report(a: &QuantizeArgs, input: &Path, file: &GgufFile, planned: &[Planned], started: Instant) {
     let mib = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
     let elements: u64 = planned.iter().map(|p| p.info.n_elements()).sum();
     let bits_per_weight = |bytes: u64| 8.0 * bytes as f64 / elements.max(1) as f64;
     let before: u64 = planned.iter().map(|p| p.info.n_bytes).sum();
-    let after: u64 = planned.iter().map(|p| p.n_bytes).sum();
+    let after: u64 = planned.iter().map(|p| p.out.n_bytes).sum();
     let out_size = std::fs::metadata(&a.output).map_or(0, |m| m.len());
     println!(
         "{} -> {} as {} (general.file_type {}) in {:.1} s",
