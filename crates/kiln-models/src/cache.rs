@@ -216,3 +216,129 @@ pub struct PagedSeq<'a> {
     pub table: &'a [u32],
     pub len: usize,
 }
+
+/// The contiguous KV cache of a [`crate::SplitDecoder`]: the front backend's layers
+/// `0..front_layers` in one [`KvCache`], the back backend's `front_layers..n_layers` in another.
+///
+/// Invariant: both parts have the same capacity and length (a forward pass advances both, and
+/// only once both parts have run).
+pub struct SplitKvCache<F: Backend, R: Backend> {
+    pub(crate) front: KvCache<F>,
+    pub(crate) back: KvCache<R>,
+}
+
+impl<F: Backend, R: Backend> SplitKvCache<F, R> {
+    /// A cache of `capacity` positions for a model split after layer `front_layers`.
+    pub fn new(
+        front: &F,
+        back: &R,
+        config: &DecoderConfig,
+        front_layers: usize,
+        capacity: usize,
+    ) -> Result<Self, ModelError> {
+        let n = config.n_layers;
+        if front_layers > n {
+            return Err(ModelError::SplitPoint {
+                front_layers,
+                n_layers: n,
+            });
+        }
+        Ok(SplitKvCache {
+            front: KvCache::for_layers(front, config, 0..front_layers, capacity)?,
+            back: KvCache::for_layers(back, config, front_layers..n, capacity)?,
+        })
+    }
+
+    /// Positions filled so far.
+    pub fn len(&self) -> usize {
+        self.front.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.front.is_empty()
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.front.capacity()
+    }
+
+    /// Forget everything (the buffers are reused).
+    pub fn clear(&mut self) {
+        self.front.clear();
+        self.back.clear();
+    }
+
+    /// Forget positions `len..` (to re-run from an earlier point).
+    pub fn truncate(&mut self, len: usize) {
+        self.front.truncate(len);
+        self.back.truncate(len);
+    }
+
+    /// The front backend's part (layers `0..front_layers`).
+    pub fn front(&self) -> &KvCache<F> {
+        &self.front
+    }
+
+    /// The back backend's part (layers `front_layers..n_layers`).
+    pub fn back(&self) -> &KvCache<R> {
+        &self.back
+    }
+}
+
+/// The paged KV cache of a [`crate::SplitDecoder`]: two [`PagedKvCache`]s, the front backend's
+/// layers `0..front_layers` and the back backend's `front_layers..n_layers`, with the same block
+/// size, block count and context, so that one block table per sequence (the engine's) addresses
+/// both: a sequence's block `t` is block `t` of every layer on either backend.
+pub struct SplitPagedKvCache<F: Backend, R: Backend> {
+    pub(crate) front: PagedKvCache<F>,
+    pub(crate) back: PagedKvCache<R>,
+}
+
+impl<F: Backend, R: Backend> SplitPagedKvCache<F, R> {
+    /// [`PagedKvCache::new`] for a model split after layer `front_layers`.
+    pub fn new(
+        front: &F,
+        back: &R,
+        config: &DecoderConfig,
+        front_layers: usize,
+        n_blocks: usize,
+        block_size: usize,
+        max_positions: usize,
+    ) -> Result<Self, ModelError> {
+        let n = config.n_layers;
+        if front_layers > n {
+            return Err(ModelError::SplitPoint {
+                front_layers,
+                n_layers: n,
+            });
+        }
+        let (blocks, size, max) = (n_blocks, block_size, max_positions);
+        Ok(SplitPagedKvCache {
+            front: PagedKvCache::for_layers(front, config, 0..front_layers, blocks, size, max)?,
+            back: PagedKvCache::for_layers(back, config, front_layers..n, blocks, size, max)?,
+        })
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.front.block_size()
+    }
+
+    pub fn n_blocks(&self) -> usize {
+        self.front.n_blocks()
+    }
+
+    /// The most positions one sequence may hold.
+    pub fn max_positions(&self) -> usize {
+        self.front.max_positions()
+    }
+
+    /// The front backend's part (layers `0..front_layers`).
+    pub fn front(&self) -> &PagedKvCache<F> {
+        &self.front
+    }
+
+    /// The back backend's part (layers `front_layers..n_layers`).
+    pub fn back(&self) -> &PagedKvCache<R> {
+        &self.back
+    }
+}

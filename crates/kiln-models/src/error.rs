@@ -31,6 +31,14 @@ pub enum ModelError {
         end: usize,
         n_layers: usize,
     },
+    #[error(
+        "cannot put {front_layers} layers on the first backend of a split: \
+         the model has {n_layers} layers"
+    )]
+    SplitPoint {
+        front_layers: usize,
+        n_layers: usize,
+    },
     #[error("bad batch: {0}")]
     Batch(String),
     #[error("token id {id} is outside the vocabulary of {vocab} tokens")]

@@ -7,6 +7,9 @@
 //!    and hands it to the backend (`upload_weight`: zero-copy on the CPU);
 //! 3. [`Decoder::forward`] composes backend primitives.
 //!
+//! A [`SplitDecoder`] runs the same layers over two backends (the first layers on one, the rest
+//! on another; see [`split`]).
+//!
 //! Encoders (BERT, XLM-RoBERTa, ModernBERT) come from Hugging Face folders the same way:
 //! [`hf::HfConfig`] → [`arch::encoder_config`] → [`load_encoder`] (safetensors, zero-copy) →
 //! [`Encoder::forward`] over a packed batch; [`pooling`] turns token states into sentence
@@ -19,12 +22,16 @@ mod encoder;
 mod error;
 pub mod hf;
 pub mod pooling;
+pub mod split;
 mod weights;
 
-pub use cache::{KvCache, PagedKvCache, PagedSeq};
+pub use cache::{KvCache, PagedKvCache, PagedSeq, SplitKvCache, SplitPagedKvCache};
 pub use decoder::{route, Decoder, DecoderLayer, Ffn, MoeFfn, NoTrace, Route, Trace};
 pub use encoder::{load_encoder, Encoder, EncoderLayer, Norm};
 pub use error::ModelError;
+pub use split::{
+    load_gguf_decoder_split, load_hf_decoder_split, load_hf_decoder_split_from, SplitDecoder,
+};
 
 use kiln_backend::Backend;
 use kiln_core::config::DecoderConfig;

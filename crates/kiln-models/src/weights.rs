@@ -24,7 +24,7 @@ use serde_json::Value;
 
 use crate::decoder::{Ffn, MoeFfn};
 use crate::hf::HfConfig;
-use crate::{Decoder, DecoderLayer, ModelError};
+use crate::{Decoder, DecoderLayer, ModelError, SplitDecoder};
 
 /// Tensors by GGUF name, with GGUF-order dims (`dims[0]` contiguous).
 pub(crate) trait TensorSource {
@@ -493,6 +493,46 @@ pub(crate) fn load_decoder<B: Backend>(
         config,
         token_embd,
         layers,
+        output_norm,
+        output,
+    })
+}
+
+/// The model split after layer `front_layers`: the embedding and layers `0..front_layers` on
+/// `front`, layers `front_layers..` and the head on `back` (see [`crate::split`]).
+pub(crate) fn load_split<F: Backend, R: Backend>(
+    front: &F,
+    back: &R,
+    source: &dyn TensorSource,
+    config: DecoderConfig,
+    front_layers: usize,
+) -> Result<SplitDecoder<F, R>, ModelError> {
+    let n = config.n_layers;
+    if front_layers > n {
+        return Err(ModelError::SplitPoint {
+            front_layers,
+            n_layers: n,
+        });
+    }
+    let f = Loader {
+        backend: front,
+        source,
+    };
+    let r = Loader {
+        backend: back,
+        source,
+    };
+    // In the whole model's order, so that a broken file reports the same first error.
+    let (embd, token_embd) = f.embedding(&config)?;
+    let output = r.output(&config, &embd, None)?;
+    let front_part = load_layers(&f, &config, 0..front_layers)?;
+    let back_part = load_layers(&r, &config, front_layers..n)?;
+    let output_norm = r.vector("output_norm.weight", config.d_model)?;
+    Ok(SplitDecoder {
+        config,
+        token_embd,
+        front: front_part,
+        back: back_part,
         output_norm,
         output,
     })
