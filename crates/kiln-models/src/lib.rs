@@ -8,7 +8,8 @@
 //! 3. [`Decoder::forward`] composes backend primitives.
 //!
 //! A [`SplitDecoder`] runs the same layers over two backends (the first layers on one, the rest
-//! on another; see [`split`]).
+//! on another; see [`split`]). [`CausalLm`] is what generation needs from either, bound to its
+//! backends.
 //!
 //! Encoders (BERT, XLM-RoBERTa, ModernBERT) come from Hugging Face folders the same way:
 //! [`hf::HfConfig`] → [`arch::encoder_config`] → [`load_encoder`] (safetensors, zero-copy) →
@@ -21,6 +22,7 @@ mod decoder;
 mod encoder;
 mod error;
 pub mod hf;
+mod lm;
 pub mod pooling;
 pub mod split;
 mod weights;
@@ -29,6 +31,7 @@ pub use cache::{KvCache, PagedKvCache, PagedSeq, SplitKvCache, SplitPagedKvCache
 pub use decoder::{route, Decoder, DecoderLayer, Ffn, MoeFfn, NoTrace, Route, Trace};
 pub use encoder::{load_encoder, Encoder, EncoderLayer, Norm};
 pub use error::ModelError;
+pub use lm::{CausalLm, DecoderOn, SplitDecoderOn};
 pub use split::{
     load_gguf_decoder_split, load_hf_decoder_split, load_hf_decoder_split_from, SplitDecoder,
 };

@@ -20,8 +20,9 @@ use kiln_backend::Backend;
 use kiln_cpu::CpuBackend;
 use kiln_formats::GgufFile;
 use kiln_models::{
-    load_gguf_decoder, load_gguf_decoder_split, load_hf_decoder, load_hf_decoder_split, Decoder,
-    KvCache, ModelError, NoTrace, PagedKvCache, PagedSeq, SplitDecoder, SplitKvCache, Trace,
+    load_gguf_decoder, load_gguf_decoder_split, load_hf_decoder, load_hf_decoder_split, CausalLm,
+    Decoder, KvCache, ModelError, NoTrace, PagedKvCache, PagedSeq, SplitDecoder, SplitKvCache,
+    Trace,
 };
 use serde_json::Value;
 
@@ -130,7 +131,8 @@ fn backends() -> Backends {
 const DECODE_STEPS: usize = 4;
 
 /// Each prompt alone through contiguous caches: prefill, then decode steps; every traced
-/// intermediate (under the model's layer index), hidden state and logit equal.
+/// intermediate (under the model's layer index), hidden state and logit equal; and the same
+/// through [`CausalLm`].
 fn check_contiguous(
     label: &str,
     bk: &Backends,
@@ -175,6 +177,31 @@ fn check_contiguous(
             );
             assert_eq!(split_cache.len(), cache.len());
         }
+    }
+
+    // The same through the trait the engine generates with.
+    let (single_lm, split_lm) = (model.on(b), split.on(f, r));
+    let (prompt, greedy) = &prompts_of(label)[0];
+    let mut cache = single_lm.new_cache(prompt.len() + 2).unwrap();
+    let mut split_cache = split_lm.new_cache(prompt.len() + 2).unwrap();
+    for input in [&prompt[..], &greedy[..1], &greedy[1..2]] {
+        let want = single_lm.forward_last(input, &mut cache).unwrap();
+        let got = split_lm.forward_last(input, &mut split_cache).unwrap();
+        assert_eq!(
+            bits(b, &want),
+            bits(r, &got),
+            "{label} split {n}: CausalLm hidden"
+        );
+        let (want, got) = (
+            single_lm.logits(&want).unwrap(),
+            split_lm.logits(&got).unwrap(),
+        );
+        assert!(
+            want.iter()
+                .zip(&got)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{label} split {n}: CausalLm logits"
+        );
     }
 }
 
