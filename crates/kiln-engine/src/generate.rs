@@ -2,8 +2,7 @@
 
 use std::time::Instant;
 
-use kiln_backend::Backend;
-use kiln_models::Decoder;
+use kiln_models::CausalLm;
 
 use crate::{EngineError, Sampler, SamplingParams, PREFILL_CHUNK};
 
@@ -52,11 +51,11 @@ impl Generation {
     }
 }
 
-/// Generate from `prompt`. `on_token(id)` sees each token as it is chosen and returns whether to
-/// continue. `is_end` tells end-of-generation tokens.
-pub fn generate<B: Backend>(
-    b: &B,
-    model: &Decoder<B>,
+/// Generate from `prompt` with `model`, a model bound to its backend(s) (`decoder.on(&backend)`,
+/// or a split model's `on(&front, &back)`). `on_token(id)` sees each token as it is chosen and
+/// returns whether to continue. `is_end` tells end-of-generation tokens.
+pub fn generate<M: CausalLm>(
+    model: &M,
     prompt: &[u32],
     opts: &GenerateOptions,
     is_end: impl Fn(u32) -> bool,
@@ -65,7 +64,7 @@ pub fn generate<B: Backend>(
     if prompt.is_empty() {
         return Err(EngineError::Input("the prompt is empty".into()));
     }
-    let ctx = model.config.context_length;
+    let ctx = model.config().context_length;
     if prompt.len() >= ctx {
         return Err(EngineError::Input(format!(
             "the prompt has {} tokens; the model's context holds {ctx}",
@@ -74,19 +73,20 @@ pub fn generate<B: Backend>(
     }
     let mut sampler = Sampler::new(opts.sampling.clone())?;
     let capacity = (prompt.len() + opts.max_tokens).min(ctx);
-    let mut cache = model.new_cache(b, capacity)?;
+    let mut cache = model.new_cache(capacity)?;
 
     let t0 = Instant::now();
     // Only the last prompt position's logits are needed.
     let n_parts = prompt.len().div_ceil(PREFILL_CHUNK);
     let mut logits = Vec::new();
     for (i, part) in prompt.chunks(PREFILL_CHUNK).enumerate() {
-        let h = model.forward(b, part, &mut cache)?;
+        let last = model.forward_last(part, &mut cache)?;
         if i + 1 == n_parts {
-            let last = b.rows(&h, part.len() - 1..part.len())?;
-            logits = b.to_f32(&model.logits(b, &last)?)?;
+            logits = model.logits(&last)?;
         }
     }
+    // Positions in the cache.
+    let mut filled = prompt.len();
     let prompt_secs = t0.elapsed().as_secs_f64();
 
     let mut history = prompt.to_vec();
@@ -103,11 +103,12 @@ pub fn generate<B: Backend>(
         if !opts.ignore_eos && is_end(id) {
             break StopReason::EndOfGeneration;
         }
-        if ids.len() >= opts.max_tokens || cache.len() >= cache.capacity() {
+        if ids.len() >= opts.max_tokens || filled >= capacity {
             break StopReason::Length;
         }
-        let h = model.forward(b, &[id], &mut cache)?;
-        logits = b.to_f32(&model.logits(b, &h)?)?;
+        let last = model.forward_last(&[id], &mut cache)?;
+        logits = model.logits(&last)?;
+        filled += 1;
         decode_steps += 1;
     };
     Ok(Generation {

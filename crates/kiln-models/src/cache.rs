@@ -1,3 +1,5 @@
+use std::ops::Range;
+
 use kiln_backend::Backend;
 use kiln_core::config::DecoderConfig;
 
@@ -9,27 +11,67 @@ use crate::ModelError;
 /// Invariant: rows `0..len` are filled; `Decoder::forward` writes rows `len..len + n` and then
 /// advances `len`. The engine's paged cache (several sequences, shared prefixes) replaces this
 /// for serving; this one serves single-sequence generation, scoring and perplexity.
+///
+/// A cache holds a contiguous range of the model's layers (all of them, except for the part of a
+/// [`crate::SplitDecoder`] on one backend): `k[j]` and `v[j]` belong to layer `layers.start + j`.
 pub struct KvCache<B: Backend> {
     pub(crate) k: Vec<B::Tensor>, // per layer: (capacity, n_kv_heads * head_dim)
     pub(crate) v: Vec<B::Tensor>, // per layer: (capacity, n_kv_heads * head_dim_v)
+    layers: Range<usize>,
     len: usize,
     capacity: usize,
 }
 
+/// Per layer of `layers`, a `(rows, kv_dim)` tensor of keys and a `(rows, v_dim)` one of values.
+#[allow(clippy::type_complexity)]
+fn kv_pools<B: Backend>(
+    backend: &B,
+    config: &DecoderConfig,
+    layers: &Range<usize>,
+    rows: usize,
+) -> Result<(Vec<B::Tensor>, Vec<B::Tensor>), ModelError> {
+    if layers.start > layers.end || layers.end > config.n_layers {
+        return Err(ModelError::LayerRange {
+            start: layers.start,
+            end: layers.end,
+            n_layers: config.n_layers,
+        });
+    }
+    let mut k = Vec::with_capacity(layers.len());
+    let mut v = Vec::with_capacity(layers.len());
+    for _ in layers.clone() {
+        k.push(backend.zeros(rows, config.kv_dim())?);
+        v.push(backend.zeros(rows, config.v_dim())?);
+    }
+    Ok((k, v))
+}
+
 impl<B: Backend> KvCache<B> {
+    /// A cache of every layer of the model.
     pub fn new(backend: &B, config: &DecoderConfig, capacity: usize) -> Result<Self, ModelError> {
-        let mut k = Vec::with_capacity(config.n_layers);
-        let mut v = Vec::with_capacity(config.n_layers);
-        for _ in 0..config.n_layers {
-            k.push(backend.zeros(capacity, config.kv_dim())?);
-            v.push(backend.zeros(capacity, config.v_dim())?);
-        }
+        Self::for_layers(backend, config, 0..config.n_layers, capacity)
+    }
+
+    /// A cache of layers `layers` of the model only (a range of `0..config.n_layers`).
+    pub fn for_layers(
+        backend: &B,
+        config: &DecoderConfig,
+        layers: Range<usize>,
+        capacity: usize,
+    ) -> Result<Self, ModelError> {
+        let (k, v) = kv_pools(backend, config, &layers, capacity)?;
         Ok(KvCache {
             k,
             v,
+            layers,
             len: 0,
             capacity,
         })
+    }
+
+    /// The model layers whose keys and values this cache holds.
+    pub fn layers(&self) -> Range<usize> {
+        self.layers.clone()
     }
 
     /// Positions filled so far.
@@ -80,9 +122,14 @@ impl<B: Backend> KvCache<B> {
 /// Invariant: the pools of every layer have `n_blocks * block_size` rows; a forward pass writes
 /// only the rows its sequences' tables map for their new positions, and reads only rows their
 /// tables map below their lengths (the backend checks every table against the pool).
+///
+/// Like [`KvCache`], it holds a contiguous range of the model's layers: the pools `k[j]`, `v[j]`
+/// belong to layer `layers.start + j`. Two paged caches of the same block size and count, for
+/// complementary layer ranges, serve a [`crate::SplitDecoder`] under one set of block tables.
 pub struct PagedKvCache<B: Backend> {
-    pub(crate) k: Vec<B::Tensor>,
-    pub(crate) v: Vec<B::Tensor>,
+    pub(crate) k: Vec<B::Tensor>, // per layer: (n_blocks * block_size, n_kv_heads * head_dim)
+    pub(crate) v: Vec<B::Tensor>, // per layer: (n_blocks * block_size, n_kv_heads * head_dim_v)
+    layers: Range<usize>,
     block_size: usize,
     n_blocks: usize,
     max_positions: usize,
@@ -99,25 +146,46 @@ impl<B: Backend> PagedKvCache<B> {
         block_size: usize,
         max_positions: usize,
     ) -> Result<Self, ModelError> {
+        Self::for_layers(
+            backend,
+            config,
+            0..config.n_layers,
+            n_blocks,
+            block_size,
+            max_positions,
+        )
+    }
+
+    /// [`PagedKvCache::new`] for layers `layers` of the model only (a range of
+    /// `0..config.n_layers`).
+    pub fn for_layers(
+        backend: &B,
+        config: &DecoderConfig,
+        layers: Range<usize>,
+        n_blocks: usize,
+        block_size: usize,
+        max_positions: usize,
+    ) -> Result<Self, ModelError> {
         let rows = n_blocks.checked_mul(block_size).filter(|_| block_size > 0);
         let Some(rows) = rows else {
             return Err(ModelError::Batch(format!(
                 "a paged KV cache of {n_blocks} blocks of {block_size} positions"
             )));
         };
-        let mut k = Vec::with_capacity(config.n_layers);
-        let mut v = Vec::with_capacity(config.n_layers);
-        for _ in 0..config.n_layers {
-            k.push(backend.zeros(rows, config.kv_dim())?);
-            v.push(backend.zeros(rows, config.v_dim())?);
-        }
+        let (k, v) = kv_pools(backend, config, &layers, rows)?;
         Ok(PagedKvCache {
             k,
             v,
+            layers,
             block_size,
             n_blocks,
             max_positions,
         })
+    }
+
+    /// The model layers whose keys and values this cache holds.
+    pub fn layers(&self) -> Range<usize> {
+        self.layers.clone()
     }
 
     pub fn block_size(&self) -> usize {
@@ -147,4 +215,130 @@ impl<B: Backend> PagedKvCache<B> {
 pub struct PagedSeq<'a> {
     pub table: &'a [u32],
     pub len: usize,
+}
+
+/// The contiguous KV cache of a [`crate::SplitDecoder`]: the front backend's layers
+/// `0..front_layers` in one [`KvCache`], the back backend's `front_layers..n_layers` in another.
+///
+/// Invariant: both parts have the same capacity and length (a forward pass advances both, and
+/// only once both parts have run).
+pub struct SplitKvCache<F: Backend, R: Backend> {
+    pub(crate) front: KvCache<F>,
+    pub(crate) back: KvCache<R>,
+}
+
+impl<F: Backend, R: Backend> SplitKvCache<F, R> {
+    /// A cache of `capacity` positions for a model split after layer `front_layers`.
+    pub fn new(
+        front: &F,
+        back: &R,
+        config: &DecoderConfig,
+        front_layers: usize,
+        capacity: usize,
+    ) -> Result<Self, ModelError> {
+        let n = config.n_layers;
+        if front_layers > n {
+            return Err(ModelError::SplitPoint {
+                front_layers,
+                n_layers: n,
+            });
+        }
+        Ok(SplitKvCache {
+            front: KvCache::for_layers(front, config, 0..front_layers, capacity)?,
+            back: KvCache::for_layers(back, config, front_layers..n, capacity)?,
+        })
+    }
+
+    /// Positions filled so far.
+    pub fn len(&self) -> usize {
+        self.front.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.front.is_empty()
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.front.capacity()
+    }
+
+    /// Forget everything (the buffers are reused).
+    pub fn clear(&mut self) {
+        self.front.clear();
+        self.back.clear();
+    }
+
+    /// Forget positions `len..` (to re-run from an earlier point).
+    pub fn truncate(&mut self, len: usize) {
+        self.front.truncate(len);
+        self.back.truncate(len);
+    }
+
+    /// The front backend's part (layers `0..front_layers`).
+    pub fn front(&self) -> &KvCache<F> {
+        &self.front
+    }
+
+    /// The back backend's part (layers `front_layers..n_layers`).
+    pub fn back(&self) -> &KvCache<R> {
+        &self.back
+    }
+}
+
+/// The paged KV cache of a [`crate::SplitDecoder`]: two [`PagedKvCache`]s, the front backend's
+/// layers `0..front_layers` and the back backend's `front_layers..n_layers`, with the same block
+/// size, block count and context, so that one block table per sequence (the engine's) addresses
+/// both: a sequence's block `t` is block `t` of every layer on either backend.
+pub struct SplitPagedKvCache<F: Backend, R: Backend> {
+    pub(crate) front: PagedKvCache<F>,
+    pub(crate) back: PagedKvCache<R>,
+}
+
+impl<F: Backend, R: Backend> SplitPagedKvCache<F, R> {
+    /// [`PagedKvCache::new`] for a model split after layer `front_layers`.
+    pub fn new(
+        front: &F,
+        back: &R,
+        config: &DecoderConfig,
+        front_layers: usize,
+        n_blocks: usize,
+        block_size: usize,
+        max_positions: usize,
+    ) -> Result<Self, ModelError> {
+        let n = config.n_layers;
+        if front_layers > n {
+            return Err(ModelError::SplitPoint {
+                front_layers,
+                n_layers: n,
+            });
+        }
+        let (blocks, size, max) = (n_blocks, block_size, max_positions);
+        Ok(SplitPagedKvCache {
+            front: PagedKvCache::for_layers(front, config, 0..front_layers, blocks, size, max)?,
+            back: PagedKvCache::for_layers(back, config, front_layers..n, blocks, size, max)?,
+        })
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.front.block_size()
+    }
+
+    pub fn n_blocks(&self) -> usize {
+        self.front.n_blocks()
+    }
+
+    /// The most positions one sequence may hold.
+    pub fn max_positions(&self) -> usize {
+        self.front.max_positions()
+    }
+
+    /// The front backend's part (layers `0..front_layers`).
+    pub fn front(&self) -> &PagedKvCache<F> {
+        &self.front
+    }
+
+    /// The back backend's part (layers `front_layers..n_layers`).
+    pub fn back(&self) -> &PagedKvCache<R> {
+        &self.back
+    }
 }

@@ -9,6 +9,7 @@
 //! ```
 //! then `logits = norm(x) · Woutᵀ`.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use kiln_backend::{Activation, AttentionParams, Backend, KvPages, Linear, RopeParams, RopeStyle};
@@ -114,8 +115,9 @@ pub struct Decoder<B: Backend> {
     pub output: Linear<B>,      // (vocab, d_model); tied to token_embd when the file has no output
 }
 
-/// The KV storage of the sequences of one forward pass.
-enum Caches<'c, 'p, B: Backend> {
+/// The KV storage of the sequences of one forward pass, on one backend (for a run of layers: a
+/// [`crate::SplitDecoder`] has one per backend).
+pub(crate) enum Caches<'c, 'p, B: Backend> {
     /// One contiguous cache per sequence.
     Contiguous(&'c mut [&'p mut KvCache<B>]),
     /// One paged cache, a block table per sequence.
@@ -149,6 +151,23 @@ impl<B: Backend> Caches<'_, '_, B> {
         }
     }
 
+    /// An error unless every cache holds exactly the layers `layers` (indexed locally from
+    /// `layers.start`).
+    fn check_layers(&self, layers: &Range<usize>) -> Result<(), ModelError> {
+        let mismatch = |held: Range<usize>| {
+            (held != *layers).then(|| {
+                ModelError::Batch(format!(
+                    "a KV cache of layers {held:?} for a run of layers {layers:?}"
+                ))
+            })
+        };
+        let error = match self {
+            Caches::Contiguous(c) => c.iter().find_map(|c| mismatch(c.layers())),
+            Caches::Paged { cache, .. } => mismatch(cache.layers()),
+        };
+        error.map_or(Ok(()), Err)
+    }
+
     /// Whether sequence `i` has room for `n` more positions (the paged table's coverage is
     /// checked by the backend when rows are written).
     fn check_room(&self, i: usize, n: usize) -> Result<(), ModelError> {
@@ -167,8 +186,9 @@ impl<B: Backend> Caches<'_, '_, B> {
         }
     }
 
-    /// Stores sequence `i`'s new keys and values of layer `il` at positions `pos0..` and returns
-    /// the attention of its queries over its positions `..pos0 + rows`.
+    /// Stores sequence `i`'s new keys and values of the cache's `il`-th layer (counted from the
+    /// first layer it holds) at positions `pos0..` and returns the attention of its queries over
+    /// its positions `..pos0 + rows`.
     #[allow(clippy::too_many_arguments)]
     fn store_and_attend(
         &mut self,
@@ -202,7 +222,7 @@ impl<B: Backend> Caches<'_, '_, B> {
     }
 
     /// Counts the new positions of contiguous caches (paged ones are counted by the caller).
-    fn advance(&mut self, seqs: &[&[u32]]) {
+    pub(crate) fn advance(&mut self, seqs: &[&[u32]]) {
         if let Caches::Contiguous(c) = self {
             for (cache, seq) in c.iter_mut().zip(seqs) {
                 cache.advance(seq.len());
@@ -273,6 +293,49 @@ impl<B: Backend> Decoder<B> {
         trace: &dyn Trace<B>,
     ) -> Result<B::Tensor, ModelError> {
         let c = &self.config;
+        let batch = Batch::new(c, seqs, caches)?;
+        let x = embed(b, c, &self.token_embd, &batch, trace)?;
+        let run = LayerRun {
+            config: c,
+            first: 0,
+            layers: &self.layers,
+        };
+        let x = run.forward(b, x, &batch, caches, trace)?;
+        let h = b.rms_norm(&x, &self.output_norm, c.norm_eps)?;
+        caches.advance(seqs);
+        Ok(h)
+    }
+
+    /// Logits `(rows, vocab)` of final hidden states (any rows of `forward`'s result).
+    pub fn logits(&self, b: &B, hidden: &B::Tensor) -> Result<B::Tensor, ModelError> {
+        Ok(b.run(|| b.matmul(hidden, &self.output))?)
+    }
+
+    /// A KV cache for this model holding `capacity` positions.
+    pub fn new_cache(&self, b: &B, capacity: usize) -> Result<KvCache<B>, ModelError> {
+        KvCache::new(b, &self.config, capacity)
+    }
+}
+
+/// The tokens of one forward pass, sequence after sequence, and where each sequence sits: its
+/// rows of the batch and its positions.
+pub(crate) struct Batch {
+    /// Every token of the pass.
+    ids: Vec<u32>,
+    /// Per sequence: its rows and its first position.
+    spans: Vec<(Range<usize>, usize)>,
+    /// Per token: its position in its sequence.
+    positions: Vec<u32>,
+}
+
+impl Batch {
+    /// Checks `seqs` against the model and `caches` (one per sequence, each with room for its
+    /// tokens) and lays them out.
+    pub(crate) fn new<B: Backend>(
+        c: &DecoderConfig,
+        seqs: &[&[u32]],
+        caches: &Caches<'_, '_, B>,
+    ) -> Result<Batch, ModelError> {
         if seqs.len() != caches.count() || seqs.is_empty() {
             return Err(ModelError::Batch(format!(
                 "{} sequences with {} caches",
@@ -298,13 +361,64 @@ impl<B: Backend> Decoder<B> {
             spans.push((row..row + seq.len(), pos0));
             row += seq.len();
         }
-        let single = seqs.len() == 1;
+        Ok(Batch {
+            ids,
+            spans,
+            positions,
+        })
+    }
 
-        let mut x = b.embedding(&self.token_embd, &ids)?;
-        if let Some(s) = c.embed_scale {
-            x = b.scale(&x, s)?;
-        }
-        trace.trace(b, "embd", 0, &x);
+    /// Tokens in the pass (the rows of its hidden states).
+    pub(crate) fn rows(&self) -> usize {
+        self.ids.len()
+    }
+}
+
+/// The scaled token embeddings of the batch `(rows, d_model)`: the input of layer 0.
+pub(crate) fn embed<B: Backend>(
+    b: &B,
+    c: &DecoderConfig,
+    token_embd: &B::Weight,
+    batch: &Batch,
+    trace: &dyn Trace<B>,
+) -> Result<B::Tensor, ModelError> {
+    let mut x = b.embedding(token_embd, &batch.ids)?;
+    if let Some(s) = c.embed_scale {
+        x = b.scale(&x, s)?;
+    }
+    trace.trace(b, "embd", 0, &x);
+    Ok(x)
+}
+
+/// A contiguous run of a model's layers on one backend: `layers` are the model's layers
+/// `first..first + layers.len()` (all of them for a [`Decoder`], one side of the split for a
+/// [`crate::SplitDecoder`]). The configuration (attention kind, RoPE) and the trace see the
+/// model's own layer index; a KV cache holds the run's layers only, indexed from `first`.
+pub(crate) struct LayerRun<'m, B: Backend> {
+    pub config: &'m DecoderConfig,
+    pub first: usize,
+    pub layers: &'m [DecoderLayer<B>],
+}
+
+impl<B: Backend> LayerRun<'_, B> {
+    /// Runs the hidden states `x` of `batch` through the layers, on backend `b`, and returns the
+    /// output of the last of them (`x` itself for an empty run).
+    ///
+    /// `caches` hold exactly this run's layers (checked). Their keys and values are written; their
+    /// positions are not counted (the caller advances them once every run of the pass has
+    /// succeeded).
+    pub(crate) fn forward(
+        &self,
+        b: &B,
+        mut x: B::Tensor,
+        batch: &Batch,
+        caches: &mut Caches<'_, '_, B>,
+        trace: &dyn Trace<B>,
+    ) -> Result<B::Tensor, ModelError> {
+        let (c, first) = (self.config, self.first);
+        caches.check_layers(&(first..first + self.layers.len()))?;
+        let (spans, positions) = (&batch.spans, &batch.positions);
+        let single = spans.len() == 1;
         let act = match c.activation {
             FfnActivation::GeluTanh => Activation::GeluTanh,
             FfnActivation::Gelu => Activation::Gelu,
@@ -314,8 +428,8 @@ impl<B: Backend> Decoder<B> {
             RopeKind::Normal => RopeStyle::Normal,
             RopeKind::Neox => RopeStyle::Neox,
         };
-
-        for (il, layer) in self.layers.iter().enumerate() {
+        for (local, layer) in self.layers.iter().enumerate() {
+            let il = first + local;
             let attention = c.layer_attention[il];
             let window = match attention {
                 LayerAttention::Global => None,
@@ -343,7 +457,7 @@ impl<B: Backend> Decoder<B> {
             let mut a = if single {
                 None
             } else {
-                Some(b.zeros(ids.len(), c.n_heads * c.head_dim_v)?)
+                Some(b.zeros(batch.rows(), c.n_heads * c.head_dim_v)?)
             };
             let mut single_out = None;
             for (i, (rows, pos0)) in spans.iter().enumerate() {
@@ -366,7 +480,7 @@ impl<B: Backend> Decoder<B> {
                     trace.trace(b, "q", il, &q_r);
                     trace.trace(b, "k", il, &k_r);
                 }
-                let out = caches.store_and_attend(b, i, il, *pos0, &k_r, v_in, &q_r, &params)?;
+                let out = caches.store_and_attend(b, i, local, *pos0, &k_r, v_in, &q_r, &params)?;
                 match &mut a {
                     Some(all) => b.write_rows(all, rows.start, &out)?,
                     None => single_out = Some(out),
@@ -400,8 +514,7 @@ impl<B: Backend> Decoder<B> {
             };
             trace.trace(b, "l_out", il, &x);
         }
-        caches.advance(seqs);
-        Ok(b.rms_norm(&x, &self.output_norm, c.norm_eps)?)
+        Ok(x)
     }
 
     /// `Σ_e p_e · expert_e(h)` over each token's routed experts. Tokens are grouped by expert so
@@ -450,16 +563,6 @@ impl<B: Backend> Decoder<B> {
             b.scatter_add_rows(&mut out, &rows[e], &y, &weights[e])?;
         }
         Ok(out)
-    }
-
-    /// Logits `(rows, vocab)` of final hidden states (any rows of `forward`'s result).
-    pub fn logits(&self, b: &B, hidden: &B::Tensor) -> Result<B::Tensor, ModelError> {
-        Ok(b.run(|| b.matmul(hidden, &self.output))?)
-    }
-
-    /// A KV cache for this model holding `capacity` positions.
-    pub fn new_cache(&self, b: &B, capacity: usize) -> Result<KvCache<B>, ModelError> {
-        KvCache::new(b, &self.config, capacity)
     }
 }
 

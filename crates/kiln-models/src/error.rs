@@ -25,6 +25,20 @@ pub enum ModelError {
     UnsupportedType { name: String, ty: GgmlType },
     #[error("context full: {needed} positions needed, the KV cache holds {capacity}")]
     ContextFull { needed: usize, capacity: usize },
+    #[error("layers {start}..{end} are not a range of the model's {n_layers} layers")]
+    LayerRange {
+        start: usize,
+        end: usize,
+        n_layers: usize,
+    },
+    #[error(
+        "cannot put {front_layers} layers on the first backend of a split: \
+         the model has {n_layers} layers"
+    )]
+    SplitPoint {
+        front_layers: usize,
+        n_layers: usize,
+    },
     #[error("bad batch: {0}")]
     Batch(String),
     #[error("token id {id} is outside the vocabulary of {vocab} tokens")]

@@ -7,6 +7,10 @@
 //!    and hands it to the backend (`upload_weight`: zero-copy on the CPU);
 //! 3. [`Decoder::forward`] composes backend primitives.
 //!
+//! A [`SplitDecoder`] runs the same layers over two backends (the first layers on one, the rest
+//! on another; see [`split`]). [`CausalLm`] is what generation needs from either, bound to its
+//! backends.
+//!
 //! Encoders (BERT, XLM-RoBERTa, ModernBERT) come from Hugging Face folders the same way:
 //! [`hf::HfConfig`] → [`arch::encoder_config`] → [`load_encoder`] (safetensors, zero-copy) →
 //! [`Encoder::forward`] over a packed batch; [`pooling`] turns token states into sentence
@@ -18,15 +22,22 @@ mod decoder;
 mod encoder;
 mod error;
 pub mod hf;
+mod lm;
 pub mod pooling;
+pub mod split;
 mod weights;
 
-pub use cache::{KvCache, PagedKvCache, PagedSeq};
+pub use cache::{KvCache, PagedKvCache, PagedSeq, SplitKvCache, SplitPagedKvCache};
 pub use decoder::{route, Decoder, DecoderLayer, Ffn, MoeFfn, NoTrace, Route, Trace};
 pub use encoder::{load_encoder, Encoder, EncoderLayer, Norm};
 pub use error::ModelError;
+pub use lm::{CausalLm, DecoderOn, SplitDecoderOn};
+pub use split::{
+    load_gguf_decoder_split, load_hf_decoder_split, load_hf_decoder_split_from, SplitDecoder,
+};
 
 use kiln_backend::Backend;
+use kiln_core::config::DecoderConfig;
 use kiln_formats::GgufFile;
 
 /// Load a decoder model from a parsed GGUF file onto `backend`.
@@ -34,12 +45,17 @@ pub fn load_gguf_decoder<B: Backend>(
     backend: &B,
     file: &GgufFile,
 ) -> Result<Decoder<B>, ModelError> {
+    let config = gguf_decoder_config(file)?;
+    weights::load_decoder(backend, &weights::GgufSource(file), config)
+}
+
+/// The decoder configuration of a GGUF file's metadata.
+fn gguf_decoder_config(file: &GgufFile) -> Result<DecoderConfig, ModelError> {
     let arch = file.architecture().ok_or_else(|| ModelError::Metadata {
         key: "general.architecture".into(),
         detail: "missing".into(),
     })?;
-    let config = arch::decoder_config(arch, file)?;
-    weights::load_decoder(backend, &weights::GgufSource(file), config)
+    arch::decoder_config(arch, file)
 }
 
 /// Load a decoder model from a Hugging Face folder (`config.json` and `model.safetensors` or a
@@ -49,11 +65,7 @@ pub fn load_hf_decoder<B: Backend>(
     backend: &B,
     dir: &std::path::Path,
 ) -> Result<Decoder<B>, ModelError> {
-    let hf = hf::HfConfig::read(&dir.join("config.json"))?;
-    let st = kiln_formats::SafetensorsModel::open(dir).map_err(|e| ModelError::File {
-        file: dir.display().to_string(),
-        detail: e.to_string(),
-    })?;
+    let (hf, st) = open_hf_dir(dir)?;
     load_hf_decoder_from(backend, &hf, &st)
 }
 
@@ -63,6 +75,27 @@ pub fn load_hf_decoder_from<B: Backend>(
     hf: &hf::HfConfig,
     st: &kiln_formats::SafetensorsModel,
 ) -> Result<Decoder<B>, ModelError> {
+    let (config, source) = hf_decoder_source(hf, st)?;
+    weights::load_decoder(backend, &source, config)
+}
+
+/// The `config.json` and the checkpoint of a Hugging Face folder.
+fn open_hf_dir(
+    dir: &std::path::Path,
+) -> Result<(hf::HfConfig, kiln_formats::SafetensorsModel), ModelError> {
+    let hf = hf::HfConfig::read(&dir.join("config.json"))?;
+    let st = kiln_formats::SafetensorsModel::open(dir).map_err(|e| ModelError::File {
+        file: dir.display().to_string(),
+        detail: e.to_string(),
+    })?;
+    Ok((hf, st))
+}
+
+/// The decoder configuration of a Hugging Face checkpoint and its tensors under GGUF names.
+fn hf_decoder_source<'a>(
+    hf: &hf::HfConfig,
+    st: &'a kiln_formats::SafetensorsModel,
+) -> Result<(DecoderConfig, weights::HfSource<'a>), ModelError> {
     let (config, names) = arch::hf_decoder_config(hf)?;
     if !hf.bool_or("tie_word_embeddings", false)? && st.tensor("lm_head.weight").is_none() {
         return Err(ModelError::MissingTensor(
@@ -70,7 +103,7 @@ pub fn load_hf_decoder_from<B: Backend>(
         ));
     }
     let gptq = weights::GptqConfig::read(hf)?;
-    weights::load_decoder(backend, &weights::HfSource { st, names, gptq }, config)
+    Ok((config, weights::HfSource { st, names, gptq }))
 }
 
 /// What kiln makes of a model file without loading it: its architecture, and either the

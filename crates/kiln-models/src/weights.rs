@@ -13,6 +13,7 @@
 //!   `ffn_*_exps`) are split into zero-copy row views ([`WeightData::slice_rows`]), so every
 //!   expert is a weight of its own that is only touched when the router selects it.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use kiln_backend::{Backend, GptqMatrix, GptqTensors, Linear, WeightData};
@@ -23,7 +24,7 @@ use serde_json::Value;
 
 use crate::decoder::{Ffn, MoeFfn};
 use crate::hf::HfConfig;
-use crate::{Decoder, DecoderLayer, ModelError};
+use crate::{Decoder, DecoderLayer, ModelError, SplitDecoder};
 
 /// Tensors by GGUF name, with GGUF-order dims (`dims[0]` contiguous).
 pub(crate) trait TensorSource {
@@ -477,28 +478,109 @@ impl<'a, B: Backend> Loader<'a, B> {
     }
 }
 
+/// The whole model on `backend`.
 pub(crate) fn load_decoder<B: Backend>(
     backend: &B,
     source: &dyn TensorSource,
     config: DecoderConfig,
 ) -> Result<Decoder<B>, ModelError> {
     let l = Loader { backend, source };
-    let c = &config;
-    let (d, vocab) = (c.d_model, c.vocab_size);
-    let embd = l.required("token_embd.weight", &[d, vocab])?;
-    let token_embd = Arc::new(l.upload(&embd)?);
-    let output = match l.optional("output.weight", &[d, vocab])? {
-        Some(w) => l.make_linear(&w, None)?,
-        None => Linear {
-            weight: token_embd.clone(),
-            bias: None,
-            in_features: d,
-            out_features: vocab,
-            ty: embd.ty,
-        },
+    let (embd, token_embd) = l.embedding(&config)?;
+    let output = l.output(&config, &embd, Some(&token_embd))?;
+    let layers = load_layers(&l, &config, 0..config.n_layers)?;
+    let output_norm = l.vector("output_norm.weight", config.d_model)?;
+    Ok(Decoder {
+        config,
+        token_embd,
+        layers,
+        output_norm,
+        output,
+    })
+}
+
+/// The model split after layer `front_layers`: the embedding and layers `0..front_layers` on
+/// `front`, layers `front_layers..` and the head on `back` (see [`crate::split`]).
+pub(crate) fn load_split<F: Backend, R: Backend>(
+    front: &F,
+    back: &R,
+    source: &dyn TensorSource,
+    config: DecoderConfig,
+    front_layers: usize,
+) -> Result<SplitDecoder<F, R>, ModelError> {
+    let n = config.n_layers;
+    if front_layers > n {
+        return Err(ModelError::SplitPoint {
+            front_layers,
+            n_layers: n,
+        });
+    }
+    let f = Loader {
+        backend: front,
+        source,
     };
-    let mut layers = Vec::with_capacity(c.n_layers);
-    for i in 0..c.n_layers {
+    let r = Loader {
+        backend: back,
+        source,
+    };
+    // In the whole model's order, so that a broken file reports the same first error.
+    let (embd, token_embd) = f.embedding(&config)?;
+    let output = r.output(&config, &embd, None)?;
+    let front_part = load_layers(&f, &config, 0..front_layers)?;
+    let back_part = load_layers(&r, &config, front_layers..n)?;
+    let output_norm = r.vector("output_norm.weight", config.d_model)?;
+    Ok(SplitDecoder {
+        config,
+        token_embd,
+        front: front_part,
+        back: back_part,
+        output_norm,
+        output,
+    })
+}
+
+impl<B: Backend> Loader<'_, B> {
+    /// The embedding table's data (checked) and the table on this backend.
+    fn embedding(&self, c: &DecoderConfig) -> Result<(WeightData, Arc<B::Weight>), ModelError> {
+        let embd = self.required("token_embd.weight", &[c.d_model, c.vocab_size])?;
+        let table = Arc::new(self.upload(&embd)?);
+        Ok((embd, table))
+    }
+
+    /// The output matrix: `output.weight`, or when the file has none (tied embeddings) the
+    /// embedding table `embd`, shared with `table` when this backend holds it already, uploaded
+    /// again otherwise.
+    fn output(
+        &self,
+        c: &DecoderConfig,
+        embd: &WeightData,
+        table: Option<&Arc<B::Weight>>,
+    ) -> Result<Linear<B>, ModelError> {
+        let (d, vocab) = (c.d_model, c.vocab_size);
+        Ok(match self.optional("output.weight", &[d, vocab])? {
+            Some(w) => self.make_linear(&w, None)?,
+            None => Linear {
+                weight: match table {
+                    Some(table) => table.clone(),
+                    None => Arc::new(self.upload(embd)?),
+                },
+                bias: None,
+                in_features: d,
+                out_features: vocab,
+                ty: embd.ty,
+            },
+        })
+    }
+}
+
+/// The weights of layers `range` (a range of `0..c.n_layers`) on `l`'s backend.
+fn load_layers<B: Backend>(
+    l: &Loader<'_, B>,
+    c: &DecoderConfig,
+    range: Range<usize>,
+) -> Result<Vec<DecoderLayer<B>>, ModelError> {
+    let (source, d) = (l.source, c.d_model);
+    let mut layers = Vec::with_capacity(range.len());
+    for i in range {
         let p = |role: &str| format!("blk.{i}.{role}");
         let (q, k, v) = if source.tensor(&p("attn_qkv.weight"))?.is_some() {
             let mut qkv = l.split_linear(&p("attn_qkv"), d, &[c.q_dim(), c.kv_dim(), c.v_dim()])?;
@@ -580,12 +662,5 @@ pub(crate) fn load_decoder<B: Backend>(
             post_ffn_norm: l.optional_vector(&p("post_ffw_norm.weight"), d)?,
         });
     }
-    let output_norm = l.vector("output_norm.weight", d)?;
-    Ok(Decoder {
-        config,
-        token_embd,
-        layers,
-        output_norm,
-        output,
-    })
+    Ok(layers)
 }

@@ -198,8 +198,7 @@ fn reference(prompt_text: &str, max_tokens: usize) -> String {
     let tok = TextTokenizer::Gguf(Box::new(Tokenizer::from_gguf(&file).unwrap()));
     let ids = tok.encode(prompt_text, true, true).unwrap();
     let g = generate(
-        &b,
-        &model,
+        &model.on(&b),
         &ids,
         &GenerateOptions {
             max_tokens,

@@ -108,8 +108,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     let streaming = !a.json;
     let mut write_failed = None;
     let generation = generate(
-        &m.backend,
-        &m.model,
+        &m.model.on(&m.backend),
         &prompt_ids,
         &opts,
         |id| tok.is_end_of_generation(id),
