@@ -44,12 +44,28 @@ pub struct Rates {
 }
 
 impl Rates {
-    /// Multiply-adds per second of `ty` at `rows` rows: the probe at the largest probed row
-    /// count not above `rows`. `None` when `ty` was not probed.
+    /// Multiply-adds per second of `ty` at `rows` rows: the probes interpolated linearly in
+    /// rows between the probed row counts around `rows` (the last probe beyond them). `None`
+    /// when `ty` was not probed.
     pub fn matmul_rate(&self, ty: GgmlType, rows: usize) -> Option<f64> {
         let rates = self.matmul.get(&ty.to_string())?;
-        let i = PROBE_ROWS.iter().rposition(|&r| r <= rows.max(1))?;
-        rates.get(i).copied()
+        let rows = rows.max(1) as f64;
+        let points: Vec<(f64, f64)> = PROBE_ROWS
+            .iter()
+            .zip(rates)
+            .map(|(&r, &rate)| (r as f64, rate))
+            .collect();
+        let (&(r0, first), &(rn, last)) = (points.first()?, points.last()?);
+        if rows <= r0 {
+            return Some(first);
+        }
+        if rows >= rn {
+            return Some(last);
+        }
+        points.windows(2).find_map(|w| {
+            let ((a, ra), (b, rb)) = (w[0], w[1]);
+            (rows >= a && rows <= b).then(|| ra + (rb - ra) * (rows - a) / (b - a))
+        })
     }
 
     /// Whether the machine-wide figures (bandwidth, fixed costs) are measured.
@@ -188,13 +204,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rates_pick_the_probe_at_or_below_the_rows() {
+    fn rates_interpolate_between_the_probed_rows() {
         let mut r = Rates::default();
-        r.matmul.insert("Q8_0".into(), vec![1.0, 8.0, 128.0]);
-        assert_eq!(r.matmul_rate(GgmlType::Q8_0, 1), Some(1.0));
-        assert_eq!(r.matmul_rate(GgmlType::Q8_0, 7), Some(1.0));
-        assert_eq!(r.matmul_rate(GgmlType::Q8_0, 64), Some(8.0));
-        assert_eq!(r.matmul_rate(GgmlType::Q8_0, 512), Some(128.0));
+        r.matmul.insert("Q8_0".into(), vec![10.0, 80.0, 200.0]);
+        assert_eq!(r.matmul_rate(GgmlType::Q8_0, 1), Some(10.0));
+        assert_eq!(r.matmul_rate(GgmlType::Q8_0, 4), Some(40.0));
+        assert_eq!(r.matmul_rate(GgmlType::Q8_0, 8), Some(80.0));
+        assert_eq!(r.matmul_rate(GgmlType::Q8_0, 68), Some(140.0));
+        assert_eq!(r.matmul_rate(GgmlType::Q8_0, 512), Some(200.0));
         assert_eq!(r.matmul_rate(GgmlType::Q4_K, 1), None);
         assert_eq!(
             r.missing(&[GgmlType::Q8_0, GgmlType::Q4_K]),
