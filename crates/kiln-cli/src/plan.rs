@@ -18,7 +18,7 @@ use kiln_hub::Hub;
 use kiln_models::hf::HfConfig;
 
 /// Seconds per timed window of a throughput probe.
-const PROBE_WINDOW_SECS: f64 = 0.05;
+const PROBE_WINDOW_SECS: f64 = 0.15;
 
 /// `--backend`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

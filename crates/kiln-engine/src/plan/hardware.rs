@@ -12,9 +12,13 @@ use std::path::{Path, PathBuf};
 use kiln_core::GgmlType;
 use serde::{Deserialize, Serialize};
 
-/// Activation rows at which matrix products are probed: one (decode), a small batch, a prompt
-/// chunk's tile regime.
-pub const PROBE_ROWS: [usize; 3] = [1, 8, 128];
+/// Activation rows at which matrix products are probed: one (decode), a small batch, a tile
+/// regime, and a prompt chunk (where a float GEMM's packing of the weights is amortized over
+/// many rows).
+pub const PROBE_ROWS: [usize; 4] = [1, 8, 128, 512];
+/// Changes whenever what the probes measure changes, so that older cached rates are measured
+/// again.
+const PROBE_VERSION: u32 = 2;
 /// Bytes of the set of matrices a product probe streams through: larger than the last-level
 /// cache of the machines kiln targets, as a forward pass streams its weights.
 pub const PROBE_STREAM_BYTES: usize = 128 << 20;
@@ -163,7 +167,7 @@ impl ProfileCache {
     /// The key of a device's rates: what, if changed, changes them.
     pub fn key(device: &str, cpu_model: &str, threads: usize, simd: &str) -> String {
         format!(
-            "{device}|{cpu_model}|{threads} threads|{simd}|kiln {}",
+            "{device}|{cpu_model}|{threads} threads|{simd}|kiln {}|probe v{PROBE_VERSION}",
             env!("CARGO_PKG_VERSION")
         )
     }
@@ -206,7 +210,8 @@ mod tests {
     #[test]
     fn rates_interpolate_between_the_probed_rows() {
         let mut r = Rates::default();
-        r.matmul.insert("Q8_0".into(), vec![10.0, 80.0, 200.0]);
+        r.matmul
+            .insert("Q8_0".into(), vec![10.0, 80.0, 200.0, 200.0]);
         assert_eq!(r.matmul_rate(GgmlType::Q8_0, 1), Some(10.0));
         assert_eq!(r.matmul_rate(GgmlType::Q8_0, 4), Some(40.0));
         assert_eq!(r.matmul_rate(GgmlType::Q8_0, 8), Some(80.0));
@@ -229,7 +234,7 @@ mod tests {
             bandwidth: 5e10,
             ..Rates::default()
         };
-        r.matmul.insert("Q4_K".into(), vec![1e9, 2e9, 3e9]);
+        r.matmul.insert("Q4_K".into(), vec![1e9, 2e9, 3e9, 4e9]);
         cache.store(&key, &r).unwrap();
         assert_eq!(cache.load(&key), Some(r));
         assert!(cache

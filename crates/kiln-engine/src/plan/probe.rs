@@ -27,7 +27,7 @@ use kiln_core::{GgmlType, SharedBytes};
 use crate::EngineError;
 
 /// Timed windows per probe; the best is kept.
-const WINDOWS: usize = 3;
+const WINDOWS: usize = 5;
 
 /// Deterministic values in [-1, 1) (a 64-bit LCG), so probes do not depend on a random source.
 fn values(len: usize, seed: u64) -> Vec<f32> {
