@@ -310,6 +310,26 @@ pub fn choose(model: &str, args: &PlanArgs, threads: usize, work: Workload) -> R
     Ok(chosen.clone())
 }
 
+/// [`choose`] for an embedding model (a folder) embedding `batch` texts per pass, logged as
+/// `[tag] plan: ...`.
+pub fn choose_embedding(
+    model: &str,
+    args: &PlanArgs,
+    threads: usize,
+    batch: usize,
+    tag: &str,
+) -> Result<()> {
+    crate::load::embedding_dir(model)?;
+    let work = Workload {
+        ctx: usize::MAX,
+        batch,
+        kv_budget: None,
+    };
+    let chosen = choose(model, args, threads, work)?;
+    eprintln!("[{tag}] {}", describe(&chosen));
+    Ok(())
+}
+
 /// One line for logs: the placement, the memory it needs, the prediction when rates are known.
 pub fn describe(c: &Candidate) -> String {
     let predicted = c

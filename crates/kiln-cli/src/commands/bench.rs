@@ -13,7 +13,7 @@ use serde_json::json;
 use super::bench_decode::DecodeBenchArgs;
 use super::embed::EmbedModelArg;
 use crate::load::{load_embedding, ThreadsArg};
-use crate::plan::{choose, describe, PlanArgs, Workload};
+use crate::plan::{choose_embedding, PlanArgs};
 
 #[derive(clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -66,14 +66,13 @@ fn embed(a: BenchEmbedArgs) -> Result<()> {
     if lines.is_empty() {
         bail!("{}: no texts (one per line)", a.file.display());
     }
-    let work = Workload {
-        ctx: usize::MAX,
-        batch: a.batch_size as usize,
-        kv_budget: None,
-    };
-    crate::load::embedding_dir(&a.model.model)?;
-    let chosen = choose(&a.model.model, &a.placement, a.threads.threads, work)?;
-    eprintln!("[bench] {}", describe(&chosen));
+    choose_embedding(
+        &a.model.model,
+        &a.placement,
+        a.threads.threads,
+        a.batch_size as usize,
+        "bench",
+    )?;
     let loaded = load_embedding(&a.model.model, a.threads.threads, true)?;
     let model = &loaded.model;
     let batch = a.batch_size as usize;

@@ -479,15 +479,7 @@ fn mean_sd(xs: &[f64]) -> (f64, f64) {
 /// The process's peak resident set (`VmHWM`), in bytes.
 fn peak_rss_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line
-        .trim_start_matches("VmHWM:")
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kib * 1024)
+    kiln_engine::plan::hardware::proc_kib_field(&status, "VmHWM:")
 }
 
 // ---- output -----------------------------------------------------------------------------

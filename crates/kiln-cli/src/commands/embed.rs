@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::load::{load_embedding, ThreadsArg};
-use crate::plan::{choose, describe, PlanArgs, Workload};
+use crate::plan::{choose_embedding, PlanArgs};
 
 /// The embedding model commands use when `-m` is not given.
 pub const DEFAULT_EMBEDDING_MODEL: &str = "minilm";
@@ -91,14 +91,13 @@ pub fn run(a: EmbedArgs) -> Result<()> {
         }
         a.texts.clone()
     };
-    let work = Workload {
-        ctx: usize::MAX,
-        batch: a.batch_size as usize,
-        kv_budget: None,
-    };
-    crate::load::embedding_dir(&a.model.model)?;
-    let chosen = choose(&a.model.model, &a.placement, a.threads.threads, work)?;
-    eprintln!("[embed] {}", describe(&chosen));
+    choose_embedding(
+        &a.model.model,
+        &a.placement,
+        a.threads.threads,
+        a.batch_size as usize,
+        "embed",
+    )?;
     let loaded = load_embedding(&a.model.model, a.threads.threads, !a.no_truncate)?;
     let model = &loaded.model;
 

@@ -116,20 +116,26 @@ pub struct Hardware {
     pub gpus: Vec<Device>,
 }
 
+/// The bytes of a `KEY:  N kB` line of a `/proc` file's `text` (`/proc/meminfo`,
+/// `/proc/self/status`).
+pub fn proc_kib_field(text: &str, key: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with(key))?;
+    let kib: u64 = line[key.len()..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
 /// RAM from `/proc/meminfo`: `(MemTotal, MemAvailable)` in bytes.
 pub fn meminfo() -> Option<(u64, u64)> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let field = |key: &str| -> Option<u64> {
-        let line = text.lines().find(|l| l.starts_with(key))?;
-        let kib: u64 = line[key.len()..]
-            .trim()
-            .trim_end_matches("kB")
-            .trim()
-            .parse()
-            .ok()?;
-        Some(kib * 1024)
-    };
-    Some((field("MemTotal:")?, field("MemAvailable:")?))
+    Some((
+        proc_kib_field(&text, "MemTotal:")?,
+        proc_kib_field(&text, "MemAvailable:")?,
+    ))
 }
 
 /// The CPU's model name (`/proc/cpuinfo`), or "unknown".
