@@ -7,11 +7,10 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use kiln_backend::Activation;
-use kiln_core::GgmlType;
 use kiln_cpu::CpuBackend;
 use kiln_engine::plan::{
     self, probe, BackendChoice, Candidate, Device, DeviceKind, Hardware, ModelCost, ModelShape,
-    PlanRequest, ProfileCache, Rates, PROBE_ROWS, PROBE_STREAM_BYTES,
+    PlanRequest, ProductShape, ProfileCache, Rates, PROBE_ROWS, PROBE_STREAM_BYTES,
 };
 use kiln_formats::{GgufFile, LoadMode, SafetensorsModel};
 use kiln_hub::Hub;
@@ -131,7 +130,7 @@ pub fn hardware(
         _ => cache.load(&key).unwrap_or_default(),
     };
     if probe != Probe::CachedOnly {
-        let missing = rates.missing(&matrix_types(cost));
+        let missing = rates.missing(&cost.probe_shapes());
         let shape = cost.attention_shape();
         let attention = (!rates.attention.contains_key(&shape.key())).then_some(shape);
         if !rates.measured() || !missing.is_empty() || attention.is_some() {
@@ -163,7 +162,7 @@ pub fn hardware(
 fn measure(
     b: &CpuBackend,
     rates: &mut Rates,
-    types: &[GgmlType],
+    shapes: &[ProductShape],
     attention: Option<probe::AttentionShape>,
 ) -> Result<()> {
     if let Some(busy) = cpu_busy(std::time::Duration::from_millis(250)) {
@@ -202,22 +201,23 @@ fn measure(
         );
         rates.attention.insert(shape.key(), rate);
     }
-    for &ty in types {
+    for shape in shapes {
         let mut per_rows = Vec::new();
         for rows in PROBE_ROWS {
             per_rows.push(probe::matmul_rate(
                 b,
-                ty,
+                shape.ty,
                 rows,
-                1024,
-                1024,
+                shape.k,
+                shape.n,
                 PROBE_STREAM_BYTES,
                 PROBE_WINDOW_SECS,
                 rates.product_latency,
             )?);
         }
         eprintln!(
-            "[plan]   {ty} products: {} GMAC/s at {} rows",
+            "[plan]   {} products: {} GMAC/s at {} rows",
+            shape.key(),
             per_rows
                 .iter()
                 .map(|r| format!("{:.1}", r / 1e9))
@@ -225,7 +225,7 @@ fn measure(
                 .join(" / "),
             PROBE_ROWS.map(|r| r.to_string()).join(" / ")
         );
-        rates.matmul.insert(ty.to_string(), per_rows);
+        rates.matmul.insert(shape.key(), per_rows);
     }
     Ok(())
 }
@@ -250,23 +250,6 @@ fn cpu_busy(window: std::time::Duration) -> Option<f64> {
     let (t1, i1) = sample()?;
     let total = t1.checked_sub(t0).filter(|&t| t > 0)?;
     Some(1.0 - (i1.saturating_sub(i0)) as f64 / total as f64)
-}
-
-/// The weight types of `cost`'s matrices that can be probed (kiln writes them). Others (GPTQ's
-/// packed words) are predicted from their bytes alone.
-pub fn matrix_types(cost: &ModelCost) -> Vec<GgmlType> {
-    let mut types: Vec<GgmlType> = Vec::new();
-    for t in cost.tensors.iter().filter(|t| t.is_matrix()) {
-        if !types.contains(&t.ty) && kiln_quant::can_quantize(t.ty) {
-            types.push(t.ty);
-        }
-    }
-    if let Some(o) = cost.output() {
-        if !types.contains(&o.ty) && kiln_quant::can_quantize(o.ty) {
-            types.push(o.ty);
-        }
-    }
-    types
 }
 
 /// What a command will run: context positions per sequence (capped at the model's; tokens per

@@ -258,6 +258,34 @@ impl ModelCost {
         out
     }
 
+    /// The probe shape of each weight type of the model's matrices that kiln can write (GPTQ's
+    /// packed words are predicted from their bytes alone).
+    pub fn probe_shapes(&self) -> Vec<ProductShape> {
+        let mut largest: Vec<&TensorCost> = Vec::new();
+        let output = self.output();
+        let matrices = self.tensors.iter().filter(|t| t.is_matrix()).chain(output);
+        for t in matrices.filter(|t| kiln_quant::can_quantize(t.ty)) {
+            match largest.iter_mut().find(|l| l.ty == t.ty) {
+                Some(l) if l.bytes < t.bytes => *l = t,
+                Some(_) => {}
+                None => largest.push(t),
+            }
+        }
+        largest
+            .into_iter()
+            .map(|t| ProductShape {
+                ty: t.ty,
+                k: t.k as usize,
+                n: (t.n as usize).min(PROBE_MAX_ROWS),
+            })
+            .collect()
+    }
+
+    /// The probe shape of weight type `ty` in this model.
+    pub fn probe_shape(&self, ty: GgmlType) -> Option<ProductShape> {
+        self.probe_shapes().into_iter().find(|s| s.ty == ty)
+    }
+
     /// Bytes of the vectors (norms, biases) of `place`.
     pub fn vector_bytes(&self, place: Place) -> f64 {
         self.tensors
@@ -428,6 +456,27 @@ impl TensorCost {
     /// The token embedding table (the one embedding tensor with the vocabulary's rows).
     fn is_embedding_table(&self) -> bool {
         self.k > 1 && self.n > 1 && (self.name.contains("token") || self.name.contains("word"))
+    }
+}
+
+/// The matrix a product rate is probed on for one weight type: the shape of the model's
+/// largest matrix of that type, with at most [`PROBE_MAX_ROWS`] rows (a forward pass's own
+/// shapes: per-call costs and the memory streams differ between a 640×256 and a 2048×8192
+/// matrix).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProductShape {
+    pub ty: GgmlType,
+    pub k: usize,
+    pub n: usize,
+}
+
+/// Most rows of a probed matrix (an output projection's 262k rows stream as 8k do).
+pub const PROBE_MAX_ROWS: usize = 8192;
+
+impl ProductShape {
+    /// The key of its rates in the probe cache.
+    pub fn key(&self) -> String {
+        format!("{} {}x{}", self.ty, self.k, self.n)
     }
 }
 

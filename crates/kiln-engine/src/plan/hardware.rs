@@ -9,8 +9,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use kiln_core::GgmlType;
 use serde::{Deserialize, Serialize};
+
+use super::cost::ProductShape;
 
 /// Activation rows at which matrix products are probed: one (decode), a small batch, a tile
 /// regime, and a prompt chunk (where a float GEMM's packing of the weights is amortized over
@@ -18,7 +19,7 @@ use serde::{Deserialize, Serialize};
 pub const PROBE_ROWS: [usize; 4] = [1, 8, 128, 512];
 /// Changes whenever what the probes measure changes, so that older cached rates are measured
 /// again.
-const PROBE_VERSION: u32 = 2;
+const PROBE_VERSION: u32 = 3;
 /// Bytes of the set of matrices a product probe streams through: larger than the last-level
 /// cache of the machines kiln targets, as a forward pass streams its weights.
 pub const PROBE_STREAM_BYTES: usize = 128 << 20;
@@ -35,7 +36,8 @@ pub enum DeviceKind {
 pub struct Rates {
     /// Bytes per second its cores read from memory.
     pub bandwidth: f64,
-    /// Per weight type (its name): multiply-adds per second at each of [`PROBE_ROWS`].
+    /// Per probed matrix (`ProductShape::key`: type and shape): multiply-adds per second at each
+    /// of [`PROBE_ROWS`].
     pub matmul: BTreeMap<String, Vec<f64>>,
     /// Per attention shape (`AttentionShape::key`): multiply-adds per second over a prompt.
     pub attention: BTreeMap<String, f64>,
@@ -51,8 +53,8 @@ impl Rates {
     /// Multiply-adds per second of `ty` at `rows` rows: the probes interpolated linearly in
     /// rows between the probed row counts around `rows` (the last probe beyond them). `None`
     /// when `ty` was not probed.
-    pub fn matmul_rate(&self, ty: GgmlType, rows: usize) -> Option<f64> {
-        let rates = self.matmul.get(&ty.to_string())?;
+    pub fn matmul_rate(&self, shape: &ProductShape, rows: usize) -> Option<f64> {
+        let rates = self.matmul.get(&shape.key())?;
         let rows = rows.max(1) as f64;
         let points: Vec<(f64, f64)> = PROBE_ROWS
             .iter()
@@ -77,15 +79,13 @@ impl Rates {
         self.bandwidth > 0.0 && self.elementwise > 0.0
     }
 
-    /// Types with no probe yet among `types`.
-    pub fn missing(&self, types: &[GgmlType]) -> Vec<GgmlType> {
-        let mut out: Vec<GgmlType> = types
+    /// The shapes among `shapes` with no probe yet.
+    pub fn missing(&self, shapes: &[ProductShape]) -> Vec<ProductShape> {
+        shapes
             .iter()
             .copied()
-            .filter(|t| !self.matmul.contains_key(&t.to_string()))
-            .collect();
-        out.dedup();
-        out
+            .filter(|s| !self.matmul.contains_key(&s.key()))
+            .collect()
     }
 }
 
@@ -212,22 +212,30 @@ impl ProfileCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kiln_core::GgmlType;
 
     #[test]
     fn rates_interpolate_between_the_probed_rows() {
+        let q8 = ProductShape {
+            ty: GgmlType::Q8_0,
+            k: 640,
+            n: 2048,
+        };
+        let q4 = ProductShape {
+            ty: GgmlType::Q4_K,
+            k: 1024,
+            n: 640,
+        };
         let mut r = Rates::default();
-        r.matmul
-            .insert("Q8_0".into(), vec![10.0, 80.0, 200.0, 200.0]);
-        assert_eq!(r.matmul_rate(GgmlType::Q8_0, 1), Some(10.0));
-        assert_eq!(r.matmul_rate(GgmlType::Q8_0, 4), Some(40.0));
-        assert_eq!(r.matmul_rate(GgmlType::Q8_0, 8), Some(80.0));
-        assert_eq!(r.matmul_rate(GgmlType::Q8_0, 68), Some(140.0));
-        assert_eq!(r.matmul_rate(GgmlType::Q8_0, 512), Some(200.0));
-        assert_eq!(r.matmul_rate(GgmlType::Q4_K, 1), None);
-        assert_eq!(
-            r.missing(&[GgmlType::Q8_0, GgmlType::Q4_K]),
-            [GgmlType::Q4_K]
-        );
+        r.matmul.insert(q8.key(), vec![10.0, 80.0, 200.0, 200.0]);
+        assert_eq!(r.matmul_rate(&q8, 1), Some(10.0));
+        assert_eq!(r.matmul_rate(&q8, 4), Some(40.0));
+        assert_eq!(r.matmul_rate(&q8, 8), Some(80.0));
+        assert_eq!(r.matmul_rate(&q8, 68), Some(140.0));
+        assert_eq!(r.matmul_rate(&q8, 512), Some(200.0));
+        assert_eq!(r.matmul_rate(&q4, 1), None);
+        assert_eq!(r.matmul_rate(&ProductShape { n: 1024, ..q8 }, 1), None);
+        assert_eq!(r.missing(&[q8, q4]), [q4]);
     }
 
     #[test]

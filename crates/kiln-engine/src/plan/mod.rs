@@ -10,7 +10,7 @@ pub mod hardware;
 pub mod plans;
 pub mod probe;
 
-pub use cost::{ModelCost, ModelShape, Place, TensorCost};
+pub use cost::{ModelCost, ModelShape, Place, ProductShape, TensorCost};
 pub use hardware::{
     Device, DeviceKind, Hardware, ProfileCache, Rates, PROBE_ROWS, PROBE_STREAM_BYTES,
 };

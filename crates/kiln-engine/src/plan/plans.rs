@@ -210,7 +210,10 @@ fn decode_secs(cost: &ModelCost, dev: &Device, part: &Part, batch: usize, positi
     let mut secs = 0.0;
     for &place in &places {
         for p in cost.products(place, batch) {
-            let rate = r.matmul_rate(p.tensor.ty, batch).unwrap_or(f64::INFINITY);
+            let rate = cost
+                .probe_shape(p.tensor.ty)
+                .and_then(|shape| r.matmul_rate(&shape, batch))
+                .unwrap_or(f64::INFINITY);
             let compute = batch as f64 * p.macs_per_token / rate;
             secs += (p.bytes / r.bandwidth).max(compute);
         }
@@ -235,7 +238,10 @@ fn prefill_secs(cost: &ModelCost, dev: &Device, part: &Part, tokens: usize, seq:
     let mut secs = 0.0;
     for l in part.layers.clone() {
         for p in cost.products(Place::Layer(l), tokens) {
-            let rate = r.matmul_rate(p.tensor.ty, tokens).unwrap_or(f64::INFINITY);
+            let rate = cost
+                .probe_shape(p.tensor.ty)
+                .and_then(|shape| r.matmul_rate(&shape, tokens))
+                .unwrap_or(f64::INFINITY);
             secs += (p.bytes / r.bandwidth).max(tokens as f64 * p.macs_per_token / rate);
         }
     }
