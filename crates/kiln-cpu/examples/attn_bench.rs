@@ -10,7 +10,7 @@
 use std::time::Instant;
 
 use kiln_backend::{AttentionParams, Backend};
-use kiln_cpu::kernels::{simd_level, SimdLevel};
+use kiln_cpu::kernels::simd_level;
 use kiln_cpu::{CpuBackend, CpuTensor};
 use rayon::prelude::*;
 
@@ -40,7 +40,7 @@ fn main() {
         .num_threads(threads)
         .build()
         .unwrap();
-    let avx2 = simd_level() == SimdLevel::Avx2;
+    let avx2 = simd_level().has_avx2();
     println!(
         "attention, {HEADS} heads / {KV_HEADS} kv head of {HEAD_DIM}, {threads} threads, {:?}; best of {rounds}",
         simd_level()

@@ -102,9 +102,20 @@ pub struct CpuBackend {
 
 impl CpuBackend {
     /// A backend using `threads` threads (0 = one per available core) and the best SIMD level
-    /// this CPU supports.
+    /// this CPU supports, or the lower one that the environment variable `KILN_SIMD` names
+    /// (`scalar`, `avx2`, `avx512vnni`: to compare kernels on one machine; a level above the
+    /// CPU's gives the CPU's). An unknown `KILN_SIMD` is an error.
     pub fn new(threads: usize) -> Result<Self> {
-        Self::with_simd(threads, kernels::simd_level())
+        let level = match std::env::var("KILN_SIMD") {
+            Ok(name) => kernels::SimdLevel::parse(&name).ok_or_else(|| BackendError::Device {
+                backend: "cpu",
+                detail: format!(
+                    "KILN_SIMD={name:?} is not a SIMD level (scalar, avx2, avx512vnni)"
+                ),
+            })?,
+            Err(_) => kernels::simd_level(),
+        };
+        Self::with_simd(threads, level.min(kernels::simd_level()))
     }
 
     /// As [`CpuBackend::new`] at a given SIMD level (tests pin `Scalar` to compare paths).
@@ -161,7 +172,7 @@ impl CpuBackend {
 
     /// Whether AVX2 builds of the math loops may run (chosen level and CPU both allow it).
     pub(crate) fn avx2(&self) -> bool {
-        self.simd == SimdLevel::Avx2 && kernels::simd_level() == SimdLevel::Avx2
+        self.simd.has_avx2() && kernels::simd_level().has_avx2()
     }
 
     /// Layer norm of `x`, or of `residual + x`, with the weights as vectors.

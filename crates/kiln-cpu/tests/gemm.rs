@@ -18,10 +18,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use half::f16;
 use kiln_core::GgmlType;
 
-use kiln_cpu::kernels::{gemm_fn, quantize_fn, simd_level, SimdLevel};
+use kiln_cpu::kernels::{gemm_fn, gemm_fn_invariant, quantize_fn, simd_level, SimdLevel};
 
 mod common;
-use common::quant::{avx2_available, scale_fields, Field, Rng, WEIGHT_TYPES};
+use common::quant::{avx2_available, scale_fields, vnni_available, Field, Rng, WEIGHT_TYPES};
 
 /// The types with an AVX2 tile kernel (the others loop over the AVX2 row dot).
 const TILED: [GgmlType; 8] = [
@@ -238,9 +238,15 @@ fn scalar_gemm_is_the_vec_dot_loop() {
     }
 }
 
-/// Checks the AVX2 GEMM of every `rows x cols` prefix (1..=9 each) of `w` x `a` (9 rows and 9
-/// columns), and of the whole of `big_w` x `big_a` (37 x 23), against the scalar GEMM.
-fn check_against_scalar(ty: GgmlType, k: usize, weights: &dyn Fn(usize) -> Vec<u8>, rng: &mut Rng) {
+/// Checks the GEMM at `level` of every `rows x cols` prefix (1..=9 each) of `w` x `a` (9 rows and
+/// 9 columns), and of the whole of `big_w` x `big_a` (37 x 23), against the scalar GEMM.
+fn check_against_scalar(
+    level: SimdLevel,
+    ty: GgmlType,
+    k: usize,
+    weights: &dyn Fn(usize) -> Vec<u8>,
+    rng: &mut Rng,
+) {
     let (w, a) = (weights(9), activations(ty, 9, k, rng));
     let (w_row, a_row) = (w.len() / 9, a.len() / 9);
     let expected = run(SimdLevel::Scalar, ty, k, &w, 9, &a, 9, 9);
@@ -249,7 +255,7 @@ fn check_against_scalar(ty: GgmlType, k: usize, weights: &dyn Fn(usize) -> Vec<u
         for cols in 1..=9 {
             let ldo = rows + 1 + (rows + cols) % 3;
             let got = run(
-                SimdLevel::Avx2,
+                level,
                 ty,
                 k,
                 first(&w, rows, w_row),
@@ -263,7 +269,7 @@ fn check_against_scalar(ty: GgmlType, k: usize, weights: &dyn Fn(usize) -> Vec<u
                     let (g, e, t) = (got[c * rows + r], expected[c * 9 + r], tol[c * 9 + r]);
                     assert!(
                         (g - e).abs() <= t,
-                        "{ty} k={k} {rows}x{cols}, row {r} col {c}: avx2 {g} vs scalar {e} \
+                        "{ty} k={k} {rows}x{cols}, row {r} col {c}: {level:?} {g} vs scalar {e} \
                          (tolerance {t})"
                     );
                 }
@@ -273,12 +279,12 @@ fn check_against_scalar(ty: GgmlType, k: usize, weights: &dyn Fn(usize) -> Vec<u
     let (rows, cols) = (37, 23);
     let (w, a) = (weights(rows), activations(ty, cols, k, rng));
     let expected = run(SimdLevel::Scalar, ty, k, &w, rows, &a, cols, rows);
-    let got = run(SimdLevel::Avx2, ty, k, &w, rows, &a, cols, rows + 5);
+    let got = run(level, ty, k, &w, rows, &a, cols, rows + 5);
     let tol = tolerances(ty, k, &w, rows, &a, cols);
     for i in 0..rows * cols {
         assert!(
             (got[i] - expected[i]).abs() <= tol[i],
-            "{ty} k={k} {rows}x{cols}, row {} col {}: avx2 {} vs scalar {} (tolerance {})",
+            "{ty} k={k} {rows}x{cols}, row {} col {}: {level:?} {} vs scalar {} (tolerance {})",
             i % rows,
             i / rows,
             got[i],
@@ -293,12 +299,15 @@ fn avx2_gemm_of_quantized_weights_matches_the_scalar_loop() {
     if !avx2_available("avx2_gemm_of_quantized_weights_matches_the_scalar_loop") {
         return;
     }
+    vnni_available("avx2_gemm_of_quantized_weights_matches_the_scalar_loop");
     let mut rng = Rng::new(2);
     for ty in WEIGHT_TYPES {
         for k in lengths(ty) {
             let seed = rng.next_u64();
             let weights = |rows| quantized_weights(ty, rows, k, &mut Rng::new(seed));
-            check_against_scalar(ty, k, &weights, &mut rng);
+            for level in simd_levels() {
+                check_against_scalar(level, ty, k, &weights, &mut rng);
+            }
         }
     }
 }
@@ -308,12 +317,15 @@ fn avx2_gemm_of_raw_weights_matches_the_scalar_loop() {
     if !avx2_available("avx2_gemm_of_raw_weights_matches_the_scalar_loop") {
         return;
     }
+    vnni_available("avx2_gemm_of_raw_weights_matches_the_scalar_loop");
     let mut rng = Rng::new(3);
     for ty in WEIGHT_TYPES {
         for k in lengths(ty) {
             let seed = rng.next_u64();
             let weights = |rows| raw_weights(ty, rows, k, None, &mut Rng::new(seed));
-            check_against_scalar(ty, k, &weights, &mut rng);
+            for level in simd_levels() {
+                check_against_scalar(level, ty, k, &weights, &mut rng);
+            }
         }
     }
 }
@@ -348,16 +360,19 @@ fn avx2_gemm_handles_extreme_quants() {
                 quantize_fn(act_ty, simd_level()).unwrap()(&x, out);
             }
             let expected = run(SimdLevel::Scalar, ty, k, &w, rows, &a, cols, rows);
-            let got = run(SimdLevel::Avx2, ty, k, &w, rows, &a, cols, rows);
             let tol = tolerances(ty, k, &w, rows, &a, cols);
-            for i in 0..rows * cols {
-                assert!(
-                    (got[i] - expected[i]).abs() <= tol[i],
-                    "{ty} fill {fill:#x} output {i}: avx2 {} vs scalar {} (tolerance {})",
-                    got[i],
-                    expected[i],
-                    tol[i]
-                );
+            for level in simd_levels() {
+                let got = run(level, ty, k, &w, rows, &a, cols, rows);
+                for i in 0..rows * cols {
+                    assert!(
+                        (got[i] - expected[i]).abs() <= tol[i],
+                        "{ty} fill {fill:#x} output {i}: {level:?} {} vs scalar {} \
+                         (tolerance {})",
+                        got[i],
+                        expected[i],
+                        tol[i]
+                    );
+                }
             }
         }
     }
@@ -384,6 +399,9 @@ fn gemm_reads_misaligned_slices() {
     let mut levels = vec![SimdLevel::Scalar];
     if avx2_available("gemm_reads_misaligned_slices") {
         levels.push(SimdLevel::Avx2);
+    }
+    if simd_level() == SimdLevel::Avx512Vnni {
+        levels.push(SimdLevel::Avx512Vnni);
     }
     let mut rng = Rng::new(5);
     for &level in &levels {
@@ -426,6 +444,9 @@ fn gemm_of_nothing_writes_nothing_or_zeros() {
     if avx2_available("gemm_of_nothing_writes_nothing_or_zeros") {
         levels.push(SimdLevel::Avx2);
     }
+    if simd_level() == SimdLevel::Avx512Vnni {
+        levels.push(SimdLevel::Avx512Vnni);
+    }
     for &level in &levels {
         for ty in WEIGHT_TYPES {
             let gemm = gemm_fn(ty, level).unwrap();
@@ -461,6 +482,9 @@ fn wrong_lengths_panic_instead_of_reading_or_writing_out_of_bounds() {
     let mut levels = vec![SimdLevel::Scalar];
     if avx2_available("wrong_lengths_panic_instead_of_reading_or_writing_out_of_bounds") {
         levels.push(SimdLevel::Avx2);
+    }
+    if simd_level() == SimdLevel::Avx512Vnni {
+        levels.push(SimdLevel::Avx512Vnni);
     }
     let mut rng = Rng::new(7);
     for &level in &levels {
@@ -505,22 +529,82 @@ fn gemm_gives_the_same_results_on_every_thread() {
         let (rows, cols) = (19, 7);
         let w = raw_weights(ty, rows, k, None, &mut rng);
         let a = activations(ty, cols, k, &mut rng);
-        let here = run(SimdLevel::Avx2, ty, k, &w, rows, &a, cols, rows);
-        let there = std::thread::scope(|s| {
-            s.spawn(|| {
-                // A larger call first, so that the scratch holds stale data of another shape.
-                let big = raw_weights(ty, 40, 2 * k, None, &mut Rng::new(9));
-                let big_a = activations(ty, 11, 2 * k, &mut Rng::new(10));
-                run(SimdLevel::Avx2, ty, 2 * k, &big, 40, &big_a, 11, 40);
-                run(SimdLevel::Avx2, ty, k, &w, rows, &a, cols, rows)
-            })
-            .join()
-            .unwrap()
-        });
-        let same = here
-            .iter()
-            .zip(&there)
-            .all(|(x, y)| x.to_bits() == y.to_bits());
-        assert!(same, "{ty}");
+        for level in simd_levels() {
+            let here = run(level, ty, k, &w, rows, &a, cols, rows);
+            let there = std::thread::scope(|s| {
+                s.spawn(|| {
+                    // A larger call first, so that the scratch holds stale data of another shape.
+                    let big = raw_weights(ty, 40, 2 * k, None, &mut Rng::new(9));
+                    let big_a = activations(ty, 11, 2 * k, &mut Rng::new(10));
+                    run(level, ty, 2 * k, &big, 40, &big_a, 11, 40);
+                    run(level, ty, k, &w, rows, &a, cols, rows)
+                })
+                .join()
+                .unwrap()
+            });
+            let same = here
+                .iter()
+                .zip(&there)
+                .all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{ty} {level:?}");
+        }
+    }
+}
+
+/// The SIMD levels above scalar that this CPU runs: AVX2, and AVX-512 VNNI where it has it.
+fn simd_levels() -> Vec<SimdLevel> {
+    let mut levels = vec![SimdLevel::Avx2];
+    if simd_level() == SimdLevel::Avx512Vnni {
+        levels.push(SimdLevel::Avx512Vnni);
+    }
+    levels
+}
+
+#[test]
+fn vnni_tile_kernels_are_bit_identical_to_the_avx2_ones() {
+    // The VNNI kernels form the same exact integer sums as the AVX2 ones and share their f32
+    // steps, so every output must have the same bits: on quantized weights, raw bytes and the
+    // extreme fills, for every tile shape and remainder (rows 1..=18 cover one and two panels
+    // and a partial panel; cols 1..=9 the 4-row tiles and their 3, 2 and 1-row ends).
+    if !vnni_available("vnni_tile_kernels_are_bit_identical_to_the_avx2_ones") {
+        return;
+    }
+    let mut rng = Rng::new(11);
+    for ty in TILED {
+        let avx2 = gemm_fn_invariant(ty, SimdLevel::Avx2).unwrap();
+        let vnni = gemm_fn_invariant(ty, SimdLevel::Avx512Vnni).unwrap();
+        assert_ne!(avx2 as usize, vnni as usize, "{ty}: no VNNI kernel");
+        for k in lengths(ty) {
+            let sets: Vec<Vec<u8>> = vec![
+                quantized_weights(ty, 18, k, &mut rng),
+                raw_weights(ty, 18, k, None, &mut rng),
+                raw_weights(ty, 18, k, Some(0xff), &mut rng),
+                raw_weights(ty, 18, k, Some(0x80), &mut rng),
+            ];
+            let a = activations(ty, 9, k, &mut rng);
+            let a_row = a.len() / 9;
+            for w in &sets {
+                let w_row = w.len() / 18;
+                for rows in 1..=18 {
+                    for cols in 1..=9 {
+                        let w = first(w, rows, w_row);
+                        let a = first(&a, cols, a_row);
+                        let mut x = vec![SENTINEL; rows * cols];
+                        let mut y = vec![SENTINEL; rows * cols];
+                        avx2(k, w, rows, a, cols, &mut x, rows);
+                        vnni(k, w, rows, a, cols, &mut y, rows);
+                        for i in 0..rows * cols {
+                            assert_eq!(
+                                x[i].to_bits(),
+                                y[i].to_bits(),
+                                "{ty} k={k} {rows}x{cols} output {i}: avx2 {} vs vnni {}",
+                                x[i],
+                                y[i]
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 }

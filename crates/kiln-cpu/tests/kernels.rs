@@ -24,7 +24,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use half::f16;
 use kiln_core::GgmlType;
-use kiln_cpu::kernels::{quantize_fn, simd_level, vec_dot_fn, SimdLevel};
+use kiln_cpu::kernels::{gemm_fn, quantize_fn, simd_level, vec_dot_fn, SimdLevel};
 
 mod common;
 use common::quant::{avx2_available, scale_fields, Field, Rng, WEIGHT_TYPES};
@@ -201,11 +201,20 @@ fn lengths(ty: GgmlType) -> Vec<usize> {
 #[test]
 fn simd_level_is_what_the_cpu_has() {
     #[cfg(target_arch = "x86_64")]
+    let avx512_vnni = is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni");
+    #[cfg(target_arch = "x86_64")]
     let expected = if is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
         && is_x86_feature_detected!("f16c")
     {
-        SimdLevel::Avx2
+        if avx512_vnni {
+            SimdLevel::Avx512Vnni
+        } else {
+            SimdLevel::Avx2
+        }
     } else {
         SimdLevel::Scalar
     };
@@ -217,7 +226,7 @@ fn simd_level_is_what_the_cpu_has() {
 
 #[test]
 fn unsupported_types_are_refused_at_every_level() {
-    for level in [SimdLevel::Scalar, SimdLevel::Avx2] {
+    for level in [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512Vnni] {
         for ty in [GgmlType::IQ2_XXS, GgmlType::I32, GgmlType::MXFP4] {
             assert!(vec_dot_fn(ty, level).is_err(), "{ty} at {level:?}");
         }
@@ -504,6 +513,26 @@ fn wrong_lengths_panic_instead_of_reading_out_of_bounds() {
             assert!(catch_unwind(AssertUnwindSafe(|| quantize(&x, &mut short))).is_err());
             let mut out = vec![0u8; bytes];
             assert!(catch_unwind(AssertUnwindSafe(|| quantize(&x[..255], &mut out))).is_err());
+        }
+    }
+}
+
+#[test]
+fn simd_levels_are_ordered_and_parsed_by_name() {
+    assert!(SimdLevel::Scalar < SimdLevel::Avx2 && SimdLevel::Avx2 < SimdLevel::Avx512Vnni);
+    assert!(!SimdLevel::Scalar.has_avx2());
+    assert!(SimdLevel::Avx2.has_avx2() && SimdLevel::Avx512Vnni.has_avx2());
+    assert_eq!(SimdLevel::parse("scalar"), Some(SimdLevel::Scalar));
+    assert_eq!(SimdLevel::parse("AVX2"), Some(SimdLevel::Avx2));
+    assert_eq!(SimdLevel::parse("avx512vnni"), Some(SimdLevel::Avx512Vnni));
+    assert_eq!(SimdLevel::parse("avx512"), None);
+    assert_eq!(SimdLevel::parse(""), None);
+    // A level above the CPU's hands out the CPU's kernels: asking for VNNI on an AVX2-only CPU
+    // gives the AVX2 GEMM, never an instruction the CPU lacks.
+    if simd_level() == SimdLevel::Avx2 {
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_K] {
+            let vnni = gemm_fn(ty, SimdLevel::Avx512Vnni).unwrap() as usize;
+            assert_eq!(vnni, gemm_fn(ty, SimdLevel::Avx2).unwrap() as usize, "{ty}");
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Row-dot kernels of quantized weights against quantized activations, GEMM tile kernels built on
 //! the same arithmetic, and the activation quantizers, chosen once at run time (AVX2+FMA+F16C on
-//! x86-64, the scalar reference of kiln-quant everywhere else).
+//! x86-64, with AVX-512 VNNI tile kernels where the CPU has them, the scalar reference of
+//! kiln-quant everywhere else).
 //!
 //! The matmul driver asks for a kernel once per op ([`vec_dot_fn`], [`gemm_fn`], [`quantize_fn`])
 //! and calls the returned plain `fn` in its hottest loop, so the kernels return no `Result` and
@@ -21,8 +22,14 @@
 //! - **Activations come from the quantizers.** The AVX2 integer dots use the `maddubs` sign trick,
 //!   exact for activation quants in -127..=127 and Q8_K `bsums` that match their quants: what the
 //!   quantizers produce. Weight bytes may be anything.
-//! - **The SIMD level never exceeds the CPU.** Asking for [`SimdLevel::Avx2`] on a CPU without
-//!   AVX2+FMA+F16C (or off x86-64) gives the scalar kernel, so every returned `fn` is safe to call.
+//! - **The SIMD level never exceeds the CPU.** Asking for a level the CPU lacks gives the kernel
+//!   of the best level it has ([`SimdLevel::Avx512Vnni`] on an AVX2-only CPU gives the AVX2
+//!   kernel, [`SimdLevel::Avx2`] off x86-64 the scalar one), so every returned `fn` is safe to
+//!   call.
+//! - **VNNI changes no value.** A VNNI tile kernel forms the same exact integer block sums as the
+//!   AVX2 tile kernel of its format and then runs the same f32 steps in the same order, so the
+//!   two are bit-identical (tested), and batch-invariant mode may mix either with the AVX2
+//!   one-row products.
 
 use std::sync::OnceLock;
 
@@ -34,13 +41,35 @@ mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-/// The instruction sets a kernel may use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The instruction sets a kernel may use, each level including the ones before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum SimdLevel {
     /// Portable Rust: kiln-quant's reference.
     Scalar,
     /// x86-64 with AVX2, FMA and F16C.
     Avx2,
+    /// AVX2 plus AVX-512 F, BW, VL and VNNI (Zen 4, Ice Lake and later Xeons): the integer GEMM
+    /// tiles use `vpdpbusd` (four u8 x i8 products added into an i32 lane in one instruction)
+    /// on 256-bit vectors and the 32 vector registers of AVX-512. Every other kernel is the AVX2
+    /// one.
+    Avx512Vnni,
+}
+
+impl SimdLevel {
+    /// Whether kernels of this level may use AVX2+FMA+F16C (true from [`SimdLevel::Avx2`] up).
+    pub fn has_avx2(self) -> bool {
+        self >= SimdLevel::Avx2
+    }
+
+    /// The level named `scalar`, `avx2` or `avx512vnni` (any case), as `KILN_SIMD` takes it.
+    pub fn parse(name: &str) -> Option<SimdLevel> {
+        match name.to_ascii_lowercase().as_str() {
+            "scalar" => Some(SimdLevel::Scalar),
+            "avx2" => Some(SimdLevel::Avx2),
+            "avx512vnni" => Some(SimdLevel::Avx512Vnni),
+            _ => None,
+        }
+    }
 }
 
 /// The best level this CPU supports, detected once.
@@ -52,6 +81,9 @@ pub fn simd_level() -> SimdLevel {
 fn detect() -> SimdLevel {
     #[cfg(target_arch = "x86_64")]
     if x86::cpu_has_avx2_fma_f16c() {
+        if x86::cpu_has_avx512_vnni() {
+            return SimdLevel::Avx512Vnni;
+        }
         return SimdLevel::Avx2;
     }
     SimdLevel::Scalar
@@ -60,10 +92,7 @@ fn detect() -> SimdLevel {
 /// `level`, lowered to what this CPU really has: handing out an AVX2 kernel on a CPU without AVX2
 /// would be undefined behaviour.
 fn usable(level: SimdLevel) -> SimdLevel {
-    match level {
-        SimdLevel::Avx2 if simd_level() == SimdLevel::Avx2 => SimdLevel::Avx2,
-        _ => SimdLevel::Scalar,
-    }
+    level.min(simd_level())
 }
 
 /// Signature of a row-dot kernel: (n elements, weight row bytes, activation row bytes) -> dot.
@@ -79,9 +108,9 @@ pub fn vec_dot_fn(ty: GgmlType, level: SimdLevel) -> Result<VecDotFn, QuantError
     Ok(match usable(level) {
         SimdLevel::Scalar => reference,
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2 => x86::vec_dot_fn(ty).unwrap_or(reference),
+        SimdLevel::Avx2 | SimdLevel::Avx512Vnni => x86::vec_dot_fn(ty).unwrap_or(reference),
         #[cfg(not(target_arch = "x86_64"))]
-        SimdLevel::Avx2 => reference,
+        SimdLevel::Avx2 | SimdLevel::Avx512Vnni => reference,
     })
 }
 
@@ -111,8 +140,10 @@ pub fn gemm_fn(ty: GgmlType, level: SimdLevel) -> Result<GemmFn, QuantError> {
         SimdLevel::Scalar => reference,
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx2 => x86::gemm_fn(ty).unwrap_or(reference),
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512Vnni => x86::gemm_fn_vnni(ty).unwrap_or(reference),
         #[cfg(not(target_arch = "x86_64"))]
-        SimdLevel::Avx2 => reference,
+        SimdLevel::Avx2 | SimdLevel::Avx512Vnni => reference,
     })
 }
 
@@ -125,8 +156,10 @@ pub fn gemm_fn_invariant(ty: GgmlType, level: SimdLevel) -> Result<GemmFn, Quant
         SimdLevel::Scalar => reference,
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx2 => x86::gemm_fn_invariant(ty).unwrap_or(reference),
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512Vnni => x86::gemm_fn_invariant_vnni(ty).unwrap_or(reference),
         #[cfg(not(target_arch = "x86_64"))]
-        SimdLevel::Avx2 => reference,
+        SimdLevel::Avx2 | SimdLevel::Avx512Vnni => reference,
     })
 }
 
@@ -143,9 +176,9 @@ pub fn rows_exact_fn(ty: GgmlType, level: SimdLevel) -> Option<RowsFn> {
     match usable(level) {
         SimdLevel::Scalar => None,
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2 => x86::rows_exact_fn(ty),
+        SimdLevel::Avx2 | SimdLevel::Avx512Vnni => x86::rows_exact_fn(ty),
         #[cfg(not(target_arch = "x86_64"))]
-        SimdLevel::Avx2 => None,
+        SimdLevel::Avx2 | SimdLevel::Avx512Vnni => None,
     }
 }
 
@@ -162,8 +195,8 @@ pub fn quantize_fn(act_ty: GgmlType, level: SimdLevel) -> Result<QuantizeFn, Qua
     Ok(match usable(level) {
         SimdLevel::Scalar => reference,
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2 => x86::quantize_fn(act_ty).unwrap_or(reference),
+        SimdLevel::Avx2 | SimdLevel::Avx512Vnni => x86::quantize_fn(act_ty).unwrap_or(reference),
         #[cfg(not(target_arch = "x86_64"))]
-        SimdLevel::Avx2 => reference,
+        SimdLevel::Avx2 | SimdLevel::Avx512Vnni => reference,
     })
 }

@@ -119,9 +119,18 @@ pub fn scale_fields(ty: GgmlType) -> Vec<(usize, Field)> {
 }
 
 pub fn avx2_available(test: &str) -> bool {
-    let ok = simd_level() == SimdLevel::Avx2;
+    let ok = simd_level().has_avx2();
     if !ok {
         println!("{test}: skipping its AVX2 part, this CPU lacks AVX2+FMA+F16C");
+    }
+    ok
+}
+
+/// Whether the CPU runs the AVX-512 VNNI kernels; says so when a test skips them.
+pub fn vnni_available(test: &str) -> bool {
+    let ok = simd_level() == SimdLevel::Avx512Vnni;
+    if !ok {
+        println!("{test}: skipping its VNNI part, this CPU lacks AVX-512 F/BW/VL/VNNI");
     }
     ok
 }

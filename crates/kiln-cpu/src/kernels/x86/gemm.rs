@@ -13,6 +13,15 @@
 //! Q5_K, Q6_K). With fewer activation rows than unpacking pays for (`Format::MIN_COLS`: 3 or 4
 //! for the k-quants, whose scales are slow to unpack) a call loops over the AVX2 row dot instead.
 //!
+//! **VNNI variants** (`Blocks32Vnni`, `SuperBlocksVnni`, on CPUs with AVX-512 F/BW/VL/VNNI): the
+//! same panels (Q8_0's quants stored biased, `q + 128`, so that they are unsigned; the k-quants'
+//! scales as plain i32 lanes), but one `vpdpbusd` per chunk, panel and activation row adds the
+//! four u8 x i8 products straight into an i32 lane: no i16 stage, no groups, no sign trick. An
+//! offset (the format's, or Q8_0's bias) is taken off the block's or sub-block's i32 sum as
+//! `offset * sum(a)`, precomputed per activation block. With AVX-512's 32 vector registers the
+//! micro-tile is 2 panels x 4 activation rows. The i32 sums are the same exact integers as the
+//! AVX2 kernel's and the f32 steps after them are shared code, so the results are bit-identical.
+//!
 //! Invariants:
 //!
 //! - **Exact integers.** Weight quants are unpacked unsigned, except Q8_0's, which keep their sign
@@ -48,10 +57,12 @@ mod superblocks;
 
 /// Weight rows per panel: one per 32-bit lane.
 const PANEL_ROWS: usize = 8;
-/// The most panels of a micro-tile (see `Format::WIDE`).
+/// The most panels of a micro-tile (see `Format::SHAPE`).
 const MAX_PANELS: usize = 2;
 /// Bytes of the quants of 32 elements of a panel: 8 chunks of 8 rows x 4 quants.
 const PIECE: usize = 256;
+/// Most activation rows for which a call prefetches the next tile's weights (see `drive`).
+const PREFETCH_MAX_COLS: usize = 16;
 
 /// One aligned 32-byte line of the panel scratch.
 #[derive(Clone, Copy)]
@@ -82,12 +93,14 @@ trait Format {
     const PANEL_LINES: usize;
     /// 32-bit words of precomputed factors per activation block (0: `tile` reads none).
     const FACTOR_WORDS: usize;
-    /// Whether the micro-tile is 2 panels x 2 activation rows (each broadcast of activation
-    /// quants then serves two weight chunks) rather than 1 panel x 4 activation rows. Either way
-    /// its i16 sums, i32 sums and f32 accumulators (12 registers), weight chunks and a broadcast
-    /// fit the 16 AVX2 registers; which is faster depends on the format's work per block
-    /// (measured with `examples/gemm_bench.rs`).
-    const WIDE: bool;
+    /// The micro-tile: 1 panel x 4 activation rows, or 2 panels x 2 activation rows (each
+    /// broadcast of activation quants then serves two weight chunks); either way its i16 sums,
+    /// i32 sums and f32 accumulators (12 registers), weight chunks and a broadcast fit the 16 AVX2
+    /// registers, and which is faster depends on the format's work per block (measured with
+    /// `examples/gemm_bench.rs`). The VNNI kernels, with 32 registers, take 2 panels x 4 rows.
+    const SHAPE: Shape;
+    /// Whether `tile` needs AVX-512 F/BW/VL/VNNI (the call then runs `drive_vnni`).
+    const VNNI: bool;
     /// Fewest activation rows for which the tile kernel beats the row dots: below it, unpacking
     /// the panels costs more than it saves and the call loops over `ROW_DOT` instead (crossovers
     /// measured with `examples/gemm_bench.rs`).
@@ -123,6 +136,23 @@ trait Format {
         acts: &[*const u8; NR],
         factors: &[*const u32; NR],
     ) -> [[__m256; NR]; NP];
+}
+
+/// Panels x activation rows of a micro-tile (see `Format::SHAPE`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    Narrow,
+    Wide,
+    Big,
+}
+
+impl Shape {
+    const fn panels(self) -> usize {
+        match self {
+            Shape::Narrow => 1,
+            Shape::Wide | Shape::Big => 2,
+        }
+    }
 }
 
 /// Pointers and sizes of one GEMM call, lengths already checked by `gemm_shape`.
@@ -185,25 +215,49 @@ fn tiled<F: Format, const ALWAYS: bool>(
             out: out.as_mut_ptr(),
             ldo,
         };
-        // SAFETY: the CPU has AVX2+FMA+F16C (module invariant of `x86`: this fn is handed out
-        // only after detection); `gemm_shape` checked that `w`, `a` and `out` hold exactly what
-        // `call` describes, and the scratch was just sized for `MAX_PANELS` panels of `blocks`
-        // blocks and `cols * blocks` blocks of factors.
+        let (panels, factors) = (
+            scratch.panels.as_mut_ptr().cast(),
+            scratch.factors.as_mut_ptr(),
+        );
+        // SAFETY: the CPU has AVX2+FMA+F16C, and AVX-512 F/BW/VL/VNNI for a VNNI format (module
+        // invariant of `x86`: these fns are handed out only after detection); `gemm_shape`
+        // checked that `w`, `a` and `out` hold exactly what `call` describes, and the scratch was
+        // just sized for `MAX_PANELS` panels of `blocks` blocks and `cols * blocks` blocks of
+        // factors.
         unsafe {
-            drive::<F>(
-                &call,
-                scratch.panels.as_mut_ptr().cast(),
-                scratch.factors.as_mut_ptr(),
-            )
+            if F::VNNI {
+                drive_vnni::<F>(&call, panels, factors)
+            } else {
+                drive_avx2::<F>(&call, panels, factors)
+            }
         }
     })
 }
 
+/// `drive` compiled for AVX2 formats.
+///
 /// # Safety
-/// AVX2+FMA+F16C; `call` describes readable weights and activations and writable outputs (as
-/// `gemm_shape` checks), `panels` has `MAX_PANELS * blocks * PANEL_LINES` lines and `factors`
-/// room for `cols * blocks * FACTOR_WORDS` words.
+/// As `drive`.
 #[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn drive_avx2<F: Format>(call: &Call, panels: *mut u8, factors: *mut u32) {
+    drive::<F>(call, panels, factors)
+}
+
+/// `drive` compiled for VNNI formats, so that their `tile` inlines.
+///
+/// # Safety
+/// As `drive`, on a CPU with AVX-512 F/BW/VL/VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn drive_vnni<F: Format>(call: &Call, panels: *mut u8, factors: *mut u32) {
+    drive::<F>(call, panels, factors)
+}
+
+/// # Safety
+/// AVX2+FMA+F16C (and AVX-512 F/BW/VL/VNNI for a VNNI format); `call` describes readable
+/// weights and activations and writable outputs (as `gemm_shape` checks), `panels` has
+/// `MAX_PANELS * blocks * PANEL_LINES` lines and `factors` room for
+/// `cols * blocks * FACTOR_WORDS` words.
+#[inline(always)]
 unsafe fn drive<F: Format>(call: &Call, panels: *mut u8, factors: *mut u32) {
     if F::FACTOR_WORDS > 0 {
         for c in 0..call.cols {
@@ -214,58 +268,72 @@ unsafe fn drive<F: Format>(call: &Call, panels: *mut u8, factors: *mut u32) {
             }
         }
     }
-    let tile_rows = if F::WIDE { 2 } else { 1 } * PANEL_ROWS;
-    // After packing a tile, the next tile's weight rows (contiguous bytes) are requested, so that
-    // they stream in while this one is multiplied: with few activation rows (batched decode) the
-    // weights come from memory, and packing stalled on them (about half the time of the 262k-row
-    // Q8_0 output projection at 8 rows; +5-10% tok/s at `kiln bench -b 8`). Requested before
-    // packing instead, they compete with the packing's own loads and gained nothing.
+    let tile_rows = F::SHAPE.panels() * PANEL_ROWS;
+    // With few activation rows (batched decode) the weights come from memory and packing
+    // stalled on them (about half the time of the 262k-row Q8_0 output projection at 8 rows).
+    // So while a tile is packed, the next tile's weight rows (contiguous bytes) are requested a
+    // few lines per block, spread over the packing rather than in one burst that overflows the
+    // core's outstanding misses: 19.6 -> 15.2 ms for that product at 8 rows and 2 threads
+    // (`examples/gemv_bench.rs 2 8`), 236 -> 268 tok/s at `kiln bench -b 8`. With many rows the
+    // weights are reused from cache and the requests would only cost.
+    let ahead = if call.cols <= PREFETCH_MAX_COLS {
+        tile_rows
+    } else {
+        0
+    };
     for r0 in (0..call.rows).step_by(tile_rows) {
-        if F::WIDE && call.rows - r0 > PANEL_ROWS {
-            pack::<F, 2>(call, panels, r0);
-            prefetch_rows(call, r0 + tile_rows, tile_rows);
-            tiles::<F, 2, 2>(call, panels, factors, r0);
+        if F::SHAPE.panels() == 2 && call.rows - r0 > PANEL_ROWS {
+            pack::<F, 2>(call, panels, r0, r0 + tile_rows, ahead);
+            if F::SHAPE == Shape::Big {
+                tiles::<F, 2, 4>(call, panels, factors, r0);
+            } else {
+                tiles::<F, 2, 2>(call, panels, factors, r0);
+            }
         } else {
-            pack::<F, 1>(call, panels, r0);
-            prefetch_rows(call, r0 + tile_rows, tile_rows);
+            pack::<F, 1>(call, panels, r0, r0 + tile_rows, ahead);
             tiles::<F, 1, 4>(call, panels, factors, r0);
         }
     }
 }
 
-/// Prefetches the weight rows `r0..r0 + count` (clipped to the call's rows), one request per
-/// 64-byte line.
-///
-/// # Safety
-/// As `drive` (the requests stay inside the call's weight rows; a prefetch never faults anyway).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn prefetch_rows(call: &Call, r0: usize, count: usize) {
-    let end = (r0 + count).min(call.rows);
-    if r0 >= end {
-        return;
-    }
-    for at in (r0 * call.w_row..end * call.w_row).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T0>(call.w.add(at).cast());
-    }
-}
-
 /// Packs the NP panels of rows `r0..r0 + 8 NP` (rows past the end repeat the last row) into
-/// `panels`, block `b` of panel `i` at line `(b * NP + i) * PANEL_LINES`.
+/// `panels`, block `b` of panel `i` at line `(b * NP + i) * PANEL_LINES`, and requests the
+/// weight rows `ahead..ahead + ahead_rows` (clipped to the call's rows), a few 64-byte lines
+/// before each block.
 ///
 /// # Safety
-/// As `drive`, with `r0 < rows`.
+/// As `drive`, with `r0 < rows` (the requests stay inside the call's weight rows; a prefetch
+/// never faults anyway).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pack<F: Format, const NP: usize>(call: &Call, panels: *mut u8, r0: usize) {
+unsafe fn pack<F: Format, const NP: usize>(
+    call: &Call,
+    panels: *mut u8,
+    r0: usize,
+    ahead: usize,
+    ahead_rows: usize,
+) {
     let panel_block = F::PANEL_LINES * 32;
     let last = call.rows - 1;
+    let ahead_end = (ahead + ahead_rows).min(call.rows);
+    let (mut cursor, end) = if ahead < ahead_end {
+        (ahead * call.w_row, ahead_end * call.w_row)
+    } else {
+        (0, 0)
+    };
+    let per_block = (end - cursor).div_ceil(64 * NP * call.blocks);
     for i in 0..NP {
         let mut src: [*const u8; PANEL_ROWS] = std::array::from_fn(|r| {
             let row = (r0 + i * PANEL_ROWS + r).min(last);
             call.w.add(row * call.w_row)
         });
         for b in 0..call.blocks {
+            for _ in 0..per_block {
+                if cursor < end {
+                    _mm_prefetch::<_MM_HINT_T0>(call.w.add(cursor).cast());
+                    cursor += 64;
+                }
+            }
             F::pack(&src, panels.add((b * NP + i) * panel_block));
             // Past the last block the pointers are never read: hence `wrapping_add`.
             src = src.map(|p| p.wrapping_add(F::W_BLOCK));
@@ -502,6 +570,22 @@ gemm_entries! {
     q5_k, q5_k_always => superblocks::SuperBlocks<superblocks::Q5K>;
     /// Q6_K weights x Q8_K activations.
     q6_k, q6_k_always => superblocks::SuperBlocks<superblocks::Q6K>;
+    /// Q4_0 weights x Q8_0 activations, VNNI.
+    q4_0_vnni, q4_0_vnni_always => blocks32::Blocks32Vnni<blocks32::Q4_0>;
+    /// Q4_1 weights x Q8_1 activations, VNNI.
+    q4_1_vnni, q4_1_vnni_always => blocks32::Blocks32Vnni<blocks32::Q4_1>;
+    /// Q5_0 weights x Q8_0 activations, VNNI.
+    q5_0_vnni, q5_0_vnni_always => blocks32::Blocks32Vnni<blocks32::Q5_0>;
+    /// Q5_1 weights x Q8_1 activations, VNNI.
+    q5_1_vnni, q5_1_vnni_always => blocks32::Blocks32Vnni<blocks32::Q5_1>;
+    /// Q8_0 weights x Q8_0 activations, VNNI.
+    q8_0_vnni, q8_0_vnni_always => blocks32::Blocks32Vnni<blocks32::Q8_0>;
+    /// Q4_K weights x Q8_K activations, VNNI.
+    q4_k_vnni, q4_k_vnni_always => superblocks::SuperBlocksVnni<superblocks::Q4K>;
+    /// Q5_K weights x Q8_K activations, VNNI.
+    q5_k_vnni, q5_k_vnni_always => superblocks::SuperBlocksVnni<superblocks::Q5K>;
+    /// Q6_K weights x Q8_K activations, VNNI.
+    q6_k_vnni, q6_k_vnni_always => superblocks::SuperBlocksVnni<superblocks::Q6K>;
 }
 
 /// The safe entry of the tile-exact one-row products (see `blocks32::rows_exact`): checks the

@@ -34,6 +34,14 @@ pub(super) fn cpu_has_avx2_fma_f16c() -> bool {
         && is_x86_feature_detected!("f16c")
 }
 
+/// Whether this CPU also runs the VNNI tile kernels (`gemm::*_vnni`): AVX-512 F, BW, VL and VNNI.
+pub(super) fn cpu_has_avx512_vnni() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+}
+
 /// The AVX2 kernel for weights of type `ty`, if there is one.
 pub(super) fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
     let kernel: VecDotFn = match ty {
@@ -96,6 +104,37 @@ pub(super) fn gemm_fn_invariant(ty: GgmlType) -> Option<GemmFn> {
         other => return gemm_fn(other),
     };
     Some(kernel)
+}
+
+/// The GEMM for weights of type `ty` on a CPU with AVX-512 VNNI (see
+/// [`cpu_has_avx512_vnni`]): the VNNI tile kernel where there is one, else [`gemm_fn`].
+pub(super) fn gemm_fn_vnni(ty: GgmlType) -> Option<GemmFn> {
+    Some(match ty {
+        GgmlType::Q4_0 => gemm::q4_0_vnni,
+        GgmlType::Q4_1 => gemm::q4_1_vnni,
+        GgmlType::Q5_0 => gemm::q5_0_vnni,
+        GgmlType::Q5_1 => gemm::q5_1_vnni,
+        GgmlType::Q8_0 => gemm::q8_0_vnni,
+        GgmlType::Q4_K => gemm::q4_k_vnni,
+        GgmlType::Q5_K => gemm::q5_k_vnni,
+        GgmlType::Q6_K => gemm::q6_k_vnni,
+        other => return gemm_fn(other),
+    })
+}
+
+/// As [`gemm_fn_invariant`], with the VNNI tile kernels (bit-identical to the AVX2 ones).
+pub(super) fn gemm_fn_invariant_vnni(ty: GgmlType) -> Option<GemmFn> {
+    Some(match ty {
+        GgmlType::Q4_0 => gemm::q4_0_vnni_always,
+        GgmlType::Q4_1 => gemm::q4_1_vnni_always,
+        GgmlType::Q5_0 => gemm::q5_0_vnni_always,
+        GgmlType::Q5_1 => gemm::q5_1_vnni_always,
+        GgmlType::Q8_0 => gemm::q8_0_vnni_always,
+        GgmlType::Q4_K => gemm::q4_k_vnni_always,
+        GgmlType::Q5_K => gemm::q5_k_vnni_always,
+        GgmlType::Q6_K => gemm::q6_k_vnni_always,
+        other => return gemm_fn_invariant(other),
+    })
 }
 
 /// The tile-exact one-row product of `ty` (see `kernels::rows_exact_fn`), where there is one.

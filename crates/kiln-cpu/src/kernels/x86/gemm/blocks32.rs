@@ -3,7 +3,8 @@
 //!
 //! Panel block: the 8 chunks of quants, then `d` of the 8 rows (f32), then `m` (the `_1`
 //! formats). Activation factors per block: `d` (f32 bits), then the offset shares of the whole
-//! block as an i16 pair (Q4_0, Q5_0) or the f32 bits of `s = d * sum(a)` (Q4_1, Q5_1).
+//! block as an i16 pair (Q4_0, Q5_0) or the f32 bits of `s = d * sum(a)` (Q4_1, Q5_1). The VNNI
+//! variant (`Blocks32Vnni`) differs as the `gemm` module docs say.
 
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
@@ -17,7 +18,7 @@ use super::super::{
 };
 use super::{
     broadcast4, half, offset_shares, store_halves, store_piece, sum_lanes_per_half, transpose,
-    Format, PANEL_ROWS, PIECE,
+    Format, Shape, PANEL_ROWS, PIECE,
 };
 use crate::kernels::VecDotFn;
 
@@ -57,7 +58,8 @@ impl<L: Legacy> Format for Blocks32<L> {
     const A_BLOCK: usize = L::A_BLOCK;
     const PANEL_LINES: usize = PIECE / 32 + 1 + L::MIN_AT.is_some() as usize;
     const FACTOR_WORDS: usize = 2;
-    const WIDE: bool = false;
+    const SHAPE: Shape = Shape::Narrow;
+    const VNNI: bool = false;
     // Even one activation row: unpacking a block once for 8 rows beats unpacking it per row.
     const MIN_COLS: usize = 1;
     const ROW_DOT: VecDotFn = L::ROW_DOT;
@@ -140,23 +142,138 @@ impl<L: Legacy> Format for Blocks32<L> {
                     }
                 }
             }
-            for i in 0..NP {
-                let d = _mm256_loadu_ps(p[i].add(PIECE).cast());
-                let m = if L::MIN_AT.is_some() {
-                    _mm256_loadu_ps(p[i].add(PIECE + 32).cast())
-                } else {
-                    _mm256_setzero_ps()
-                };
+            finish_block::<L, NP, NR>(&mut acc, &isum, &p, &f);
+        }
+        acc
+    }
+}
+
+/// The f32 step of one block of a micro-tile, shared by the AVX2 and VNNI kernels (so that
+/// their results are bit-identical): `acc += isum * (d * da)`, then `acc += m * s` for the `_1`
+/// formats, `isum` the exact integer dots of the block.
+///
+/// # Safety
+/// AVX2+FMA+F16C; each `p[i]` points at a packed panel block, each `f[j]` at the activation
+/// block's two factor words (`da` first; `s` second for the `_1` formats).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn finish_block<L: Legacy, const NP: usize, const NR: usize>(
+    acc: &mut [[__m256; NR]; NP],
+    isum: &[[__m256i; NR]; NP],
+    p: &[*const u8; NP],
+    f: &[*const u32; NR],
+) {
+    for i in 0..NP {
+        let d = _mm256_loadu_ps(p[i].add(PIECE).cast());
+        let m = if L::MIN_AT.is_some() {
+            _mm256_loadu_ps(p[i].add(PIECE + 32).cast())
+        } else {
+            _mm256_setzero_ps()
+        };
+        for j in 0..NR {
+            let da = _mm256_set1_ps(f32::from_bits(*f[j]));
+            let sum = _mm256_cvtepi32_ps(isum[i][j]);
+            acc[i][j] = _mm256_fmadd_ps(sum, _mm256_mul_ps(d, da), acc[i][j]);
+            if L::MIN_AT.is_some() {
+                let s = _mm256_set1_ps(f32::from_bits(*f[j].add(1)));
+                acc[i][j] = _mm256_fmadd_ps(m, s, acc[i][j]);
+            }
+        }
+    }
+}
+
+/// The VNNI tile format of a `Legacy` weight format (see the `gemm` module docs): the panels of
+/// [`Blocks32`] with Q8_0's quants biased to `q + 128`, activation factors `da` and then either
+/// the i32 `offset * sum(a)` (offset 8, 16 or Q8_0's bias 128; 0 for no offset) or, for the `_1`
+/// formats, the f32 bits of `s`.
+pub(super) struct Blocks32Vnni<L>(PhantomData<L>);
+
+impl<L: Legacy> Blocks32Vnni<L> {
+    /// What is taken off `sum(q * a)` per unit of `sum(a)`: the format's offset, or the bias of
+    /// Q8_0's stored quants.
+    const OFFSET: i32 = if L::SIGNED { 128 } else { L::OFFSET as i32 };
+}
+
+impl<L: Legacy> Format for Blocks32Vnni<L> {
+    const TYPE: GgmlType = L::TYPE;
+    const QK: usize = QK8_0;
+    const W_BLOCK: usize = L::W_BLOCK;
+    const A_BLOCK: usize = L::A_BLOCK;
+    const PANEL_LINES: usize = <Blocks32<L> as Format>::PANEL_LINES;
+    const FACTOR_WORDS: usize = 2;
+    const SHAPE: Shape = Shape::Big;
+    const VNNI: bool = true;
+    const MIN_COLS: usize = 1;
+    const ROW_DOT: VecDotFn = L::ROW_DOT;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn factors(a: *const u8, out: *mut u32) {
+        const { assert!(L::MIN_AT.is_none() || Self::OFFSET == 0) };
+        let extra = if L::MIN_AT.is_some() {
+            half(a.add(offset_of!(BlockQ8_1, s))).to_bits()
+        } else if Self::OFFSET != 0 {
+            let pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(1), load32(a.add(L::A_QS)));
+            let sum = hsum_i32(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+            (sum * Self::OFFSET) as u32
+        } else {
+            0
+        };
+        *out = half(a).to_bits();
+        *out.add(1) = extra;
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn pack(src: &[*const u8; PANEL_ROWS], dst: *mut u8) {
+        store_piece(dst, |r| {
+            let q = L::quants(src[r]);
+            if L::SIGNED {
+                _mm256_xor_si256(q, _mm256_set1_epi8(-128))
+            } else {
+                q
+            }
+        });
+        store_halves(dst.add(PIECE), src, 0);
+        if let Some(at) = L::MIN_AT {
+            store_halves(dst.add(PIECE + 32), src, at);
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn tile<const NP: usize, const NR: usize>(
+        blocks: usize,
+        panels: &[*const u8; NP],
+        stride: usize,
+        acts: &[*const u8; NR],
+        factors: &[*const u32; NR],
+    ) -> [[__m256; NR]; NP] {
+        let mut acc = [[_mm256_setzero_ps(); NR]; NP];
+        for b in 0..blocks {
+            let p = panels.map(|p| p.add(b * stride));
+            let q = acts.map(|a| a.add(b * L::A_BLOCK + L::A_QS));
+            let f = factors.map(|f| f.add(2 * b));
+            // |sum| <= 32 * 255 * 127 per lane: far inside i32.
+            let mut isum = [[_mm256_setzero_si256(); NR]; NP];
+            for c in 0..8 {
+                let wq = p.map(|p| load32(p.add(32 * c)));
                 for j in 0..NR {
-                    let da = _mm256_set1_ps(f32::from_bits(*f[j]));
-                    let sum = _mm256_cvtepi32_ps(isum[i][j]);
-                    acc[i][j] = _mm256_fmadd_ps(sum, _mm256_mul_ps(d, da), acc[i][j]);
-                    if L::MIN_AT.is_some() {
-                        let s = _mm256_set1_ps(f32::from_bits(*f[j].add(1)));
-                        acc[i][j] = _mm256_fmadd_ps(m, s, acc[i][j]);
+                    let aq = broadcast4(q[j].add(4 * c));
+                    for i in 0..NP {
+                        isum[i][j] = _mm256_dpbusd_epi32(isum[i][j], wq[i], aq);
                     }
                 }
             }
+            if Self::OFFSET != 0 {
+                for j in 0..NR {
+                    let shares = _mm256_set1_epi32(*f[j].add(1) as i32);
+                    for row in isum.iter_mut() {
+                        row[j] = _mm256_sub_epi32(row[j], shares);
+                    }
+                }
+            }
+            finish_block::<L, NP, NR>(&mut acc, &isum, &p, &f);
         }
         acc
     }

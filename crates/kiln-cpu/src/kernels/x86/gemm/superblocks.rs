@@ -20,8 +20,8 @@ use kiln_quant::blocks::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
 
 use super::super::{kquants, load32, read_f32};
 use super::{
-    broadcast4, offset_shares, store_halves, store_piece, sum_lanes_per_half, Format, PANEL_ROWS,
-    PIECE,
+    broadcast4, offset_shares, store_halves, store_piece, sum_lanes_per_half, Format, Shape,
+    PANEL_ROWS, PIECE,
 };
 use crate::kernels::VecDotFn;
 
@@ -82,6 +82,72 @@ impl<K: KQuant> SuperBlocks<K> {
     } else {
         Self::MINS_AT
     };
+
+    /// Packs one super-block of each of the 8 rows at `src` into the panel block at `dst`, each
+    /// sub-block scale stored as the 32-bit lane `lane(sc)`.
+    ///
+    /// # Safety
+    /// As `Format::pack`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn pack_scaled(src: &[*const u8; PANEL_ROWS], dst: *mut u8, lane: fn(i16) -> u32) {
+        for t in 0..QK_K / 32 {
+            store_piece(dst.add(t * PIECE), |r| K::quants(src[r], t));
+        }
+        let pair = |x: i16| u32::from(x as u16) * 0x0001_0001;
+        for (r, &p) in src.iter().enumerate() {
+            let s = K::scales(p);
+            for g in 0..K::SUBS {
+                let at = dst.add(Self::SCALES_AT + 32 * g + 4 * r);
+                at.cast::<u32>().write_unaligned(lane(s.sc[g]));
+            }
+            if K::DMIN_AT.is_some() {
+                for (g, &mn) in s.mn.iter().enumerate() {
+                    let at = dst.add(Self::MINS_AT + 32 * g + 4 * r);
+                    at.cast::<u32>().write_unaligned(pair(mn));
+                }
+            }
+        }
+        if let Some(at) = K::DMIN_AT {
+            store_halves(dst.add(Self::DMIN_LINE_AT), src, at);
+        }
+        store_halves(dst.add(Self::D_LINE_AT), src, K::D_AT);
+    }
+
+    /// The f32 step of one super-block of a micro-tile, shared by the AVX2 and VNNI kernels (so
+    /// that their results are bit-identical): `acc += isum * (d * da)`, then for the formats
+    /// with minimums `acc -= sum(mn * bsums) * (dmin * da)`.
+    ///
+    /// # Safety
+    /// AVX2+FMA+F16C; each `p[i]` points at a packed panel block, each `y[j]` at the Q8_K block.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn finish_block<const NP: usize, const NR: usize>(
+        acc: &mut [[__m256; NR]; NP],
+        isum: &[[__m256i; NR]; NP],
+        p: &[*const u8; NP],
+        y: &[*const u8; NR],
+    ) {
+        for i in 0..NP {
+            let d = _mm256_loadu_ps(p[i].add(Self::D_LINE_AT).cast());
+            for j in 0..NR {
+                let da = _mm256_set1_ps(read_f32(y[j]));
+                let sum = _mm256_cvtepi32_ps(isum[i][j]);
+                acc[i][j] = _mm256_fmadd_ps(sum, _mm256_mul_ps(d, da), acc[i][j]);
+                if K::DMIN_AT.is_some() {
+                    let mut mins = _mm256_setzero_si256();
+                    for g in 0..8 {
+                        let pairs = load32(p[i].add(Self::MINS_AT + 32 * g));
+                        let bsums = broadcast4(y[j].add(Q8K_BSUMS + 4 * g));
+                        mins = _mm256_add_epi32(mins, _mm256_madd_epi16(pairs, bsums));
+                    }
+                    let dmin = _mm256_loadu_ps(p[i].add(Self::DMIN_LINE_AT).cast());
+                    let mins = _mm256_cvtepi32_ps(mins);
+                    acc[i][j] = _mm256_fnmadd_ps(mins, _mm256_mul_ps(dmin, da), acc[i][j]);
+                }
+            }
+        }
+    }
 }
 
 impl<K: KQuant> Format for SuperBlocks<K> {
@@ -91,7 +157,8 @@ impl<K: KQuant> Format for SuperBlocks<K> {
     const A_BLOCK: usize = Q8K;
     const PANEL_LINES: usize = Self::D_LINE_AT / 32 + 1;
     const FACTOR_WORDS: usize = if K::OFFSET != 0 { K::SUBS } else { 0 };
-    const WIDE: bool = true;
+    const SHAPE: Shape = Shape::Wide;
+    const VNNI: bool = false;
     const MIN_COLS: usize = K::MIN_COLS;
     const ROW_DOT: VecDotFn = K::ROW_DOT;
 
@@ -110,27 +177,7 @@ impl<K: KQuant> Format for SuperBlocks<K> {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn pack(src: &[*const u8; PANEL_ROWS], dst: *mut u8) {
-        for t in 0..QK_K / 32 {
-            store_piece(dst.add(t * PIECE), |r| K::quants(src[r], t));
-        }
-        let pair = |x: i16| u32::from(x as u16) * 0x0001_0001;
-        for (r, &p) in src.iter().enumerate() {
-            let s = K::scales(p);
-            for g in 0..K::SUBS {
-                let at = dst.add(Self::SCALES_AT + 32 * g + 4 * r);
-                at.cast::<u32>().write_unaligned(pair(s.sc[g]));
-            }
-            if K::DMIN_AT.is_some() {
-                for (g, &mn) in s.mn.iter().enumerate() {
-                    let at = dst.add(Self::MINS_AT + 32 * g + 4 * r);
-                    at.cast::<u32>().write_unaligned(pair(mn));
-                }
-            }
-        }
-        if let Some(at) = K::DMIN_AT {
-            store_halves(dst.add(Self::DMIN_LINE_AT), src, at);
-        }
-        store_halves(dst.add(Self::D_LINE_AT), src, K::D_AT);
+        Self::pack_scaled(src, dst, |sc| u32::from(sc as u16) * 0x0001_0001)
     }
 
     #[inline]
@@ -180,25 +227,96 @@ impl<K: KQuant> Format for SuperBlocks<K> {
                     }
                 }
             }
-            for i in 0..NP {
-                let d = _mm256_loadu_ps(p[i].add(Self::D_LINE_AT).cast());
-                for j in 0..NR {
-                    let da = _mm256_set1_ps(read_f32(y[j]));
-                    let sum = _mm256_cvtepi32_ps(isum[i][j]);
-                    acc[i][j] = _mm256_fmadd_ps(sum, _mm256_mul_ps(d, da), acc[i][j]);
-                    if K::DMIN_AT.is_some() {
-                        let mut mins = _mm256_setzero_si256();
-                        for g in 0..8 {
-                            let pairs = load32(p[i].add(Self::MINS_AT + 32 * g));
-                            let bsums = broadcast4(y[j].add(Q8K_BSUMS + 4 * g));
-                            mins = _mm256_add_epi32(mins, _mm256_madd_epi16(pairs, bsums));
+            Self::finish_block::<NP, NR>(&mut acc, &isum, &p, &y);
+        }
+        acc
+    }
+}
+
+/// The VNNI tile format of a `KQuant` (see the `gemm` module docs): the panels of
+/// [`SuperBlocks`] with each sub-block scale as a plain i32 lane; Q6_K's activation factors are
+/// the i32 `32 * bsums[g]` of its 16 sub-blocks.
+pub(super) struct SuperBlocksVnni<K>(PhantomData<K>);
+
+impl<K: KQuant> Format for SuperBlocksVnni<K> {
+    const TYPE: GgmlType = K::TYPE;
+    const QK: usize = QK_K;
+    const W_BLOCK: usize = K::W_BLOCK;
+    const A_BLOCK: usize = Q8K;
+    const PANEL_LINES: usize = <SuperBlocks<K> as Format>::PANEL_LINES;
+    const FACTOR_WORDS: usize = <SuperBlocks<K> as Format>::FACTOR_WORDS;
+    const SHAPE: Shape = Shape::Big;
+    const VNNI: bool = true;
+    // Measured as for the AVX2 kernel (`examples/gemm_bench.rs`): at 2 rows the row dots still
+    // win (0.95x for Q4_K, 0.65x for Q6_K), from 4 rows the tile does (1.6x, 1.14x).
+    const MIN_COLS: usize = K::MIN_COLS;
+    const ROW_DOT: VecDotFn = K::ROW_DOT;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn factors(a: *const u8, out: *mut u32) {
+        // One sub-block of 16 per `bsums` entry.
+        const { assert!(K::OFFSET == 0 || K::SUBS == 16) };
+        for g in 0..K::SUBS {
+            let bsum = a.add(Q8K_BSUMS + 2 * g).cast::<i16>().read_unaligned();
+            *out.add(g) = (i32::from(bsum) * i32::from(K::OFFSET)) as u32;
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn pack(src: &[*const u8; PANEL_ROWS], dst: *mut u8) {
+        SuperBlocks::<K>::pack_scaled(src, dst, |sc| i32::from(sc) as u32)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn tile<const NP: usize, const NR: usize>(
+        blocks: usize,
+        panels: &[*const u8; NP],
+        stride: usize,
+        acts: &[*const u8; NR],
+        factors: &[*const u32; NR],
+    ) -> [[__m256; NR]; NP] {
+        let sub_chunks = SuperBlocks::<K>::SUB_CHUNKS;
+        let scales_at = SuperBlocks::<K>::SCALES_AT;
+        let mut acc = [[_mm256_setzero_ps(); NR]; NP];
+        for b in 0..blocks {
+            let p = panels.map(|p| p.add(b * stride));
+            let y = acts.map(|a| a.add(b * Q8K));
+            // Dangling (never read) without offset: hence `wrapping_add`.
+            let f = factors.map(|f| f.wrapping_add(b * Self::FACTOR_WORDS));
+            // |sum| per sub-block <= 32 * 63 * 127, times a scale of at most 127 (Q6_K's are
+            // signed i8; the others 6-bit): far inside i32, as is the sum over 16 sub-blocks.
+            let mut isum = [[_mm256_setzero_si256(); NR]; NP];
+            for g in 0..K::SUBS {
+                let mut s32 = [[_mm256_setzero_si256(); NR]; NP];
+                for c in g * sub_chunks..(g + 1) * sub_chunks {
+                    let wq = p.map(|p| load32(p.add(32 * c)));
+                    for j in 0..NR {
+                        let aq = broadcast4(y[j].add(Q8K_QS + 4 * c));
+                        for i in 0..NP {
+                            s32[i][j] = _mm256_dpbusd_epi32(s32[i][j], wq[i], aq);
                         }
-                        let dmin = _mm256_loadu_ps(p[i].add(Self::DMIN_LINE_AT).cast());
-                        let mins = _mm256_cvtepi32_ps(mins);
-                        acc[i][j] = _mm256_fnmadd_ps(mins, _mm256_mul_ps(dmin, da), acc[i][j]);
+                    }
+                }
+                if K::OFFSET != 0 {
+                    for j in 0..NR {
+                        let shares = _mm256_set1_epi32(*f[j].add(g) as i32);
+                        for row in s32.iter_mut() {
+                            row[j] = _mm256_sub_epi32(row[j], shares);
+                        }
+                    }
+                }
+                for i in 0..NP {
+                    let sc = load32(p[i].add(scales_at + 32 * g));
+                    for j in 0..NR {
+                        let scaled = _mm256_mullo_epi32(s32[i][j], sc);
+                        isum[i][j] = _mm256_add_epi32(isum[i][j], scaled);
                     }
                 }
             }
+            SuperBlocks::<K>::finish_block::<NP, NR>(&mut acc, &isum, &p, &y);
         }
         acc
     }
