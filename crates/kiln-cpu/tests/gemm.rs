@@ -574,6 +574,11 @@ fn vnni_tile_kernels_are_bit_identical_to_the_avx2_ones() {
         let avx2 = gemm_fn_invariant(ty, SimdLevel::Avx2).unwrap();
         let vnni = gemm_fn_invariant(ty, SimdLevel::Avx512Vnni).unwrap();
         assert_ne!(avx2 as usize, vnni as usize, "{ty}: no VNNI kernel");
+        // The plain VNNI GEMM too (Q8_0's narrow kernel from 2 to 8 rows included) wherever it
+        // runs a VNNI kernel rather than the row-dot loop: every row count for the 32-element
+        // formats, from 4 rows for the k-quants.
+        let plain = gemm_fn(ty, SimdLevel::Avx512Vnni).unwrap();
+        let plain_from = if ty.block_size() == 32 { 1 } else { 4 };
         for k in lengths(ty) {
             let sets: Vec<Vec<u8>> = vec![
                 quantized_weights(ty, 18, k, &mut rng),
@@ -593,13 +598,19 @@ fn vnni_tile_kernels_are_bit_identical_to_the_avx2_ones() {
                         let mut y = vec![SENTINEL; rows * cols];
                         avx2(k, w, rows, a, cols, &mut x, rows);
                         vnni(k, w, rows, a, cols, &mut y, rows);
+                        let mut z = x.clone();
+                        if cols >= plain_from {
+                            plain(k, w, rows, a, cols, &mut z, rows);
+                        }
                         for i in 0..rows * cols {
-                            assert_eq!(
-                                x[i].to_bits(),
-                                y[i].to_bits(),
-                                "{ty} k={k} {rows}x{cols} output {i}: avx2 {} vs vnni {}",
+                            assert!(
+                                x[i].to_bits() == y[i].to_bits()
+                                    && x[i].to_bits() == z[i].to_bits(),
+                                "{ty} k={k} {rows}x{cols} output {i}: avx2 {} vs vnni {} \
+                                 (invariant), {} (plain)",
                                 x[i],
-                                y[i]
+                                y[i],
+                                z[i]
                             );
                         }
                     }

@@ -129,7 +129,10 @@ pub type GemmFn =
 
 /// The GEMM kernel for `ty` at `level`: the AVX2 tile kernel where there is one (Q4_0, Q4_1, Q5_0,
 /// Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), else the loop over [`vec_dot_fn`]`(ty, level)`. Scalar is
-/// exactly that loop over `kiln_quant::vec_dot`. Err for types kiln-quant cannot dot.
+/// exactly that loop over `kiln_quant::vec_dot`. At [`SimdLevel::Avx512Vnni`] the same types get
+/// the VNNI tile kernels, and the 32-element formats a narrow kernel for 2 to 8 activation rows
+/// (batched decode), all bit-identical to the AVX2 tile kernels. Err for types kiln-quant cannot
+/// dot.
 ///
 /// A tile kernel is never slower than the row-dot loop, whatever `cols`: below its measured
 /// crossover (fewer than 3 activation rows for Q4_K and Q5_K, 4 for Q6_K) it runs that loop

@@ -22,6 +22,13 @@
 //! micro-tile is 2 panels x 4 activation rows. The i32 sums are the same exact integers as the
 //! AVX2 kernel's and the f32 steps after them are shared code, so the results are bit-identical.
 //!
+//! **Narrow kernels** (VNNI, 32-element formats, 2 to 8 activation rows: batched decode): the
+//! roles swapped, activations packed into the lanes once per call and the weights streamed where
+//! they lie (`blocks32::narrow`). With so few rows there is too little arithmetic per weight byte
+//! to hide the tile kernel's packing, which stalled on memory: the 262k-row Q8_0 output
+//! projection of Gemma at 8 rows went from 14.2 to 9.0 ms (2 threads), `kiln bench -b 8` from
+//! about 270 to about 310 tok/s. Same integers and f32 steps again: bit-identical.
+//!
 //! Invariants:
 //!
 //! - **Exact integers.** Weight quants are unpacked unsigned, except Q8_0's, which keep their sign
@@ -50,7 +57,7 @@ use kiln_core::GgmlType;
 
 use super::{load32, read_f16_bits, read_u32};
 use crate::kernels::gemm::{dot_loop, gemm_shape};
-use crate::kernels::VecDotFn;
+use crate::kernels::{GemmFn, VecDotFn};
 
 mod blocks32;
 mod superblocks;
@@ -571,21 +578,110 @@ gemm_entries! {
     /// Q6_K weights x Q8_K activations.
     q6_k, q6_k_always => superblocks::SuperBlocks<superblocks::Q6K>;
     /// Q4_0 weights x Q8_0 activations, VNNI.
-    q4_0_vnni, q4_0_vnni_always => blocks32::Blocks32Vnni<blocks32::Q4_0>;
+    q4_0_vnni_tiled, q4_0_vnni_always => blocks32::Blocks32Vnni<blocks32::Q4_0>;
     /// Q4_1 weights x Q8_1 activations, VNNI.
-    q4_1_vnni, q4_1_vnni_always => blocks32::Blocks32Vnni<blocks32::Q4_1>;
+    q4_1_vnni_tiled, q4_1_vnni_always => blocks32::Blocks32Vnni<blocks32::Q4_1>;
     /// Q5_0 weights x Q8_0 activations, VNNI.
-    q5_0_vnni, q5_0_vnni_always => blocks32::Blocks32Vnni<blocks32::Q5_0>;
+    q5_0_vnni_tiled, q5_0_vnni_always => blocks32::Blocks32Vnni<blocks32::Q5_0>;
     /// Q5_1 weights x Q8_1 activations, VNNI.
-    q5_1_vnni, q5_1_vnni_always => blocks32::Blocks32Vnni<blocks32::Q5_1>;
+    q5_1_vnni_tiled, q5_1_vnni_always => blocks32::Blocks32Vnni<blocks32::Q5_1>;
     /// Q8_0 weights x Q8_0 activations, VNNI.
-    q8_0_vnni, q8_0_vnni_always => blocks32::Blocks32Vnni<blocks32::Q8_0>;
+    q8_0_vnni_tiled, q8_0_vnni_always => blocks32::Blocks32Vnni<blocks32::Q8_0>;
     /// Q4_K weights x Q8_K activations, VNNI.
     q4_k_vnni, q4_k_vnni_always => superblocks::SuperBlocksVnni<superblocks::Q4K>;
     /// Q5_K weights x Q8_K activations, VNNI.
     q5_k_vnni, q5_k_vnni_always => superblocks::SuperBlocksVnni<superblocks::Q5K>;
     /// Q6_K weights x Q8_K activations, VNNI.
     q6_k_vnni, q6_k_vnni_always => superblocks::SuperBlocksVnni<superblocks::Q6K>;
+}
+
+/// The GEMM of a 32-element format on a CPU with AVX-512 VNNI: the narrow kernel
+/// (`blocks32::narrow`: weights read where they lie, activations in the lanes) for 2 to 8
+/// activation rows (batched decode), the VNNI tile kernel otherwise. Both form the same exact
+/// block sums and run the same f32 steps, so the results are bit-identical.
+#[allow(clippy::too_many_arguments)]
+fn narrow_or_tiled<L: blocks32::Legacy>(
+    tiled: GemmFn,
+    k: usize,
+    w: &[u8],
+    rows: usize,
+    a: &[u8],
+    cols: usize,
+    out: &mut [f32],
+    ldo: usize,
+) {
+    if !(2..=PANEL_ROWS).contains(&cols) {
+        return tiled(k, w, rows, a, cols, out, ldo);
+    }
+    let (w_row, a_row) = gemm_shape(L::TYPE, k, w.len(), rows, a.len(), cols, out.len(), ldo);
+    let blocks = k / kiln_quant::blocks::QK8_0;
+    if rows == 0 {
+        return;
+    }
+    if blocks == 0 {
+        for c in 0..cols {
+            out[c * ldo..c * ldo + rows].fill(0.0);
+        }
+        return;
+    }
+    SCRATCH.with_borrow_mut(|scratch| {
+        let lines = blocks * blocks32::NARROW_LINES;
+        if scratch.panels.len() < lines {
+            scratch.panels.resize(lines, Line([0; 32]));
+        }
+        // SAFETY: the VNNI entries are handed out only on a CPU with AVX2+FMA+F16C and AVX-512
+        // F/BW/VL/VNNI; `gemm_shape` checked that `w` is `rows` rows of `blocks` blocks, `a`
+        // `cols` rows of as many activation blocks (`cols` in 2..=8) and that `out` holds
+        // `c * ldo + r` for every `r < rows`, `c < cols`; the scratch was just sized for
+        // `blocks * NARROW_LINES` lines.
+        unsafe {
+            blocks32::narrow::<L>(
+                blocks,
+                w.as_ptr(),
+                w_row,
+                rows,
+                a.as_ptr(),
+                a_row,
+                cols,
+                out.as_mut_ptr(),
+                ldo,
+                scratch.panels.as_mut_ptr().cast(),
+            )
+        }
+    })
+}
+
+/// Defines the public VNNI GEMM entries of the 32-element formats (see `narrow_or_tiled`).
+macro_rules! narrow_entries {
+    ($($(#[$doc:meta])* $name:ident => $format:ty, $tiled:ident;)*) => {
+        $(
+            $(#[$doc])*
+            pub(in crate::kernels) fn $name(
+                k: usize,
+                w: &[u8],
+                rows: usize,
+                a: &[u8],
+                cols: usize,
+                out: &mut [f32],
+                ldo: usize,
+            ) {
+                narrow_or_tiled::<$format>($tiled, k, w, rows, a, cols, out, ldo)
+            }
+        )*
+    };
+}
+
+narrow_entries! {
+    /// Q4_0 weights x Q8_0 activations, VNNI.
+    q4_0_vnni => blocks32::Q4_0, q4_0_vnni_tiled;
+    /// Q4_1 weights x Q8_1 activations, VNNI.
+    q4_1_vnni => blocks32::Q4_1, q4_1_vnni_tiled;
+    /// Q5_0 weights x Q8_0 activations, VNNI.
+    q5_0_vnni => blocks32::Q5_0, q5_0_vnni_tiled;
+    /// Q5_1 weights x Q8_1 activations, VNNI.
+    q5_1_vnni => blocks32::Q5_1, q5_1_vnni_tiled;
+    /// Q8_0 weights x Q8_0 activations, VNNI.
+    q8_0_vnni => blocks32::Q8_0, q8_0_vnni_tiled;
 }
 
 /// The safe entry of the tile-exact one-row products (see `blocks32::rows_exact`): checks the

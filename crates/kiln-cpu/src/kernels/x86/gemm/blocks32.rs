@@ -18,7 +18,7 @@ use super::super::{
 };
 use super::{
     broadcast4, half, offset_shares, store_halves, store_piece, sum_lanes_per_half, transpose,
-    Format, Shape, PANEL_ROWS, PIECE,
+    Format, Line, Shape, PANEL_ROWS, PIECE,
 };
 use crate::kernels::VecDotFn;
 
@@ -513,4 +513,161 @@ pub(super) unsafe fn halves(p: &[*const u8; PANEL_ROWS], at: usize) -> __m256 {
         hi |= u64::from(read_f16_bits(p[r + 4].add(at))) << (16 * r);
     }
     _mm256_cvtph_ps(_mm_set_epi64x(hi as i64, lo as i64))
+}
+
+/// 32-byte lines of scratch per block of the narrow kernel: the 8 chunk lines of the activation
+/// panel, the line of the activations' `d` (f32), then the line of `OFFSET * sum(a)` (i32; Q4_0,
+/// Q5_0) or of `s` (f32; Q4_1, Q5_1), unused for Q8_0.
+pub(in crate::kernels::x86) const NARROW_LINES: usize = PIECE / 32 + 2;
+
+/// Weight rows taken at once by the narrow kernel: independent `vpdpbusd` chains that hide its
+/// latency, sharing each load of the activation panel.
+const NARROW_ROWS: usize = 8;
+
+/// The weights against 2 to 8 activation rows with the roles of the tile kernel swapped: the
+/// activations are packed once per call into one panel (lane `j` = activation row `j`; rows past
+/// `cols` repeat the last one, computed and never stored) and the weights are read where they
+/// lie, 8 rows at a time, each block's quants unpacked once and each 4-quant chunk broadcast and
+/// multiplied into the lanes with `vpdpbusd`. No weight panels: the weights stream from memory
+/// in order, the next 8 rows requested a few lines per block, where the tile kernel's packing
+/// stalled on them (batched decode, whose products read every weight once per step).
+///
+/// Unsigned quants are the `u8` operand and the activations the `i8` one, less `OFFSET * sum(a)`
+/// (Q4_0, Q5_0); Q8_0's signed quants are the `i8` operand against activations biased to
+/// `a + 128`, less `128 * sum(q)` (a second `vpdpbusd` of the quants against ones, whose lanes
+/// all hold the block's sum). Either way the block sums are the tile kernel's exact integers and
+/// the f32 steps are its own (`acc = fma(sum, d * da, acc)`, then `fma(m, s, acc)` for the `_1`
+/// formats) in the same order, so every output is bit-identical to the tile kernel's.
+///
+/// # Safety
+/// AVX2+FMA+F16C and AVX-512 F/BW/VL/VNNI; `w` holds `rows` rows of `blocks` blocks (`w_row`
+/// bytes each), `a` `cols` rows of `blocks` activation blocks (`a_row` bytes each), `cols` in
+/// 2..=8; `out + c * ldo + r` is writable for `r < rows`, `c < cols`; `scratch` has room for
+/// `blocks * NARROW_LINES` lines.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn narrow<L: Legacy>(
+    blocks: usize,
+    w: *const u8,
+    w_row: usize,
+    rows: usize,
+    a: *const u8,
+    a_row: usize,
+    cols: usize,
+    out: *mut f32,
+    ldo: usize,
+    scratch: *mut u8,
+) {
+    let line = NARROW_LINES * 32;
+    for b in 0..blocks {
+        let src: [*const u8; PANEL_ROWS] =
+            std::array::from_fn(|j| a.add(j.min(cols - 1) * a_row + b * L::A_BLOCK));
+        let dst = scratch.add(b * line);
+        let bias = _mm256_set1_epi8(if L::SIGNED { -128 } else { 0 });
+        store_piece(dst, |j| _mm256_xor_si256(load32(src[j].add(L::A_QS)), bias));
+        store_halves(dst.add(PIECE), &src, 0);
+        if L::MIN_AT.is_some() {
+            store_halves(dst.add(PIECE + 32), &src, offset_of!(BlockQ8_1, s));
+        } else if L::OFFSET != 0 {
+            let shares: [i32; PANEL_ROWS] = std::array::from_fn(|j| {
+                let pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(1), load32(src[j].add(L::A_QS)));
+                i32::from(L::OFFSET) * hsum_i32(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+            });
+            _mm256_storeu_si256(
+                dst.add(PIECE + 32).cast(),
+                _mm256_loadu_si256(shares.as_ptr().cast()),
+            );
+        }
+    }
+    let mut r = 0;
+    while r + NARROW_ROWS <= rows {
+        narrow_rows::<L, NARROW_ROWS>(blocks, w, w_row, r, cols, out, ldo, scratch);
+        r += NARROW_ROWS;
+    }
+    while r < rows {
+        narrow_rows::<L, 1>(blocks, w, w_row, r, cols, out, ldo, scratch);
+        r += 1;
+    }
+}
+
+/// Rows `r0..r0 + R` of [`narrow`], against the packed activation panel at `panel`.
+///
+/// # Safety
+/// As `narrow`, with `r0 + R <= rows` and the panel packed.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn narrow_rows<L: Legacy, const R: usize>(
+    blocks: usize,
+    w: *const u8,
+    w_row: usize,
+    r0: usize,
+    cols: usize,
+    out: *mut f32,
+    ldo: usize,
+    panel: *const u8,
+) {
+    let ones = _mm256_set1_epi8(1);
+    let rows: [*const u8; R] = std::array::from_fn(|i| w.add((r0 + i) * w_row));
+    let mut acc = [_mm256_setzero_ps(); R];
+    // The next rows' bytes, requested a few lines per block (see `drive` for why spread out).
+    let next = w.wrapping_add((r0 + R) * w_row);
+    let lines = (R * w_row).div_ceil(64);
+    let per_block = lines.div_ceil(blocks);
+    // Unpacked quants of the current block of each row, read back 4 bytes at a time.
+    let mut unpacked = [Line([0; 32]); R];
+    for b in 0..blocks {
+        for l in b * per_block..((b + 1) * per_block).min(lines) {
+            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64 * l).cast());
+        }
+        let p = panel.add(b * NARROW_LINES * 32);
+        let wb = rows.map(|row| row.add(b * L::W_BLOCK));
+        let mut isum = [_mm256_setzero_si256(); R];
+        let mut wsum = [_mm256_setzero_si256(); R];
+        if L::SIGNED {
+            for c in 0..8 {
+                let act = load32(p.add(32 * c));
+                for i in 0..R {
+                    let wq = broadcast4(wb[i].add(L::A_QS + 4 * c));
+                    isum[i] = _mm256_dpbusd_epi32(isum[i], act, wq);
+                    wsum[i] = _mm256_dpbusd_epi32(wsum[i], ones, wq);
+                }
+            }
+        } else {
+            for i in 0..R {
+                _mm256_storeu_si256(unpacked[i].0.as_mut_ptr().cast(), L::quants(wb[i]));
+            }
+            for c in 0..8 {
+                let act = load32(p.add(32 * c));
+                for i in 0..R {
+                    let wq = broadcast4(unpacked[i].0.as_ptr().add(4 * c));
+                    isum[i] = _mm256_dpbusd_epi32(isum[i], wq, act);
+                }
+            }
+        }
+        let da = _mm256_loadu_ps(p.add(PIECE).cast());
+        let extra = p.add(PIECE + 32);
+        for i in 0..R {
+            let exact = if L::SIGNED {
+                _mm256_sub_epi32(isum[i], _mm256_slli_epi32::<7>(wsum[i]))
+            } else if L::OFFSET != 0 {
+                _mm256_sub_epi32(isum[i], _mm256_loadu_si256(extra.cast()))
+            } else {
+                isum[i]
+            };
+            let d = _mm256_set1_ps(half(wb[i]));
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), _mm256_mul_ps(d, da), acc[i]);
+            if let Some(at) = L::MIN_AT {
+                let m = _mm256_set1_ps(half(wb[i].add(at)));
+                acc[i] = _mm256_fmadd_ps(m, _mm256_loadu_ps(extra.cast()), acc[i]);
+            }
+        }
+    }
+    for (i, v) in acc.into_iter().enumerate() {
+        let mut lanes = [0f32; PANEL_ROWS];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+        for (c, &x) in lanes.iter().enumerate().take(cols) {
+            *out.add(c * ldo + r0 + i) = x;
+        }
+    }
 }
