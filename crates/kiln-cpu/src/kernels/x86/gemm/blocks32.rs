@@ -563,15 +563,14 @@ pub(super) unsafe fn narrow<L: Legacy>(
         let src: [*const u8; PANEL_ROWS] =
             std::array::from_fn(|j| a.add(j.min(cols - 1) * a_row + b * L::A_BLOCK));
         let dst = scratch.add(b * line);
-        let bias = _mm256_set1_epi8(if L::SIGNED { -128 } else { 0 });
-        store_piece(dst, |j| _mm256_xor_si256(load32(src[j].add(L::A_QS)), bias));
+        store_piece(dst, |j| load32(src[j].add(L::A_QS)));
         store_halves(dst.add(PIECE), &src, 0);
         if L::MIN_AT.is_some() {
             store_halves(dst.add(PIECE + 32), &src, offset_of!(BlockQ8_1, s));
-        } else if L::OFFSET != 0 {
+        } else if Blocks32Vnni::<L>::OFFSET != 0 {
             let shares: [i32; PANEL_ROWS] = std::array::from_fn(|j| {
                 let pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(1), load32(src[j].add(L::A_QS)));
-                i32::from(L::OFFSET) * hsum_i32(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+                Blocks32Vnni::<L>::OFFSET * hsum_i32(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
             });
             _mm256_storeu_si256(
                 dst.add(PIECE + 32).cast(),
@@ -607,7 +606,6 @@ unsafe fn narrow_rows<L: Legacy, const R: usize>(
     ldo: usize,
     panel: *const u8,
 ) {
-    let ones = _mm256_set1_epi8(1);
     let rows: [*const u8; R] = std::array::from_fn(|i| w.add((r0 + i) * w_row));
     let mut acc = [_mm256_setzero_ps(); R];
     // The next rows' bytes, requested a few lines per block (see `drive` for why spread out).
@@ -623,34 +621,30 @@ unsafe fn narrow_rows<L: Legacy, const R: usize>(
         let p = panel.add(b * NARROW_LINES * 32);
         let wb = rows.map(|row| row.add(b * L::W_BLOCK));
         let mut isum = [_mm256_setzero_si256(); R];
-        let mut wsum = [_mm256_setzero_si256(); R];
-        if L::SIGNED {
-            for c in 0..8 {
-                let act = load32(p.add(32 * c));
-                for i in 0..R {
-                    let wq = broadcast4(wb[i].add(L::A_QS + 4 * c));
-                    isum[i] = _mm256_dpbusd_epi32(isum[i], act, wq);
-                    wsum[i] = _mm256_dpbusd_epi32(wsum[i], ones, wq);
-                }
-            }
-        } else {
+        for i in 0..R {
+            let q = L::quants(wb[i]);
+            let q = if L::SIGNED {
+                _mm256_xor_si256(q, _mm256_set1_epi8(-128))
+            } else {
+                q
+            };
+            _mm256_storeu_si256(unpacked[i].0.as_mut_ptr().cast(), q);
+        }
+        // An empty block that may read and write memory: the compiler must reload the chunks
+        // below, as broadcasts from memory (load units), instead of forwarding the stores into
+        // shuffles, which saturated the shuffle units (88 GMAC/s at 8 rows).
+        std::arch::asm!("/* {0} */", in(reg) unpacked.as_ptr(), options(nostack, preserves_flags));
+        for c in 0..8 {
+            let act = load32(p.add(32 * c));
             for i in 0..R {
-                _mm256_storeu_si256(unpacked[i].0.as_mut_ptr().cast(), L::quants(wb[i]));
-            }
-            for c in 0..8 {
-                let act = load32(p.add(32 * c));
-                for i in 0..R {
-                    let wq = broadcast4(unpacked[i].0.as_ptr().add(4 * c));
-                    isum[i] = _mm256_dpbusd_epi32(isum[i], wq, act);
-                }
+                let wq = broadcast4(unpacked[i].0.as_ptr().add(4 * c));
+                isum[i] = _mm256_dpbusd_epi32(isum[i], wq, act);
             }
         }
         let da = _mm256_loadu_ps(p.add(PIECE).cast());
         let extra = p.add(PIECE + 32);
         for i in 0..R {
-            let exact = if L::SIGNED {
-                _mm256_sub_epi32(isum[i], _mm256_slli_epi32::<7>(wsum[i]))
-            } else if L::OFFSET != 0 {
+            let exact = if Blocks32Vnni::<L>::OFFSET != 0 {
                 _mm256_sub_epi32(isum[i], _mm256_loadu_si256(extra.cast()))
             } else {
                 isum[i]
