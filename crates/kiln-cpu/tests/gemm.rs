@@ -576,9 +576,14 @@ fn vnni_tile_kernels_are_bit_identical_to_the_avx2_ones() {
         assert_ne!(avx2 as usize, vnni as usize, "{ty}: no VNNI kernel");
         // The plain VNNI GEMM too (Q8_0's narrow kernel from 2 to 8 rows included) wherever it
         // runs a VNNI kernel rather than the row-dot loop: every row count for the 32-element
-        // formats, from 4 rows for the k-quants.
+        // formats, from the tile crossover (3 rows, Q6_K 4) for the k-quants; the narrow
+        // kernels (2 to 8 rows) included.
         let plain = gemm_fn(ty, SimdLevel::Avx512Vnni).unwrap();
-        let plain_from = if ty.block_size() == 32 { 1 } else { 4 };
+        let plain_from = match ty {
+            GgmlType::Q6_K => 4,
+            GgmlType::Q4_K | GgmlType::Q5_K => 3,
+            _ => 1,
+        };
         for k in lengths(ty) {
             let sets: Vec<Vec<u8>> = vec![
                 quantized_weights(ty, 18, k, &mut rng),

@@ -24,7 +24,7 @@ pub use error::EngineError;
 pub use generate::{generate, GenerateOptions, Generation, StopReason};
 pub use perplexity::{perplexity, Perplexity};
 pub use rng::Rng;
-pub use sampler::{Sampler, SamplingParams};
+pub use sampler::{argmax, Sampler, SamplingParams};
 pub use scheduler::{
     Event, FinishReason, Request, RequestId, Scheduler, SchedulerConfig, SubmitError, TokenLogprob,
 };

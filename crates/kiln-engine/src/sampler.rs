@@ -263,22 +263,83 @@ fn softmax(cand: &[(u32, f32)], temperature: f32) -> Vec<f64> {
     e.into_iter().map(|v| v / s).collect()
 }
 
-/// Index of the largest logit; the lowest index wins ties; NaNs never win.
+/// Index of the largest logit; the lowest index wins ties; NaNs never win (0 when no logit
+/// exceeds -inf).
+///
+/// Two passes that vectorize, instead of one loop whose every step depends on the last
+/// comparison: the maximum in 16 independent lanes (`if x > m { x } else { m }` is one packed
+/// max), then the first index holding it. About 4x faster on Gemma's 262k logits, which
+/// matters when a batched decode step takes the arg-max of several rows on one thread.
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut best_v = f32::NEG_INFINITY;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > best_v {
-            best = i;
-            best_v = v;
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = logits.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for (m, &x) in lanes.iter_mut().zip(chunk) {
+            *m = if x > *m { x } else { *m };
         }
     }
-    best as u32
+    let mut max = f32::NEG_INFINITY;
+    for &x in lanes.iter().chain(tail) {
+        max = if x > max { x } else { max };
+    }
+    if max == f32::NEG_INFINITY {
+        return 0;
+    }
+    logits.iter().position(|&x| x == max).unwrap_or(0) as u32
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The one-pass definition `argmax` must equal.
+    fn argmax_reference(logits: &[f32]) -> u32 {
+        let mut best = 0usize;
+        let mut best_v = f32::NEG_INFINITY;
+        for (i, &v) in logits.iter().enumerate() {
+            if v > best_v {
+                best = i;
+                best_v = v;
+            }
+        }
+        best as u32
+    }
+
+    #[test]
+    fn argmax_equals_the_one_pass_definition() {
+        let mut rng = Rng::new(7);
+        let nan = f32::NAN;
+        let inf = f32::INFINITY;
+        let ninf = f32::NEG_INFINITY;
+        let fixed: [&[f32]; 9] = [
+            &[],
+            &[nan, nan],
+            &[nan, ninf, ninf],
+            &[ninf, ninf],
+            &[1.0, nan, 1.0, 2.0, 2.0],
+            &[nan, 3.0, inf, 5.0, inf],
+            &[-0.0, 0.0],
+            &[0.0, -0.0],
+            &[-5.0; 40],
+        ];
+        for row in fixed {
+            assert_eq!(argmax(row), argmax_reference(row), "{row:?}");
+        }
+        for len in [1, 15, 16, 17, 33, 1000, 4099] {
+            for _ in 0..20 {
+                // Few distinct values, so that ties are common; a NaN now and then.
+                let row: Vec<f32> = (0..len)
+                    .map(|_| match rng.next_u64() % 50 {
+                        0 => nan,
+                        k => (k % 7) as f32 - 3.0,
+                    })
+                    .collect();
+                assert_eq!(argmax(&row), argmax_reference(&row), "len {len}");
+            }
+        }
+    }
 
     fn sampler(f: impl FnOnce(&mut SamplingParams)) -> Sampler {
         let mut p = SamplingParams {

@@ -448,15 +448,7 @@ fn argmax_rows(b: &CpuBackend, logits: &CpuTensor) -> Vec<u32> {
     logits
         .data()
         .chunks_exact(cols.max(1))
-        .map(|row| {
-            let mut best = (0usize, f32::NEG_INFINITY);
-            for (i, &x) in row.iter().enumerate() {
-                if x > best.1 {
-                    best = (i, x);
-                }
-            }
-            best.0 as u32
-        })
+        .map(kiln_engine::argmax)
         .collect()
 }
 

@@ -588,19 +588,37 @@ gemm_entries! {
     /// Q8_0 weights x Q8_0 activations, VNNI.
     q8_0_vnni_tiled, q8_0_vnni_always => blocks32::Blocks32Vnni<blocks32::Q8_0>;
     /// Q4_K weights x Q8_K activations, VNNI.
-    q4_k_vnni, q4_k_vnni_always => superblocks::SuperBlocksVnni<superblocks::Q4K>;
+    q4_k_vnni_tiled, q4_k_vnni_always => superblocks::SuperBlocksVnni<superblocks::Q4K>;
     /// Q5_K weights x Q8_K activations, VNNI.
-    q5_k_vnni, q5_k_vnni_always => superblocks::SuperBlocksVnni<superblocks::Q5K>;
+    q5_k_vnni_tiled, q5_k_vnni_always => superblocks::SuperBlocksVnni<superblocks::Q5K>;
     /// Q6_K weights x Q8_K activations, VNNI.
-    q6_k_vnni, q6_k_vnni_always => superblocks::SuperBlocksVnni<superblocks::Q6K>;
+    q6_k_vnni_tiled, q6_k_vnni_always => superblocks::SuperBlocksVnni<superblocks::Q6K>;
 }
 
-/// The GEMM of a 32-element format on a CPU with AVX-512 VNNI: the narrow kernel
-/// (`blocks32::narrow`: weights read where they lie, activations in the lanes) for 2 to 8
-/// activation rows (batched decode), the VNNI tile kernel otherwise. Both form the same exact
-/// block sums and run the same f32 steps, so the results are bit-identical.
+/// Signature of a narrow kernel (`blocks32::narrow`, `superblocks::narrow`): `(blocks, w, w_row,
+/// rows, a, a_row, cols, out, ldo, scratch)`.
+type NarrowFn =
+    unsafe fn(usize, *const u8, usize, usize, *const u8, usize, usize, *mut f32, usize, *mut u8);
+
+/// A weight format's narrow kernel: what [`narrow_or_tiled`] needs to run it.
+struct Narrow {
+    ty: GgmlType,
+    /// Elements per block.
+    qk: usize,
+    /// Fewest activation rows it runs for (up to 8; below, the tiled entry decides).
+    min_cols: usize,
+    /// Scratch lines per block.
+    lines: usize,
+    kernel: NarrowFn,
+}
+
+/// A GEMM on a CPU with AVX-512 VNNI: the format's narrow kernel (weights read where they lie,
+/// activations in the lanes) for `min_cols` to 8 activation rows (batched decode), the `tiled`
+/// entry otherwise. Both form the same exact block sums and run the same f32 steps, so the
+/// results are bit-identical.
 #[allow(clippy::too_many_arguments)]
-fn narrow_or_tiled<L: blocks32::Legacy>(
+fn narrow_or_tiled(
+    narrow: &Narrow,
     tiled: GemmFn,
     k: usize,
     w: &[u8],
@@ -610,11 +628,11 @@ fn narrow_or_tiled<L: blocks32::Legacy>(
     out: &mut [f32],
     ldo: usize,
 ) {
-    if !(2..=PANEL_ROWS).contains(&cols) {
+    if !(narrow.min_cols..=PANEL_ROWS).contains(&cols) {
         return tiled(k, w, rows, a, cols, out, ldo);
     }
-    let (w_row, a_row) = gemm_shape(L::TYPE, k, w.len(), rows, a.len(), cols, out.len(), ldo);
-    let blocks = k / kiln_quant::blocks::QK8_0;
+    let (w_row, a_row) = gemm_shape(narrow.ty, k, w.len(), rows, a.len(), cols, out.len(), ldo);
+    let blocks = k / narrow.qk;
     if rows == 0 {
         return;
     }
@@ -625,17 +643,17 @@ fn narrow_or_tiled<L: blocks32::Legacy>(
         return;
     }
     SCRATCH.with_borrow_mut(|scratch| {
-        let lines = blocks * blocks32::NARROW_LINES;
+        let lines = blocks * narrow.lines;
         if scratch.panels.len() < lines {
             scratch.panels.resize(lines, Line([0; 32]));
         }
         // SAFETY: the VNNI entries are handed out only on a CPU with AVX2+FMA+F16C and AVX-512
         // F/BW/VL/VNNI; `gemm_shape` checked that `w` is `rows` rows of `blocks` blocks, `a`
-        // `cols` rows of as many activation blocks (`cols` in 2..=8) and that `out` holds
+        // `cols` rows of as many activation blocks (`cols` in 1..=8) and that `out` holds
         // `c * ldo + r` for every `r < rows`, `c < cols`; the scratch was just sized for
-        // `blocks * NARROW_LINES` lines.
+        // `blocks * lines` lines.
         unsafe {
-            blocks32::narrow::<L>(
+            (narrow.kernel)(
                 blocks,
                 w.as_ptr(),
                 w_row,
@@ -651,9 +669,9 @@ fn narrow_or_tiled<L: blocks32::Legacy>(
     })
 }
 
-/// Defines the public VNNI GEMM entries of the 32-element formats (see `narrow_or_tiled`).
+/// Defines the public VNNI GEMM entries with a narrow kernel (see `narrow_or_tiled`).
 macro_rules! narrow_entries {
-    ($($(#[$doc:meta])* $name:ident => $format:ty, $tiled:ident;)*) => {
+    ($($(#[$doc:meta])* $name:ident => $narrow:expr, $tiled:ident;)*) => {
         $(
             $(#[$doc])*
             pub(in crate::kernels) fn $name(
@@ -665,23 +683,53 @@ macro_rules! narrow_entries {
                 out: &mut [f32],
                 ldo: usize,
             ) {
-                narrow_or_tiled::<$format>($tiled, k, w, rows, a, cols, out, ldo)
+                const NARROW: Narrow = $narrow;
+                narrow_or_tiled(&NARROW, $tiled, k, w, rows, a, cols, out, ldo)
             }
         )*
     };
 }
 
+/// The narrow kernel of a 32-element format: from 2 activation rows.
+const fn narrow32<L: blocks32::Legacy>() -> Narrow {
+    Narrow {
+        ty: L::TYPE,
+        qk: kiln_quant::blocks::QK8_0,
+        min_cols: 2,
+        lines: blocks32::NARROW_LINES,
+        kernel: blocks32::narrow::<L>,
+    }
+}
+
+/// The narrow kernel of a k-quant: from the format's tile crossover, below which the row dots
+/// are faster still.
+const fn narrow_k<K: superblocks::KQuant>() -> Narrow {
+    Narrow {
+        ty: K::TYPE,
+        qk: kiln_quant::blocks::QK_K,
+        min_cols: K::MIN_COLS,
+        lines: superblocks::NARROW_LINES,
+        kernel: superblocks::narrow::<K>,
+    }
+}
+
 narrow_entries! {
     /// Q4_0 weights x Q8_0 activations, VNNI.
-    q4_0_vnni => blocks32::Q4_0, q4_0_vnni_tiled;
+    q4_0_vnni => narrow32::<blocks32::Q4_0>(), q4_0_vnni_tiled;
     /// Q4_1 weights x Q8_1 activations, VNNI.
-    q4_1_vnni => blocks32::Q4_1, q4_1_vnni_tiled;
+    q4_1_vnni => narrow32::<blocks32::Q4_1>(), q4_1_vnni_tiled;
     /// Q5_0 weights x Q8_0 activations, VNNI.
-    q5_0_vnni => blocks32::Q5_0, q5_0_vnni_tiled;
+    q5_0_vnni => narrow32::<blocks32::Q5_0>(), q5_0_vnni_tiled;
     /// Q5_1 weights x Q8_1 activations, VNNI.
-    q5_1_vnni => blocks32::Q5_1, q5_1_vnni_tiled;
+    q5_1_vnni => narrow32::<blocks32::Q5_1>(), q5_1_vnni_tiled;
     /// Q8_0 weights x Q8_0 activations, VNNI.
-    q8_0_vnni => blocks32::Q8_0, q8_0_vnni_tiled;
+    q8_0_vnni => narrow32::<blocks32::Q8_0>(), q8_0_vnni_tiled;
+    /// Q4_K weights x Q8_K activations, VNNI.
+    q4_k_vnni => narrow_k::<superblocks::Q4K>(), q4_k_vnni_tiled;
+    /// Q5_K weights x Q8_K activations, VNNI.
+    q5_k_vnni => narrow_k::<superblocks::Q5K>(), q5_k_vnni_tiled;
+    /// Q6_K weights x Q8_K activations, VNNI.
+    q6_k_vnni => narrow_k::<superblocks::Q6K>(), q6_k_vnni_tiled;
 }
 
 /// The safe entry of the tile-exact one-row products (see `blocks32::rows_exact`): checks the

@@ -20,7 +20,7 @@ use kiln_quant::blocks::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
 
 use super::super::{kquants, load32, read_f32};
 use super::{
-    broadcast4, offset_shares, store_halves, store_piece, sum_lanes_per_half, Format, Shape,
+    broadcast4, half, offset_shares, store_halves, store_piece, sum_lanes_per_half, Format, Shape,
     PANEL_ROWS, PIECE,
 };
 use crate::kernels::VecDotFn;
@@ -529,5 +529,170 @@ pub(super) unsafe fn rows_exact<K: KQuant>(
             }
         }
         super::store_lanes(out.add(r0), acc, (rows - r0).min(PANEL_ROWS));
+    }
+}
+
+/// Lines of the narrow kernel's activation panel per super-block: 64 chunk lines, the line of
+/// the activations' `d` (f32), then 16 lines of Q6_K's offset shares (i32 `32 * bsums[g]`) or 8
+/// lines of the `(bsums[2g], bsums[2g + 1])` i16 pairs that the minimums of Q4_K and Q5_K take.
+pub(in crate::kernels::x86) const NARROW_LINES: usize = QK_K / 4 + 1 + 16;
+
+/// Weight rows taken at once by the narrow kernel.
+const NARROW_ROWS: usize = 4;
+
+/// Bytes of the chunk lines of one super-block of the narrow panel (64 lines).
+const CHUNK_BYTES: usize = QK_K / 4 * 32;
+
+/// The k-quant counterpart of `blocks32::narrow` (see there): activations packed into the lanes
+/// once per call, weights read where they lie, each super-block's quants unpacked once into a
+/// buffer that is read back as 4-quant broadcasts, its scales unpacked once. Per sub-block the
+/// `vpdpbusd` sum less Q6_K's offset shares is multiplied by the sub-block's scale, as in the
+/// VNNI tile; the minimums and the f32 steps are the tile's `finish_block` with the roles of the
+/// lanes swapped. Bit-identical to the tile kernels.
+///
+/// # Safety
+/// AVX2+FMA+F16C and AVX-512 F/BW/VL/VNNI; `w` holds `rows` rows of `blocks` super-blocks
+/// (`w_row` bytes each), `a` `cols` rows of `blocks` Q8_K blocks (`a_row` bytes each), `cols` in
+/// 1..=8; `out + c * ldo + r` is writable for `r < rows`, `c < cols`; `scratch` has room for
+/// `blocks * NARROW_LINES` lines.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn narrow<K: KQuant>(
+    blocks: usize,
+    w: *const u8,
+    w_row: usize,
+    rows: usize,
+    a: *const u8,
+    a_row: usize,
+    cols: usize,
+    out: *mut f32,
+    ldo: usize,
+    scratch: *mut u8,
+) {
+    let line = NARROW_LINES * 32;
+    for b in 0..blocks {
+        let src: [*const u8; PANEL_ROWS] =
+            std::array::from_fn(|j| a.add(j.min(cols - 1) * a_row + b * Q8K));
+        let dst = scratch.add(b * line);
+        for t in 0..QK_K / 32 {
+            store_piece(dst.add(t * PIECE), |j| load32(src[j].add(Q8K_QS + 32 * t)));
+        }
+        let da: [f32; PANEL_ROWS] = src.map(|p| read_f32(p));
+        _mm256_storeu_ps(dst.add(CHUNK_BYTES).cast(), _mm256_loadu_ps(da.as_ptr()));
+        let extra = dst.add(CHUNK_BYTES + 32).cast::<u32>();
+        let bsum =
+            |j: usize, g: usize| src[j].add(Q8K_BSUMS + 2 * g).cast::<i16>().read_unaligned();
+        if K::OFFSET != 0 {
+            for g in 0..K::SUBS {
+                for j in 0..PANEL_ROWS {
+                    let share = i32::from(bsum(j, g)) * i32::from(K::OFFSET);
+                    *extra.add(8 * g + j) = share as u32;
+                }
+            }
+        } else if K::DMIN_AT.is_some() {
+            for g in 0..8 {
+                for j in 0..PANEL_ROWS {
+                    let pair = src[j].add(Q8K_BSUMS + 4 * g).cast::<u32>().read_unaligned();
+                    *extra.add(8 * g + j) = pair;
+                }
+            }
+        }
+    }
+    let mut r = 0;
+    while r + NARROW_ROWS <= rows {
+        narrow_rows::<K, NARROW_ROWS>(blocks, w, w_row, r, cols, out, ldo, scratch);
+        r += NARROW_ROWS;
+    }
+    while r < rows {
+        narrow_rows::<K, 1>(blocks, w, w_row, r, cols, out, ldo, scratch);
+        r += 1;
+    }
+}
+
+/// Rows `r0..r0 + R` of [`narrow`], against the packed activation panel at `panel`.
+///
+/// # Safety
+/// As `narrow`, with `r0 + R <= rows` and the panel packed.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn narrow_rows<K: KQuant, const R: usize>(
+    blocks: usize,
+    w: *const u8,
+    w_row: usize,
+    r0: usize,
+    cols: usize,
+    out: *mut f32,
+    ldo: usize,
+    panel: *const u8,
+) {
+    let sub_chunks = SuperBlocks::<K>::SUB_CHUNKS;
+    let rows: [*const u8; R] = std::array::from_fn(|i| w.add((r0 + i) * w_row));
+    let mut acc = [_mm256_setzero_ps(); R];
+    let next = w.wrapping_add((r0 + R) * w_row);
+    let lines = (R * w_row).div_ceil(64);
+    let per_block = lines.div_ceil(blocks);
+    let mut unpacked = [[0u8; QK_K]; R];
+    for b in 0..blocks {
+        for l in b * per_block..((b + 1) * per_block).min(lines) {
+            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64 * l).cast());
+        }
+        let p = panel.add(b * NARROW_LINES * 32);
+        let extra = p.add(CHUNK_BYTES + 32);
+        let wb = rows.map(|row| row.add(b * K::W_BLOCK));
+        let scales = wb.map(|x| K::scales(x));
+        for i in 0..R {
+            for t in 0..QK_K / 32 {
+                let dst = unpacked[i].as_mut_ptr().add(32 * t);
+                _mm256_storeu_si256(dst.cast(), K::quants(wb[i], t));
+            }
+        }
+        // See `blocks32::narrow_rows`: the chunks are re-read as broadcasts from memory.
+        std::arch::asm!("/* {0} */", in(reg) unpacked.as_ptr(), options(nostack, preserves_flags));
+        let mut isum = [_mm256_setzero_si256(); R];
+        for g in 0..K::SUBS {
+            let mut s32 = [_mm256_setzero_si256(); R];
+            for c in g * sub_chunks..(g + 1) * sub_chunks {
+                let act = load32(p.add(32 * c));
+                for i in 0..R {
+                    let wq = broadcast4(unpacked[i].as_ptr().add(4 * c));
+                    s32[i] = _mm256_dpbusd_epi32(s32[i], wq, act);
+                }
+            }
+            let shares = if K::OFFSET != 0 {
+                load32(extra.add(32 * g))
+            } else {
+                _mm256_setzero_si256()
+            };
+            for i in 0..R {
+                let exact = _mm256_sub_epi32(s32[i], shares);
+                let sc = _mm256_set1_epi32(i32::from(scales[i].sc[g]));
+                isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(exact, sc));
+            }
+        }
+        let da = _mm256_loadu_ps(p.add(CHUNK_BYTES).cast());
+        for i in 0..R {
+            let d = _mm256_set1_ps(half(wb[i].add(K::D_AT)));
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]), _mm256_mul_ps(d, da), acc[i]);
+            if let Some(at) = K::DMIN_AT {
+                let mut mins = _mm256_setzero_si256();
+                for g in 0..8 {
+                    let mn = u32::from(scales[i].mn[g] as u16) * 0x0001_0001;
+                    let pairs = _mm256_set1_epi32(mn as i32);
+                    let bsums = load32(extra.add(32 * g));
+                    mins = _mm256_add_epi32(mins, _mm256_madd_epi16(pairs, bsums));
+                }
+                let dmin = _mm256_set1_ps(half(wb[i].add(at)));
+                let mins = _mm256_cvtepi32_ps(mins);
+                acc[i] = _mm256_fnmadd_ps(mins, _mm256_mul_ps(dmin, da), acc[i]);
+            }
+        }
+    }
+    for (i, v) in acc.into_iter().enumerate() {
+        let mut lanes = [0f32; PANEL_ROWS];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+        for (c, &x) in lanes.iter().enumerate().take(cols) {
+            *out.add(c * ldo + r0 + i) = x;
+        }
     }
 }
