@@ -580,19 +580,16 @@ pub(super) unsafe fn narrow<K: KQuant>(
         let da: [f32; PANEL_ROWS] = src.map(|p| read_f32(p));
         _mm256_storeu_ps(dst.add(CHUNK_BYTES).cast(), _mm256_loadu_ps(da.as_ptr()));
         let extra = dst.add(CHUNK_BYTES + 32).cast::<u32>();
-        let bsum =
-            |j: usize, g: usize| src[j].add(Q8K_BSUMS + 2 * g).cast::<i16>().read_unaligned();
-        if K::OFFSET != 0 {
-            for g in 0..K::SUBS {
-                for j in 0..PANEL_ROWS {
-                    let share = i32::from(bsum(j, g)) * i32::from(K::OFFSET);
+        for (j, &y) in src.iter().enumerate() {
+            if K::OFFSET != 0 {
+                for g in 0..K::SUBS {
+                    let bsum = y.add(Q8K_BSUMS + 2 * g).cast::<i16>().read_unaligned();
+                    let share = i32::from(bsum) * i32::from(K::OFFSET);
                     *extra.add(8 * g + j) = share as u32;
                 }
-            }
-        } else if K::DMIN_AT.is_some() {
-            for g in 0..8 {
-                for j in 0..PANEL_ROWS {
-                    let pair = src[j].add(Q8K_BSUMS + 4 * g).cast::<u32>().read_unaligned();
+            } else if K::DMIN_AT.is_some() {
+                for g in 0..8 {
+                    let pair = y.add(Q8K_BSUMS + 4 * g).cast::<u32>().read_unaligned();
                     *extra.add(8 * g + j) = pair;
                 }
             }
