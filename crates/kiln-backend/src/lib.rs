@@ -18,7 +18,10 @@ mod ops;
 mod weight;
 
 pub use gptq::{GptqError, GptqMatrix, GptqTensors};
-pub use ops::{Activation, AttentionParams, KvPages, PackedAttentionParams, RopeParams, RopeStyle};
+pub use ops::{
+    Activation, AttentionJob, AttentionParams, KvPages, PackedAttentionParams, RopeParams,
+    RopeStyle,
+};
 pub use weight::{Linear, WeightData};
 
 use std::ops::Range;
@@ -165,6 +168,21 @@ pub trait Backend: Send + Sync + Sized + 'static {
         n_kv: usize,
         params: &AttentionParams,
     ) -> Result<Self::Tensor>;
+    /// The attention of several sequences (a batched decode step), each job computed exactly as
+    /// [`Backend::attention`] or [`Backend::paged_attention`] computes it alone, results in job
+    /// order. A backend may run the jobs concurrently; the default runs them one by one.
+    fn attention_many(
+        &self,
+        jobs: &[AttentionJob<'_, Self::Tensor>],
+        params: &AttentionParams,
+    ) -> Result<Vec<Self::Tensor>> {
+        jobs.iter()
+            .map(|j| match &j.pages {
+                Some(pages) => self.paged_attention(j.q, j.k, j.v, pages, j.q_pos, j.n_kv, params),
+                None => self.attention(j.q, j.k, j.v, j.q_pos, j.n_kv, params),
+            })
+            .collect()
+    }
     /// Writes row `i` of `src` at logical row `first + i` of the paged `pool` (KV-cache append
     /// into a sequence's blocks): one [`Backend::write_rows`] per run of rows inside a block.
     fn write_paged_rows(

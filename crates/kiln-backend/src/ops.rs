@@ -122,6 +122,20 @@ pub struct KvPages<'a> {
     pub block_size: usize,
 }
 
+/// One sequence's attention in [`crate::Backend::attention_many`]: its queries, its K and V
+/// (a contiguous cache, or the pools with `pages`), and the arguments of
+/// [`crate::Backend::attention`].
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionJob<'a, T> {
+    pub q: &'a T,
+    pub k: &'a T,
+    pub v: &'a T,
+    /// `Some`: `k` and `v` are pools read through these pages ([`crate::Backend::paged_attention`]).
+    pub pages: Option<KvPages<'a>>,
+    pub q_pos: usize,
+    pub n_kv: usize,
+}
+
 impl KvPages<'_> {
     /// The physical row of logical row `j`, when the table covers it and the pool holds
     /// `pool_rows` rows.

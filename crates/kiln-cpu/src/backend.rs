@@ -2,8 +2,8 @@ use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
 use kiln_backend::{
-    shape_err, Activation, AttentionParams, Backend, BackendError, GptqMatrix, KvPages, Linear,
-    PackedAttentionParams, Result, RopeParams, WeightData,
+    shape_err, Activation, AttentionJob, AttentionParams, Backend, BackendError, GptqMatrix,
+    KvPages, Linear, PackedAttentionParams, Result, RopeParams, WeightData,
 };
 use kiln_core::{GgmlType, SharedBytes};
 
@@ -513,6 +513,31 @@ impl Backend for CpuBackend {
         params: &AttentionParams,
     ) -> Result<CpuTensor> {
         crate::attention::paged_attention(self, q, k_pool, v_pool, pages, q_pos, n_kv, params)
+    }
+
+    /// The jobs as team tasks, one per sequence: a decode step's attention of one short sequence
+    /// is too small to split, so a batch of them ran on one thread while the others waited. Each
+    /// job runs the very code of a lone call (its own splits then run inline on its thread), so
+    /// the results are the same.
+    fn attention_many(
+        &self,
+        jobs: &[AttentionJob<'_, CpuTensor>],
+        params: &AttentionParams,
+    ) -> Result<Vec<CpuTensor>> {
+        let one = |j: &AttentionJob<'_, CpuTensor>| match &j.pages {
+            Some(pages) => self.paged_attention(j.q, j.k, j.v, pages, j.q_pos, j.n_kv, params),
+            None => self.attention(j.q, j.k, j.v, j.q_pos, j.n_kv, params),
+        };
+        if jobs.len() < 2 || self.threads < 2 {
+            return jobs.iter().map(one).collect();
+        }
+        let mut slots: Vec<Option<Result<CpuTensor>>> = (0..jobs.len()).map(|_| None).collect();
+        self.team
+            .for_each_chunk(&mut slots, 1, |i, slot| slot[0] = Some(one(&jobs[i])));
+        slots
+            .into_iter()
+            .map(|s| s.unwrap_or_else(|| Err(shape_err("attention_many", "a job did not run"))))
+            .collect()
     }
 
     fn activation(&self, x: &CpuTensor, act: Activation) -> Result<CpuTensor> {

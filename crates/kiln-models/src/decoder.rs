@@ -12,7 +12,9 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use kiln_backend::{Activation, AttentionParams, Backend, KvPages, Linear, RopeParams, RopeStyle};
+use kiln_backend::{
+    Activation, AttentionJob, AttentionParams, Backend, KvPages, Linear, RopeParams, RopeStyle,
+};
 use kiln_core::config::{DecoderConfig, FfnActivation, LayerAttention, RopeKind};
 
 use crate::{KvCache, ModelError, PagedKvCache, PagedSeq};
@@ -187,10 +189,8 @@ impl<B: Backend> Caches<'_, '_, B> {
     }
 
     /// Stores sequence `i`'s new keys and values of the cache's `il`-th layer (counted from the
-    /// first layer it holds) at positions `pos0..` and returns the attention of its queries over
-    /// its positions `..pos0 + rows`.
-    #[allow(clippy::too_many_arguments)]
-    fn store_and_attend(
+    /// first layer it holds) at positions `pos0..`.
+    fn store(
         &mut self,
         b: &B,
         i: usize,
@@ -198,16 +198,12 @@ impl<B: Backend> Caches<'_, '_, B> {
         pos0: usize,
         k: &B::Tensor,
         v: &B::Tensor,
-        q: &B::Tensor,
-        params: &AttentionParams,
-    ) -> Result<B::Tensor, ModelError> {
-        let n_kv = pos0 + b.shape(q).0;
-        Ok(match self {
+    ) -> Result<(), ModelError> {
+        match self {
             Caches::Contiguous(c) => {
                 let cache = &mut c[i];
                 b.write_rows(&mut cache.k[il], pos0, k)?;
                 b.write_rows(&mut cache.v[il], pos0, v)?;
-                b.attention(q, &cache.k[il], &cache.v[il], pos0, n_kv, params)?
             }
             Caches::Paged { cache, views } => {
                 let pages = KvPages {
@@ -216,9 +212,43 @@ impl<B: Backend> Caches<'_, '_, B> {
                 };
                 b.write_paged_rows(&mut cache.k[il], &pages, pos0, k)?;
                 b.write_paged_rows(&mut cache.v[il], &pages, pos0, v)?;
-                b.paged_attention(q, &cache.k[il], &cache.v[il], &pages, pos0, n_kv, params)?
             }
-        })
+        }
+        Ok(())
+    }
+
+    /// The attention of sequence `i`'s queries `q` (at positions `pos0..`) over its positions
+    /// `..pos0 + rows` of the cache's `il`-th layer, as a job of `Backend::attention_many`.
+    fn job<'s>(
+        &'s self,
+        b: &B,
+        i: usize,
+        il: usize,
+        pos0: usize,
+        q: &'s B::Tensor,
+    ) -> AttentionJob<'s, B::Tensor> {
+        let n_kv = pos0 + b.shape(q).0;
+        match self {
+            Caches::Contiguous(c) => AttentionJob {
+                q,
+                k: &c[i].k[il],
+                v: &c[i].v[il],
+                pages: None,
+                q_pos: pos0,
+                n_kv,
+            },
+            Caches::Paged { cache, views } => AttentionJob {
+                q,
+                k: &cache.k[il],
+                v: &cache.v[il],
+                pages: Some(KvPages {
+                    table: views[i].table,
+                    block_size: cache.block_size(),
+                }),
+                q_pos: pos0,
+                n_kv,
+            },
+        }
     }
 
     /// Counts the new positions of contiguous caches (paged ones are counted by the caller).
@@ -454,12 +484,14 @@ impl<B: Backend> LayerRun<'_, B> {
                 k = b.rms_norm(&k, w, c.norm_eps)?;
             }
             // Per sequence: rope (its cache's capacity picks long-rope), cache append, attention.
-            let mut a = if single {
+            let a = if single {
                 None
             } else {
                 Some(b.zeros(batch.rows(), c.n_heads * c.head_dim_v)?)
             };
-            let mut single_out = None;
+            // First every sequence's rope and cache append, then the attention of all of them
+            // in one call (which the backend may run concurrently).
+            let mut queries = Vec::with_capacity(spans.len());
             for (i, (rows, pos0)) in spans.iter().enumerate() {
                 let rope = c.rope_for(attention, caches.capacity(i));
                 let rope_params =
@@ -480,15 +512,27 @@ impl<B: Backend> LayerRun<'_, B> {
                     trace.trace(b, "q", il, &q_r);
                     trace.trace(b, "k", il, &k_r);
                 }
-                let out = caches.store_and_attend(b, i, local, *pos0, &k_r, v_in, &q_r, &params)?;
-                match &mut a {
-                    Some(all) => b.write_rows(all, rows.start, &out)?,
-                    None => single_out = Some(out),
-                }
+                caches.store(b, i, local, *pos0, &k_r, v_in)?;
+                queries.push(q_r);
             }
-            let a = match (a, single_out) {
-                (Some(a), _) | (None, Some(a)) => a,
-                (None, None) => return Err(ModelError::Batch("no sequence".into())),
+            let jobs: Vec<_> = spans
+                .iter()
+                .zip(&queries)
+                .enumerate()
+                .map(|(i, ((_, pos0), q_r))| caches.job(b, i, local, *pos0, q_r))
+                .collect();
+            let mut outs = b.attention_many(&jobs, &params)?;
+            drop(jobs);
+            let a = match a {
+                Some(mut all) => {
+                    for ((rows, _), out) in spans.iter().zip(&outs) {
+                        b.write_rows(&mut all, rows.start, out)?;
+                    }
+                    all
+                }
+                None => outs
+                    .pop()
+                    .ok_or_else(|| ModelError::Batch("no sequence".into()))?,
             };
             let a = b.matmul(&a, &layer.o)?;
             trace.trace(b, "attn_out", il, &a);
