@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use kiln_backend::{AttentionParams, Backend, KvPages, Linear};
+use kiln_backend::{AttentionJob, AttentionParams, Backend, KvPages, Linear};
 use kiln_core::GgmlType;
 use kiln_cpu::kernels::{simd_level, SimdLevel};
 use kiln_cpu::CpuBackend;
@@ -182,5 +182,108 @@ fn fused_decode_products_match_the_single_ones() {
             let single = b.matmul(&x, l).unwrap();
             assert_eq!(b.to_f32(y).unwrap(), b.to_f32(&single).unwrap(), "{}", l.ty);
         }
+    }
+}
+
+#[test]
+fn attention_many_gives_each_job_what_it_gets_alone() {
+    // A batched decode step: sequences of different lengths, one query row or a few each, over
+    // contiguous caches and over pages of a shared pool; run as team tasks on 2 and 3 threads,
+    // every job must equal its lone call bit for bit, in job order.
+    let (n_heads, n_kv_heads, hd) = (4, 1, 32);
+    let kv_cols = n_kv_heads * hd;
+    let w = n_heads * hd;
+    let bs = 16;
+    let lens = [1usize, 40, 300, 17, 64, 5];
+    for threads in [1, 2, 3] {
+        let b = CpuBackend::new(threads).unwrap();
+        let p = AttentionParams {
+            n_heads,
+            n_kv_heads,
+            head_dim: hd,
+            scale: 0.2,
+            sliding_window: Some(48),
+            softcap: None,
+        };
+        let caches: Vec<_> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| {
+                let k = values(len * kv_cols, 20 + i as u64);
+                let v = values(len * kv_cols, 40 + i as u64);
+                (
+                    b.tensor_from_f32(&k, len, kv_cols).unwrap(),
+                    b.tensor_from_f32(&v, len, kv_cols).unwrap(),
+                )
+            })
+            .collect();
+        // One pool holding the first cache's rows in reversed blocks.
+        let len0 = lens[2];
+        let table: Vec<u32> = (0..len0.div_ceil(bs) as u32).rev().collect();
+        let (k0, v0) = (values(len0 * kv_cols, 22), values(len0 * kv_cols, 42));
+        let mut kp = vec![0.0f32; table.len() * bs * kv_cols];
+        let mut vp = kp.clone();
+        for j in 0..len0 {
+            let at = (table[j / bs] as usize * bs + j % bs) * kv_cols;
+            kp[at..at + kv_cols].copy_from_slice(&k0[j * kv_cols..(j + 1) * kv_cols]);
+            vp[at..at + kv_cols].copy_from_slice(&v0[j * kv_cols..(j + 1) * kv_cols]);
+        }
+        let kpt = b.tensor_from_f32(&kp, kp.len() / kv_cols, kv_cols).unwrap();
+        let vpt = b.tensor_from_f32(&vp, vp.len() / kv_cols, kv_cols).unwrap();
+        let pages = KvPages {
+            table: &table,
+            block_size: bs,
+        };
+        let queries: Vec<_> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| {
+                let rows = if i % 2 == 0 { 1 } else { len.min(3) };
+                b.tensor_from_f32(&values(rows * w, 60 + i as u64), rows, w)
+                    .unwrap()
+            })
+            .collect();
+        let mut jobs: Vec<AttentionJob<'_, _>> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| {
+                let rows = b.shape(&queries[i]).0;
+                AttentionJob {
+                    q: &queries[i],
+                    k: &caches[i].0,
+                    v: &caches[i].1,
+                    pages: None,
+                    q_pos: len - rows,
+                    n_kv: len,
+                }
+            })
+            .collect();
+        jobs.push(AttentionJob {
+            q: &queries[2],
+            k: &kpt,
+            v: &vpt,
+            pages: Some(pages),
+            q_pos: len0 - 1,
+            n_kv: len0,
+        });
+        let many = b.attention_many(&jobs, &p).unwrap();
+        assert_eq!(many.len(), jobs.len());
+        for (i, (j, got)) in jobs.iter().zip(&many).enumerate() {
+            let alone = match &j.pages {
+                Some(pg) => b.paged_attention(j.q, j.k, j.v, pg, j.q_pos, j.n_kv, &p),
+                None => b.attention(j.q, j.k, j.v, j.q_pos, j.n_kv, &p),
+            }
+            .unwrap();
+            assert_eq!(
+                b.to_f32(got).unwrap(),
+                b.to_f32(&alone).unwrap(),
+                "job {i}, {threads} threads"
+            );
+        }
+        // The paged job reads the same rows as the contiguous one of that sequence.
+        assert_eq!(
+            b.to_f32(&many[2]).unwrap(),
+            b.to_f32(&many[lens.len()]).unwrap()
+        );
     }
 }
