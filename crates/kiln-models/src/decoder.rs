@@ -492,22 +492,51 @@ impl<B: Backend> LayerRun<'_, B> {
             // First every sequence's rope and cache append, then the attention of all of them
             // in one call (which the backend may run concurrently).
             let mut queries = Vec::with_capacity(spans.len());
+            // Rope is row by row: when every sequence takes the same rope (the usual case; long
+            // rope depends on each cache's capacity), the whole batch is rotated in two calls
+            // rather than two per sequence, and the sequences' rows are cut from the result.
+            let ropes: Vec<_> = (0..spans.len())
+                .map(|i| c.rope_for(attention, caches.capacity(i)))
+                .collect();
+            let rope_of = |i: usize| ropes[i];
+            let shared = (!single
+                && (1..spans.len()).all(|i| std::ptr::eq(rope_of(i), rope_of(0))))
+            .then(|| -> Result<_, ModelError> {
+                let params =
+                    |n_heads| RopeParams::new(rope_of(0), n_heads, c.head_dim, c.rope_dim, style);
+                Ok((
+                    b.rope(&q, positions, &params(c.n_heads))?,
+                    b.rope(&k, positions, &params(c.n_kv_heads))?,
+                ))
+            })
+            .transpose()?;
             for (i, (rows, pos0)) in spans.iter().enumerate() {
-                let rope = c.rope_for(attention, caches.capacity(i));
+                let rope = rope_of(i);
                 let rope_params =
                     |n_heads| RopeParams::new(rope, n_heads, c.head_dim, c.rope_dim, style);
                 let pos = &positions[rows.clone()];
-                let (qs, ks, vs);
-                let (q_in, k_in, v_in) = if single {
-                    (&q, &k, &v)
+                let vs;
+                let (q_r, k_r, v_in) = if single {
+                    let q_r = b.rope(&q, pos, &rope_params(c.n_heads))?;
+                    let k_r = b.rope(&k, pos, &rope_params(c.n_kv_heads))?;
+                    (q_r, k_r, &v)
                 } else {
-                    qs = b.rows(&q, rows.clone())?;
-                    ks = b.rows(&k, rows.clone())?;
                     vs = b.rows(&v, rows.clone())?;
-                    (&qs, &ks, &vs)
+                    match &shared {
+                        Some((q_all, k_all)) => (
+                            b.rows(q_all, rows.clone())?,
+                            b.rows(k_all, rows.clone())?,
+                            &vs,
+                        ),
+                        None => {
+                            let qs = b.rows(&q, rows.clone())?;
+                            let ks = b.rows(&k, rows.clone())?;
+                            let q_r = b.rope(&qs, pos, &rope_params(c.n_heads))?;
+                            let k_r = b.rope(&ks, pos, &rope_params(c.n_kv_heads))?;
+                            (q_r, k_r, &vs)
+                        }
+                    }
                 };
-                let q_r = b.rope(q_in, pos, &rope_params(c.n_heads))?;
-                let k_r = b.rope(k_in, pos, &rope_params(c.n_kv_heads))?;
                 if single {
                     trace.trace(b, "q", il, &q_r);
                     trace.trace(b, "k", il, &k_r);
