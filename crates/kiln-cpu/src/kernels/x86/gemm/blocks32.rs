@@ -515,9 +515,10 @@ pub(super) unsafe fn halves(p: &[*const u8; PANEL_ROWS], at: usize) -> __m256 {
     _mm256_cvtph_ps(_mm_set_epi64x(hi as i64, lo as i64))
 }
 
-/// 32-byte lines of scratch per block of the narrow kernel: the 8 chunk lines of the activation
-/// panel, the line of the activations' `d` (f32), then the line of `OFFSET * sum(a)` (i32; Q4_0,
-/// Q5_0) or of `s` (f32; Q4_1, Q5_1), unused for Q8_0.
+/// 32-byte lines of scratch per block of the narrow kernel: the activation panel's 4 pair lines
+/// of 64 bytes (see `narrow`), the line of the activations' `d` (f32), then the line of
+/// `OFFSET * sum(a)` (i32; Q4_0, Q5_0, and 128 for Q8_0's biased quants) or of `s` (f32; Q4_1,
+/// Q5_1).
 pub(in crate::kernels::x86) const NARROW_LINES: usize = PIECE / 32 + 2;
 
 /// Weight rows taken at once by the narrow kernel: independent `vpdpbusd` chains that hide its
@@ -527,15 +528,15 @@ const NARROW_ROWS: usize = 8;
 /// The weights against 2 to 8 activation rows with the roles of the tile kernel swapped: the
 /// activations are packed once per call into one panel (lane `j` = activation row `j`; rows past
 /// `cols` repeat the last one, computed and never stored) and the weights are read where they
-/// lie, 8 rows at a time, each block's quants unpacked once and each 4-quant chunk broadcast and
-/// multiplied into the lanes with `vpdpbusd`. No weight panels: the weights stream from memory
+/// lie, 8 rows at a time, each block's quants unpacked once and each pair of 4-quant chunks
+/// broadcast as one qword and multiplied into the lanes with a 512-bit `vpdpbusd` (lane `2j` takes
+/// activation row `j`'s even chunk, lane `2j + 1` its odd one; the two are added per block). No weight panels: the weights stream from memory
 /// in order, the next 8 rows requested a few lines per block, where the tile kernel's packing
 /// stalled on them (batched decode, whose products read every weight once per step).
 ///
-/// Unsigned quants are the `u8` operand and the activations the `i8` one, less `OFFSET * sum(a)`
-/// (Q4_0, Q5_0); Q8_0's signed quants are the `i8` operand against activations biased to
-/// `a + 128`, less `128 * sum(q)` (a second `vpdpbusd` of the quants against ones, whose lanes
-/// all hold the block's sum). Either way the block sums are the tile kernel's exact integers and
+/// The quants are the `u8` operand (Q8_0's biased to `q + 128`, as its VNNI tile stores them) and
+/// the activations the `i8` one, less `OFFSET * sum(a)` (8 for Q4_0, 16 for Q5_0, 128 for Q8_0).
+/// The block sums are the tile kernel's exact integers and
 /// the f32 steps are its own (`acc = fma(sum, d * da, acc)`, then `fma(m, s, acc)` for the `_1`
 /// formats) in the same order, so every output is bit-identical to the tile kernel's.
 ///
@@ -563,7 +564,14 @@ pub(super) unsafe fn narrow<L: Legacy>(
         let src: [*const u8; PANEL_ROWS] =
             std::array::from_fn(|j| a.add(j.min(cols - 1) * a_row + b * L::A_BLOCK));
         let dst = scratch.add(b * line);
-        store_piece(dst, |j| load32(src[j].add(L::A_QS)));
+        // Pair line `c` (64 bytes): qword `j` = quants `8c..8c + 8` of activation row `j`, so
+        // that 32-bit lane `2j` holds its chunk `2c` and lane `2j + 1` its chunk `2c + 1`.
+        for c in 0..4 {
+            for (j, &y) in src.iter().enumerate() {
+                let q = y.add(L::A_QS + 8 * c).cast::<u64>().read_unaligned();
+                dst.add(64 * c + 8 * j).cast::<u64>().write_unaligned(q);
+            }
+        }
         store_halves(dst.add(PIECE), &src, 0);
         if L::MIN_AT.is_some() {
             store_halves(dst.add(PIECE + 32), &src, offset_of!(BlockQ8_1, s));
@@ -634,12 +642,24 @@ unsafe fn narrow_rows<L: Legacy, const R: usize>(
         // below, as broadcasts from memory (load units), instead of forwarding the stores into
         // shuffles, which saturated the shuffle units (88 GMAC/s at 8 rows).
         std::arch::asm!("/* {0} */", in(reg) unpacked.as_ptr(), options(nostack, preserves_flags));
-        for c in 0..8 {
-            let act = load32(p.add(32 * c));
+        // Two chunks per 512-bit `vpdpbusd`: the weights' chunks `2c, 2c + 1` broadcast as one
+        // qword against pair line `c`, then each activation row's two lanes added.
+        let mut wide = [_mm512_setzero_si512(); R];
+        for c in 0..4 {
+            let act = _mm512_loadu_si512(p.add(64 * c).cast());
             for i in 0..R {
-                let wq = broadcast4(unpacked[i].0.as_ptr().add(4 * c));
-                isum[i] = _mm256_dpbusd_epi32(isum[i], wq, act);
+                let pair = unpacked[i]
+                    .0
+                    .as_ptr()
+                    .add(8 * c)
+                    .cast::<i64>()
+                    .read_unaligned();
+                wide[i] = _mm512_dpbusd_epi32(wide[i], _mm512_set1_epi64(pair), act);
             }
+        }
+        for i in 0..R {
+            let folded = _mm512_add_epi32(wide[i], _mm512_srli_epi64::<32>(wide[i]));
+            isum[i] = _mm512_cvtepi64_epi32(folded);
         }
         let da = _mm256_loadu_ps(p.add(PIECE).cast());
         let extra = p.add(PIECE + 32);
