@@ -26,8 +26,8 @@
 //! roles swapped, activations packed into the lanes once per call and the weights streamed where
 //! they lie (`blocks32::narrow`). With so few rows there is too little arithmetic per weight byte
 //! to hide the tile kernel's packing, which stalled on memory: the 262k-row Q8_0 output
-//! projection of Gemma at 8 rows went from 14.2 to 9.0 ms (2 threads), `kiln bench -b 8` from
-//! about 270 to about 310 tok/s. Same integers and f32 steps again: bit-identical.
+//! projection of Gemma at 8 rows went from 14.2 to 8.2 ms (2 threads, `examples/gemv_bench.rs`).
+//! Same integers and f32 steps again: bit-identical. The k-quants have theirs in `superblocks`.
 //!
 //! Invariants:
 //!
