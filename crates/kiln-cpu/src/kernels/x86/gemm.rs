@@ -422,6 +422,43 @@ unsafe fn store_lanes(dst: *mut f32, v: __m256, valid: usize) {
 
 // ---- helpers of the formats (inlined into them: same target features) ----
 
+/// Requests the lines of block `b`'s share of `lines` 64-byte lines from `next` (`per_block` a
+/// block): how the narrow kernels fetch the next rows while they multiply these.
+///
+/// # Safety
+/// None beyond the target features: a prefetch never faults, and `wrapping_add` forms the
+/// addresses.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn prefetch_share(next: *const u8, lines: usize, per_block: usize, b: usize) {
+    for l in b * per_block..((b + 1) * per_block).min(lines) {
+        _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64 * l).cast());
+    }
+}
+
+/// Stores lane `c < cols` of `acc[i]` at `out + c * ldo + r0 + i`: a narrow kernel's results
+/// (lanes are activation rows) into `out[activation row][weight row]`.
+///
+/// # Safety
+/// Those elements of `out` writable, `cols <= 8`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn store_columns<const R: usize>(
+    acc: [__m256; R],
+    out: *mut f32,
+    ldo: usize,
+    r0: usize,
+    cols: usize,
+) {
+    for (i, v) in acc.into_iter().enumerate() {
+        let mut lanes = [0f32; PANEL_ROWS];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+        for (c, &x) in lanes.iter().enumerate().take(cols) {
+            *out.add(c * ldo + r0 + i) = x;
+        }
+    }
+}
+
 /// The 8 x 8 transpose of 32-bit elements: lane `r` of result `i` is lane `i` of `u[r]` (quants
 /// `4i..4i + 4` of row `r`).
 #[inline]

@@ -17,8 +17,8 @@ use super::super::{
     bits_to_bytes32, legacy, load32, nibbles32, prefetch_ahead, read_f16_bits, read_u32,
 };
 use super::{
-    broadcast4, half, offset_shares, store_halves, store_piece, sum_lanes_per_half, transpose,
-    Format, Line, Shape, PANEL_ROWS, PIECE,
+    broadcast4, half, offset_shares, prefetch_share, store_columns, store_halves, store_piece,
+    sum_lanes_per_half, transpose, Format, Line, Shape, PANEL_ROWS, PIECE,
 };
 use crate::kernels::VecDotFn;
 
@@ -623,9 +623,7 @@ unsafe fn narrow_rows<L: Legacy, const R: usize>(
     // Unpacked quants of the current block of each row, read back 4 bytes at a time.
     let mut unpacked = [Line([0; 32]); R];
     for b in 0..blocks {
-        for l in b * per_block..((b + 1) * per_block).min(lines) {
-            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64 * l).cast());
-        }
+        prefetch_share(next, lines, per_block, b);
         let p = panel.add(b * NARROW_LINES * 32);
         let wb = rows.map(|row| row.add(b * L::W_BLOCK));
         let mut isum = [_mm256_setzero_si256(); R];
@@ -677,11 +675,5 @@ unsafe fn narrow_rows<L: Legacy, const R: usize>(
             }
         }
     }
-    for (i, v) in acc.into_iter().enumerate() {
-        let mut lanes = [0f32; PANEL_ROWS];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), v);
-        for (c, &x) in lanes.iter().enumerate().take(cols) {
-            *out.add(c * ldo + r0 + i) = x;
-        }
-    }
+    store_columns(acc, out, ldo, r0, cols);
 }

@@ -20,8 +20,8 @@ use kiln_quant::blocks::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
 
 use super::super::{kquants, load32, read_f32};
 use super::{
-    broadcast4, half, offset_shares, store_halves, store_piece, sum_lanes_per_half, Format, Shape,
-    PANEL_ROWS, PIECE,
+    broadcast4, half, offset_shares, prefetch_share, store_columns, store_halves, store_piece,
+    sum_lanes_per_half, Format, Shape, PANEL_ROWS, PIECE,
 };
 use crate::kernels::VecDotFn;
 
@@ -631,9 +631,7 @@ unsafe fn narrow_rows<K: KQuant, const R: usize>(
     let per_block = lines.div_ceil(blocks);
     let mut unpacked = [[0u8; QK_K]; R];
     for b in 0..blocks {
-        for l in b * per_block..((b + 1) * per_block).min(lines) {
-            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64 * l).cast());
-        }
+        prefetch_share(next, lines, per_block, b);
         let p = panel.add(b * NARROW_LINES * 32);
         let extra = p.add(CHUNK_BYTES + 32);
         let wb = rows.map(|row| row.add(b * K::W_BLOCK));
@@ -685,11 +683,5 @@ unsafe fn narrow_rows<K: KQuant, const R: usize>(
             }
         }
     }
-    for (i, v) in acc.into_iter().enumerate() {
-        let mut lanes = [0f32; PANEL_ROWS];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), v);
-        for (c, &x) in lanes.iter().enumerate().take(cols) {
-            *out.add(c * ldo + r0 + i) = x;
-        }
-    }
+    store_columns(acc, out, ldo, r0, cols);
 }
