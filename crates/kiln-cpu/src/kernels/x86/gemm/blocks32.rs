@@ -572,17 +572,17 @@ pub(super) unsafe fn narrow<L: Legacy>(
                 dst.add(64 * c + 8 * j).cast::<u64>().write_unaligned(q);
             }
         }
-        store_halves(dst.add(PIECE), &src, 0);
-        if L::MIN_AT.is_some() {
-            store_halves(dst.add(PIECE + 32), &src, offset_of!(BlockQ8_1, s));
-        } else if Blocks32Vnni::<L>::OFFSET != 0 {
-            let shares: [i32; PANEL_ROWS] = std::array::from_fn(|j| {
-                let pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(1), load32(src[j].add(L::A_QS)));
-                Blocks32Vnni::<L>::OFFSET * hsum_i32(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
-            });
+        // The VNNI tile's two factor words of each activation block (`da`, then `OFFSET * sum(a)`
+        // or `s`), one line of each with activation row `j` in lane `j`.
+        let mut words = [[0u32; 2]; PANEL_ROWS];
+        for (word, &y) in words.iter_mut().zip(&src) {
+            <Blocks32Vnni<L> as Format>::factors(y, word.as_mut_ptr());
+        }
+        for (line, at) in [(0, PIECE), (1, PIECE + 32)] {
+            let lanes = words.map(|w| w[line]);
             _mm256_storeu_si256(
-                dst.add(PIECE + 32).cast(),
-                _mm256_loadu_si256(shares.as_ptr().cast()),
+                dst.add(at).cast(),
+                _mm256_loadu_si256(lanes.as_ptr().cast()),
             );
         }
     }

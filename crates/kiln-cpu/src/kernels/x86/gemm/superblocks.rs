@@ -582,10 +582,11 @@ pub(super) unsafe fn narrow<K: KQuant>(
         let extra = dst.add(CHUNK_BYTES + 32).cast::<u32>();
         for (j, &y) in src.iter().enumerate() {
             if K::OFFSET != 0 {
-                for g in 0..K::SUBS {
-                    let bsum = y.add(Q8K_BSUMS + 2 * g).cast::<i16>().read_unaligned();
-                    let share = i32::from(bsum) * i32::from(K::OFFSET);
-                    *extra.add(8 * g + j) = share as u32;
+                // The VNNI tile's factors: Q6_K's offset shares of each sub-block.
+                let mut shares = [0u32; 16];
+                <SuperBlocksVnni<K> as Format>::factors(y, shares.as_mut_ptr());
+                for (g, &share) in shares.iter().enumerate().take(K::SUBS) {
+                    *extra.add(8 * g + j) = share;
                 }
             } else if K::DMIN_AT.is_some() {
                 for g in 0..8 {
