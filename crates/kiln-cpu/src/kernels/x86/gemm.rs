@@ -175,6 +175,27 @@ struct Call {
     ldo: usize,
 }
 
+/// Whether a call whose lengths `gemm_shape` checked has no products to form: no rows or columns
+/// (nothing written), or rows of no blocks (every output the empty sum, 0).
+fn nothing_to_multiply(
+    blocks: usize,
+    rows: usize,
+    cols: usize,
+    out: &mut [f32],
+    ldo: usize,
+) -> bool {
+    if rows == 0 || cols == 0 {
+        return true;
+    }
+    if blocks == 0 {
+        for c in 0..cols {
+            out[c * ldo..c * ldo + rows].fill(0.0);
+        }
+        return true;
+    }
+    false
+}
+
 /// The safe entry of every tile kernel: checks the lengths, sizes the scratch, runs `drive`.
 fn tiled<F: Format, const ALWAYS: bool>(
     k: usize,
@@ -192,13 +213,7 @@ fn tiled<F: Format, const ALWAYS: bool>(
     let blocks = k / F::QK;
     debug_assert_eq!(w_row, blocks * F::W_BLOCK);
     debug_assert_eq!(a_row, blocks * F::A_BLOCK);
-    if rows == 0 || cols == 0 {
-        return;
-    }
-    if blocks == 0 {
-        for c in 0..cols {
-            out[c * ldo..c * ldo + rows].fill(0.0);
-        }
+    if nothing_to_multiply(blocks, rows, cols, out, ldo) {
         return;
     }
     SCRATCH.with_borrow_mut(|scratch| {
@@ -670,13 +685,7 @@ fn narrow_or_tiled(
     }
     let (w_row, a_row) = gemm_shape(narrow.ty, k, w.len(), rows, a.len(), cols, out.len(), ldo);
     let blocks = k / narrow.qk;
-    if rows == 0 {
-        return;
-    }
-    if blocks == 0 {
-        for c in 0..cols {
-            out[c * ldo..c * ldo + rows].fill(0.0);
-        }
+    if nothing_to_multiply(blocks, rows, cols, out, ldo) {
         return;
     }
     SCRATCH.with_borrow_mut(|scratch| {
