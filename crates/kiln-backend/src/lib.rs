@@ -176,12 +176,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         jobs: &[AttentionJob<'_, Self::Tensor>],
         params: &AttentionParams,
     ) -> Result<Vec<Self::Tensor>> {
-        jobs.iter()
-            .map(|j| match &j.pages {
-                Some(pages) => self.paged_attention(j.q, j.k, j.v, pages, j.q_pos, j.n_kv, params),
-                None => self.attention(j.q, j.k, j.v, j.q_pos, j.n_kv, params),
-            })
-            .collect()
+        jobs.iter().map(|j| j.run(self, params)).collect()
     }
     /// Writes row `i` of `src` at logical row `first + i` of the paged `pool` (KV-cache append
     /// into a sequence's blocks): one [`Backend::write_rows`] per run of rows inside a block.

@@ -136,6 +136,23 @@ pub struct AttentionJob<'a, T> {
     pub n_kv: usize,
 }
 
+impl<T> AttentionJob<'_, T> {
+    /// The job alone on `b`: [`crate::Backend::paged_attention`] with pages, else
+    /// [`crate::Backend::attention`].
+    pub fn run<B: crate::Backend<Tensor = T>>(
+        &self,
+        b: &B,
+        params: &AttentionParams,
+    ) -> crate::Result<T> {
+        match &self.pages {
+            Some(pages) => {
+                b.paged_attention(self.q, self.k, self.v, pages, self.q_pos, self.n_kv, params)
+            }
+            None => b.attention(self.q, self.k, self.v, self.q_pos, self.n_kv, params),
+        }
+    }
+}
+
 impl KvPages<'_> {
     /// The physical row of logical row `j`, when the table covers it and the pool holds
     /// `pool_rows` rows.

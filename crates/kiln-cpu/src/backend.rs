@@ -524,16 +524,13 @@ impl Backend for CpuBackend {
         jobs: &[AttentionJob<'_, CpuTensor>],
         params: &AttentionParams,
     ) -> Result<Vec<CpuTensor>> {
-        let one = |j: &AttentionJob<'_, CpuTensor>| match &j.pages {
-            Some(pages) => self.paged_attention(j.q, j.k, j.v, pages, j.q_pos, j.n_kv, params),
-            None => self.attention(j.q, j.k, j.v, j.q_pos, j.n_kv, params),
-        };
         if jobs.len() < 2 || self.threads < 2 {
-            return jobs.iter().map(one).collect();
+            return jobs.iter().map(|j| j.run(self, params)).collect();
         }
         let mut slots: Vec<Option<Result<CpuTensor>>> = (0..jobs.len()).map(|_| None).collect();
-        self.team
-            .for_each_chunk(&mut slots, 1, |i, slot| slot[0] = Some(one(&jobs[i])));
+        self.team.for_each_chunk(&mut slots, 1, |i, slot| {
+            slot[0] = Some(jobs[i].run(self, params))
+        });
         slots
             .into_iter()
             .map(|s| s.unwrap_or_else(|| Err(shape_err("attention_many", "a job did not run"))))

@@ -269,11 +269,7 @@ fn attention_many_gives_each_job_what_it_gets_alone() {
         let many = b.attention_many(&jobs, &p).unwrap();
         assert_eq!(many.len(), jobs.len());
         for (i, (j, got)) in jobs.iter().zip(&many).enumerate() {
-            let alone = match &j.pages {
-                Some(pg) => b.paged_attention(j.q, j.k, j.v, pg, j.q_pos, j.n_kv, &p),
-                None => b.attention(j.q, j.k, j.v, j.q_pos, j.n_kv, &p),
-            }
-            .unwrap();
+            let alone = j.run(&b, &p).unwrap();
             assert_eq!(
                 b.to_f32(got).unwrap(),
                 b.to_f32(&alone).unwrap(),

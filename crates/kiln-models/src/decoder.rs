@@ -498,20 +498,18 @@ impl<B: Backend> LayerRun<'_, B> {
             let ropes: Vec<_> = (0..spans.len())
                 .map(|i| c.rope_for(attention, caches.capacity(i)))
                 .collect();
-            let rope_of = |i: usize| ropes[i];
-            let shared = (!single
-                && (1..spans.len()).all(|i| std::ptr::eq(rope_of(i), rope_of(0))))
-            .then(|| -> Result<_, ModelError> {
-                let params =
-                    |n_heads| RopeParams::new(rope_of(0), n_heads, c.head_dim, c.rope_dim, style);
-                Ok((
-                    b.rope(&q, positions, &params(c.n_heads))?,
-                    b.rope(&k, positions, &params(c.n_kv_heads))?,
-                ))
-            })
-            .transpose()?;
+            let shared = (!single && ropes.windows(2).all(|w| std::ptr::eq(w[0], w[1])))
+                .then(|| -> Result<_, ModelError> {
+                    let params =
+                        |n_heads| RopeParams::new(ropes[0], n_heads, c.head_dim, c.rope_dim, style);
+                    Ok((
+                        b.rope(&q, positions, &params(c.n_heads))?,
+                        b.rope(&k, positions, &params(c.n_kv_heads))?,
+                    ))
+                })
+                .transpose()?;
             for (i, (rows, pos0)) in spans.iter().enumerate() {
-                let rope = rope_of(i);
+                let rope = ropes[i];
                 let rope_params =
                     |n_heads| RopeParams::new(rope, n_heads, c.head_dim, c.rope_dim, style);
                 let pos = &positions[rows.clone()];
