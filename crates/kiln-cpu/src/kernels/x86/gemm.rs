@@ -655,8 +655,6 @@ type NarrowFn =
 /// A weight format's narrow kernel: what [`narrow_or_tiled`] needs to run it.
 struct Narrow {
     ty: GgmlType,
-    /// Elements per block.
-    qk: usize,
     /// Fewest activation rows it runs for (up to 8; below, the tiled entry decides).
     min_cols: usize,
     /// Scratch lines per block.
@@ -684,7 +682,7 @@ fn narrow_or_tiled(
         return tiled(k, w, rows, a, cols, out, ldo);
     }
     let (w_row, a_row) = gemm_shape(narrow.ty, k, w.len(), rows, a.len(), cols, out.len(), ldo);
-    let blocks = k / narrow.qk;
+    let blocks = k / narrow.ty.block_size();
     if nothing_to_multiply(blocks, rows, cols, out, ldo) {
         return;
     }
@@ -740,7 +738,6 @@ macro_rules! narrow_entries {
 const fn narrow32<L: blocks32::Legacy>() -> Narrow {
     Narrow {
         ty: L::TYPE,
-        qk: kiln_quant::blocks::QK8_0,
         min_cols: 2,
         lines: blocks32::NARROW_LINES,
         kernel: blocks32::narrow::<L>,
@@ -752,7 +749,6 @@ const fn narrow32<L: blocks32::Legacy>() -> Narrow {
 const fn narrow_k<K: superblocks::KQuant>() -> Narrow {
     Narrow {
         ty: K::TYPE,
-        qk: kiln_quant::blocks::QK_K,
         min_cols: K::MIN_COLS,
         lines: superblocks::NARROW_LINES,
         kernel: superblocks::narrow::<K>,
