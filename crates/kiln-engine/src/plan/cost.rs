@@ -281,11 +281,6 @@ impl ModelCost {
             .collect()
     }
 
-    /// The probe shape of weight type `ty` in this model.
-    pub fn probe_shape(&self, ty: GgmlType) -> Option<ProductShape> {
-        self.probe_shapes().into_iter().find(|s| s.ty == ty)
-    }
-
     /// Bytes of the vectors (norms, biases) of `place`.
     pub fn vector_bytes(&self, place: Place) -> f64 {
         self.tensors

@@ -19,10 +19,11 @@
 //! prefill tok/s is a prompt chunk's tokens over its seconds, attention included. Encoders get
 //! the largest batch each device holds and sentences/s at a given sentence length.
 
+use kiln_core::GgmlType;
 use serde::Serialize;
 
-use super::cost::{ModelCost, ModelShape, Place};
-use super::hardware::{Device, Hardware};
+use super::cost::{ModelCost, ModelShape, Place, ProductShape};
+use super::hardware::{Device, Hardware, Rates};
 
 /// Headroom factor on the KV cache and activations.
 pub const HEADROOM: f64 = 1.5;
@@ -200,6 +201,17 @@ fn device_use(cost: &ModelCost, dev: &Device, part: &Part, req: &PlanRequest) ->
     }
 }
 
+/// Multiply-adds per second of a product of weight type `ty` at `rows` activation rows: the rate
+/// probed on that type's shape among `shapes` (`ModelCost::probe_shapes`, computed once per
+/// prediction), or unbounded when there is none (the product's bytes bound it then).
+fn product_rate(shapes: &[ProductShape], r: &Rates, ty: GgmlType, rows: usize) -> f64 {
+    shapes
+        .iter()
+        .find(|s| s.ty == ty)
+        .and_then(|shape| r.matmul_rate(shape, rows))
+        .unwrap_or(f64::INFINITY)
+}
+
 /// Seconds of one decode step of `batch` sequences at `position` over a device's part.
 fn decode_secs(cost: &ModelCost, dev: &Device, part: &Part, batch: usize, position: usize) -> f64 {
     let r = &dev.rates;
@@ -207,13 +219,11 @@ fn decode_secs(cost: &ModelCost, dev: &Device, part: &Part, batch: usize, positi
     if part.head {
         places.push(Place::Head);
     }
+    let shapes = cost.probe_shapes();
     let mut secs = 0.0;
     for &place in &places {
         for p in cost.products(place, batch) {
-            let rate = cost
-                .probe_shape(p.tensor.ty)
-                .and_then(|shape| r.matmul_rate(&shape, batch))
-                .unwrap_or(f64::INFINITY);
+            let rate = product_rate(&shapes, r, p.tensor.ty, batch);
             let compute = batch as f64 * p.macs_per_token / rate;
             secs += (p.bytes / r.bandwidth).max(compute);
         }
@@ -235,13 +245,11 @@ fn decode_secs(cost: &ModelCost, dev: &Device, part: &Part, batch: usize, positi
 /// device's part; for encoders, `tokens` tokens in sentences of `seq` tokens.
 fn prefill_secs(cost: &ModelCost, dev: &Device, part: &Part, tokens: usize, seq: usize) -> f64 {
     let r = &dev.rates;
+    let shapes = cost.probe_shapes();
     let mut secs = 0.0;
     for l in part.layers.clone() {
         for p in cost.products(Place::Layer(l), tokens) {
-            let rate = cost
-                .probe_shape(p.tensor.ty)
-                .and_then(|shape| r.matmul_rate(&shape, tokens))
-                .unwrap_or(f64::INFINITY);
+            let rate = product_rate(&shapes, r, p.tensor.ty, tokens);
             secs += (p.bytes / r.bandwidth).max(tokens as f64 * p.macs_per_token / rate);
         }
     }
