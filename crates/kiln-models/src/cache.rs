@@ -236,16 +236,10 @@ impl<F: Backend, R: Backend> SplitKvCache<F, R> {
         front_layers: usize,
         capacity: usize,
     ) -> Result<Self, ModelError> {
-        let n = config.n_layers;
-        if front_layers > n {
-            return Err(ModelError::SplitPoint {
-                front_layers,
-                n_layers: n,
-            });
-        }
+        let (front_range, back_range) = crate::split::split_layers(config, front_layers)?;
         Ok(SplitKvCache {
-            front: KvCache::for_layers(front, config, 0..front_layers, capacity)?,
-            back: KvCache::for_layers(back, config, front_layers..n, capacity)?,
+            front: KvCache::for_layers(front, config, front_range, capacity)?,
+            back: KvCache::for_layers(back, config, back_range, capacity)?,
         })
     }
 
@@ -305,17 +299,11 @@ impl<F: Backend, R: Backend> SplitPagedKvCache<F, R> {
         block_size: usize,
         max_positions: usize,
     ) -> Result<Self, ModelError> {
-        let n = config.n_layers;
-        if front_layers > n {
-            return Err(ModelError::SplitPoint {
-                front_layers,
-                n_layers: n,
-            });
-        }
+        let (front_range, back_range) = crate::split::split_layers(config, front_layers)?;
         let (blocks, size, max) = (n_blocks, block_size, max_positions);
         Ok(SplitPagedKvCache {
-            front: PagedKvCache::for_layers(front, config, 0..front_layers, blocks, size, max)?,
-            back: PagedKvCache::for_layers(back, config, front_layers..n, blocks, size, max)?,
+            front: PagedKvCache::for_layers(front, config, front_range, blocks, size, max)?,
+            back: PagedKvCache::for_layers(back, config, back_range, blocks, size, max)?,
         })
     }
 

@@ -26,6 +26,7 @@
 //!
 //! [`Decoder`]: crate::Decoder
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use kiln_backend::{Backend, Linear};
@@ -255,4 +256,20 @@ pub fn load_hf_decoder_split_from<F: Backend, R: Backend>(
 ) -> Result<SplitDecoder<F, R>, ModelError> {
     let (config, source) = crate::hf_decoder_source(hf, st)?;
     weights::load_split(front, back, &source, config, front_layers)
+}
+
+/// The layers of each side of a split after layer `front_layers`: `0..front_layers` and
+/// `front_layers..n_layers`, or [`ModelError::SplitPoint`] past the model's layer count.
+pub(crate) fn split_layers(
+    config: &DecoderConfig,
+    front_layers: usize,
+) -> Result<(Range<usize>, Range<usize>), ModelError> {
+    let n_layers = config.n_layers;
+    if front_layers > n_layers {
+        return Err(ModelError::SplitPoint {
+            front_layers,
+            n_layers,
+        });
+    }
+    Ok((0..front_layers, front_layers..n_layers))
 }

@@ -507,13 +507,7 @@ pub(crate) fn load_split<F: Backend, R: Backend>(
     config: DecoderConfig,
     front_layers: usize,
 ) -> Result<SplitDecoder<F, R>, ModelError> {
-    let n = config.n_layers;
-    if front_layers > n {
-        return Err(ModelError::SplitPoint {
-            front_layers,
-            n_layers: n,
-        });
-    }
+    let (front_range, back_range) = crate::split::split_layers(&config, front_layers)?;
     let f = Loader {
         backend: front,
         source,
@@ -525,8 +519,8 @@ pub(crate) fn load_split<F: Backend, R: Backend>(
     // In the whole model's order, so that a broken file reports the same first error.
     let (embd, token_embd) = f.embedding(&config)?;
     let output = r.output(&config, &embd, None)?;
-    let front_part = load_layers(&f, &config, 0..front_layers)?;
-    let back_part = load_layers(&r, &config, front_layers..n)?;
+    let front_part = load_layers(&f, &config, front_range)?;
+    let back_part = load_layers(&r, &config, back_range)?;
     let output_norm = r.vector("output_norm.weight", config.d_model)?;
     Ok(SplitDecoder {
         config,
