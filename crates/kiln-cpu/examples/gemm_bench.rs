@@ -19,7 +19,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use kiln_core::GgmlType;
-use kiln_cpu::kernels::{gemm_fn, quantize_fn, simd_level, vec_dot_fn, GemmFn, VecDotFn};
+use kiln_cpu::kernels::{gemm_fn, gemv_fn, quantize_fn, simd_level, vec_dot_fn, VecDotFn};
 
 /// (weight type, k): the shapes of the model's matrices of that type.
 const CASES: &[(GgmlType, usize)] = &[
@@ -122,7 +122,7 @@ fn measure(
     k: usize,
     m: usize,
     dot: VecDotFn,
-    gemm: GemmFn,
+    gemm: &dyn Fn(usize, &[u8], usize, &[u8], usize, &mut [f32], usize),
     rng: &mut Rng,
 ) -> (f64, f64) {
     let w = weights(ty, N, k, rng);
@@ -167,7 +167,7 @@ fn main() {
         }
         let dot = vec_dot_fn(ty, level).expect("supported type");
         let gemm = gemm_fn(ty, level).expect("supported type");
-        let (ta, tb) = measure(ty, k, M, dot, gemm, &mut rng);
+        let (ta, tb) = measure(ty, k, M, dot, &gemm, &mut rng);
         let macs = (N * k * M) as f64 / 1e9;
         println!(
             "{name:<22} | {:>10.2} {:>8.2} | {:>10.2} {:>8.2} | {:>5.2}x",
@@ -192,7 +192,7 @@ fn main() {
             }
             let dot = vec_dot_fn(ty, level).expect("supported type");
             let gemm = gemm_fn(ty, level).expect("supported type");
-            let (ta, tb) = measure(ty, k, m, dot, gemm, &mut rng);
+            let (ta, tb) = measure(ty, k, m, dot, &gemm, &mut rng);
             let macs = (N * k * m) as f64 / 1e9;
             println!(
                 "{name:<22} | {:>10.1} {:>8.2} | {:>10.1} {:>8.2} | {:>5.2}x",
@@ -203,5 +203,35 @@ fn main() {
                 ta / tb
             );
         }
+    }
+    println!();
+    println!("one activation row, the one-row product (`gemv_fn`) where the level has one:");
+    println!(
+        "{:<22} | {:>10} {:>8} | {:>10} {:>8} | {:>6}",
+        "case", "pairs us", "GMAC/s", "gemv us", "GMAC/s", "ratio"
+    );
+    for &(ty, k) in CASES {
+        let name = format!("{ty} {N}x{k} m=1");
+        let Some(rows_fn) = gemv_fn(ty, level) else {
+            continue;
+        };
+        if !name.contains(filter.as_str()) {
+            continue;
+        }
+        let dot = vec_dot_fn(ty, level).expect("supported type");
+        let gemv =
+            |k: usize, w: &[u8], rows: usize, a: &[u8], _: usize, out: &mut [f32], _: usize| {
+                rows_fn(k, w, rows, a, out)
+            };
+        let (ta, tb) = measure(ty, k, 1, dot, &gemv, &mut rng);
+        let macs = (N * k) as f64 / 1e9;
+        println!(
+            "{name:<22} | {:>10.1} {:>8.2} | {:>10.1} {:>8.2} | {:>5.2}x",
+            ta * 1e6,
+            macs / ta,
+            tb * 1e6,
+            macs / tb,
+            ta / tb
+        );
     }
 }

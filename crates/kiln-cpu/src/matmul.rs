@@ -112,13 +112,7 @@ pub(crate) fn matmul(
     });
     let wbytes: &[u8] = &w.bytes;
     let rb = w.row_bytes;
-    let exact_rows = if m == 1 && cpu.batch_invariant {
-        kernels::rows_exact_fn(w.ty, cpu.simd)
-    } else {
-        None
-    };
-    let mut y = if let Some(rows_fn) = exact_rows {
-        // Batch-invariant decode: the tile kernels' arithmetic without their packing.
+    let mut y = if let Some(rows_fn) = (m == 1).then(|| one_row_fn(cpu, w.ty)).flatten() {
         let mut y = vec![0.0f32; n];
         let chunk = rows_per_task(n, 1, cpu.threads);
         cpu.team.for_each_chunk(&mut y, chunk, |t, out| {
@@ -196,19 +190,15 @@ pub(crate) fn gemv_many(
                 formats.len() - 1
             }
         };
+        let rows = one_row_fn(cpu, l.weight.ty);
         // Batch-invariant mode needs the tile-exact one-row kernel of every matrix.
-        let exact = if cpu.batch_invariant {
-            match kernels::rows_exact_fn(l.weight.ty, cpu.simd) {
-                Some(e) => Some(e),
-                None => return Ok(None),
-            }
-        } else {
-            None
-        };
+        if cpu.batch_invariant && rows.is_none() {
+            return Ok(None);
+        }
         plan.push((
             f,
             kernels::vec_dot_fn(l.weight.ty, cpu.simd).map_err(qerr)?,
-            exact,
+            rows,
         ));
     }
     let mut outs: Vec<Vec<f32>> = lins.iter().map(|l| vec![0.0f32; l.out_features]).collect();
@@ -224,11 +214,11 @@ pub(crate) fn gemv_many(
         cpu.team.run(tasks.len(), |t| {
             let (i, r0, rows) = tasks[t];
             let w = &*lins[i].weight;
-            let (f, dot, exact) = plan[i];
+            let (f, dot, rows_fn) = plan[i];
             let a = &formats[f].1;
             // SAFETY: tasks cover disjoint row ranges of matrix i's output.
             let out = unsafe { sinks[i].slice(r0..r0 + rows) };
-            if let Some(rows_fn) = exact {
+            if let Some(rows_fn) = rows_fn {
                 let rb = w.row_bytes;
                 rows_fn(k, &w.bytes[r0 * rb..(r0 + rows) * rb], rows, a, out);
                 return;
@@ -244,6 +234,18 @@ pub(crate) fn gemv_many(
         ys.push(CpuTensor::new(y, 1, l.out_features)?);
     }
     Ok(Some(ys))
+}
+
+/// The kernel of a one-row product over many weight rows of `ty`, where one beats the loop over
+/// the row dot: in batch-invariant mode the tile-exact one (`kernels::rows_exact_fn`: the tile
+/// kernels' arithmetic without their packing), else the fast one of the SIMD level
+/// (`kernels::gemv_fn`).
+fn one_row_fn(cpu: &CpuBackend, ty: GgmlType) -> Option<kernels::RowsFn> {
+    if cpu.batch_invariant {
+        kernels::rows_exact_fn(ty, cpu.simd)
+    } else {
+        kernels::gemv_fn(ty, cpu.simd)
+    }
 }
 
 /// `y[m, n]` from quantized activation rows and weight rows through a tile kernel: each task

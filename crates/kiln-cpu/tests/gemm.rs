@@ -18,7 +18,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use half::f16;
 use kiln_core::GgmlType;
 
-use kiln_cpu::kernels::{gemm_fn, gemm_fn_invariant, quantize_fn, simd_level, SimdLevel};
+use kiln_cpu::kernels::{gemm_fn, gemm_fn_invariant, gemv_fn, quantize_fn, simd_level, SimdLevel};
 
 mod common;
 use common::quant::{avx2_available, scale_fields, vnni_available, Field, Rng, WEIGHT_TYPES};
@@ -618,6 +618,59 @@ fn vnni_tile_kernels_are_bit_identical_to_the_avx2_ones() {
                                 z[i]
                             );
                         }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn vnni_one_row_products_match_the_scalar_loop() {
+    // `gemv_fn`: only at the VNNI level, only for the formats it names.
+    for ty in WEIGHT_TYPES {
+        assert!(gemv_fn(ty, SimdLevel::Scalar).is_none(), "{ty}");
+        assert!(gemv_fn(ty, SimdLevel::Avx2).is_none(), "{ty}");
+    }
+    if !vnni_available("vnni_one_row_products_match_the_scalar_loop") {
+        return;
+    }
+    let mut rng = Rng::new(12);
+    for ty in WEIGHT_TYPES {
+        let listed = matches!(ty, GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0);
+        let Some(gemv) = gemv_fn(ty, SimdLevel::Avx512Vnni) else {
+            assert!(!listed, "{ty}: no VNNI one-row product");
+            continue;
+        };
+        assert!(listed, "{ty}: an unexpected one-row product");
+        // 70 blocks: longer than the 64 blocks the kernel prepares at once.
+        for k in lengths(ty).into_iter().chain([70 * 32]) {
+            let rows = 37;
+            let sets: Vec<Vec<u8>> = vec![
+                quantized_weights(ty, rows, k, &mut rng),
+                raw_weights(ty, rows, k, None, &mut rng),
+                raw_weights(ty, rows, k, Some(0xff), &mut rng),
+                raw_weights(ty, rows, k, Some(0x80), &mut rng),
+                raw_weights(ty, rows, k, Some(0x00), &mut rng),
+            ];
+            for w in &sets {
+                let a = activations(ty, 1, k, &mut rng);
+                let expected = run(SimdLevel::Scalar, ty, k, w, rows, &a, 1, rows);
+                let tol = tolerances(ty, k, w, rows, &a, 1);
+                let w_row = w.len() / rows;
+                for n in [1, 2, 5, 8, 9, rows] {
+                    // One sentinel past the outputs: it must survive.
+                    let mut out = vec![SENTINEL; n + 1];
+                    gemv(k, first(w, n, w_row), n, &a, &mut out[..n]);
+                    assert_eq!(out[n].to_bits(), SENTINEL.to_bits(), "{ty} k={k}");
+                    for r in 0..n {
+                        assert!(
+                            (out[r] - expected[r]).abs() <= tol[r],
+                            "{ty} k={k} {n} rows, row {r}: vnni {} vs scalar {} (tolerance {})",
+                            out[r],
+                            expected[r],
+                            tol[r]
+                        );
                     }
                 }
             }

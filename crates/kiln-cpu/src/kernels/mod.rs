@@ -185,6 +185,19 @@ pub fn rows_exact_fn(ty: GgmlType, level: SimdLevel) -> Option<RowsFn> {
     }
 }
 
+/// The fastest one-row product of `ty` over many weight rows, where it beats the loop over
+/// [`vec_dot_fn`]: at [`SimdLevel::Avx512Vnni`], Q4_0, Q5_0 and Q8_0 (one `vpdpbusd` per block,
+/// the activation row's offset sums and factors prepared once per call instead of once per
+/// weight row). `None` elsewhere: the caller loops over the row dot. Same values as the row dot
+/// up to the order of the f32 additions; not batch-invariant (see [`rows_exact_fn`] for that).
+pub fn gemv_fn(ty: GgmlType, level: SimdLevel) -> Option<RowsFn> {
+    match usable(level) {
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512Vnni => x86::gemv_fn_vnni(ty),
+        _ => None,
+    }
+}
+
 /// Signature of an activation quantizer: (f32 activations, output bytes).
 ///
 /// Panics when `x.len()` is not a whole number of blocks or the output is not exactly

@@ -845,6 +845,42 @@ exact_rows_entries! {
     q6_k_rows => exact_rows_k::<superblocks::Q6K>;
 }
 
+/// The safe entry of the VNNI one-row products (see `blocks32::rows_vnni`): checks the lengths
+/// as a GEMM of one activation row would, then runs the kernel.
+fn vnni_rows<L: blocks32::Legacy>(k: usize, w: &[u8], rows: usize, a: &[u8], out: &mut [f32]) {
+    gemm_shape(
+        L::TYPE,
+        k,
+        w.len(),
+        rows,
+        a.len(),
+        1,
+        out.len(),
+        rows.max(1),
+    );
+    // SAFETY: the VNNI entries are handed out only on a CPU with AVX2+FMA+F16C and AVX-512
+    // F/BW/VL/VNNI; `gemm_shape` checked that `w` is `rows` rows of `k / 32` blocks, `a` one
+    // activation row of as many blocks, and that `out` holds `rows` values.
+    unsafe {
+        blocks32::rows_vnni::<L>(
+            k / kiln_quant::blocks::QK8_0,
+            w.as_ptr(),
+            rows,
+            a.as_ptr(),
+            out.as_mut_ptr(),
+        )
+    }
+}
+
+exact_rows_entries! {
+    /// Q4_0 weights x one Q8_0 activation row, VNNI.
+    q4_0_rows_vnni => vnni_rows::<blocks32::Q4_0>;
+    /// Q5_0 weights x one Q8_0 activation row, VNNI.
+    q5_0_rows_vnni => vnni_rows::<blocks32::Q5_0>;
+    /// Q8_0 weights x one Q8_0 activation row, VNNI.
+    q8_0_rows_vnni => vnni_rows::<blocks32::Q8_0>;
+}
+
 /// As `exact_rows`, for the k-quants (see `superblocks::rows_exact`).
 fn exact_rows_k<K: superblocks::KQuant>(
     k: usize,

@@ -152,6 +152,16 @@ pub(super) fn rows_exact_fn(ty: GgmlType) -> Option<RowsFn> {
     })
 }
 
+/// The VNNI one-row product of `ty` (see `kernels::gemv_fn`), where there is one.
+pub(super) fn gemv_fn_vnni(ty: GgmlType) -> Option<RowsFn> {
+    Some(match ty {
+        GgmlType::Q4_0 => gemm::q4_0_rows_vnni,
+        GgmlType::Q5_0 => gemm::q5_0_rows_vnni,
+        GgmlType::Q8_0 => gemm::q8_0_rows_vnni,
+        _ => return None,
+    })
+}
+
 /// Defines `$name`, the GEMM of `$ty` as the loop over its AVX2 row dot `$dot`.
 macro_rules! dot_loops {
     ($($name:ident => $ty:ident, $dot:path;)*) => {

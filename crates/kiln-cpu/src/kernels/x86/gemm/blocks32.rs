@@ -14,7 +14,7 @@ use kiln_core::GgmlType;
 use kiln_quant::blocks::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1, QK8_0};
 
 use super::super::{
-    bits_to_bytes32, legacy, load32, nibbles32, prefetch_ahead, read_f16_bits, read_u32,
+    bits_to_bytes32, hsum_ps, legacy, load32, nibbles32, prefetch_ahead, read_f16_bits, read_u32,
 };
 use super::{
     broadcast4, half, offset_shares, prefetch_share, store_columns, store_halves, store_piece,
@@ -46,6 +46,16 @@ pub(super) trait Legacy {
     /// # Safety
     /// AVX2+FMA+F16C; `p` points at a readable block.
     unsafe fn quants(p: *const u8) -> __m256i;
+
+    /// [`Legacy::quants`] where AVX-512 is there too (the 5th bits of Q5_0 by mask register).
+    ///
+    /// # Safety
+    /// AVX2+FMA+F16C and AVX-512 F/BW/VL/VNNI; `p` points at a readable block.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn quants_avx512(p: *const u8) -> __m256i {
+        Self::quants(p)
+    }
 }
 
 /// The tile format of a `Legacy` weight format.
@@ -345,6 +355,15 @@ impl Legacy for Q5_0 {
     unsafe fn quants(p: *const u8) -> __m256i {
         let fifth = fifth_bits(read_u32(p.add(offset_of!(BlockQ5_0, qh))));
         _mm256_or_si256(nibbles32(p.add(offset_of!(BlockQ5_0, qs))), fifth)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn quants_avx512(p: *const u8) -> __m256i {
+        // Bit i of qh adds 16 to byte i: one masked add instead of spreading the bits.
+        let nibbles = nibbles32(p.add(offset_of!(BlockQ5_0, qs)));
+        let qh = read_u32(p.add(offset_of!(BlockQ5_0, qh)));
+        _mm256_mask_add_epi8(nibbles, qh, nibbles, _mm256_set1_epi8(16))
     }
 }
 
@@ -676,4 +695,94 @@ unsafe fn narrow_rows<L: Legacy, const R: usize>(
         }
     }
     store_columns(acc, out, ldo, r0, cols);
+}
+
+/// Blocks of the activation row prepared at once by [`rows_vnni`] (its stack scratch): longer
+/// rows are taken in slices of this many blocks, each slice's dot added to `out`.
+const VNNI_ROW_SLICE: usize = 64;
+
+/// One activation row against `rows` weight rows of a format without minimum (Q4_0, Q5_0, Q8_0)
+/// on AVX-512 VNNI: the fast one-row product of decode (`kernels::gemv_fn`). Same value as the
+/// row dot up to the order of the f32 additions; not bit-identical to the tiles.
+///
+/// Everything that depends on the activation row alone is prepared once per call, not once per
+/// weight row: each block's `offset * (sum of each lane's 4 quants)`, negated, which becomes the
+/// starting accumulator of the block's `vpdpbusd` (so the unsigned quants need no correction
+/// afterwards), and its `da` as f32. Per weight row, block after block: the 32 quants unsigned
+/// (Q8_0 biased by 128), one `vpdpbusd` against the activation quants, and one f32 multiply-add
+/// by `d * da`, four blocks' factors converted at once and four accumulators in flight.
+///
+/// # Safety
+/// AVX2+FMA+F16C and AVX-512 F/BW/VL/VNNI; `w` holds `rows` rows of `blocks` blocks
+/// (`blocks * W_BLOCK` bytes each), `a` one Q8_0 row of `blocks` blocks, `out` has room for
+/// `rows` values.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn rows_vnni<L: Legacy>(
+    blocks: usize,
+    w: *const u8,
+    rows: usize,
+    a: *const u8,
+    out: *mut f32,
+) {
+    const { assert!(L::MIN_AT.is_none()) };
+    let offset = Blocks32Vnni::<L>::OFFSET;
+    let w_row = blocks * L::W_BLOCK;
+    let mut start = [_mm256_setzero_si256(); VNNI_ROW_SLICE];
+    let mut da = [0f32; VNNI_ROW_SLICE];
+    for s0 in (0..blocks).step_by(VNNI_ROW_SLICE) {
+        let n = VNNI_ROW_SLICE.min(blocks - s0);
+        let a = a.add(s0 * L::A_BLOCK);
+        for b in 0..n {
+            let ab = a.add(b * L::A_BLOCK);
+            // offset * a summed per lane of 4 quants: |.| <= 4 * 128 * 127, exact.
+            let shares = _mm256_dpbusd_epi32(
+                _mm256_setzero_si256(),
+                _mm256_set1_epi8(offset as u8 as i8),
+                load32(ab.add(L::A_QS)),
+            );
+            start[b] = _mm256_sub_epi32(_mm256_setzero_si256(), shares);
+            da[b] = half(ab);
+        }
+        for r in 0..rows {
+            let row = w.add(r * w_row + s0 * L::W_BLOCK);
+            let block = |b: usize| {
+                let q = L::quants_avx512(row.add(b * L::W_BLOCK));
+                let q = if L::SIGNED {
+                    _mm256_xor_si256(q, _mm256_set1_epi8(-128))
+                } else {
+                    q
+                };
+                // |sum| <= 32 * 255 * 127 per lane: far inside i32.
+                let aq = load32(a.add(b * L::A_BLOCK + L::A_QS));
+                _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(start[b], q, aq))
+            };
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut b = 0;
+            while b + 4 <= n {
+                prefetch_ahead(row.add(b * L::W_BLOCK), (4 * L::W_BLOCK).div_ceil(64));
+                let mut bits = 0u64;
+                for j in 0..4 {
+                    bits |= u64::from(read_f16_bits(row.add((b + j) * L::W_BLOCK))) << (16 * j);
+                }
+                let d = _mm_mul_ps(
+                    _mm_cvtph_ps(_mm_cvtsi64_si128(bits as i64)),
+                    _mm_loadu_ps(da.as_ptr().add(b)),
+                );
+                let d = _mm256_set_m128(d, d);
+                acc[0] = _mm256_fmadd_ps(_mm256_shuffle_ps::<0x00>(d, d), block(b), acc[0]);
+                acc[1] = _mm256_fmadd_ps(_mm256_shuffle_ps::<0x55>(d, d), block(b + 1), acc[1]);
+                acc[2] = _mm256_fmadd_ps(_mm256_shuffle_ps::<0xaa>(d, d), block(b + 2), acc[2]);
+                acc[3] = _mm256_fmadd_ps(_mm256_shuffle_ps::<0xff>(d, d), block(b + 3), acc[3]);
+                b += 4;
+            }
+            while b < n {
+                let d = half(row.add(b * L::W_BLOCK)) * da[b];
+                acc[0] = _mm256_fmadd_ps(_mm256_set1_ps(d), block(b), acc[0]);
+                b += 1;
+            }
+            let total = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+            let dot = hsum_ps(total);
+            *out.add(r) = if s0 == 0 { dot } else { *out.add(r) + dot };
+        }
+    }
 }
