@@ -115,6 +115,9 @@ fn per_call(f: &mut dyn FnMut()) -> f64 {
     seconds / f64::from(calls)
 }
 
+/// A GEMM-shaped call: `(k, w, rows, a, cols, out, ldo)`, as `GemmFn` takes it.
+type Product = dyn Fn(usize, &[u8], usize, &[u8], usize, &mut [f32], usize);
+
 /// Best seconds per pass of (a) pairwise and (b) gemm over `ROUNDS` alternating rounds, after
 /// one warm-up pass each; also checks that both computed the same products.
 fn measure(
@@ -122,7 +125,7 @@ fn measure(
     k: usize,
     m: usize,
     dot: VecDotFn,
-    gemm: &dyn Fn(usize, &[u8], usize, &[u8], usize, &mut [f32], usize),
+    gemm: &Product,
     rng: &mut Rng,
 ) -> (f64, f64) {
     let w = weights(ty, N, k, rng);
