@@ -116,7 +116,7 @@ fn per_call(f: &mut dyn FnMut()) -> f64 {
 }
 
 /// A GEMM-shaped call: `(k, w, rows, a, cols, out, ldo)`, as `GemmFn` takes it.
-type Product = dyn Fn(usize, &[u8], usize, &[u8], usize, &mut [f32], usize);
+type Product<'a> = dyn Fn(usize, &[u8], usize, &[u8], usize, &mut [f32], usize) + 'a;
 
 /// Best seconds per pass of (a) pairwise and (b) gemm over `ROUNDS` alternating rounds, after
 /// one warm-up pass each; also checks that both computed the same products.
@@ -125,7 +125,7 @@ fn measure(
     k: usize,
     m: usize,
     dot: VecDotFn,
-    gemm: &Product,
+    gemm: &Product<'_>,
     rng: &mut Rng,
 ) -> (f64, f64) {
     let w = weights(ty, N, k, rng);
