@@ -29,7 +29,9 @@
 //! - **VNNI changes no value.** A VNNI tile kernel forms the same exact integer block sums as the
 //!   AVX2 tile kernel of its format and then runs the same f32 steps in the same order, so the
 //!   two are bit-identical (tested), and batch-invariant mode may mix either with the AVX2
-//!   one-row products.
+//!   one-row products. The faster VNNI kernels outside batch-invariant mode are not: the
+//!   one-row products of [`gemv_fn`] and the 32-element formats' narrow kernels (2 to 8
+//!   activation rows, inside [`gemm_fn`]) add the same exact block sums in another f32 order.
 
 use std::sync::OnceLock;
 
@@ -131,8 +133,9 @@ pub type GemmFn =
 /// Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), else the loop over [`vec_dot_fn`]`(ty, level)`. Scalar is
 /// exactly that loop over `kiln_quant::vec_dot`. At [`SimdLevel::Avx512Vnni`] the same types get
 /// the VNNI tile kernels, and the 32-element formats a narrow kernel for 2 to 8 activation rows
-/// (batched decode), all bit-identical to the AVX2 tile kernels. Err for types kiln-quant cannot
-/// dot.
+/// (batched decode); the tiles and the k-quants' narrow kernels are bit-identical to the AVX2
+/// tile kernels, the 32-element formats' narrow kernels equal up to the order of the f32
+/// additions. Err for types kiln-quant cannot dot.
 ///
 /// A tile kernel is never slower than the row-dot loop, whatever `cols`: below its measured
 /// crossover (fewer than 3 activation rows for Q4_K and Q5_K, 4 for Q6_K) it runs that loop

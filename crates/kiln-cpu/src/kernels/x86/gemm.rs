@@ -27,7 +27,15 @@
 //! they lie (`blocks32::narrow`). With so few rows there is too little arithmetic per weight byte
 //! to hide the tile kernel's packing, which stalled on memory: the 262k-row Q8_0 output
 //! projection of Gemma at 8 rows went from 14.2 to 8.2 ms (2 threads, `examples/gemv_bench.rs`).
-//! Same integers and f32 steps again: bit-identical. The k-quants have theirs in `superblocks`.
+//! Same exact integers; the f32 step keeps each block's sum split over two lanes and adds the
+//! halves at the end of the row (16 f32 lanes per row instead of a fold per block), so the
+//! results equal the tiles' up to the order of the f32 additions, not bit for bit. The k-quants
+//! have theirs in `superblocks` (bit-identical to their tiles).
+//!
+//! **One-row products** (VNNI, Q4_0/Q5_0/Q8_0, decode: `blocks32::rows_vnni`, handed out by
+//! `kernels::gemv_fn`): each weight row streamed block by block, one `vpdpbusd` per block from
+//! a starting accumulator that holds the activation row's offset correction, prepared once per
+//! call with its factors.
 //!
 //! Invariants:
 //!
@@ -664,8 +672,7 @@ struct Narrow {
 
 /// A GEMM on a CPU with AVX-512 VNNI: the format's narrow kernel (weights read where they lie,
 /// activations in the lanes) for `min_cols` to 8 activation rows (batched decode), the `tiled`
-/// entry otherwise. Both form the same exact block sums and run the same f32 steps, so the
-/// results are bit-identical.
+/// entry otherwise. Both form the same exact block sums (the f32 steps: see the module docs).
 #[allow(clippy::too_many_arguments)]
 fn narrow_or_tiled(
     narrow: &Narrow,

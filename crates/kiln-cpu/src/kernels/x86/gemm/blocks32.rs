@@ -535,10 +535,12 @@ pub(super) unsafe fn halves(p: &[*const u8; PANEL_ROWS], at: usize) -> __m256 {
 }
 
 /// 32-byte lines of scratch per block of the narrow kernel: the activation panel's 4 pair lines
-/// of 64 bytes (see `narrow`), the line of the activations' `d` (f32), then the line of
-/// `OFFSET * sum(a)` (i32; Q4_0, Q5_0, and 128 for Q8_0's biased quants) or of `s` (f32; Q4_1,
-/// Q5_1).
-pub(in crate::kernels::x86) const NARROW_LINES: usize = PIECE / 32 + 2;
+/// of 64 bytes (see `narrow`), then three 64-byte lines with activation row `j` in the lane pair
+/// `2j, 2j + 1` (the pair layout of the `vpdpbusd` results): `da` (f32) in both lanes; the
+/// negated `OFFSET * sum(a)` (i32; Q4_0, Q5_0, and 128 for Q8_0's biased quants) of the even
+/// chunks in lane `2j`, of the odd ones in lane `2j + 1`; `s` (f32; Q4_1, Q5_1) in lane `2j`
+/// and 0 in lane `2j + 1`.
+pub(in crate::kernels::x86) const NARROW_LINES: usize = PIECE / 32 + 6;
 
 /// Weight rows taken at once by the narrow kernel: independent `vpdpbusd` chains that hide its
 /// latency, sharing each load of the activation panel.
@@ -549,15 +551,18 @@ const NARROW_ROWS: usize = 8;
 /// `cols` repeat the last one, computed and never stored) and the weights are read where they
 /// lie, 8 rows at a time, each block's quants unpacked once and each pair of 4-quant chunks
 /// broadcast as one qword and multiplied into the lanes with a 512-bit `vpdpbusd` (lane `2j` takes
-/// activation row `j`'s even chunk, lane `2j + 1` its odd one; the two are added per block). No weight panels: the weights stream from memory
-/// in order, the next 8 rows requested a few lines per block, where the tile kernel's packing
-/// stalled on them (batched decode, whose products read every weight once per step).
+/// activation row `j`'s even chunk, lane `2j + 1` its odd one). No weight panels: the weights
+/// stream from memory in order, the next 8 rows requested a few lines per block, where the tile
+/// kernel's packing stalled on them (batched decode, whose products read every weight once per
+/// step).
 ///
 /// The quants are the `u8` operand (Q8_0's biased to `q + 128`, as its VNNI tile stores them) and
-/// the activations the `i8` one, less `OFFSET * sum(a)` (8 for Q4_0, 16 for Q5_0, 128 for Q8_0).
-/// The block sums are the tile kernel's exact integers and
-/// the f32 steps are its own (`acc = fma(sum, d * da, acc)`, then `fma(m, s, acc)` for the `_1`
-/// formats) in the same order, so every output is bit-identical to the tile kernel's.
+/// the activations the `i8` one; each block's `vpdpbusd` chain starts from the negated
+/// `OFFSET * sum(a)` (8 for Q4_0, 16 for Q5_0, 128 for Q8_0) of the lane's own chunks, so the
+/// lane pair holds the exact integer sums `(q - OFFSET) * a` of the even and the odd chunks. The f32 step keeps that split:
+/// `acc = fma(sum, d * da, acc)` (and `fma(m, s, acc)` for the `_1` formats) on 16 lanes, the
+/// pairs added once per row at the end. Same values as the tile kernel up to the order of the
+/// f32 additions (not bit-identical: batch-invariant mode runs the tiles).
 ///
 /// # Safety
 /// AVX2+FMA+F16C and AVX-512 F/BW/VL/VNNI; `w` holds `rows` rows of `blocks` blocks (`w_row`
@@ -591,19 +596,32 @@ pub(super) unsafe fn narrow<L: Legacy>(
                 dst.add(64 * c + 8 * j).cast::<u64>().write_unaligned(q);
             }
         }
-        // The VNNI tile's two factor words of each activation block (`da`, then `OFFSET * sum(a)`
-        // or `s`), one line of each with activation row `j` in lane `j`.
-        let mut words = [[0u32; 2]; PANEL_ROWS];
-        for (word, &y) in words.iter_mut().zip(&src) {
+        // The offset's share of each lane, so that each lane's sum is its own chunks' exact
+        // `(q - OFFSET) * a` (the true partial sums: a bias left in one lane of the pair would
+        // make both large and cancel only after the f32 rounding).
+        let mut shares = _mm512_setzero_si512();
+        if Blocks32Vnni::<L>::OFFSET != 0 {
+            let offset = _mm512_set1_epi8(Blocks32Vnni::<L>::OFFSET as u8 as i8);
+            for c in 0..4 {
+                let pairs = _mm512_loadu_si512(dst.add(64 * c).cast());
+                shares = _mm512_dpbusd_epi32(shares, offset, pairs);
+            }
+        }
+        let start = _mm512_sub_epi32(_mm512_setzero_si512(), shares);
+        _mm512_storeu_si512(dst.add(PIECE + 64).cast(), start);
+        // `da` (and `s` of the `_1` formats) of each activation block, laid out in lane pairs.
+        let (mut da, mut s) = ([0f32; 16], [0f32; 16]);
+        for (j, &y) in src.iter().enumerate() {
+            let mut word = [0u32; 2];
             <Blocks32Vnni<L> as Format>::factors(y, word.as_mut_ptr());
+            da[2 * j] = f32::from_bits(word[0]);
+            da[2 * j + 1] = da[2 * j];
+            if L::MIN_AT.is_some() {
+                s[2 * j] = f32::from_bits(word[1]);
+            }
         }
-        for (line, at) in [(0, PIECE), (1, PIECE + 32)] {
-            let lanes = words.map(|w| w[line]);
-            _mm256_storeu_si256(
-                dst.add(at).cast(),
-                _mm256_loadu_si256(lanes.as_ptr().cast()),
-            );
-        }
+        _mm512_storeu_ps(dst.add(PIECE).cast(), _mm512_loadu_ps(da.as_ptr()));
+        _mm512_storeu_ps(dst.add(PIECE + 128).cast(), _mm512_loadu_ps(s.as_ptr()));
     }
     let mut r = 0;
     while r + NARROW_ROWS <= rows {
@@ -634,7 +652,7 @@ unsafe fn narrow_rows<L: Legacy, const R: usize>(
     panel: *const u8,
 ) {
     let rows: [*const u8; R] = std::array::from_fn(|i| w.add((r0 + i) * w_row));
-    let mut acc = [_mm256_setzero_ps(); R];
+    let mut acc = [_mm512_setzero_ps(); R];
     // The next rows' bytes, requested a few lines per block (see `drive` for why spread out).
     let next = w.wrapping_add((r0 + R) * w_row);
     let lines = (R * w_row).div_ceil(64);
@@ -645,9 +663,8 @@ unsafe fn narrow_rows<L: Legacy, const R: usize>(
         prefetch_share(next, lines, per_block, b);
         let p = panel.add(b * NARROW_LINES * 32);
         let wb = rows.map(|row| row.add(b * L::W_BLOCK));
-        let mut isum = [_mm256_setzero_si256(); R];
         for i in 0..R {
-            let q = L::quants(wb[i]);
+            let q = L::quants_avx512(wb[i]);
             let q = if L::SIGNED {
                 _mm256_xor_si256(q, _mm256_set1_epi8(-128))
             } else {
@@ -660,8 +677,13 @@ unsafe fn narrow_rows<L: Legacy, const R: usize>(
         // shuffles, which saturated the shuffle units (88 GMAC/s at 8 rows).
         std::arch::asm!("/* {0} */", in(reg) unpacked.as_ptr(), options(nostack, preserves_flags));
         // Two chunks per 512-bit `vpdpbusd`: the weights' chunks `2c, 2c + 1` broadcast as one
-        // qword against pair line `c`, then each activation row's two lanes added.
-        let mut wide = [_mm512_setzero_si512(); R];
+        // qword against pair line `c`.
+        let start = if Blocks32Vnni::<L>::OFFSET != 0 {
+            _mm512_loadu_si512(p.add(PIECE + 64).cast())
+        } else {
+            _mm512_setzero_si512()
+        };
+        let mut wide = [start; R];
         for c in 0..4 {
             let act = _mm512_loadu_si512(p.add(64 * c).cast());
             for i in 0..R {
@@ -674,27 +696,32 @@ unsafe fn narrow_rows<L: Legacy, const R: usize>(
                 wide[i] = _mm512_dpbusd_epi32(wide[i], _mm512_set1_epi64(pair), act);
             }
         }
-        for i in 0..R {
-            let folded = _mm512_add_epi32(wide[i], _mm512_srli_epi64::<32>(wide[i]));
-            isum[i] = _mm512_cvtepi64_epi32(folded);
+        let da = _mm512_loadu_ps(p.add(PIECE).cast());
+        // The rows' `d`, converted together when there are 8 of them.
+        let mut ds = [0f32; PANEL_ROWS];
+        if R == PANEL_ROWS {
+            let all: [*const u8; PANEL_ROWS] = std::array::from_fn(|i| wb[i]);
+            _mm256_storeu_ps(ds.as_mut_ptr(), halves(&all, 0));
+        } else {
+            ds[0] = half(wb[0]);
         }
-        let da = _mm256_loadu_ps(p.add(PIECE).cast());
-        let extra = p.add(PIECE + 32);
         for i in 0..R {
-            let exact = if Blocks32Vnni::<L>::OFFSET != 0 {
-                _mm256_sub_epi32(isum[i], _mm256_loadu_si256(extra.cast()))
-            } else {
-                isum[i]
-            };
-            let d = _mm256_set1_ps(half(wb[i]));
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), _mm256_mul_ps(d, da), acc[i]);
+            let d = _mm512_set1_ps(ds[i]);
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(wide[i]), _mm512_mul_ps(d, da), acc[i]);
             if let Some(at) = L::MIN_AT {
-                let m = _mm256_set1_ps(half(wb[i].add(at)));
-                acc[i] = _mm256_fmadd_ps(m, _mm256_loadu_ps(extra.cast()), acc[i]);
+                let m = _mm512_set1_ps(half(wb[i].add(at)));
+                acc[i] = _mm512_fmadd_ps(m, _mm512_loadu_ps(p.add(PIECE + 128).cast()), acc[i]);
             }
         }
     }
-    store_columns(acc, out, ldo, r0, cols);
+    // Lane pair (2j, 2j + 1) -> lane j.
+    let folded = acc.map(|v| {
+        let v = _mm512_castps_si512(v);
+        let odd = _mm512_castsi512_ps(_mm512_srli_epi64::<32>(v));
+        let sum = _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(v), odd));
+        _mm256_castsi256_ps(_mm512_cvtepi64_epi32(sum))
+    });
+    store_columns(folded, out, ldo, r0, cols);
 }
 
 /// Blocks of the activation row prepared at once by [`rows_vnni`] (its stack scratch): longer
