@@ -7,8 +7,10 @@
 //! several activation rows and write `y[m, n]` directly. The weights are read once per call
 //! whatever `m` is, which is what makes batched decode and prompt processing cheaper per token
 //! than single-token decode. One-row products (decode) dot each weight row straight from memory
-//! instead (see [`TILED_MIN_ROWS`]), and [`gemv_many`] runs the one-row products that share an
-//! input (Q/K/V, gate/up) as one job.
+//! instead (see [`TILED_MIN_ROWS`]): through the level's one-row kernel where it has one
+//! (`kernels::gemv_fn`: VNNI Q4_0/Q5_0/Q8_0, which prepare the activation row once per task), in
+//! batch-invariant mode the tile-exact one (`kernels::rows_exact_fn`), else the loop over the row
+//! dot; [`gemv_many`] runs the one-row products that share an input (Q/K/V, gate/up) as one job.
 //!
 //! Float weights (F32, F16, BF16) with at least [`DENSE_MIN_ROWS`] activation rows go through the
 //! packed GEMM of `sgemm` instead (weight packed once, bias added in its last store): at encoder

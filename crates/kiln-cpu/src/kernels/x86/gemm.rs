@@ -460,7 +460,8 @@ unsafe fn prefetch_share(next: *const u8, lines: usize, per_block: usize, b: usi
 }
 
 /// Stores lane `c < cols` of `acc[i]` at `out + c * ldo + r0 + i`: a narrow kernel's results
-/// (lanes are activation rows) into `out[activation row][weight row]`.
+/// (lanes are activation rows) into `out[activation row][weight row]`; 8 rows through one
+/// transpose and a vector store per activation row.
 ///
 /// # Safety
 /// Those elements of `out` writable, `cols <= 8`.
@@ -473,6 +474,14 @@ unsafe fn store_columns<const R: usize>(
     r0: usize,
     cols: usize,
 ) {
+    if R == PANEL_ROWS {
+        // Transposed, activation row `c`'s 8 results are one contiguous store.
+        let rows = transpose(std::array::from_fn(|i| _mm256_castps_si256(acc[i])));
+        for (c, v) in rows.into_iter().enumerate().take(cols) {
+            _mm256_storeu_si256(out.add(c * ldo + r0).cast(), v);
+        }
+        return;
+    }
     for (i, v) in acc.into_iter().enumerate() {
         let mut lanes = [0f32; PANEL_ROWS];
         _mm256_storeu_ps(lanes.as_mut_ptr(), v);
