@@ -98,6 +98,8 @@ pub struct CpuBackend {
     pub(crate) simd: SimdLevel,
     /// See [`CpuBackend::set_batch_invariant`].
     pub(crate) batch_invariant: bool,
+    /// The rope angles of the current step (see `ops::RopeTables`).
+    pub(crate) rope_tables: crate::ops::RopeTables,
 }
 
 impl CpuBackend {
@@ -144,6 +146,7 @@ impl CpuBackend {
             threads,
             simd,
             batch_invariant: false,
+            rope_tables: Default::default(),
         })
     }
 

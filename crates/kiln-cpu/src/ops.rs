@@ -1,8 +1,115 @@
 //! Row-wise ops: RMS norm, layer norm and rotary embeddings.
 
+use std::sync::{Arc, Mutex};
+
 use kiln_backend::{shape_err, Result, RopeParams, RopeStyle};
 
 use crate::{CpuBackend, CpuTensor};
+
+/// The sines and cosines of the rope calls of the current step: a decode step ropes the same
+/// positions with the same parameters in every layer (twice: queries and keys), and the
+/// `sin`/`cos` of those angles (in f64) cost more than the rotations. The last [`ROPE_TABLES`]
+/// (parameters, positions) are kept; a call with others computes them afresh. Entries are
+/// computed exactly as an uncached call would, so the results are the same bits.
+#[derive(Default)]
+pub(crate) struct RopeTables(Mutex<Vec<Arc<RopeTable>>>);
+
+/// Tables kept: enough for models that alternate two rope settings (Gemma's local and global
+/// layers) with a few spares.
+const ROPE_TABLES: usize = 4;
+
+/// `sin` and `cos` (times `mscale`) of every frequency at each of `positions`.
+pub(crate) struct RopeTable {
+    key: RopeKey,
+    positions: Vec<u32>,
+    half: usize,
+    sin: Vec<f32>,
+    cos: Vec<f32>,
+}
+
+/// What the angles depend on (f32s by their bits).
+#[derive(PartialEq)]
+struct RopeKey {
+    rope_dim: usize,
+    base: u32,
+    freq_scale: u32,
+    mscale: u32,
+    freq_factors: Option<Vec<u32>>,
+}
+
+impl RopeKey {
+    fn of(p: &RopeParams) -> RopeKey {
+        RopeKey {
+            rope_dim: p.rope_dim,
+            base: p.base.to_bits(),
+            freq_scale: p.freq_scale.to_bits(),
+            mscale: p.mscale.to_bits(),
+            freq_factors: p
+                .freq_factors
+                .as_ref()
+                .map(|f| f.iter().map(|v| v.to_bits()).collect()),
+        }
+    }
+}
+
+impl RopeTable {
+    /// Angles in f64, rounded once: as exact as f32 allows at any position.
+    fn new(p: &RopeParams, key: RopeKey, positions: &[u32]) -> RopeTable {
+        let half = p.rope_dim / 2;
+        let inv_freq: Vec<f64> = (0..half)
+            .map(|i| {
+                let f = (p.freq_scale as f64)
+                    * (p.base as f64).powf(-2.0 * i as f64 / p.rope_dim as f64);
+                match &p.freq_factors {
+                    Some(factors) => f / factors[i] as f64,
+                    None => f,
+                }
+            })
+            .collect();
+        let mscale = p.mscale as f64;
+        let (mut sin, mut cos) = (Vec::new(), Vec::new());
+        for &pos in positions {
+            for f in &inv_freq {
+                let theta = pos as f64 * f;
+                sin.push((mscale * theta.sin()) as f32);
+                cos.push((mscale * theta.cos()) as f32);
+            }
+        }
+        RopeTable {
+            key,
+            positions: positions.to_vec(),
+            half,
+            sin,
+            cos,
+        }
+    }
+
+    /// The sines and cosines of the `r`-th position.
+    fn row(&self, r: usize) -> (&[f32], &[f32]) {
+        let at = r * self.half..(r + 1) * self.half;
+        (&self.sin[at.clone()], &self.cos[at])
+    }
+}
+
+impl RopeTables {
+    /// The table of `p` at `positions`: a kept one, or a new one (then kept, the oldest dropped).
+    fn get(&self, p: &RopeParams, positions: &[u32]) -> Arc<RopeTable> {
+        let key = RopeKey::of(p);
+        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = kept
+            .iter()
+            .find(|t| t.key == key && t.positions == positions)
+        {
+            return Arc::clone(t);
+        }
+        let table = Arc::new(RopeTable::new(p, key, positions));
+        if kept.len() == ROPE_TABLES {
+            kept.remove(0);
+        }
+        kept.push(Arc::clone(&table));
+        table
+    }
+}
 
 /// Rows per parallel task for cheap row-wise ops (small batches stay on one thread).
 const ROWS_PER_TASK: usize = 16;
@@ -101,30 +208,13 @@ pub(crate) fn rope(
         ));
     }
     let half = p.rope_dim / 2;
-    let inv_freq: Vec<f64> = (0..half)
-        .map(|i| {
-            let f =
-                (p.freq_scale as f64) * (p.base as f64).powf(-2.0 * i as f64 / p.rope_dim as f64);
-            match &p.freq_factors {
-                Some(factors) => f / factors[i] as f64,
-                None => f,
-            }
-        })
-        .collect();
-    let mscale = p.mscale as f64;
+    let table = cpu.rope_tables.get(p, positions);
     let mut out = crate::buffers::take(x.data.len());
     out.copy_from_slice(&x.data);
     let cols = x.cols.max(1);
     let parallel = x.data.len() >= crate::PARALLEL_MIN_ELEMENTS;
     crate::for_each_chunk(cpu, &mut out, cols, parallel, |r, row| {
-        let pos = positions[r];
-        let (sin, cos): (Vec<f32>, Vec<f32>) = inv_freq
-            .iter()
-            .map(|f| {
-                let theta = pos as f64 * f;
-                ((mscale * theta.sin()) as f32, (mscale * theta.cos()) as f32)
-            })
-            .unzip();
+        let (sin, cos) = table.row(r);
         for head in row.chunks_mut(p.head_dim) {
             for i in 0..half {
                 let (a, b) = match p.style {

@@ -74,6 +74,52 @@ fn rms_norm_whole_rows_and_per_head_groups() {
 }
 
 #[test]
+fn rope_reuses_its_angles_only_for_the_same_parameters_and_positions() {
+    // A backend keeps the sines and cosines of its last few (parameters, positions): calls that
+    // interleave more settings than it keeps, and repeat them, must each give the bits a fresh
+    // backend gives.
+    let (n_heads, head_dim) = (2, 8);
+    let settings: Vec<(f32, f32, Vec<u32>)> = vec![
+        (10_000.0, 1.0, vec![5, 6]),
+        (1_000_000.0, 1.0, vec![5, 6]),
+        (10_000.0, 1.0, vec![6, 5]),
+        (10_000.0, 0.25, vec![5, 6]),
+        (10_000.0, 1.0, vec![5, 6, 7]),
+        (500.0, 1.0, vec![5, 6]),
+    ];
+    let b = CpuBackend::new(1).unwrap();
+    for round in 0..3 {
+        for (k, (base, freq_scale, positions)) in settings.iter().enumerate() {
+            let p = RopeParams {
+                n_heads,
+                head_dim,
+                rope_dim: head_dim,
+                base: *base,
+                freq_scale: *freq_scale,
+                freq_factors: None,
+                mscale: 1.0,
+                style: RopeStyle::Neox,
+            };
+            let x = values(positions.len() * n_heads * head_dim, 10 + k as u64);
+            let rope = |b: &CpuBackend| {
+                let t = b
+                    .tensor_from_f32(&x, positions.len(), n_heads * head_dim)
+                    .unwrap();
+                b.to_f32(&b.rope(&t, positions, &p).unwrap()).unwrap()
+            };
+            let fresh = rope(&CpuBackend::new(1).unwrap());
+            let got = rope(&b);
+            assert!(
+                got.iter()
+                    .zip(&fresh)
+                    .all(|(g, f)| g.to_bits() == f.to_bits()),
+                "round {round}, setting {k}: {got:?} vs {fresh:?}"
+            );
+        }
+    }
+}
+
+#[test]
 fn rope_rotates_pairs_by_position() {
     let (n_heads, head_dim) = (3, 16);
     let positions = [0u32, 1, 7, 1000];
