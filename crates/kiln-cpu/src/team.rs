@@ -187,6 +187,12 @@ impl<'a, T: Send> Disjoint<'a, T> {
         }
     }
 
+    /// The start of the buffer, for writers that take raw pointers (the same rule: no element
+    /// written by two tasks, none read while another writes it).
+    pub(crate) fn as_ptr(&self) -> *mut T {
+        self.base.get()
+    }
+
     /// The elements `range` of the buffer.
     ///
     /// # Safety

@@ -18,7 +18,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use half::f16;
 use kiln_core::GgmlType;
 
-use kiln_cpu::kernels::{gemm_fn, gemm_fn_invariant, gemv_fn, quantize_fn, simd_level, SimdLevel};
+use kiln_cpu::kernels::{
+    gemm_fn, gemm_fn_invariant, gemv_fn, quantize_fn, simd_level, strided_gemm_fn, SimdLevel,
+};
 
 mod common;
 use common::quant::{avx2_available, scale_fields, vnni_available, Field, Rng, WEIGHT_TYPES};
@@ -674,6 +676,72 @@ fn vnni_one_row_products_match_the_scalar_loop() {
                         );
                     }
                 }
+            }
+        }
+    }
+}
+
+#[test]
+fn strided_gemms_write_what_the_gemm_writes_into_a_shared_output() {
+    // Two "tasks" write the two halves of a weight block's columns into one output of stride
+    // `ldo`: every value must be the plain GEMM's bits, every other element untouched; a shape
+    // the strided kernel does not take writes nothing and says so.
+    for ty in WEIGHT_TYPES {
+        assert!(strided_gemm_fn(ty, SimdLevel::Avx2).is_none(), "{ty}");
+    }
+    if !vnni_available("strided_gemms_write_what_the_gemm_writes_into_a_shared_output") {
+        return;
+    }
+    let mut rng = Rng::new(13);
+    for ty in TILED {
+        let strided = strided_gemm_fn(ty, SimdLevel::Avx512Vnni).expect("a strided kernel");
+        let plain = gemm_fn(ty, SimdLevel::Avx512Vnni).unwrap();
+        let k = 2 * ty.block_size();
+        let rows = 13;
+        let w = raw_weights(ty, rows, k, None, &mut rng);
+        let w_row = w.len() / rows;
+        for cols in 1..=9 {
+            let a = activations(ty, cols, k, &mut rng);
+            let ldo = rows + 3;
+            let mut want = vec![SENTINEL; cols * ldo];
+            plain(k, &w, rows, &a, cols, &mut want, ldo);
+            let mut got = vec![SENTINEL; cols * ldo];
+            let split = 6;
+            let (first, second) = (&w[..split * w_row], &w[split * w_row..]);
+            // SAFETY: each call writes only its own rows' columns of `got`, all inside it.
+            let taken = unsafe {
+                [
+                    strided(k, first, split, &a, cols, got.as_mut_ptr(), ldo),
+                    strided(
+                        k,
+                        second,
+                        rows - split,
+                        &a,
+                        cols,
+                        got.as_mut_ptr().add(split),
+                        ldo,
+                    ),
+                ]
+            };
+            assert_eq!(taken[0], taken[1], "{ty} cols {cols}");
+            if !taken[0] {
+                assert!(
+                    cols == 1 || cols == 9 || ty.block_size() == 256,
+                    "{ty} cols {cols}"
+                );
+                assert!(
+                    got.iter().all(|v| v.to_bits() == SENTINEL.to_bits()),
+                    "{ty} cols {cols}"
+                );
+                continue;
+            }
+            assert!((2..=8).contains(&cols), "{ty} cols {cols}: taken");
+            for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    e.to_bits(),
+                    "{ty} cols {cols} element {i}: {g} vs {e}"
+                );
             }
         }
     }

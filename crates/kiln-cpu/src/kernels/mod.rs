@@ -169,6 +169,37 @@ pub fn gemm_fn_invariant(ty: GgmlType, level: SimdLevel) -> Result<GemmFn, Quant
     })
 }
 
+/// Signature of a GEMM of a few activation rows that writes straight into an output shared with
+/// other threads: `(k, w, rows, a, cols, out, ldo)` as [`GemmFn`], `out` a raw pointer, so that
+/// the tasks of one product may each write their own weight rows' columns of `y[m, n]` (strided,
+/// interleaved with the other tasks' columns) without a private tile and a copy. Returns false,
+/// writing nothing, when it does not take this case (`cols` outside its kernel's range, no
+/// blocks): the caller then runs [`gemm_fn`]. Same values as [`gemm_fn`] at the same `cols`.
+/// Panics on inconsistent lengths as [`GemmFn`] does.
+///
+/// # Safety
+/// `out + c * ldo + r` is writable for every `r < rows`, `c < cols`, and nothing else reads or
+/// writes those elements during the call.
+pub type StridedGemmFn = unsafe fn(
+    k: usize,
+    w: &[u8],
+    rows: usize,
+    a: &[u8],
+    cols: usize,
+    out: *mut f32,
+    ldo: usize,
+) -> bool;
+
+/// The strided GEMM of `ty` at `level` (see [`StridedGemmFn`]): the narrow kernels of the VNNI
+/// level (2 to 8 activation rows; from the tile crossover for the k-quants). `None` elsewhere.
+pub fn strided_gemm_fn(ty: GgmlType, level: SimdLevel) -> Option<StridedGemmFn> {
+    match usable(level) {
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512Vnni => x86::strided_gemm_fn_vnni(ty),
+        _ => None,
+    }
+}
+
 /// A one-row product over many weight rows: `(k, weight rows, rows, one activation row, out)`,
 /// `out[r]` the dot of weight row `r`. Same contract style as [`GemmFn`].
 pub type RowsFn = fn(k: usize, w: &[u8], rows: usize, a: &[u8], out: &mut [f32]);

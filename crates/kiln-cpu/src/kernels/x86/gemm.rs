@@ -702,16 +702,85 @@ fn narrow_or_tiled(
     if nothing_to_multiply(blocks, rows, cols, out, ldo) {
         return;
     }
+    // SAFETY: `gemm_shape` checked that `out` holds `c * ldo + r` for every `r < rows`,
+    // `c < cols`, and the exclusive borrow keeps everyone else off it; the rest as `run_narrow`.
+    unsafe {
+        run_narrow(
+            narrow,
+            blocks,
+            w,
+            w_row,
+            rows,
+            a,
+            a_row,
+            cols,
+            out.as_mut_ptr(),
+            ldo,
+        )
+    }
+}
+
+/// The narrow kernel writing straight into a strided output shared with other threads (see
+/// `kernels::StridedGemmFn`); false, writing nothing, for `cols` outside its range or nothing to
+/// multiply.
+///
+/// # Safety
+/// `out + c * ldo + r` is writable for every `r < rows`, `c < cols`, and nothing else reads or
+/// writes those elements during the call.
+#[allow(clippy::too_many_arguments)]
+unsafe fn narrow_strided(
+    narrow: &Narrow,
+    k: usize,
+    w: &[u8],
+    rows: usize,
+    a: &[u8],
+    cols: usize,
+    out: *mut f32,
+    ldo: usize,
+) -> bool {
+    if !(narrow.min_cols..=PANEL_ROWS).contains(&cols) || rows == 0 {
+        return false;
+    }
+    // The extent of the outputs, for the shape check (the caller vouches for the memory).
+    let extent = (cols - 1).saturating_mul(ldo).saturating_add(rows);
+    let (w_row, a_row) = gemm_shape(narrow.ty, k, w.len(), rows, a.len(), cols, extent, ldo);
+    let blocks = k / narrow.ty.block_size();
+    if blocks == 0 {
+        return false;
+    }
+    // SAFETY: the caller's contract for `out`; the rest as `run_narrow`.
+    unsafe { run_narrow(narrow, blocks, w, w_row, rows, a, a_row, cols, out, ldo) };
+    true
+}
+
+/// Runs `narrow`'s kernel with this thread's scratch.
+///
+/// # Safety
+/// `w` is `rows` rows of `blocks` blocks (`w_row` bytes each), `a` `cols` rows (`a_row` bytes
+/// each) of as many activation blocks, `cols` in `min_cols..=8`, `rows` and `blocks` nonzero;
+/// `out + c * ldo + r` is writable for every `r < rows`, `c < cols` and nothing else accesses
+/// those elements during the call.
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_narrow(
+    narrow: &Narrow,
+    blocks: usize,
+    w: &[u8],
+    w_row: usize,
+    rows: usize,
+    a: &[u8],
+    a_row: usize,
+    cols: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
     SCRATCH.with_borrow_mut(|scratch| {
         let lines = blocks * narrow.lines;
         if scratch.panels.len() < lines {
             scratch.panels.resize(lines, Line([0; 32]));
         }
         // SAFETY: the VNNI entries are handed out only on a CPU with AVX2+FMA+F16C and AVX-512
-        // F/BW/VL/VNNI; `gemm_shape` checked that `w` is `rows` rows of `blocks` blocks, `a`
-        // `cols` rows of as many activation blocks (`cols` in 1..=8) and that `out` holds
-        // `c * ldo + r` for every `r < rows`, `c < cols`; the scratch was just sized for
-        // `blocks * lines` lines.
+        // F/BW/VL/VNNI; the shapes and `out` are this function's contract; the scratch was just
+        // sized for `blocks * lines` lines.
         unsafe {
             (narrow.kernel)(
                 blocks,
@@ -721,7 +790,7 @@ fn narrow_or_tiled(
                 a.as_ptr(),
                 a_row,
                 cols,
-                out.as_mut_ptr(),
+                out,
                 ldo,
                 scratch.panels.as_mut_ptr().cast(),
             )
@@ -729,9 +798,10 @@ fn narrow_or_tiled(
     })
 }
 
-/// Defines the public VNNI GEMM entries with a narrow kernel (see `narrow_or_tiled`).
+/// Defines the public VNNI GEMM entries with a narrow kernel (see `narrow_or_tiled`), and their
+/// strided forms (see `narrow_strided`).
 macro_rules! narrow_entries {
-    ($($(#[$doc:meta])* $name:ident => $narrow:expr, $tiled:ident;)*) => {
+    ($($(#[$doc:meta])* $name:ident, $strided:ident => $narrow:expr, $tiled:ident;)*) => {
         $(
             $(#[$doc])*
             pub(in crate::kernels) fn $name(
@@ -745,6 +815,25 @@ macro_rules! narrow_entries {
             ) {
                 const NARROW: Narrow = $narrow;
                 narrow_or_tiled(&NARROW, $tiled, k, w, rows, a, cols, out, ldo)
+            }
+
+            $(#[$doc])*
+            /// Strided: see `kernels::StridedGemmFn`.
+            ///
+            /// # Safety
+            /// As `kernels::StridedGemmFn`.
+            pub(in crate::kernels) unsafe fn $strided(
+                k: usize,
+                w: &[u8],
+                rows: usize,
+                a: &[u8],
+                cols: usize,
+                out: *mut f32,
+                ldo: usize,
+            ) -> bool {
+                const NARROW: Narrow = $narrow;
+                // SAFETY: the caller's contract.
+                unsafe { narrow_strided(&NARROW, k, w, rows, a, cols, out, ldo) }
             }
         )*
     };
@@ -773,21 +862,21 @@ const fn narrow_k<K: superblocks::KQuant>() -> Narrow {
 
 narrow_entries! {
     /// Q4_0 weights x Q8_0 activations, VNNI.
-    q4_0_vnni => narrow32::<blocks32::Q4_0>(), q4_0_vnni_tiled;
+    q4_0_vnni, q4_0_vnni_strided => narrow32::<blocks32::Q4_0>(), q4_0_vnni_tiled;
     /// Q4_1 weights x Q8_1 activations, VNNI.
-    q4_1_vnni => narrow32::<blocks32::Q4_1>(), q4_1_vnni_tiled;
+    q4_1_vnni, q4_1_vnni_strided => narrow32::<blocks32::Q4_1>(), q4_1_vnni_tiled;
     /// Q5_0 weights x Q8_0 activations, VNNI.
-    q5_0_vnni => narrow32::<blocks32::Q5_0>(), q5_0_vnni_tiled;
+    q5_0_vnni, q5_0_vnni_strided => narrow32::<blocks32::Q5_0>(), q5_0_vnni_tiled;
     /// Q5_1 weights x Q8_1 activations, VNNI.
-    q5_1_vnni => narrow32::<blocks32::Q5_1>(), q5_1_vnni_tiled;
+    q5_1_vnni, q5_1_vnni_strided => narrow32::<blocks32::Q5_1>(), q5_1_vnni_tiled;
     /// Q8_0 weights x Q8_0 activations, VNNI.
-    q8_0_vnni => narrow32::<blocks32::Q8_0>(), q8_0_vnni_tiled;
+    q8_0_vnni, q8_0_vnni_strided => narrow32::<blocks32::Q8_0>(), q8_0_vnni_tiled;
     /// Q4_K weights x Q8_K activations, VNNI.
-    q4_k_vnni => narrow_k::<superblocks::Q4K>(), q4_k_vnni_tiled;
+    q4_k_vnni, q4_k_vnni_strided => narrow_k::<superblocks::Q4K>(), q4_k_vnni_tiled;
     /// Q5_K weights x Q8_K activations, VNNI.
-    q5_k_vnni => narrow_k::<superblocks::Q5K>(), q5_k_vnni_tiled;
+    q5_k_vnni, q5_k_vnni_strided => narrow_k::<superblocks::Q5K>(), q5_k_vnni_tiled;
     /// Q6_K weights x Q8_K activations, VNNI.
-    q6_k_vnni => narrow_k::<superblocks::Q6K>(), q6_k_vnni_tiled;
+    q6_k_vnni, q6_k_vnni_strided => narrow_k::<superblocks::Q6K>(), q6_k_vnni_tiled;
 }
 
 /// The safe entry of the tile-exact one-row products (see `blocks32::rows_exact`): checks the

@@ -19,7 +19,7 @@ use std::arch::x86_64::*;
 
 use kiln_core::GgmlType;
 
-use super::{GemmFn, QuantizeFn, RowsFn, VecDotFn};
+use super::{GemmFn, QuantizeFn, RowsFn, StridedGemmFn, VecDotFn};
 
 mod float;
 mod gemm;
@@ -119,6 +119,21 @@ pub(super) fn gemm_fn_vnni(ty: GgmlType) -> Option<GemmFn> {
         GgmlType::Q5_K => gemm::q5_k_vnni,
         GgmlType::Q6_K => gemm::q6_k_vnni,
         other => return gemm_fn(other),
+    })
+}
+
+/// The strided narrow GEMM of `ty` (see `kernels::strided_gemm_fn`), where there is one.
+pub(super) fn strided_gemm_fn_vnni(ty: GgmlType) -> Option<StridedGemmFn> {
+    Some(match ty {
+        GgmlType::Q4_0 => gemm::q4_0_vnni_strided,
+        GgmlType::Q4_1 => gemm::q4_1_vnni_strided,
+        GgmlType::Q5_0 => gemm::q5_0_vnni_strided,
+        GgmlType::Q5_1 => gemm::q5_1_vnni_strided,
+        GgmlType::Q8_0 => gemm::q8_0_vnni_strided,
+        GgmlType::Q4_K => gemm::q4_k_vnni_strided,
+        GgmlType::Q5_K => gemm::q5_k_vnni_strided,
+        GgmlType::Q6_K => gemm::q6_k_vnni_strided,
+        _ => return None,
     })
 }
 
