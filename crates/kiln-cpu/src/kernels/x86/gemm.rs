@@ -171,6 +171,7 @@ impl Shape {
 }
 
 /// Pointers and sizes of one GEMM call, lengths already checked by `gemm_shape`.
+#[derive(Clone, Copy)]
 struct Call {
     blocks: usize,
     w: *const u8,
@@ -664,10 +665,9 @@ gemm_entries! {
     q6_k_vnni_tiled, q6_k_vnni_always => superblocks::SuperBlocksVnni<superblocks::Q6K>;
 }
 
-/// Signature of a narrow kernel (`blocks32::narrow`, `superblocks::narrow`): `(blocks, w, w_row,
-/// rows, a, a_row, cols, out, ldo, scratch)`.
-type NarrowFn =
-    unsafe fn(usize, *const u8, usize, usize, *const u8, usize, usize, *mut f32, usize, *mut u8);
+/// Signature of a narrow kernel (`blocks32::narrow`, `superblocks::narrow`): the call and the
+/// scratch.
+type NarrowFn = unsafe fn(&Call, *mut u8);
 
 /// A weight format's narrow kernel: what [`narrow_or_tiled`] needs to run it.
 struct Narrow {
@@ -677,6 +677,13 @@ struct Narrow {
     /// Scratch lines per block.
     lines: usize,
     kernel: NarrowFn,
+}
+
+impl Narrow {
+    /// Whether it runs for `cols` activation rows.
+    fn takes(&self, cols: usize) -> bool {
+        (self.min_cols..=PANEL_ROWS).contains(&cols)
+    }
 }
 
 /// A GEMM on a CPU with AVX-512 VNNI: the format's narrow kernel (weights read where they lie,
@@ -694,7 +701,7 @@ fn narrow_or_tiled(
     out: &mut [f32],
     ldo: usize,
 ) {
-    if !(narrow.min_cols..=PANEL_ROWS).contains(&cols) {
+    if !narrow.takes(cols) {
         return tiled(k, w, rows, a, cols, out, ldo);
     }
     let (w_row, a_row) = gemm_shape(narrow.ty, k, w.len(), rows, a.len(), cols, out.len(), ldo);
@@ -738,7 +745,7 @@ unsafe fn narrow_strided(
     out: *mut f32,
     ldo: usize,
 ) -> bool {
-    if !(narrow.min_cols..=PANEL_ROWS).contains(&cols) || rows == 0 {
+    if !narrow.takes(cols) || rows == 0 {
         return false;
     }
     // The extent of the outputs, for the shape check (the caller vouches for the memory).
@@ -781,20 +788,18 @@ unsafe fn run_narrow(
         // SAFETY: the VNNI entries are handed out only on a CPU with AVX2+FMA+F16C and AVX-512
         // F/BW/VL/VNNI; the shapes and `out` are this function's contract; the scratch was just
         // sized for `blocks * lines` lines.
-        unsafe {
-            (narrow.kernel)(
-                blocks,
-                w.as_ptr(),
-                w_row,
-                rows,
-                a.as_ptr(),
-                a_row,
-                cols,
-                out,
-                ldo,
-                scratch.panels.as_mut_ptr().cast(),
-            )
-        }
+        let call = Call {
+            blocks,
+            w: w.as_ptr(),
+            w_row,
+            rows,
+            a: a.as_ptr(),
+            a_row,
+            cols,
+            out,
+            ldo,
+        };
+        unsafe { (narrow.kernel)(&call, scratch.panels.as_mut_ptr().cast()) }
     })
 }
 

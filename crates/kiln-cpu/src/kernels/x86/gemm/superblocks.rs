@@ -21,7 +21,7 @@ use kiln_quant::blocks::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
 use super::super::{kquants, load32, read_f32};
 use super::{
     broadcast4, half, offset_shares, prefetch_share, store_columns, store_halves, store_piece,
-    sum_lanes_per_half, Format, Shape, PANEL_ROWS, PIECE,
+    sum_lanes_per_half, Call, Format, Shape, PANEL_ROWS, PIECE,
 };
 use crate::kernels::VecDotFn;
 
@@ -551,24 +551,20 @@ const CHUNK_BYTES: usize = QK_K / 4 * 32;
 /// lanes swapped. Bit-identical to the tile kernels.
 ///
 /// # Safety
-/// AVX2+FMA+F16C and AVX-512 F/BW/VL/VNNI; `w` holds `rows` rows of `blocks` super-blocks
+/// AVX2+FMA+F16C and AVX-512 F/BW/VL/VNNI; of `call`'s fields, `w` holds `rows` rows of `blocks` super-blocks
 /// (`w_row` bytes each), `a` `cols` rows of `blocks` Q8_K blocks (`a_row` bytes each), `cols` in
 /// 1..=8; `out + c * ldo + r` is writable for `r < rows`, `c < cols`; `scratch` has room for
 /// `blocks * NARROW_LINES` lines.
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn narrow<K: KQuant>(
-    blocks: usize,
-    w: *const u8,
-    w_row: usize,
-    rows: usize,
-    a: *const u8,
-    a_row: usize,
-    cols: usize,
-    out: *mut f32,
-    ldo: usize,
-    scratch: *mut u8,
-) {
+pub(super) unsafe fn narrow<K: KQuant>(call: &Call, scratch: *mut u8) {
+    let Call {
+        blocks,
+        a,
+        a_row,
+        rows,
+        cols,
+        ..
+    } = *call;
     let line = NARROW_LINES * 32;
     for b in 0..blocks {
         let src: [*const u8; PANEL_ROWS] =
@@ -598,11 +594,11 @@ pub(super) unsafe fn narrow<K: KQuant>(
     }
     let mut r = 0;
     while r + NARROW_ROWS <= rows {
-        narrow_rows::<K, NARROW_ROWS>(blocks, w, w_row, r, cols, out, ldo, scratch);
+        narrow_rows::<K, NARROW_ROWS>(call, r, scratch);
         r += NARROW_ROWS;
     }
     while r < rows {
-        narrow_rows::<K, 1>(blocks, w, w_row, r, cols, out, ldo, scratch);
+        narrow_rows::<K, 1>(call, r, scratch);
         r += 1;
     }
 }
@@ -611,19 +607,18 @@ pub(super) unsafe fn narrow<K: KQuant>(
 ///
 /// # Safety
 /// As `narrow`, with `r0 + R <= rows` and the panel packed.
-#[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn narrow_rows<K: KQuant, const R: usize>(
-    blocks: usize,
-    w: *const u8,
-    w_row: usize,
-    r0: usize,
-    cols: usize,
-    out: *mut f32,
-    ldo: usize,
-    panel: *const u8,
-) {
+unsafe fn narrow_rows<K: KQuant, const R: usize>(call: &Call, r0: usize, panel: *const u8) {
+    let Call {
+        blocks,
+        w,
+        w_row,
+        cols,
+        out,
+        ldo,
+        ..
+    } = *call;
     let sub_chunks = SuperBlocks::<K>::SUB_CHUNKS;
     let rows: [*const u8; R] = std::array::from_fn(|i| w.add((r0 + i) * w_row));
     let mut acc = [_mm256_setzero_ps(); R];
