@@ -605,15 +605,14 @@ pub(super) unsafe fn narrow<L: Legacy>(call: &Call, scratch: *mut u8) {
         }
         let start = _mm512_sub_epi32(_mm512_setzero_si512(), shares);
         _mm512_storeu_si512(dst.add(PIECE + 64).cast(), start);
-        // `da` (and `s` of the `_1` formats) of each activation block, laid out in lane pairs.
+        // `da` (and `s` of the `_1` formats) of each activation block, laid out in lane pairs
+        // (the offset share of the tile's factors is the `start` line above instead).
         let (mut da, mut s) = ([0f32; 16], [0f32; 16]);
         for (j, &y) in src.iter().enumerate() {
-            let mut word = [0u32; 2];
-            <Blocks32Vnni<L> as Format>::factors(y, word.as_mut_ptr());
-            da[2 * j] = f32::from_bits(word[0]);
+            da[2 * j] = half(y);
             da[2 * j + 1] = da[2 * j];
             if L::MIN_AT.is_some() {
-                s[2 * j] = f32::from_bits(word[1]);
+                s[2 * j] = half(y.add(offset_of!(BlockQ8_1, s)));
             }
         }
         _mm512_storeu_ps(dst.add(PIECE).cast(), _mm512_loadu_ps(da.as_ptr()));
