@@ -884,24 +884,27 @@ narrow_entries! {
     q6_k_vnni, q6_k_vnni_strided => narrow_k::<superblocks::Q6K>(), q6_k_vnni_tiled;
 }
 
+/// The lengths of a one-row product checked as a GEMM of one activation row would check them
+/// (panics on a broken contract); the blocks per row, or `None` when there are no rows.
+fn one_row_shape(
+    ty: GgmlType,
+    k: usize,
+    w: &[u8],
+    rows: usize,
+    a: &[u8],
+    out: &[f32],
+) -> Option<usize> {
+    gemm_shape(ty, k, w.len(), rows, a.len(), 1, out.len(), rows.max(1));
+    (rows > 0).then(|| k / ty.block_size())
+}
+
 /// The safe entry of the tile-exact one-row products (see `blocks32::rows_exact`): checks the
 /// lengths as a GEMM of one activation row would, then runs the kernel.
 fn exact_rows<L: blocks32::Legacy>(k: usize, w: &[u8], rows: usize, a: &[u8], out: &mut [f32]) {
-    let (w_row, _) = gemm_shape(
-        L::TYPE,
-        k,
-        w.len(),
-        rows,
-        a.len(),
-        1,
-        out.len(),
-        rows.max(1),
-    );
-    let blocks = k / kiln_quant::blocks::QK8_0;
-    debug_assert_eq!(w_row, blocks * L::W_BLOCK);
-    if rows == 0 {
+    let Some(blocks) = one_row_shape(L::TYPE, k, w, rows, a, out) else {
         return;
-    }
+    };
+    debug_assert_eq!(w.len(), rows * blocks * L::W_BLOCK);
     SCRATCH.with_borrow_mut(|scratch| {
         let vectors = blocks.div_ceil(8) * PANEL_ROWS;
         if scratch.sums.len() < vectors {
@@ -958,28 +961,13 @@ exact_rows_entries! {
 /// The safe entry of the VNNI one-row products (see `blocks32::rows_vnni`): checks the lengths
 /// as a GEMM of one activation row would, then runs the kernel.
 fn vnni_rows<L: blocks32::Legacy>(k: usize, w: &[u8], rows: usize, a: &[u8], out: &mut [f32]) {
-    gemm_shape(
-        L::TYPE,
-        k,
-        w.len(),
-        rows,
-        a.len(),
-        1,
-        out.len(),
-        rows.max(1),
-    );
+    let Some(blocks) = one_row_shape(L::TYPE, k, w, rows, a, out) else {
+        return;
+    };
     // SAFETY: the VNNI entries are handed out only on a CPU with AVX2+FMA+F16C and AVX-512
-    // F/BW/VL/VNNI; `gemm_shape` checked that `w` is `rows` rows of `k / 32` blocks, `a` one
+    // F/BW/VL/VNNI; `gemm_shape` checked that `w` is `rows` rows of `blocks` blocks, `a` one
     // activation row of as many blocks, and that `out` holds `rows` values.
-    unsafe {
-        blocks32::rows_vnni::<L>(
-            k / kiln_quant::blocks::QK8_0,
-            w.as_ptr(),
-            rows,
-            a.as_ptr(),
-            out.as_mut_ptr(),
-        )
-    }
+    unsafe { blocks32::rows_vnni::<L>(blocks, w.as_ptr(), rows, a.as_ptr(), out.as_mut_ptr()) }
 }
 
 exact_rows_entries! {
@@ -999,29 +987,11 @@ fn exact_rows_k<K: superblocks::KQuant>(
     a: &[u8],
     out: &mut [f32],
 ) {
-    gemm_shape(
-        K::TYPE,
-        k,
-        w.len(),
-        rows,
-        a.len(),
-        1,
-        out.len(),
-        rows.max(1),
-    );
-    if rows == 0 {
+    let Some(blocks) = one_row_shape(K::TYPE, k, w, rows, a, out) else {
         return;
-    }
+    };
     // SAFETY: AVX2+FMA+F16C (handed out only after detection); `gemm_shape` checked that `w` is
-    // `rows` rows of `k / 256` super-blocks, `a` one Q8_K row of as many blocks, and `out` holds
+    // `rows` rows of `blocks` super-blocks, `a` one Q8_K row of as many blocks, and `out` holds
     // `rows` values.
-    unsafe {
-        superblocks::rows_exact::<K>(
-            k / kiln_quant::blocks::QK_K,
-            w.as_ptr(),
-            rows,
-            a.as_ptr(),
-            out.as_mut_ptr(),
-        )
-    }
+    unsafe { superblocks::rows_exact::<K>(blocks, w.as_ptr(), rows, a.as_ptr(), out.as_mut_ptr()) }
 }
