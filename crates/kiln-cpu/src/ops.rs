@@ -22,7 +22,6 @@ const ROPE_TABLES: usize = 4;
 pub(crate) struct RopeTable {
     key: RopeKey,
     positions: Vec<u32>,
-    half: usize,
     sin: Vec<f32>,
     cos: Vec<f32>,
 }
@@ -78,7 +77,6 @@ impl RopeTable {
         RopeTable {
             key,
             positions: positions.to_vec(),
-            half,
             sin,
             cos,
         }
@@ -86,7 +84,8 @@ impl RopeTable {
 
     /// The sines and cosines of the `r`-th position.
     fn row(&self, r: usize) -> (&[f32], &[f32]) {
-        let at = r * self.half..(r + 1) * self.half;
+        let half = self.key.rope_dim / 2;
+        let at = r * half..(r + 1) * half;
         (&self.sin[at.clone()], &self.cos[at])
     }
 }

@@ -559,14 +559,16 @@ const NARROW_ROWS: usize = 8;
 /// The quants are the `u8` operand (Q8_0's biased to `q + 128`, as its VNNI tile stores them) and
 /// the activations the `i8` one; each block's `vpdpbusd` chain starts from the negated
 /// `OFFSET * sum(a)` (8 for Q4_0, 16 for Q5_0, 128 for Q8_0) of the lane's own chunks, so the
-/// lane pair holds the exact integer sums `(q - OFFSET) * a` of the even and the odd chunks. The f32 step keeps that split:
-/// `acc = fma(sum, d * da, acc)` (and `fma(m, s, acc)` for the `_1` formats) on 16 lanes, the
-/// pairs added once per row at the end. Same values as the tile kernel up to the order of the
-/// f32 additions (not bit-identical: batch-invariant mode runs the tiles).
+/// lane pair holds the exact integer sums `(q - OFFSET) * a` of the even and the odd chunks.
+/// The f32 step keeps that split: `acc = fma(sum, d * da, acc)` (and `fma(m, s, acc)` for the
+/// `_1` formats) on 16 lanes, the pairs added once per row at the end. Same values as the tile
+/// kernel up to the order of the f32 additions (not bit-identical: batch-invariant mode runs
+/// the tiles).
 ///
 /// # Safety
-/// AVX2+FMA+F16C and AVX-512 F/BW/VL/VNNI; of `call`'s fields, `w` holds `rows` rows of `blocks` blocks (`w_row`
-/// bytes each), `a` `cols` rows of `blocks` activation blocks (`a_row` bytes each), `cols` in
+/// AVX2+FMA+F16C and AVX-512 F/BW/VL/VNNI; of `call`'s fields, `w` holds `rows` rows of
+/// `blocks` blocks (`w_row` bytes each), `a` `cols` rows of `blocks` activation blocks (`a_row`
+/// bytes each), `cols` in
 /// 2..=8; `out + c * ldo + r` is writable for `r < rows`, `c < cols`; `scratch` has room for
 /// `blocks * NARROW_LINES` lines.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]

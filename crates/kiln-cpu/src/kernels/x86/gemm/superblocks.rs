@@ -551,9 +551,9 @@ const CHUNK_BYTES: usize = QK_K / 4 * 32;
 /// lanes swapped. Bit-identical to the tile kernels.
 ///
 /// # Safety
-/// AVX2+FMA+F16C and AVX-512 F/BW/VL/VNNI; of `call`'s fields, `w` holds `rows` rows of `blocks` super-blocks
-/// (`w_row` bytes each), `a` `cols` rows of `blocks` Q8_K blocks (`a_row` bytes each), `cols` in
-/// 1..=8; `out + c * ldo + r` is writable for `r < rows`, `c < cols`; `scratch` has room for
+/// AVX2+FMA+F16C and AVX-512 F/BW/VL/VNNI; of `call`'s fields, `w` holds `rows` rows of
+/// `blocks` super-blocks (`w_row` bytes each), `a` `cols` rows of `blocks` Q8_K blocks (`a_row`
+/// bytes each), `cols` in 1..=8; `out + c * ldo + r` is writable for `r < rows`, `c < cols`; `scratch` has room for
 /// `blocks * NARROW_LINES` lines.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn narrow<K: KQuant>(call: &Call, scratch: *mut u8) {
