@@ -36,18 +36,32 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// `e^x` for `x` in f32's range; 0 for `x < -87.3` (including `-inf`), `+inf` above 88.37.
 #[inline(always)]
 pub(crate) fn exp(x: f32) -> f32 {
+    if x > EXP_HI {
+        f32::INFINITY
+    } else {
+        exp_nonpositive(x)
+    }
+}
+
+/// Largest input whose rounded exponent n stays ≤ 127, so 2^n is one normal float.
+const EXP_HI: f32 = 88.376_26;
+
+/// [`exp`] for `x ≤ 88.37` (softmax calls it on `x - max ≤ 0`): the same bits there (NaN
+/// stays NaN), without the overflow branch; larger `x` gives an unspecified value.
+#[inline(always)]
+pub(crate) fn exp_nonpositive(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     // ln 2 split in two so that n·ln2 is exact for the |n| ≤ 127 we meet.
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
     const LO: f32 = -87.336_55;
-    // Largest input whose rounded exponent n stays ≤ 127, so 2^n is one normal float.
-    const HI: f32 = 88.376_26;
     // Adding 1.5·2²³ rounds to the nearest integer (ties to even) and leaves it in the low
     // mantissa bits, so n and 2^n come out of float adds and integer bit operations, which
     // vectorize; `round_ties_even` + `as i32` (a saturating conversion) do not.
     const SHIFT: f32 = 12_582_912.0;
-    let xc = x.clamp(LO, HI);
+    // Only the lower clamp: callers keep x ≤ EXP_HI. Written so that it is one `max`
+    // instruction that lets a NaN through (`clamp` is two compares and two blends).
+    let xc = if x < LO { LO } else { x };
     let t = xc.mul_add(LOG2E, SHIFT);
     let n = t - SHIFT;
     let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, xc));
@@ -64,9 +78,8 @@ pub(crate) fn exp(x: f32) -> f32 {
     // SHIFT's plus n.
     let biased = t.to_bits().wrapping_sub(SHIFT.to_bits()).wrapping_add(127);
     let v = y * f32::from_bits(biased << 23);
-    let v = if x < LO { 0.0 } else { v };
-    if x > HI {
-        f32::INFINITY
+    if x < LO {
+        0.0
     } else {
         v
     }
@@ -198,8 +211,9 @@ pub(crate) fn gelu_slice(x: &[f32], out: &mut [f32]) {
     }
 }
 
-/// In-place softmax of `row` (which must be non-empty): `e^(v - max) / Σ`. (Attention divides
-/// by the sum after its product with `V` instead; this is the reference for the tests.)
+/// In-place softmax of `row` (which must be non-empty): `e^(v - max) / Σ`, the reference for the
+/// tests. (Attention runs its softmax inside its own loops and divides by the sum after the
+/// product with `V`.)
 #[cfg(test)]
 #[inline(always)]
 pub(crate) fn softmax_in_place(row: &mut [f32]) {
@@ -211,6 +225,7 @@ pub(crate) fn softmax_in_place(row: &mut [f32]) {
 
 /// The unnormalized softmax: `row[i] = e^(row[i] - max)` (`row` non-empty), returning the sum
 /// `Σ row[i]` (at least 1), in a fixed order of eight partial sums.
+#[cfg(test)]
 #[inline(always)]
 pub(crate) fn exp_shifted_in_place(row: &mut [f32]) -> f32 {
     // Eight running maxima and sums over whole chunks of 8 (the tail goes to lane i of its
@@ -268,6 +283,14 @@ mod tests {
         assert_eq!(exp(-100.0), 0.0);
         assert_eq!(exp(f32::NEG_INFINITY), 0.0);
         assert_eq!(exp(100.0), f32::INFINITY);
+        assert!(exp(f32::NAN).is_nan() && exp_nonpositive(f32::NAN).is_nan());
+        // The softmax's version is the same function below the overflow branch.
+        let mut x = -90.0f32;
+        while x <= 1.0 {
+            assert_eq!(exp_nonpositive(x).to_bits(), exp(x).to_bits(), "{x}");
+            x += 0.000_37;
+        }
+        assert_eq!(exp_nonpositive(f32::NEG_INFINITY), 0.0);
     }
 
     /// erf in f64 by its Taylor series (|x| ≤ 3) and asymptotic continued fraction beyond.

@@ -1,23 +1,35 @@
 //! Bidirectional attention over a packed batch of variable-length sequences (encoders).
 //!
-//! Work is split into tasks of (sequence, head). A task packs its head's keys and values once
-//! into the weight-panel layout of the GEMM micro-kernel ([`crate::sgemm`]): `Kᵀ` as panels of
-//! [`NR`] keys × `head_dim` steps, `V` as panels of [`NR`] head dims × `keys` steps. It then takes
-//! its queries [`MR`] at a time: the six query rows are packed as one activation panel, their
-//! scores against every key panel they can see come from the `MR × NR` FMA micro-kernel, the
-//! unnormalized softmax runs row by row (vectorized `exp`), the six probability rows are packed
-//! the same way, and one more micro-kernel call per value panel gives the output, scaled by each
-//! row's `1 / Σ`. Nothing is computed across sequences, so packing wastes no work on padding,
-//! and the score buffer is `MR × keys`: long sequences never materialise an `L × L` matrix.
+//! Work is split into tasks of (sequence, head), and each task computes its head of its sequence
+//! with the `MR × NR` FMA micro-kernel of the GEMM ([`crate::sgemm`]), in transposed form so that
+//! neither the scores nor the probabilities are ever transposed:
 //!
-//! Each output element is produced by one task with a fixed instruction sequence (the scalar
-//! fallback uses `f32::mul_add` in the micro-kernel's order), so results do not depend on the
-//! thread count, the SIMD level or on what else is in the batch.
+//! 1. **Once per task**, keys are packed as activation panels of [`MR`] keys × `head_dim` steps
+//!    and values as activation panels of [`MR`] head dims × `keys` steps (a copy, not a
+//!    transpose: six neighbouring dims of one key are one step).
+//! 2. **Per group of [`NR`] queries**, the scaled queries become one weight panel (`head_dim`
+//!    rows of 16 queries). Each micro-kernel call over a key panel gives six rows of `Sᵀ`: one
+//!    key, its scores against the 16 queries. The softmax then runs down the columns of `Sᵀ`,
+//!    one query per SIMD lane (vertical max, `exp`, vertical sum: no horizontal reductions),
+//!    in place, which leaves `Pᵀ` in exactly the weight-panel layout the second product wants.
+//! 3. One micro-kernel call per value panel gives `(P V)ᵀ` for six dims × 16 queries, stored
+//!    transposed into the output scaled by each query's `1 / Σ`.
+//!
+//! Nothing is computed across sequences, so packing wastes no work on padding, and the score
+//! buffer is `keys × NR`: long sequences never materialise an `L × L` matrix. Scratch buffers
+//! live as long as a worker's run of tasks, and each task writes its rows of its head's columns
+//! straight into the output (those rectangles are disjoint and cover it).
+//!
+//! Each output element is produced by one task with a fixed instruction sequence that depends
+//! only on its sequence (the scalar fallback uses `f32::mul_add` in the micro-kernel's order,
+//! and the softmax is the same code in both builds), so results do not depend on the thread
+//! count, the SIMD level or on what else is in the batch.
 
 use kiln_backend::{shape_err, PackedAttentionParams, Result};
 use rayon::prelude::*;
 
 use crate::sgemm::{fma_tile, pack_rows, Isa, PanelRow, MR, NR};
+use crate::team::Disjoint;
 use crate::{CpuBackend, CpuTensor};
 
 pub(crate) fn packed_attention(
@@ -61,25 +73,19 @@ pub(crate) fn packed_attention(
         }
         row0 += len;
     }
-    let results: Vec<Vec<f32>> = cpu.pool.install(|| {
+    let mut data = crate::buffers::take(total * cols);
+    // Debug builds (and so the tests) poison the recycled buffer, so that an element no task
+    // wrote shows as NaN.
+    #[cfg(debug_assertions)]
+    data.fill(f32::NAN);
+    let out = Disjoint::new(&mut data);
+    cpu.pool.install(|| {
         tasks
             .par_iter()
-            .map(|b| {
-                let mut out = vec![0.0f32; b.len * hd];
-                attend(avx2, b, &mut out);
-                out
-            })
-            .collect()
+            .for_each_init(Scratch::default, |s, b| attend(avx2, b, s, &out))
     });
-    // The tasks' rows and head columns cover it.
-    let mut out = crate::buffers::take(total * cols);
-    for (b, result) in tasks.iter().zip(&results) {
-        for (i, row) in result.chunks_exact(hd).enumerate() {
-            let at = (b.row0 + i) * cols + b.col0;
-            out[at..at + hd].copy_from_slice(row);
-        }
-    }
-    CpuTensor::new(out, total, cols)
+    // Every element is written: the tasks' rows and head columns cover the output.
+    CpuTensor::new(data, total, cols)
 }
 
 /// One task: one head of one sequence of the packed tensors.
@@ -100,88 +106,156 @@ struct Block<'a> {
     isa: Isa,
 }
 
+/// A worker's buffers, reused from task to task (each task overwrites what it reads).
+#[derive(Default)]
+struct Scratch {
+    /// Key panels: panel `p`, step `d` holds dim `d` of keys `p·MR .. p·MR + MR`.
+    keys: Vec<f32>,
+    /// Value panels: panel `c`, step `j` holds dims `c·MR .. c·MR + MR` of key `j`.
+    values: Vec<f32>,
+    /// The query group as a weight panel: row `d` holds `scale · q[d]` of its 16 queries.
+    queries: Vec<PanelRow>,
+    /// `Sᵀ`, then `Pᵀ`: row `j` holds key `j`'s scores (probabilities) for the 16 queries.
+    scores: Vec<PanelRow>,
+    /// `(P V)ᵀ` of the group: row `d` holds dim `d` of the 16 queries' outputs.
+    sums: Vec<PanelRow>,
+    /// A zero key, for the rows of the last key panel past the sequence.
+    zeros: Vec<f32>,
+}
+
+/// `v` with length `len`; its values are unspecified (callers overwrite what they read).
+fn sized<T: Copy>(v: &mut Vec<T>, len: usize, fill: T) -> &mut [T] {
+    v.resize(len, fill);
+    &mut v[..len]
+}
+
 crate::math::avx2_dispatch!(
     /// [`attend_impl`], with its softmax vectorized when `avx2`.
-    fn attend(b: &Block<'_>, out: &mut [f32]) => attend_impl
+    fn attend(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) => attend_impl
 );
 
-/// `out = softmax(scale · Q Kᵀ) V` for one (sequence, head), `out` row-major `[len, hd]`.
-/// See the module docs for the steps; keys past the visible window of a query (or past the
-/// sequence, in the last panel) get weight 0.
+/// `softmax(scale · Q Kᵀ) V` for one (sequence, head), into its rows and columns of `out`
+/// (row-major, `b.cols` wide). See the module docs for the steps; keys outside the visible
+/// window of a query (and the padding of the last key panel) get weight 0.
 #[inline(always)]
-fn attend_impl(b: &Block<'_>, out: &mut [f32]) {
+fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
     let (hd, n, isa) = (b.hd, b.len, b.isa);
-    let n_pad = n.div_ceil(NR) * NR;
-    let dim_panels = hd.div_ceil(NR);
+    if n == 0 {
+        return;
+    }
+    let key_panels = n.div_ceil(MR);
+    let n_pad = key_panels * MR;
+    let dim_panels = hd.div_ceil(MR);
     let row = |r: usize| {
         let at = (b.row0 + r) * b.cols + b.col0;
         at..at + hd
     };
-    // Kᵀ: panel p, step d holds dim d of keys p·NR .. p·NR + NR. V: panel c, step j holds dims
-    // c·NR .. c·NR + NR of key j. Padding (keys past n, dims past hd) stays zero.
-    let mut kp = vec![PanelRow([0.0; NR]); n_pad / NR * hd];
-    let mut vp = vec![PanelRow([0.0; NR]); dim_panels * n_pad];
-    for (p, panel) in kp.chunks_exact_mut(hd).enumerate() {
-        let keys: Vec<&[f32]> = (p * NR..n.min(p * NR + NR)).map(|j| &b.k[row(j)]).collect();
-        for (d, step) in panel.iter_mut().enumerate() {
-            for (x, key) in step.0.iter_mut().zip(&keys) {
-                *x = key[d];
+    let zeros = sized(&mut s.zeros, hd, 0.0);
+    zeros.fill(0.0);
+    let zeros = &*zeros;
+    let keys = sized(&mut s.keys, key_panels * hd * MR, 0.0);
+    for (p, panel) in keys.chunks_exact_mut(hd * MR).enumerate() {
+        let rows: [&[f32]; MR] = std::array::from_fn(|r| {
+            let j = p * MR + r;
+            if j < n {
+                &b.k[row(j)]
+            } else {
+                zeros
             }
-        }
+        });
+        pack_rows(isa, &rows, panel);
     }
-    for j in 0..n {
-        for (c, dims) in b.v[row(j)].chunks(NR).enumerate() {
-            vp[c * n_pad + j].0[..dims.len()].copy_from_slice(dims);
+    let values = sized(&mut s.values, dim_panels * n_pad * MR, 0.0);
+    for (c, panel) in values.chunks_exact_mut(n_pad * MR).enumerate() {
+        let (d0, width) = (c * MR, MR.min(hd - c * MR));
+        for (j, step) in panel.chunks_exact_mut(MR).enumerate() {
+            let src = if j < n {
+                &b.v[row(j)][d0..d0 + width]
+            } else {
+                &[]
+            };
+            match <&[f32; MR]>::try_from(src) {
+                // A fixed-size copy: `copy_from_slice` of a run-time length is a `memcpy` call.
+                Ok(full) => step.copy_from_slice(full),
+                Err(_) => {
+                    for (r, x) in step.iter_mut().enumerate() {
+                        *x = src.get(r).copied().unwrap_or(0.0);
+                    }
+                }
+            }
         }
     }
     let visible = |i: usize| match b.radius {
         Some(r) => (i.saturating_sub(r), (i + r + 1).min(n)),
         None => (0, n),
     };
-    let mut qa = vec![0.0f32; MR * hd];
-    let mut scores = vec![0.0f32; MR * n_pad];
-    let mut pa = vec![0.0f32; MR * n_pad];
-    for i0 in (0..n).step_by(MR) {
-        // Rows past the sequence repeat its last query; they are computed but never stored.
-        let ni = MR.min(n - i0);
-        let last = |i: usize| i0 + i.min(ni - 1);
-        // Whole key panels [j0, j1) that some query of the group can see.
-        let (j0, j1) = (
-            visible(i0).0 / NR * NR,
-            visible(i0 + ni - 1).1.div_ceil(NR) * NR,
-        );
-        let w = j1 - j0;
-        let qrows: [&[f32]; MR] = std::array::from_fn(|i| &b.q[row(last(i))]);
-        pack_rows(isa, &qrows, &mut qa);
-        for p in j0 / NR..j1 / NR {
-            let sums = fma_tile(isa, hd, &qa, &kp[p * hd..(p + 1) * hd]);
-            for (i, s) in sums.iter().enumerate() {
-                let at = i * w + p * NR - j0;
-                for (d, &v) in scores[at..at + NR].iter_mut().zip(s) {
-                    *d = v * b.scale;
+    let queries = sized(&mut s.queries, hd, PanelRow([0.0; NR]));
+    let scores = sized(&mut s.scores, n_pad, PanelRow([0.0; NR]));
+    let sums = sized(&mut s.sums, dim_panels * MR, PanelRow([0.0; NR]));
+    for i0 in (0..n).step_by(NR) {
+        let nq = NR.min(n - i0);
+        // Lanes past the sequence stand for its last query (zero query, its window): they are
+        // computed but never stored.
+        let query = |lane: usize| i0 + lane.min(nq - 1);
+        for lane in 0..NR {
+            let src = if lane < nq {
+                &b.q[row(i0 + lane)]
+            } else {
+                zeros
+            };
+            for (step, &x) in queries.iter_mut().zip(src) {
+                step.0[lane] = x * b.scale;
+            }
+        }
+        // Whole key panels [j0, j1) that some query of the group can see, and the keys
+        // [all_lo, all_hi) that every query of it sees.
+        let (lo, all_hi) = visible(i0);
+        let (all_lo, hi) = visible(query(NR - 1));
+        let (j0, j1) = (lo / MR * MR, hi.div_ceil(MR) * MR);
+        for p in j0 / MR..j1 / MR {
+            let tile = fma_tile(isa, hd, &keys[p * hd * MR..(p + 1) * hd * MR], queries);
+            for (dst, src) in scores[p * MR..(p + 1) * MR].iter_mut().zip(tile) {
+                dst.0 = src;
+            }
+        }
+        let rows = &mut scores[j0..j1];
+        for (j, r) in (j0..j1).zip(rows.iter_mut()) {
+            if j < all_lo || j >= all_hi {
+                for (lane, x) in r.0.iter_mut().enumerate() {
+                    let (l, h) = visible(query(lane));
+                    if j < l || j >= h {
+                        *x = f32::NEG_INFINITY;
+                    }
                 }
             }
         }
-        let mut inv = [0.0f32; MR];
-        for (i, inv) in inv.iter_mut().enumerate().take(ni) {
-            let (lo, hi) = visible(i0 + i);
-            let srow = &mut scores[i * w..(i + 1) * w];
-            *inv = 1.0 / crate::math::exp_shifted_in_place(&mut srow[lo - j0..hi - j0]);
-            srow[..lo - j0].fill(0.0);
-            srow[hi - j0..].fill(0.0);
+        let mut max = [f32::NEG_INFINITY; NR];
+        for r in rows.iter() {
+            for (m, &x) in max.iter_mut().zip(&r.0) {
+                *m = if x > *m { x } else { *m };
+            }
         }
-        let prows: [&[f32]; MR] =
-            std::array::from_fn(|i| &scores[i.min(ni - 1) * w..(i.min(ni - 1) + 1) * w]);
-        let pa = &mut pa[..MR * w];
-        pack_rows(isa, &prows, pa);
-        for c in 0..dim_panels {
-            let sums = fma_tile(isa, w, pa, &vp[c * n_pad + j0..c * n_pad + j1]);
-            let width = NR.min(hd - c * NR);
-            for (i, (s, &inv)) in sums.iter().zip(&inv).enumerate().take(ni) {
-                let at = (i0 + i) * hd + c * NR;
-                for (d, &v) in out[at..at + width].iter_mut().zip(s) {
-                    *d = v * inv;
-                }
+        let mut total = [0.0f32; NR];
+        for r in rows.iter_mut() {
+            for ((x, &m), t) in r.0.iter_mut().zip(&max).zip(total.iter_mut()) {
+                *x = crate::math::exp_nonpositive(*x - m);
+                *t += *x;
+            }
+        }
+        let inv = total.map(|t| 1.0 / t);
+        for (c, out_dims) in sums.chunks_exact_mut(MR).enumerate() {
+            let panel = &values[c * n_pad * MR..(c + 1) * n_pad * MR];
+            let tile = fma_tile(isa, j1 - j0, &panel[j0 * MR..j1 * MR], rows);
+            for (dst, src) in out_dims.iter_mut().zip(tile) {
+                dst.0 = src;
+            }
+        }
+        for (lane, &inv) in inv.iter().enumerate().take(nq) {
+            // SAFETY: this task is the only one that writes the head's columns of the
+            // sequence's rows, and it holds one such row at a time.
+            let dst = unsafe { out.slice(row(i0 + lane)) };
+            for (x, d) in dst.iter_mut().zip(sums.iter()) {
+                *x = d.0[lane] * inv;
             }
         }
     }
