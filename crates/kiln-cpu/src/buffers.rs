@@ -15,6 +15,9 @@
 //! them; a decoder prefill of 512 tokens keeps 32 MiB, not the 100 MB that a count bound alone
 //! let it hold, which put kiln's peak RSS 25 % above llama.cpp's).
 //!
+//! A new vector large enough to be kept is allocated with a little slack ([`size_class`]), so
+//! that the next batch, a few percent longer, still finds it long enough.
+//!
 //! Invariants: the pool holds at most [`MAX_KEPT`] vectors and [`cap_bytes`] bytes, each vector with `len == capacity` (so that
 //! all of its values are initialized f32s and it can serve any request up to that length);
 //! [`take`] returns exactly `len` values whose contents are unspecified (stale values of an

@@ -153,7 +153,7 @@ fn packed_attention_case(lens: &[usize], heads: usize, hd: usize) {
 
 #[test]
 fn packed_attention_matches_per_sequence_reference() {
-    // Lengths that are not whole 6-query groups or 16-key panels, a single token and an empty
+    // Lengths that are not whole 16-query groups or 6-key panels, a single token and an empty
     // sequence; head sizes of one whole panel and of two and a half.
     let lens = [5usize, 1, 0, 70, 130, 64];
     let total: usize = lens.iter().sum();

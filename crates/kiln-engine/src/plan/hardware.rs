@@ -19,8 +19,9 @@ use super::cost::ProductShape;
 pub const PROBE_ROWS: [usize; 4] = [1, 8, 128, 512];
 /// Changes whenever what the probes measure changes, or the kernels they time get faster or
 /// slower, so that older cached rates are measured again (4: the VNNI one-row products and the
-/// faster narrow kernels).
-const PROBE_VERSION: u32 = 4;
+/// faster narrow kernels; 5: encoder attention in transposed form, pooled buffers in size
+/// classes).
+const PROBE_VERSION: u32 = 5;
 /// Bytes of the set of matrices a product probe streams through: larger than the last-level
 /// cache of the machines kiln targets, as a forward pass streams its weights.
 pub const PROBE_STREAM_BYTES: usize = 128 << 20;
