@@ -79,10 +79,11 @@ pub(crate) fn take(len: usize) -> Vec<f32> {
 }
 
 /// The capacity a new pooled vector gets for `len` values: `len` rounded up to a multiple of a
-/// sixteenth of the largest power of two not above it (less than 6.25 % more). Batches of texts differ in length by a few
-/// percent, and with exact sizes each batch's tensors were a little too long for the vectors
-/// the previous one gave back: on 256-token texts nearly every tensor was a fresh allocation,
-/// 1.8 million page faults per `bench embed` run instead of 58 thousand.
+/// sixteenth of the largest power of two not above it (less than 6.25 % more). Batches of texts
+/// differ in length by a few percent, and with exact sizes each batch's tensors were a little
+/// too long for the vectors the previous one gave back: on 256-token texts nearly every tensor
+/// was a fresh allocation, 1.3 to 1.8 million page faults per `bench embed` run (two
+/// measurements) instead of 58 thousand.
 fn size_class(len: usize) -> usize {
     let floor_pow2 = 1usize << len.max(1).ilog2();
     let step = (floor_pow2 / 16).max(1);

@@ -150,9 +150,8 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
         let at = (b.row0 + r) * b.cols + b.col0;
         at..at + hd
     };
-    let zeros = sized(&mut s.zeros, hd, 0.0);
-    zeros.fill(0.0);
-    let zeros = &*zeros;
+    // Only ever grown with zeros, never written.
+    let zeros = &*sized(&mut s.zeros, hd, 0.0);
     let keys = sized(&mut s.keys, key_panels * hd * MR, 0.0);
     for (p, panel) in keys.chunks_exact_mut(hd * MR).enumerate() {
         let rows: [&[f32]; MR] = std::array::from_fn(|r| {
@@ -219,10 +218,10 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
             }
         }
         let rows = &mut scores[j0..j1];
+        let windows: [(usize, usize); NR] = std::array::from_fn(|lane| visible(query(lane)));
         for (j, r) in (j0..j1).zip(rows.iter_mut()) {
             if j < all_lo || j >= all_hi {
-                for (lane, x) in r.0.iter_mut().enumerate() {
-                    let (l, h) = visible(query(lane));
+                for (x, &(l, h)) in r.0.iter_mut().zip(&windows) {
                     if j < l || j >= h {
                         *x = f32::NEG_INFINITY;
                     }
