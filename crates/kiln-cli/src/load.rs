@@ -43,6 +43,17 @@ impl MmapArg {
             LoadMode::Read
         }
     }
+
+    /// The pages a model's weights sit in when loaded from `path` with this option: huge pages
+    /// asked for (the private copy of [`LoadMode::Read`]) for a GGUF file read into memory,
+    /// else the system's small pages (a map, or a Hugging Face folder's safetensors).
+    pub fn weight_pages(&self, path: &std::path::Path) -> kiln_cpu::Pages {
+        if self.mmap || path.is_dir() {
+            kiln_cpu::Pages::Small
+        } else {
+            kiln_cpu::Pages::Huge
+        }
+    }
 }
 
 /// `--threads N`.

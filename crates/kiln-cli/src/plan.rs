@@ -176,8 +176,12 @@ fn measure(
     }
     if !rates.measured() {
         eprintln!("[plan] measuring this machine (once; cached under $KILN_HOME/probe)...");
-        let bw =
-            kiln_cpu::memory_bandwidth(b.threads()).context("measuring the memory bandwidth")?;
+        // A prediction wants the rate kiln's decode kernels stream weights at, not the bound
+        // (`kiln bench` reports the bound, on huge pages): the small-page probe is that rate
+        // within the planner's tolerance on the machines measured (`scripts/plan-vs-bench`),
+        // where the huge-page one runs up to 1.9× above it.
+        let bw = kiln_cpu::memory_bandwidth(b.threads(), kiln_cpu::Pages::Small)
+            .context("measuring the memory bandwidth")?;
         rates.bandwidth = bw.bytes_per_s;
         rates.product_latency = probe::product_latency(b, PROBE_WINDOW_SECS)?;
         rates.op_latency = probe::op_latency(b, 1024, PROBE_WINDOW_SECS)?;

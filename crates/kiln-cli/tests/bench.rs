@@ -119,7 +119,14 @@ fn json_rows_are_the_requested_tests_with_their_roofline() {
         );
         let fraction = r["bandwidth_fraction"].as_f64().unwrap();
         assert!(fraction < 10.0, "a fraction, not a percentage: {fraction}");
+        // A GGUF read into memory (no --mmap) sits in huge pages: the probe streams those.
+        assert_eq!(r["bandwidth_probe_pages"], "huge");
     }
+    // One bound per thread count: the better of the probes before and after the tests.
+    assert_eq!(
+        roof(1)["bandwidth_bytes_per_s"],
+        roof(2)["bandwidth_bytes_per_s"]
+    );
     // Two sequences read the weights once and two KV caches per step.
     let (b1, b2) = (roof(1), roof(2));
     assert_eq!(b1["weight_bytes_per_step"], b2["weight_bytes_per_step"]);

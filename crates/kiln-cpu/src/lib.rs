@@ -25,7 +25,7 @@ mod sgemm;
 mod team;
 
 pub use backend::{CpuBackend, CpuTensor, CpuWeight};
-pub use probe::{memory_bandwidth, memory_bandwidth_with, Bandwidth};
+pub use probe::{memory_bandwidth, memory_bandwidth_with, Bandwidth, Pages};
 
 /// Elements below which a row-wise op runs on the calling thread: handing a few microseconds of
 /// work to the pool costs more than it saves (decode steps are made of such ops).

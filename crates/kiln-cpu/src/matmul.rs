@@ -45,10 +45,27 @@ thread_local! {
     static TILE: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// Weight bytes below which a one-row product's task is not split further (see
+/// [`rows_per_task`]).
+const MIN_STREAM_BYTES: usize = 256 << 10;
+
 /// Weight rows per parallel task: enough work to amortize scheduling, small enough to balance.
-fn rows_per_task(n: usize, m: usize, threads: usize) -> usize {
+///
+/// A one-row product (`m == 1`, decode) is bound by streaming its weight rows from memory, and
+/// each task is a stream of its own: a thread whose next task does not follow its last one on
+/// from where it ended pays the memory latency again before the hardware prefetcher catches up
+/// (tasks are claimed in turn, so with several per thread they interleave). So its tasks are at
+/// least [`MIN_STREAM_BYTES`] of weights (`row_bytes` a row), while every thread still gets one:
+/// Gemma 3 270M's 112 KB K projection as one task per thread took 4.7-5.5 µs against 8.7 with
+/// 8 per thread, its 368 KB output projection 13-15 against 18 (`examples/gemv_bench`, 2
+/// threads); the 178 MB tied output projection keeps 8 tasks per thread, to balance.
+fn rows_per_task(n: usize, m: usize, threads: usize, row_bytes: usize) -> usize {
     let target_tasks = threads * 8;
-    let by_balance = n.div_ceil(target_tasks);
+    let mut by_balance = n.div_ceil(target_tasks);
+    if m == 1 {
+        let streaming = MIN_STREAM_BYTES.div_ceil(row_bytes.max(1));
+        by_balance = by_balance.max(streaming.min(n.div_ceil(threads.max(1))));
+    }
     // With many activation rows a task of `rows × m` dots grows large: cap it near 16k dots so
     // the pool can still balance the load.
     by_balance.clamp(1, (16_384 / m.max(1)).max(4))
@@ -116,7 +133,7 @@ pub(crate) fn matmul(
     let rb = w.row_bytes;
     let mut y = if let Some(rows_fn) = (m == 1).then(|| one_row_fn(cpu, w.ty)).flatten() {
         let mut y = vec![0.0f32; n];
-        let chunk = rows_per_task(n, 1, cpu.threads);
+        let chunk = rows_per_task(n, 1, cpu.threads, rb);
         cpu.team.for_each_chunk(&mut y, chunk, |t, out| {
             let r0 = t * chunk;
             rows_fn(
@@ -143,7 +160,7 @@ pub(crate) fn matmul(
         tiled(cpu, wbytes, rb, &acts, act_bytes, m, n, k, gemm, strided)
     } else {
         let dot = kernels::vec_dot_fn(w.ty, cpu.simd).map_err(qerr)?;
-        by_weight_rows(cpu, n, m, |_, j, out_r| {
+        by_weight_rows(cpu, n, m, rb, |_, j, out_r| {
             let wrow = &wbytes[j * rb..(j + 1) * rb];
             for (o, a) in out_r.iter_mut().zip(acts.chunks_exact(act_bytes)) {
                 *o = dot(k, wrow, a);
@@ -213,7 +230,7 @@ pub(crate) fn gemv_many(
     let mut tasks = Vec::new();
     for (i, l) in lins.iter().enumerate() {
         let n = l.out_features;
-        let chunk = rows_per_task(n, 1, cpu.threads);
+        let chunk = rows_per_task(n, 1, cpu.threads, l.weight.row_bytes);
         tasks.extend((0..n).step_by(chunk).map(|r| (i, r, chunk.min(n - r))));
     }
     {
@@ -338,36 +355,45 @@ fn gptq_matmul(cpu: &CpuBackend, x: &CpuTensor, g: &GptqMatrix) -> Vec<f32> {
         None => &x.data,
     };
     let (gs, groups, half_k) = (g.group_size, g.n_groups(), k / 2);
-    by_weight_rows(cpu, n, m, |row: &mut Vec<f32>, j, out_r| {
-        row.resize(k, 0.0);
-        let codes = &g.codes[j * half_k..(j + 1) * half_k];
-        let zeros = &g.zeros[j * groups..(j + 1) * groups];
-        for (p, v) in row.iter_mut().enumerate() {
-            let q = (codes[p / 2] >> (4 * (p % 2))) & 15;
-            *v = (i32::from(q) - i32::from(zeros[p / gs])) as f32;
-        }
-        let scales = &g.scales[j * groups..(j + 1) * groups];
-        for (o, xr) in out_r.iter_mut().zip(xp.chunks_exact(k)) {
-            let mut y = 0.0f32;
-            for ((wg, xg), &s) in row.chunks_exact(gs).zip(xr.chunks_exact(gs)).zip(scales) {
-                y += s * math::dot(wg, xg);
+    // A row's codes (two a byte), and a zero (u8) and a scale (f32) per group.
+    by_weight_rows(
+        cpu,
+        n,
+        m,
+        half_k + groups * 5,
+        |row: &mut Vec<f32>, j, out_r| {
+            row.resize(k, 0.0);
+            let codes = &g.codes[j * half_k..(j + 1) * half_k];
+            let zeros = &g.zeros[j * groups..(j + 1) * groups];
+            for (p, v) in row.iter_mut().enumerate() {
+                let q = (codes[p / 2] >> (4 * (p % 2))) & 15;
+                *v = (i32::from(q) - i32::from(zeros[p / gs])) as f32;
             }
-            *o = y;
-        }
-    })
+            let scales = &g.scales[j * groups..(j + 1) * groups];
+            for (o, xr) in out_r.iter_mut().zip(xp.chunks_exact(k)) {
+                let mut y = 0.0f32;
+                for ((wg, xg), &s) in row.chunks_exact(gs).zip(xr.chunks_exact(gs)).zip(scales) {
+                    y += s * math::dot(wg, xg);
+                }
+                *o = y;
+            }
+        },
+    )
 }
 
 /// `y[m, n]` computed one weight row at a time: weight rows are split across the pool in
 /// contiguous runs; `row(scratch, j, out)` fills `out[t]` for every activation row `t` of weight
-/// row `j` (`scratch` is a buffer of the task's own, reused across its rows).
+/// row `j` (`scratch` is a buffer of the task's own, reused across its rows); a weight row is
+/// about `row_bytes` bytes.
 fn by_weight_rows(
     cpu: &CpuBackend,
     n: usize,
     m: usize,
+    row_bytes: usize,
     row: impl Fn(&mut Vec<f32>, usize, &mut [f32]) + Sync,
 ) -> Vec<f32> {
     let mut out_t = vec![0.0f32; n * m]; // [n, m]: each task owns a contiguous run of weight rows
-    let chunk = rows_per_task(n, m, cpu.threads);
+    let chunk = rows_per_task(n, m, cpu.threads, row_bytes);
     cpu.team.for_each_chunk(&mut out_t, chunk * m, |task, out| {
         let mut scratch = Vec::new();
         for (r, out_r) in out.chunks_mut(m).enumerate() {
@@ -424,6 +450,21 @@ fn transpose(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_row_tasks_are_long_streams_but_every_thread_gets_one() {
+        // Gemma 3 270M, 2 threads: K projection (256 rows of 440 bytes, 112 KB) one task per
+        // thread; FFN up (2048 rows, 901 KB) tasks of >= 256 KiB; the 262144-row output
+        // projection 8 tasks per thread.
+        assert_eq!(rows_per_task(256, 1, 2, 440), 128);
+        let up = rows_per_task(2048, 1, 2, 440);
+        assert!(up * 440 >= MIN_STREAM_BYTES && up < 1024, "{up}");
+        assert_eq!(rows_per_task(262_144, 1, 2, 680), 262_144 / 16);
+        // A tiny matrix on many threads still splits, one task per thread at most.
+        assert_eq!(rows_per_task(64, 1, 16, 34), 4);
+        // Several activation rows: compute-bound tiles, split for balance as before.
+        assert_eq!(rows_per_task(256, 8, 2, 440), 16);
+    }
 
     #[test]
     fn transpose_round_trips() {
