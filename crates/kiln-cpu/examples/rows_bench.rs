@@ -75,6 +75,33 @@ fn main() {
     }
     report("DRAM, 262144 rows", rows, best);
 
+    // The other formats with a one-row kernel, in cache (their own block layouts: the scale
+    // first, then the quants; random quants and a small scale).
+    for (ty, block) in [(GgmlType::Q5_0, 22usize), (GgmlType::Q4_0, 18)] {
+        let Some(g) = gemv_fn(ty, level) else {
+            continue;
+        };
+        let row = k / 32 * block;
+        let mut w = vec![0u8; 512 * row];
+        fill(&mut w);
+        for blk in w.chunks_exact_mut(block) {
+            blk[0] = 0;
+            blk[1] = 0x1c;
+        }
+        let mut best = f64::INFINITY;
+        for _ in 0..2000 {
+            let t = Instant::now();
+            g(k, &w, 512, &a, &mut out[..512]);
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        println!(
+            "{:28} {:6.2} ns/block  {:5.1} GB/s",
+            format!("{ty:?} in cache, 512 rows"),
+            best * 1e9 / blocks(512),
+            (512 * row) as f64 / best / 1e9
+        );
+    }
+
     for n in [64usize, 256, 1024, 4096] {
         let bytes = n * row;
         let count = (2 * rows * row) / bytes;
