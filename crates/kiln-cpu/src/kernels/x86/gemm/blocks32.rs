@@ -534,36 +534,52 @@ pub(super) unsafe fn halves(p: &[*const u8; PANEL_ROWS], at: usize) -> __m256 {
     _mm256_cvtph_ps(_mm_set_epi64x(hi as i64, lo as i64))
 }
 
-/// 32-byte lines of scratch per block of the narrow kernel: the activation panel's 4 pair lines
-/// of 64 bytes (see `narrow`), then three 64-byte lines with activation row `j` in the lane pair
-/// `2j, 2j + 1` (the pair layout of the `vpdpbusd` results): `da` (f32) in both lanes; the
-/// negated `OFFSET * sum(a)` (i32; Q4_0, Q5_0, and 128 for Q8_0's biased quants) of the even
-/// chunks in lane `2j`, of the odd ones in lane `2j + 1`; `s` (f32; Q4_1, Q5_1) in lane `2j`
-/// and 0 in lane `2j + 1`.
-pub(in crate::kernels::x86) const NARROW_LINES: usize = PIECE / 32 + 6;
+/// 32-byte lines of the narrow kernel's activation panel per pair of blocks: 8 chunk lines of
+/// 64 bytes (see `narrow`), then three 64-byte lines with activation row `j` in lanes `2j`
+/// (the pair's first block) and `2j + 1` (its second): the negated `OFFSET * sum(a)` (i32;
+/// Q4_0, Q5_0, and 128 for Q8_0's biased quants), `da` (f32) and `s` (f32; Q4_1, Q5_1).
+const PAIR_LINES: usize = 2 * PANEL_ROWS + 6;
+
+/// Lines of scratch per block of the narrow kernel: a pair's lines per block, with room for the
+/// half-empty last pair of an odd number of blocks.
+pub(in crate::kernels::x86) const NARROW_LINES: usize = PAIR_LINES;
 
 /// Weight rows taken at once by the narrow kernel: independent `vpdpbusd` chains that hide its
 /// latency, sharing each load of the activation panel.
 const NARROW_ROWS: usize = 8;
 
+/// Which 4-quant chunk of each block the qword `t` of a pair's unpacked weights holds (their
+/// dword interleave, `unpacklo`/`unpackhi` per 128-bit half, puts chunk `c` of both blocks side
+/// by side in this order).
+const PAIR_CHUNK: [usize; PANEL_ROWS] = [0, 1, 4, 5, 2, 3, 6, 7];
+
 /// The weights against 2 to 8 activation rows with the roles of the tile kernel swapped: the
-/// activations are packed once per call into one panel (lane `j` = activation row `j`; rows past
-/// `cols` repeat the last one, computed and never stored) and the weights are read where they
-/// lie, 8 rows at a time, each block's quants unpacked once and each pair of 4-quant chunks
-/// broadcast as one qword and multiplied into the lanes with a 512-bit `vpdpbusd` (lane `2j` takes
-/// activation row `j`'s even chunk, lane `2j + 1` its odd one). No weight panels: the weights
-/// stream from memory in order, the next 8 rows requested a few lines per block, where the tile
-/// kernel's packing stalled on them (batched decode, whose products read every weight once per
-/// step).
+/// activations are packed once per call into one panel (activation row `j` in lanes `2j` and
+/// `2j + 1`; rows past `cols` repeat the last one, computed and never stored) and the weights
+/// are read where they lie, 8 rows at a time, two blocks at a time. Each pair of blocks' quants
+/// is unpacked once, interleaved by 4-quant chunks, so that one qword holds chunk `c` of both
+/// blocks; broadcast, it meets a 512-bit panel line holding chunk `c` of every activation row's
+/// first block in the even lanes and of its second block in the odd ones, in one `vpdpbusd`.
+/// After the 8 chunks, lane `2j` holds activation row `j`'s whole sum over the first block and
+/// lane `2j + 1` over the second: one f32 step (`cvt`, `mul`, `fma`) on 16 lanes serves two
+/// blocks. (With one block per 512-bit step, lanes held half-block sums and the f32 step ran
+/// once per block: 131 GMAC/s at 8 rows on one core for Q8_0, 112 for Q5_0, 129 for Q4_0;
+/// now 142, 116 and 135, `examples/gemm_bench`, alternating runs. Chunk lines of 8 lanes and
+/// 256-bit `vpdpbusd`, which would also have made each lane a whole block, ran at 104.) No
+/// weight panels: the
+/// weights stream from memory in order, the next 8 rows requested a few lines per pair, where
+/// the tile kernel's packing stalled on them (batched decode, whose products read every weight
+/// once per step).
 ///
 /// The quants are the `u8` operand (Q8_0's biased to `q + 128`, as its VNNI tile stores them) and
-/// the activations the `i8` one; each block's `vpdpbusd` chain starts from the negated
-/// `OFFSET * sum(a)` (8 for Q4_0, 16 for Q5_0, 128 for Q8_0) of the lane's own chunks, so the
-/// lane pair holds the exact integer sums `(q - OFFSET) * a` of the even and the odd chunks.
-/// The f32 step keeps that split: `acc = fma(sum, d * da, acc)` (and `fma(m, s, acc)` for the
-/// `_1` formats) on 16 lanes, the pairs added once per row at the end. Same values as the tile
-/// kernel up to the order of the f32 additions (not bit-identical: batch-invariant mode runs
-/// the tiles).
+/// the activations the `i8` one; each pair's `vpdpbusd` chain starts from the negated
+/// `OFFSET * sum(a)` (8 for Q4_0, 16 for Q5_0, 128 for Q8_0) of the lane's block, so each lane
+/// holds the exact integer sum `(q - OFFSET) * a` of its block. Then `acc = fma(sum, d * da,
+/// acc)` (and `fma(m, s, acc)` for the `_1` formats), the lane pairs added once per row at the
+/// end. The second block of an odd count's last pair is zeros on both sides (and its factors
+/// 0): its lanes add nothing, and no weight byte past the row is read. Same values as the tile
+/// kernel up to the order of the f32 additions (not bit-identical: batch-invariant mode runs the
+/// tiles).
 ///
 /// # Safety
 /// AVX2+FMA+F16C and AVX-512 F/BW/VL/VNNI; of `call`'s fields, `w` holds `rows` rows of
@@ -581,44 +597,53 @@ pub(super) unsafe fn narrow<L: Legacy>(call: &Call, scratch: *mut u8) {
         cols,
         ..
     } = *call;
-    let line = NARROW_LINES * 32;
-    for b in 0..blocks {
-        let src: [*const u8; PANEL_ROWS] =
-            std::array::from_fn(|j| a.add(j.min(cols - 1) * a_row + b * L::A_BLOCK));
-        let dst = scratch.add(b * line);
-        // Pair line `c` (64 bytes): qword `j` = quants `8c..8c + 8` of activation row `j`, so
-        // that 32-bit lane `2j` holds its chunk `2c` and lane `2j + 1` its chunk `2c + 1`.
-        for c in 0..4 {
-            for (j, &y) in src.iter().enumerate() {
-                let q = y.add(L::A_QS + 8 * c).cast::<u64>().read_unaligned();
-                dst.add(64 * c + 8 * j).cast::<u64>().write_unaligned(q);
+    let line = PAIR_LINES * 32;
+    for pair in 0..blocks.div_ceil(2) {
+        let dst = scratch.add(pair * line);
+        // The pair's blocks of activation row `j`: the second `None` past the last block.
+        let block = |j: usize, half: usize| {
+            let b = 2 * pair + half;
+            (b < blocks).then(|| a.add(j.min(cols - 1) * a_row + b * L::A_BLOCK))
+        };
+        // Chunk line `t` (64 bytes): dword `2j + h` = chunk `PAIR_CHUNK[t]` of activation row
+        // `j`'s block `h` of the pair (zeros for a missing block).
+        for (t, &c) in PAIR_CHUNK.iter().enumerate() {
+            for j in 0..PANEL_ROWS {
+                for h in 0..2 {
+                    let q = block(j, h)
+                        .map_or(0, |y| y.add(L::A_QS + 4 * c).cast::<u32>().read_unaligned());
+                    dst.add(64 * t + 8 * j + 4 * h)
+                        .cast::<u32>()
+                        .write_unaligned(q);
+                }
             }
         }
-        // The offset's share of each lane, so that each lane's sum is its own chunks' exact
-        // `(q - OFFSET) * a` (the true partial sums: a bias left in one lane of the pair would
-        // make both large and cancel only after the f32 rounding).
+        // The offset's share of each lane, so that each lane's sum is its block's exact
+        // `(q - OFFSET) * a`.
         let mut shares = _mm512_setzero_si512();
         if Blocks32Vnni::<L>::OFFSET != 0 {
             let offset = _mm512_set1_epi8(Blocks32Vnni::<L>::OFFSET as u8 as i8);
-            for c in 0..4 {
-                let pairs = _mm512_loadu_si512(dst.add(64 * c).cast());
-                shares = _mm512_dpbusd_epi32(shares, offset, pairs);
+            for t in 0..PANEL_ROWS {
+                let chunks = _mm512_loadu_si512(dst.add(64 * t).cast());
+                shares = _mm512_dpbusd_epi32(shares, offset, chunks);
             }
         }
         let start = _mm512_sub_epi32(_mm512_setzero_si512(), shares);
-        _mm512_storeu_si512(dst.add(PIECE + 64).cast(), start);
-        // `da` (and `s` of the `_1` formats) of each activation block, laid out in lane pairs
-        // (the offset share of the tile's factors is the `start` line above instead).
+        _mm512_storeu_si512(dst.add(PIECE + 256).cast(), start);
+        // `da` (and `s` of the `_1` formats) of each activation block, in the lanes of its sums.
         let (mut da, mut s) = ([0f32; 16], [0f32; 16]);
-        for (j, &y) in src.iter().enumerate() {
-            da[2 * j] = half(y);
-            da[2 * j + 1] = da[2 * j];
-            if L::MIN_AT.is_some() {
-                s[2 * j] = half(y.add(offset_of!(BlockQ8_1, s)));
+        for j in 0..PANEL_ROWS {
+            for h in 0..2 {
+                if let Some(y) = block(j, h) {
+                    da[2 * j + h] = half(y);
+                    if L::MIN_AT.is_some() {
+                        s[2 * j + h] = half(y.add(offset_of!(BlockQ8_1, s)));
+                    }
+                }
             }
         }
-        _mm512_storeu_ps(dst.add(PIECE).cast(), _mm512_loadu_ps(da.as_ptr()));
-        _mm512_storeu_ps(dst.add(PIECE + 128).cast(), _mm512_loadu_ps(s.as_ptr()));
+        _mm512_storeu_ps(dst.add(PIECE + 320).cast(), _mm512_loadu_ps(da.as_ptr()));
+        _mm512_storeu_ps(dst.add(PIECE + 384).cast(), _mm512_loadu_ps(s.as_ptr()));
     }
     let mut r = 0;
     while r + NARROW_ROWS <= rows {
@@ -649,66 +674,20 @@ unsafe fn narrow_rows<L: Legacy, const R: usize>(call: &Call, r0: usize, panel: 
     } = *call;
     let rows: [*const u8; R] = std::array::from_fn(|i| w.add((r0 + i) * w_row));
     let mut acc = [_mm512_setzero_ps(); R];
-    // The next rows' bytes, requested a few lines per block (see `drive` for why spread out).
+    let pairs = blocks.div_ceil(2);
+    // The next rows' bytes, requested a few lines per pair (see `drive` for why spread out).
     let next = w.wrapping_add((r0 + R) * w_row);
     let lines = (R * w_row).div_ceil(64);
-    let per_block = lines.div_ceil(blocks);
-    // Unpacked quants of the current block of each row, read back 4 bytes at a time.
-    let mut unpacked = [Line([0; 32]); R];
-    for b in 0..blocks {
-        prefetch_share(next, lines, per_block, b);
-        let p = panel.add(b * NARROW_LINES * 32);
-        let wb = rows.map(|row| row.add(b * L::W_BLOCK));
-        for i in 0..R {
-            let q = L::quants_avx512(wb[i]);
-            let q = if L::SIGNED {
-                _mm256_xor_si256(q, _mm256_set1_epi8(-128))
-            } else {
-                q
-            };
-            _mm256_storeu_si256(unpacked[i].0.as_mut_ptr().cast(), q);
-        }
-        // An empty block that may read and write memory: the compiler must reload the chunks
-        // below, as broadcasts from memory (load units), instead of forwarding the stores into
-        // shuffles, which saturated the shuffle units (88 GMAC/s at 8 rows).
-        std::arch::asm!("/* {0} */", in(reg) unpacked.as_ptr(), options(nostack, preserves_flags));
-        // Two chunks per 512-bit `vpdpbusd`: the weights' chunks `2c, 2c + 1` broadcast as one
-        // qword against pair line `c`.
-        let start = if Blocks32Vnni::<L>::OFFSET != 0 {
-            _mm512_loadu_si512(p.add(PIECE + 64).cast())
-        } else {
-            _mm512_setzero_si512()
-        };
-        let mut wide = [start; R];
-        for c in 0..4 {
-            let act = _mm512_loadu_si512(p.add(64 * c).cast());
-            for i in 0..R {
-                let pair = unpacked[i]
-                    .0
-                    .as_ptr()
-                    .add(8 * c)
-                    .cast::<i64>()
-                    .read_unaligned();
-                wide[i] = _mm512_dpbusd_epi32(wide[i], _mm512_set1_epi64(pair), act);
-            }
-        }
-        let da = _mm512_loadu_ps(p.add(PIECE).cast());
-        // The rows' `d`, converted together when there are 8 of them.
-        let mut ds = [0f32; PANEL_ROWS];
-        if R == PANEL_ROWS {
-            let all: [*const u8; PANEL_ROWS] = std::array::from_fn(|i| wb[i]);
-            _mm256_storeu_ps(ds.as_mut_ptr(), halves(&all, 0));
-        } else {
-            ds[0] = half(wb[0]);
-        }
-        for i in 0..R {
-            let d = _mm512_set1_ps(ds[i]);
-            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(wide[i]), _mm512_mul_ps(d, da), acc[i]);
-            if let Some(at) = L::MIN_AT {
-                let m = _mm512_set1_ps(half(wb[i].add(at)));
-                acc[i] = _mm512_fmadd_ps(m, _mm512_loadu_ps(p.add(PIECE + 128).cast()), acc[i]);
-            }
-        }
+    let per_pair = lines.div_ceil(pairs);
+    // Unpacked quants of the current pair of blocks of each row, chunk-interleaved, read back 8
+    // bytes at a time.
+    let mut unpacked = [[Line([0; 32]); 2]; R];
+    for pair in 0..blocks / 2 {
+        prefetch_share(next, lines, per_pair, pair);
+        narrow_pair::<L, R, true>(&rows, 2 * pair, panel, &mut unpacked, &mut acc);
+    }
+    if blocks % 2 == 1 {
+        narrow_pair::<L, R, false>(&rows, blocks - 1, panel, &mut unpacked, &mut acc);
     }
     // Lane pair (2j, 2j + 1) -> lane j.
     let folded = acc.map(|v| {
@@ -718,6 +697,118 @@ unsafe fn narrow_rows<L: Legacy, const R: usize>(call: &Call, r0: usize, panel: 
         _mm256_castsi256_ps(_mm512_cvtepi64_epi32(sum))
     });
     store_columns(folded, out, ldo, r0, cols);
+}
+
+/// Blocks `b` and `b + 1` (only `b` unless `FULL`: the last of an odd count, its partner zeros)
+/// of rows `rows` into `acc`, against the pair's panel lines (see [`narrow`]).
+///
+/// # Safety
+/// As `narrow_rows`; `b + 1 < blocks` when `FULL`, else `b + 1 == blocks`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn narrow_pair<L: Legacy, const R: usize, const FULL: bool>(
+    rows: &[*const u8; R],
+    b: usize,
+    panel: *const u8,
+    unpacked: &mut [[Line; 2]; R],
+    acc: &mut [__m512; R],
+) {
+    let p = panel.add(b / 2 * PAIR_LINES * 32);
+    let bias = _mm256_set1_epi8(if L::SIGNED { -128 } else { 0 });
+    for i in 0..R {
+        let first = rows[i].add(b * L::W_BLOCK);
+        let q0 = _mm256_xor_si256(L::quants_avx512(first), bias);
+        let q1 = if FULL {
+            _mm256_xor_si256(L::quants_avx512(first.add(L::W_BLOCK)), bias)
+        } else {
+            _mm256_setzero_si256()
+        };
+        // Per 128-bit half: dwords (0, 1) and (4, 5) of both blocks interleaved, then (2, 3) and
+        // (6, 7): qword `t` holds chunk `PAIR_CHUNK[t]` of each.
+        _mm256_storeu_si256(
+            unpacked[i][0].0.as_mut_ptr().cast(),
+            _mm256_unpacklo_epi32(q0, q1),
+        );
+        _mm256_storeu_si256(
+            unpacked[i][1].0.as_mut_ptr().cast(),
+            _mm256_unpackhi_epi32(q0, q1),
+        );
+    }
+    // An empty block that may read and write memory: the compiler must reload the chunks below,
+    // as broadcasts from memory (load units), instead of forwarding the stores into shuffles,
+    // which saturated the shuffle units.
+    std::arch::asm!("/* {0} */", in(reg) unpacked.as_ptr(), options(nostack, preserves_flags));
+    let start = if Blocks32Vnni::<L>::OFFSET != 0 {
+        _mm512_loadu_si512(p.add(PIECE + 256).cast())
+    } else {
+        _mm512_setzero_si512()
+    };
+    let mut wide = [start; R];
+    for t in 0..PANEL_ROWS {
+        let act = _mm512_loadu_si512(p.add(64 * t).cast());
+        for i in 0..R {
+            let chunks = unpacked[i][t / 4]
+                .0
+                .as_ptr()
+                .add(8 * (t % 4))
+                .cast::<i64>()
+                .read_unaligned();
+            wide[i] = _mm512_dpbusd_epi32(wide[i], _mm512_set1_epi64(chunks), act);
+        }
+    }
+    let da = _mm512_loadu_ps(p.add(PIECE + 320).cast());
+    // The rows' two factors as f32 pairs (0 for a missing second block), 8 rows converted at
+    // once when there are 8, interleaved into pairs (row `i`'s at `PAIR_AT[i]`) and broadcast
+    // from memory.
+    const PAIR_AT: [usize; PANEL_ROWS] = [0, 2, 8, 10, 4, 6, 12, 14];
+    let mut d = [0f32; 2 * PANEL_ROWS];
+    let mut m = [0f32; 2 * PANEL_ROWS];
+    let at = b * L::W_BLOCK;
+    if R == PANEL_ROWS {
+        let all0: [*const u8; PANEL_ROWS] = std::array::from_fn(|i| rows[i].add(at));
+        let interleave = |dst: &mut [f32; 2 * PANEL_ROWS], field: usize| {
+            let d0 = halves(&all0, field);
+            let d1 = if FULL {
+                let all1: [*const u8; PANEL_ROWS] = all0.map(|p| p.add(L::W_BLOCK));
+                halves(&all1, field)
+            } else {
+                _mm256_setzero_ps()
+            };
+            _mm256_storeu_ps(dst.as_mut_ptr(), _mm256_unpacklo_ps(d0, d1));
+            _mm256_storeu_ps(dst.as_mut_ptr().add(PANEL_ROWS), _mm256_unpackhi_ps(d0, d1));
+        };
+        interleave(&mut d, 0);
+        if let Some(min_at) = L::MIN_AT {
+            interleave(&mut m, min_at);
+        }
+    } else {
+        d[0] = half(rows[0].add(at));
+        if FULL {
+            d[1] = half(rows[0].add(at + L::W_BLOCK));
+        }
+        if let Some(min_at) = L::MIN_AT {
+            m[0] = half(rows[0].add(at + min_at));
+            if FULL {
+                m[1] = half(rows[0].add(at + L::W_BLOCK + min_at));
+            }
+        }
+    }
+    for i in 0..R {
+        let pair = |v: &[f32; 2 * PANEL_ROWS]| {
+            _mm512_castpd_ps(_mm512_set1_pd(
+                v.as_ptr().add(PAIR_AT[i]).cast::<f64>().read_unaligned(),
+            ))
+        };
+        acc[i] = _mm512_fmadd_ps(
+            _mm512_cvtepi32_ps(wide[i]),
+            _mm512_mul_ps(pair(&d), da),
+            acc[i],
+        );
+        if L::MIN_AT.is_some() {
+            let s = _mm512_loadu_ps(p.add(PIECE + 384).cast());
+            acc[i] = _mm512_fmadd_ps(pair(&m), s, acc[i]);
+        }
+    }
 }
 
 /// Blocks of the activation row prepared at once by [`rows_vnni`] (its stack scratch): longer

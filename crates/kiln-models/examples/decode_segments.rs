@@ -1,0 +1,101 @@
+//! Where a single-sequence decode step's time goes, segment by segment, on the CPU backend:
+//! the trace hook's points split each layer into (norm, Q/K/V, QK-norms, rope), (cache append,
+//! attention, O), (norms, gate/up, activation, down) and (residual norm); the output projection
+//! and a plain argmax (this example's own, slower than the engine's sampler) follow. Times are
+//! summed over the steps and reported per step.
+//!
+//! `cargo run --release -p kiln-models --example decode_segments -- GGUF [THREADS] [STEPS]`
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use kiln_backend::Backend;
+use kiln_cpu::CpuBackend;
+use kiln_formats::{GgufFile, LoadMode};
+use kiln_models::Trace;
+
+struct Timer {
+    last: Mutex<Instant>,
+    /// Seconds per segment name, in first-seen order.
+    sums: Mutex<Vec<(String, f64)>>,
+}
+
+impl Timer {
+    fn mark(&self, name: &str) {
+        let now = Instant::now();
+        let mut last = self.last.lock().unwrap();
+        let dt = now.duration_since(*last).as_secs_f64();
+        *last = now;
+        let mut sums = self.sums.lock().unwrap();
+        match sums.iter_mut().find(|(n, _)| n == name) {
+            Some((_, s)) => *s += dt,
+            None => sums.push((name.to_string(), dt)),
+        }
+    }
+}
+
+impl<B: Backend> Trace<B> for Timer {
+    fn trace(&self, _b: &B, name: &str, _layer: usize, _x: &B::Tensor) {
+        let label = match name {
+            "q" => "norm + Q/K/V + q-norm + rope q",
+            "k" => "rope k",
+            "attn_out" => "cache + attention + O",
+            "ffn_out" => "norms + gate/up + act + down",
+            "l_out" => "residual norm",
+            other => other,
+        };
+        self.mark(label);
+    }
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let path = args
+        .next()
+        .expect("usage: decode_segments GGUF [THREADS] [STEPS]");
+    let threads: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(2);
+    let steps: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(128);
+    let file = GgufFile::open_with(path.as_ref(), LoadMode::Read).expect("open");
+    let b = CpuBackend::new(threads).expect("backend");
+    let model = kiln_models::load_gguf_decoder(&b, &file).expect("load");
+    let mut cache = model.new_cache(&b, steps + 1).expect("cache");
+    let timer = Timer {
+        last: Mutex::new(Instant::now()),
+        sums: Mutex::new(Vec::new()),
+    };
+    let mut id = 2u32;
+    let t0 = Instant::now();
+    for step in 0..=steps {
+        if step == 1 {
+            // The first step warms up; count from the second.
+            timer.sums.lock().unwrap().clear();
+        }
+        *timer.last.lock().unwrap() = Instant::now();
+        let h = model
+            .forward_traced(&b, &[id], &mut cache, &timer)
+            .expect("forward");
+        timer.mark("final norm");
+        let logits = model.logits(&b, &h).expect("logits");
+        timer.mark("output projection");
+        let v = b.to_f32(&logits).expect("logits");
+        id = v
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map_or(0, |(i, _)| i as u32);
+        timer.mark("logits copy + naive argmax (not the engine's sampler)");
+    }
+    let total: f64 = timer.sums.lock().unwrap().iter().map(|(_, s)| s).sum();
+    println!(
+        "{threads} threads, {steps} steps: {:.1} tok/s ({:.0} ms wall)",
+        steps as f64 / total,
+        t0.elapsed().as_secs_f64() * 1e3
+    );
+    for (name, s) in timer.sums.lock().unwrap().iter() {
+        println!(
+            "{name:34} {:8.1} us/step  {:5.1}%",
+            s / steps as f64 * 1e6,
+            100.0 * s / total
+        );
+    }
+}
