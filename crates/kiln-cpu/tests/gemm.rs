@@ -646,8 +646,9 @@ fn vnni_one_row_products_match_the_scalar_loop() {
             continue;
         };
         assert!(listed, "{ty}: an unexpected one-row product");
-        // 70 blocks: longer than the 64 blocks the kernel prepares at once.
-        for k in lengths(ty).into_iter().chain([70 * 32]) {
+        // 70 blocks: longer than the 64 blocks the kernel prepares at once; 7: two blocks past
+        // a group of four, and an odd one (the kernel takes blocks in pairs, pairs in twos).
+        for k in lengths(ty).into_iter().chain([7 * 32, 70 * 32]) {
             let rows = 37;
             let sets: Vec<Vec<u8>> = vec![
                 quantized_weights(ty, rows, k, &mut rng),

@@ -820,11 +820,18 @@ const VNNI_ROW_SLICE: usize = 64;
 /// row dot up to the order of the f32 additions; not bit-identical to the tiles.
 ///
 /// Everything that depends on the activation row alone is prepared once per call, not once per
-/// weight row: each block's `offset * (sum of each lane's 4 quants)`, negated, which becomes the
-/// starting accumulator of the block's `vpdpbusd` (so the unsigned quants need no correction
-/// afterwards), and its `da` as f32. Per weight row, block after block: the 32 quants unsigned
-/// (Q8_0 biased by 128), one `vpdpbusd` against the activation quants, and one f32 multiply-add
-/// by `d * da`, four blocks' factors converted at once and four accumulators in flight.
+/// weight row: the activation quants of each pair of blocks side by side in one 64-byte line,
+/// each lane's `offset * (sum of its 4 quants)`, negated, which becomes the starting accumulator
+/// of the pair's `vpdpbusd` (so the unsigned quants need no correction afterwards), and each
+/// block's `da` as f32. Per weight row, two blocks at a time: their 64 quants unsigned (Q8_0
+/// biased by 128) in one 512-bit register, one `vpdpbusd` against the pair's line (lanes 0-7
+/// the first block, 8-15 the second), and one f32 multiply-add by the factors `d * da` of each
+/// block in its half, four blocks' factors converted at once and two accumulators in flight. A
+/// last odd block takes the 256-bit step alone.
+///
+/// Half the instructions per byte of a block at a time (one 256-bit step each): decode streams
+/// the weights from memory, and fewer instructions between the loads let the core run further
+/// ahead of them.
 ///
 /// # Safety
 /// AVX2+FMA+F16C and AVX-512 F/BW/VL/VNNI; `w` holds `rows` rows of `blocks` blocks
@@ -839,38 +846,39 @@ pub(super) unsafe fn rows_vnni<L: Legacy>(
     out: *mut f32,
 ) {
     const { assert!(L::MIN_AT.is_none()) };
+    const PAIRS: usize = VNNI_ROW_SLICE / 2;
     let offset = Blocks32Vnni::<L>::OFFSET;
     let w_row = blocks * L::W_BLOCK;
-    let mut start = [_mm256_setzero_si256(); VNNI_ROW_SLICE];
+    let bias = _mm512_set1_epi8(if L::SIGNED { -128 } else { 0 });
+    // Per pair of the slice: the two activation blocks' quants, and the starting accumulators.
+    let mut act = [_mm512_setzero_si512(); PAIRS];
+    let mut start = [_mm512_setzero_si512(); PAIRS];
     let mut da = [0f32; VNNI_ROW_SLICE];
     for s0 in (0..blocks).step_by(VNNI_ROW_SLICE) {
         let n = VNNI_ROW_SLICE.min(blocks - s0);
         let a = a.add(s0 * L::A_BLOCK);
-        for b in 0..n {
-            let ab = a.add(b * L::A_BLOCK);
+        for p in 0..n.div_ceil(2) {
+            let first = load32(a.add(2 * p * L::A_BLOCK + L::A_QS));
+            let second = if 2 * p + 1 < n {
+                load32(a.add((2 * p + 1) * L::A_BLOCK + L::A_QS))
+            } else {
+                _mm256_setzero_si256()
+            };
+            act[p] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(first), second);
             // offset * a summed per lane of 4 quants: |.| <= 4 * 128 * 127, exact.
-            let shares = _mm256_dpbusd_epi32(
-                _mm256_setzero_si256(),
-                _mm256_set1_epi8(offset as u8 as i8),
-                load32(ab.add(L::A_QS)),
+            let shares = _mm512_dpbusd_epi32(
+                _mm512_setzero_si512(),
+                _mm512_set1_epi8(offset as u8 as i8),
+                act[p],
             );
-            start[b] = _mm256_sub_epi32(_mm256_setzero_si256(), shares);
-            da[b] = half(ab);
+            start[p] = _mm512_sub_epi32(_mm512_setzero_si512(), shares);
+        }
+        for (b, d) in da.iter_mut().enumerate().take(n) {
+            *d = half(a.add(b * L::A_BLOCK));
         }
         for r in 0..rows {
             let row = w.add(r * w_row + s0 * L::W_BLOCK);
-            let block = |b: usize| {
-                let q = L::quants_avx512(row.add(b * L::W_BLOCK));
-                let q = if L::SIGNED {
-                    _mm256_xor_si256(q, _mm256_set1_epi8(-128))
-                } else {
-                    q
-                };
-                // |sum| <= 32 * 255 * 127 per lane: far inside i32.
-                let aq = load32(a.add(b * L::A_BLOCK + L::A_QS));
-                _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(start[b], q, aq))
-            };
-            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut acc = [_mm512_setzero_ps(); 2];
             let mut b = 0;
             while b + 4 <= n {
                 prefetch_ahead(row.add(b * L::W_BLOCK), (4 * L::W_BLOCK).div_ceil(64));
@@ -882,21 +890,70 @@ pub(super) unsafe fn rows_vnni<L: Legacy>(
                     _mm_cvtph_ps(_mm_cvtsi64_si128(bits as i64)),
                     _mm_loadu_ps(da.as_ptr().add(b)),
                 );
-                let d = _mm256_set_m128(d, d);
-                acc[0] = _mm256_fmadd_ps(_mm256_shuffle_ps::<0x00>(d, d), block(b), acc[0]);
-                acc[1] = _mm256_fmadd_ps(_mm256_shuffle_ps::<0x55>(d, d), block(b + 1), acc[1]);
-                acc[2] = _mm256_fmadd_ps(_mm256_shuffle_ps::<0xaa>(d, d), block(b + 2), acc[2]);
-                acc[3] = _mm256_fmadd_ps(_mm256_shuffle_ps::<0xff>(d, d), block(b + 3), acc[3]);
+                let d = _mm512_castps128_ps512(d);
+                // Block b's factor in lanes 0-7 and b + 1's in 8-15; then b + 2 and b + 3.
+                let d01 = _mm512_permutexvar_ps(
+                    _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+                    d,
+                );
+                let d23 = _mm512_permutexvar_ps(
+                    _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2),
+                    d,
+                );
+                acc[0] = _mm512_fmadd_ps(d01, pair_dot::<L>(row, b, bias, &start, &act), acc[0]);
+                acc[1] =
+                    _mm512_fmadd_ps(d23, pair_dot::<L>(row, b + 2, bias, &start, &act), acc[1]);
                 b += 4;
             }
-            while b < n {
-                let d = half(row.add(b * L::W_BLOCK)) * da[b];
-                acc[0] = _mm256_fmadd_ps(_mm256_set1_ps(d), block(b), acc[0]);
-                b += 1;
+            if b + 2 <= n {
+                let d0 = half(row.add(b * L::W_BLOCK)) * da[b];
+                let d1 = half(row.add((b + 1) * L::W_BLOCK)) * da[b + 1];
+                let d = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(d0), _mm512_set1_ps(d1));
+                acc[0] = _mm512_fmadd_ps(d, pair_dot::<L>(row, b, bias, &start, &act), acc[0]);
+                b += 2;
             }
-            let total = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+            let total = _mm512_add_ps(acc[0], acc[1]);
+            let high = _mm512_extracti64x4_epi64::<1>(_mm512_castps_si512(total));
+            let mut total = _mm256_add_ps(_mm512_castps512_ps256(total), _mm256_castsi256_ps(high));
+            if b < n {
+                // The last of an odd count: its lanes 0-7 of the pair step.
+                let p = row.add(b * L::W_BLOCK);
+                let q = _mm256_xor_si256(L::quants_avx512(p), _mm512_castsi512_si256(bias));
+                let sum = _mm256_dpbusd_epi32(
+                    _mm512_castsi512_si256(start[b / 2]),
+                    q,
+                    _mm512_castsi512_si256(act[b / 2]),
+                );
+                let d = half(p) * da[b];
+                total = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum), total);
+            }
             let dot = hsum_ps(total);
             *out.add(r) = if s0 == 0 { dot } else { *out.add(r) + dot };
         }
     }
+}
+
+/// Blocks `b` and `b + 1` of the weight row at `row` ([`rows_vnni`]): their 64 quants unsigned
+/// (`bias` applied), dotted with the pair's activation line from its starting accumulator, as
+/// f32 (lanes 0-7 block `b`, 8-15 block `b + 1`). |sum| <= 32 * 255 * 127 per lane: far inside
+/// i32.
+///
+/// # Safety
+/// As `rows_vnni`, with both blocks inside the row and `b / 2` a prepared pair.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn pair_dot<L: Legacy>(
+    row: *const u8,
+    b: usize,
+    bias: __m512i,
+    start: &[__m512i],
+    act: &[__m512i],
+) -> __m512 {
+    let p = row.add(b * L::W_BLOCK);
+    let q = _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(L::quants_avx512(p)),
+        L::quants_avx512(p.add(L::W_BLOCK)),
+    );
+    let q = _mm512_xor_si512(q, bias);
+    _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start[b / 2], q, act[b / 2]))
 }
