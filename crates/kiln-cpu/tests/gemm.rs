@@ -579,8 +579,8 @@ fn vnni_tile_kernels_are_bit_identical_to_the_avx2_ones() {
         // The plain VNNI GEMM too wherever it runs a bit-identical VNNI kernel: the tiles (one
         // row, or more than 8, for the 32-element formats) and the k-quants' narrow kernels
         // (from the tile crossover, 3 rows, Q6_K 4, to 8). The 32-element formats' narrow
-        // kernels (2 to 8 rows) add each block's sum in f32 halves, in another order: they are
-        // held to the scalar loop by the tolerance tests above instead.
+        // kernels (2 to 8 rows) add the blocks' f32 terms in another order (even and odd blocks
+        // apart): they are held to the scalar loop by the tolerance tests above instead.
         let plain = gemm_fn(ty, SimdLevel::Avx512Vnni).unwrap();
         let plain_runs_exact = |cols: usize| match ty {
             GgmlType::Q6_K => cols >= 4,

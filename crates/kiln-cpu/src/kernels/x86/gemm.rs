@@ -27,15 +27,16 @@
 //! they lie (`blocks32::narrow`). With so few rows there is too little arithmetic per weight byte
 //! to hide the tile kernel's packing, which stalled on memory: the 262k-row Q8_0 output
 //! projection of Gemma at 8 rows went from 14.2 to 8.2 ms (2 threads, `examples/gemv_bench.rs`).
-//! Same exact integers; the f32 step keeps each block's sum split over two lanes and adds the
-//! halves at the end of the row (16 f32 lanes per row instead of a fold per block), so the
-//! results equal the tiles' up to the order of the f32 additions, not bit for bit. The k-quants
-//! have theirs in `superblocks` (bit-identical to their tiles).
+//! Same exact integers; blocks are taken in pairs, chunk-interleaved so that each 512-bit lane
+//! sums a whole block of one activation row (the pair's first block in the even lanes, its
+//! second in the odd ones), one f32 step per two blocks, the lane pairs added at the end of the
+//! row; so the results equal the tiles' up to the order of the f32 additions, not bit for
+//! bit. The k-quants have theirs in `superblocks` (bit-identical to their tiles).
 //!
 //! **One-row products** (VNNI, Q4_0/Q5_0/Q8_0, decode: `blocks32::rows_vnni`, handed out by
-//! `kernels::gemv_fn`): each weight row streamed block by block, one `vpdpbusd` per block from
-//! a starting accumulator that holds the activation row's offset correction, prepared once per
-//! call with its factors.
+//! `kernels::gemv_fn`): each weight row streamed two blocks at a time, one 512-bit `vpdpbusd`
+//! per pair from a starting accumulator that holds the activation row's offset correction,
+//! prepared once per call with its factors.
 //!
 //! Invariants:
 //!
