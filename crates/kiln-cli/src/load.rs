@@ -169,3 +169,21 @@ pub fn load_embedding(model: &str, threads: usize, truncate: bool) -> Result<Loa
         load_ms: t0.elapsed().as_secs_f64() * 1e3,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_probe_streams_the_pages_the_weights_will_sit_in() {
+        let dir = std::env::temp_dir();
+        let file = dir.join("model.gguf");
+        let read = MmapArg { mmap: false };
+        let map = MmapArg { mmap: true };
+        // A GGUF file read into memory: the private copy asks for huge pages.
+        assert_eq!(read.weight_pages(&file), kiln_cpu::Pages::Huge);
+        // A map of the file, or a Hugging Face folder (its safetensors are mapped): small ones.
+        assert_eq!(map.weight_pages(&file), kiln_cpu::Pages::Small);
+        assert_eq!(read.weight_pages(&dir), kiln_cpu::Pages::Small);
+    }
+}
