@@ -10,8 +10,8 @@ use std::time::Instant;
 use kiln_core::GgmlType;
 use kiln_cpu::kernels::{gemv_fn, quantize_fn, simd_level};
 
-/// Q8_0 blocks: 34 bytes, a small finite f16 scale first.
-fn fill(bytes: &mut [u8]) {
+/// Random blocks of `block` bytes, each with a small finite f16 scale first (Q8_0, Q5_0, Q4_0).
+fn fill(bytes: &mut [u8], block: usize) {
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     for b in bytes.iter_mut() {
         seed ^= seed << 13;
@@ -19,7 +19,7 @@ fn fill(bytes: &mut [u8]) {
         seed ^= seed << 17;
         *b = seed as u8;
     }
-    for blk in bytes.chunks_exact_mut(34) {
+    for blk in bytes.chunks_exact_mut(block) {
         blk[0] = 0;
         blk[1] = 0x1c;
     }
@@ -49,7 +49,7 @@ fn main() {
     };
 
     let mut hot = vec![0u8; 512 * row];
-    fill(&mut hot);
+    fill(&mut hot, 34);
     let mut out = vec![0f32; 262_144];
     let mut best = f64::INFINITY;
     for _ in 0..2000 {
@@ -65,7 +65,7 @@ fn main() {
         .map_anon()
         .expect("map");
     let _ = cold.advise(memmap2::Advice::HugePage);
-    fill(&mut cold);
+    fill(&mut cold, 34);
     let mut best = f64::INFINITY;
     for i in 0..6 {
         let w = &cold[(i % 2) * rows * row..][..rows * row];
@@ -83,11 +83,7 @@ fn main() {
         };
         let row = k / 32 * block;
         let mut w = vec![0u8; 512 * row];
-        fill(&mut w);
-        for blk in w.chunks_exact_mut(block) {
-            blk[0] = 0;
-            blk[1] = 0x1c;
-        }
+        fill(&mut w, block);
         let mut best = f64::INFINITY;
         for _ in 0..2000 {
             let t = Instant::now();

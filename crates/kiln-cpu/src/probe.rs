@@ -54,6 +54,16 @@ pub enum Pages {
     Small,
 }
 
+impl Pages {
+    /// `"huge"` or `"small"`, as reports print it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Pages::Huge => "huge",
+            Pages::Small => "small",
+        }
+    }
+}
+
 /// What a probe measured.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Bandwidth {

@@ -22,16 +22,17 @@
 //! so a tied embedding counts once, as the output; a mixture of experts reads the experts its
 //! tokens are routed to, counted for uniform routing) plus the KV cache of every sequence at
 //! each step's context, averaged over the test's steps (counted from the file's tensor table by
-//! the planner's cost model, `kiln_engine::plan::ModelCost`, so both agree). Divided by the machine's read bandwidth
-//! (measured by [`kiln_cpu::memory_bandwidth`] at the test's thread count before the model is
-//! loaded and again after the tests, the better of the two taken, on pages of the kind the weights will sit in: huge pages for a GGUF file read into
-//! memory, the default, small ones with `--mmap`) that gives the fastest the step could be; the
-//! reached fraction is `steps/s · bytes/step / bandwidth`.
+//! the planner's cost model, `kiln_engine::plan::ModelCost`, so both agree). Divided by the
+//! machine's read bandwidth (measured by [`kiln_cpu::memory_bandwidth`] at the test's thread
+//! count before the model is loaded and again after the tests, the better of the two taken, on
+//! pages of the kind the weights will sit in: huge pages for a GGUF file read into memory, the
+//! default, small ones with `--mmap`) that gives the fastest the step could be; the reached
+//! fraction is `steps/s · bytes/step / bandwidth`.
 //!
 //! Peak RSS: `VmHWM` of `/proc/self/status` after the last test, read before the second probe.
-//! The first probe runs first and frees its buffer; the peak mark is then reset (`5` written to `/proc/self/clear_refs`),
-//! so the figure is the model's and the tests', not the probe's (the output says so when the
-//! reset was refused).
+//! The first probe runs first and frees its buffer; the peak mark is then reset (`5` written to
+//! `/proc/self/clear_refs`), so the figure is the model's and the tests', not the probe's (the
+//! output says so when the reset was refused).
 //!
 //! `--json` prints one JSON array on stdout, one object per test, with `test`, `threads`,
 //! `batch`, `tps_mean`, `tps_std`, `samples`, the model's fields and `peak_rss_bytes`; decode
@@ -42,7 +43,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use kiln_backend::Backend;
 use kiln_core::config::DecoderConfig;
-use kiln_cpu::{Bandwidth, CpuBackend, CpuTensor, Pages};
+use kiln_cpu::{Bandwidth, CpuBackend, CpuTensor};
 use kiln_models::{Decoder, KvCache, NoTrace};
 use serde_json::{json, Value};
 
@@ -178,8 +179,9 @@ pub fn run(a: DecodeBenchArgs) -> Result<()> {
     // The probe first, then its buffer is gone and the peak mark reset: the reported peak RSS
     // is the model's.
     let mut bandwidths = Vec::new();
+    let path = crate::load::resolve(&a.model.model)?;
     // From the pages the weights will sit in: their bound, not another kind's.
-    let pages = a.mmap.weight_pages(&crate::load::resolve(&a.model.model)?);
+    let pages = a.mmap.weight_pages(&path);
     if tests.iter().any(|t| matches!(t, Test::Gen { .. })) {
         for &t in &threads {
             if bandwidths.iter().any(|b: &Bandwidth| b.threads == t) {
@@ -192,10 +194,7 @@ pub fn run(a: DecodeBenchArgs) -> Result<()> {
                 bw.bytes_per_s / 1e9,
                 bw.passes,
                 bw.buffer_bytes >> 20,
-                match bw.pages {
-                    Pages::Huge => "huge",
-                    Pages::Small => "small",
-                },
+                bw.pages.name(),
                 if bw.avx2 { "AVX2" } else { "scalar" }
             );
             bandwidths.push(bw);
@@ -220,7 +219,7 @@ pub fn run(a: DecodeBenchArgs) -> Result<()> {
         eprintln!("[bench] {t} threads: {}", describe(&chosen));
     }
     // The roofline's bytes per step, from the file as the planner counts them.
-    let cost = crate::plan::model_cost(&crate::load::resolve(&a.model.model)?)?;
+    let cost = crate::plan::model_cost(&path)?;
     let mut rows = Vec::new();
     for &t in &threads {
         let mut m = load(&a.model.model, &a.mmap, t)?;
@@ -548,10 +547,7 @@ fn row_json(
                 "bytes_per_token": rl.bytes_per_step() / r.test.batch() as f64,
                 "bandwidth_bytes_per_s": rl.bandwidth.bytes_per_s,
                 "bandwidth_probe_bytes": rl.bandwidth.buffer_bytes,
-                "bandwidth_probe_pages": match rl.bandwidth.pages {
-                    Pages::Huge => "huge",
-                    Pages::Small => "small",
-                },
+                "bandwidth_probe_pages": rl.bandwidth.pages.name(),
                 "bound_tps": rl.bound_tps(r.test.batch()),
                 "bandwidth_fraction": rl.fraction(),
             }),

@@ -566,10 +566,9 @@ const PAIR_CHUNK: [usize; PANEL_ROWS] = [0, 1, 4, 5, 2, 3, 6, 7];
 /// once per block: 131 GMAC/s at 8 rows on one core for Q8_0, 112 for Q5_0, 129 for Q4_0;
 /// now 142, 116 and 135, `examples/gemm_bench`, alternating runs. Chunk lines of 8 lanes and
 /// 256-bit `vpdpbusd`, which would also have made each lane a whole block, ran at 104.) No
-/// weight panels: the
-/// weights stream from memory in order, the next 8 rows requested a few lines per pair, where
-/// the tile kernel's packing stalled on them (batched decode, whose products read every weight
-/// once per step).
+/// weight panels: the weights stream from memory in order, the next 8 rows requested a few
+/// lines per pair, where the tile kernel's packing stalled on them (batched decode, whose
+/// products read every weight once per step).
 ///
 /// The quants are the `u8` operand (Q8_0's biased to `q + 128`, as its VNNI tile stores them) and
 /// the activations the `i8` one; each pair's `vpdpbusd` chain starts from the negated
