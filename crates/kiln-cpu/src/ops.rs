@@ -160,20 +160,9 @@ pub(crate) fn rms_norm(
             format!("weight of {group} does not divide rows of {}", x.cols),
         ));
     }
+    let avx2 = cpu.avx2();
     Ok(map_rows(cpu, x, |row, xr, out_row| {
-        for (og, xg) in out_row.chunks_mut(group).zip(xr.chunks(group)) {
-            let sum: f64 = xg.iter().map(|&v| (v as f64) * (v as f64)).sum();
-            let mean = (sum / group as f64) as f32;
-            let scale = 1.0 / (mean + eps).sqrt();
-            for ((o, &v), &g) in og.iter_mut().zip(xg).zip(w) {
-                *o = (v * scale) * g;
-            }
-        }
-        if let Some(res) = residual {
-            for (o, &r) in out_row.iter_mut().zip(res.row(row)) {
-                *o += r;
-            }
-        }
+        crate::math::rms_norm_into(avx2, xr, w, eps, residual.map(|r| r.row(row)), out_row)
     }))
 }
 
@@ -206,25 +195,15 @@ pub(crate) fn rope(
             ),
         ));
     }
-    let half = p.rope_dim / 2;
     let table = cpu.rope_tables.get(p, positions);
     let mut out = crate::buffers::take(x.data.len());
     out.copy_from_slice(&x.data);
     let cols = x.cols.max(1);
     let parallel = x.data.len() >= crate::PARALLEL_MIN_ELEMENTS;
+    let (avx2, neox) = (cpu.avx2(), p.style == RopeStyle::Neox);
     crate::for_each_chunk(cpu, &mut out, cols, parallel, |r, row| {
         let (sin, cos) = table.row(r);
-        for head in row.chunks_mut(p.head_dim) {
-            for i in 0..half {
-                let (a, b) = match p.style {
-                    RopeStyle::Neox => (i, i + half),
-                    RopeStyle::Normal => (2 * i, 2 * i + 1),
-                };
-                let (x0, x1) = (head[a], head[b]);
-                head[a] = x0 * cos[i] - x1 * sin[i];
-                head[b] = x0 * sin[i] + x1 * cos[i];
-            }
-        }
+        crate::math::rope_into(avx2, row, p.head_dim, neox, sin, cos)
     });
     Ok(CpuTensor {
         data: out,

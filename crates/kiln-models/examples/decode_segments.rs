@@ -4,7 +4,10 @@
 //! and a plain argmax (this example's own, slower than the engine's sampler) follow. Times are
 //! summed over the steps and reported per step.
 //!
-//! `cargo run --release -p kiln-models --example decode_segments -- GGUF [THREADS] [STEPS]`
+//! With BATCH > 1, each step is one batched forward pass of BATCH independent sequences (as
+//! `kiln bench -b BATCH` runs them), and the argmax is taken of every sequence's logits.
+//!
+//! `cargo run --release -p kiln-models --example decode_segments -- GGUF [THREADS] [STEPS] [BATCH]`
 
 use std::sync::Mutex;
 use std::time::Instant;
@@ -52,18 +55,21 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let path = args
         .next()
-        .expect("usage: decode_segments GGUF [THREADS] [STEPS]");
+        .expect("usage: decode_segments GGUF [THREADS] [STEPS] [BATCH]");
     let threads: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(2);
     let steps: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(128);
+    let batch: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1).max(1);
     let file = GgufFile::open_with(path.as_ref(), LoadMode::Read).expect("open");
     let b = CpuBackend::new(threads).expect("backend");
     let model = kiln_models::load_gguf_decoder(&b, &file).expect("load");
-    let mut cache = model.new_cache(&b, steps + 1).expect("cache");
+    let mut caches: Vec<_> = (0..batch)
+        .map(|_| model.new_cache(&b, steps + 1).expect("cache"))
+        .collect();
     let timer = Timer {
         last: Mutex::new(Instant::now()),
         sums: Mutex::new(Vec::new()),
     };
-    let mut id = 2u32;
+    let mut ids = vec![2u32; batch];
     let t0 = Instant::now();
     for step in 0..=steps {
         if step == 1 {
@@ -71,24 +77,30 @@ fn main() {
             timer.sums.lock().unwrap().clear();
         }
         *timer.last.lock().unwrap() = Instant::now();
+        let seqs: Vec<&[u32]> = ids.iter().map(std::slice::from_ref).collect();
+        let mut refs: Vec<_> = caches.iter_mut().collect();
         let h = model
-            .forward_traced(&b, &[id], &mut cache, &timer)
+            .forward_batch(&b, &seqs, &mut refs, &timer)
             .expect("forward");
         timer.mark("final norm");
         let logits = model.logits(&b, &h).expect("logits");
         timer.mark("output projection");
         let v = b.to_f32(&logits).expect("logits");
-        id = v
-            .iter()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(b.1))
-            .map_or(0, |(i, _)| i as u32);
+        ids = v
+            .chunks_exact(v.len() / batch)
+            .map(|row| {
+                row.iter()
+                    .enumerate()
+                    .max_by(|a, b| a.1.total_cmp(b.1))
+                    .map_or(0, |(i, _)| i as u32)
+            })
+            .collect();
         timer.mark("logits copy + naive argmax (not the engine's sampler)");
     }
     let total: f64 = timer.sums.lock().unwrap().iter().map(|(_, s)| s).sum();
     println!(
-        "{threads} threads, {steps} steps: {:.1} tok/s ({:.0} ms wall)",
-        steps as f64 / total,
+        "{threads} threads, batch {batch}, {steps} steps: {:.1} tok/s ({:.0} ms wall)",
+        (steps * batch) as f64 / total,
         t0.elapsed().as_secs_f64() * 1e3
     );
     for (name, s) in timer.sums.lock().unwrap().iter() {
