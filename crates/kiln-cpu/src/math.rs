@@ -523,14 +523,14 @@ mod tests {
             assert_eq!(plain, fast, "neox {neox}");
             for h in 0..2 {
                 let base = h * head_dim;
-                for i in 0..half {
+                for (i, angle) in angles.iter().enumerate() {
                     let (a, b) = if neox {
                         (i, i + half)
                     } else {
                         (2 * i, 2 * i + 1)
                     };
                     let (x0, x1) = (row[base + a] as f64, row[base + b] as f64);
-                    let (s, c) = (angles[i].sin(), angles[i].cos());
+                    let (s, c) = (angle.sin(), angle.cos());
                     assert!((plain[base + a] as f64 - (x0 * c - x1 * s)).abs() < 1e-5);
                     assert!((plain[base + b] as f64 - (x0 * s + x1 * c)).abs() < 1e-5);
                 }
