@@ -304,14 +304,16 @@ fn tiled(
         .clamp(4, 256)
         .min(n);
     let out = Disjoint::new(&mut y);
+    let panel = kernels::panel_key();
     cpu.team.run(n.div_ceil(nb), |task| {
         let j0 = task * nb;
         let rows = nb.min(n - j0);
         let wblk = &wbytes[j0 * row_bytes..(j0 + rows) * row_bytes];
         if let Some(strided) = strided.filter(|_| m <= ACT_TILE) {
             // SAFETY: this task alone writes columns j0..j0 + rows of y's m rows (row stride n),
-            // all inside y, and nothing reads y until the job ends.
-            if unsafe { strided(k, wblk, rows, acts, m, out.as_ptr().add(j0), n) } {
+            // all inside y, and nothing reads y until the job ends; every task passes this
+            // product's fresh panel key with the same `k`, `acts` and `m`.
+            if unsafe { strided(panel, k, wblk, rows, acts, m, out.as_ptr().add(j0), n) } {
                 return;
             }
         }

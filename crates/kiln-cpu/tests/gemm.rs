@@ -19,7 +19,8 @@ use half::f16;
 use kiln_core::GgmlType;
 
 use kiln_cpu::kernels::{
-    gemm_fn, gemm_fn_invariant, gemv_fn, quantize_fn, simd_level, strided_gemm_fn, SimdLevel,
+    gemm_fn, gemm_fn_invariant, gemv_fn, panel_key, quantize_fn, simd_level, strided_gemm_fn,
+    SimdLevel,
 };
 
 mod common;
@@ -709,11 +710,17 @@ fn strided_gemms_write_what_the_gemm_writes_into_a_shared_output() {
             let mut got = vec![SENTINEL; cols * ldo];
             let split = 6;
             let (first, second) = (&w[..split * w_row], &w[split * w_row..]);
-            // SAFETY: each call writes only its own rows' columns of `got`, all inside it.
+            // The two halves share a panel key, as one product's tasks do: the second reuses
+            // the activations the first packed (a fresh key per activation matrix, so a stale
+            // panel of the previous `cols` would show as wrong values).
+            let panel = panel_key();
+            // SAFETY: each call writes only its own rows' columns of `got`, all inside it; both
+            // pass this matrix's fresh key with the same `k`, `a` and `cols`.
             let taken = unsafe {
                 [
-                    strided(k, first, split, &a, cols, got.as_mut_ptr(), ldo),
+                    strided(panel, k, first, split, &a, cols, got.as_mut_ptr(), ldo),
                     strided(
+                        panel,
                         k,
                         second,
                         rows - split,

@@ -170,17 +170,25 @@ pub fn gemm_fn_invariant(ty: GgmlType, level: SimdLevel) -> Result<GemmFn, Quant
 }
 
 /// Signature of a GEMM of a few activation rows that writes straight into an output shared with
-/// other threads: `(k, w, rows, a, cols, out, ldo)` as [`GemmFn`], `out` a raw pointer, so that
+/// other threads: `(panel, k, w, rows, a, cols, out, ldo)`, the last seven as [`GemmFn`], `out`
+/// a raw pointer, so that
 /// the tasks of one product may each write their own weight rows' columns of `y[m, n]` (strided,
 /// interleaved with the other tasks' columns) without a private tile and a copy. Returns false,
 /// writing nothing, when it does not take this case (`cols` outside its kernel's range, no
 /// blocks): the caller then runs [`gemm_fn`]. Same values as [`gemm_fn`] at the same `cols`.
 /// Panics on inconsistent lengths as [`GemmFn`] does.
 ///
+/// `panel` keys the packed activations: the tasks of one product pass the same nonzero key (and
+/// the same `k`, `a` and `cols`), and each thread packs them once for all its tasks; 0 packs
+/// them at every call.
+///
 /// # Safety
 /// `out + c * ldo + r` is writable for every `r < rows`, `c < cols`, and nothing else reads or
-/// writes those elements during the call.
+/// writes those elements during the call. A nonzero `panel` names one activation matrix for the
+/// whole process: every call with that key, on any thread, passes the same `k`, `cols` and
+/// bytes of `a`, with the same weight type (keys from [`panel_key`] are never reused).
 pub type StridedGemmFn = unsafe fn(
+    panel: u64,
     k: usize,
     w: &[u8],
     rows: usize,
@@ -189,6 +197,13 @@ pub type StridedGemmFn = unsafe fn(
     out: *mut f32,
     ldo: usize,
 ) -> bool;
+
+/// A fresh key for the activation panel of one product (see [`StridedGemmFn`]): never 0, never
+/// handed out twice in a process.
+pub fn panel_key() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
 
 /// The strided GEMM of `ty` at `level` (see [`StridedGemmFn`]): the narrow kernels of the VNNI
 /// level (2 to 8 activation rows; from the tile crossover for the k-quants). `None` elsewhere.

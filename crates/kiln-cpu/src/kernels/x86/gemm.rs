@@ -91,6 +91,10 @@ struct Scratch {
     factors: Vec<u32>,
     /// Block sums of the one-row products (`blocks32::rows_exact`).
     sums: Vec<Line>,
+    /// The narrow kernels' activation panel, and the key it was packed for (0: none; see
+    /// `run_narrow`).
+    narrow: Vec<Line>,
+    narrow_key: u64,
 }
 
 thread_local! {
@@ -666,8 +670,8 @@ gemm_entries! {
     q6_k_vnni_tiled, q6_k_vnni_always => superblocks::SuperBlocksVnni<superblocks::Q6K>;
 }
 
-/// Signature of a narrow kernel (`blocks32::narrow`, `superblocks::narrow`): the call and the
-/// scratch.
+/// Signature of a narrow kernel's two steps (`narrow_pack`, `narrow_rows_all` of `blocks32` and
+/// `superblocks`): the call and the panel scratch.
 type NarrowFn = unsafe fn(&Call, *mut u8);
 
 /// A weight format's narrow kernel: what [`narrow_or_tiled`] needs to run it.
@@ -677,7 +681,10 @@ struct Narrow {
     min_cols: usize,
     /// Scratch lines per block.
     lines: usize,
-    kernel: NarrowFn,
+    /// Packs the activations into the panel.
+    pack: NarrowFn,
+    /// Runs the weight rows against the packed panel.
+    run: NarrowFn,
 }
 
 impl Narrow {
@@ -715,6 +722,7 @@ fn narrow_or_tiled(
     unsafe {
         run_narrow(
             narrow,
+            0,
             blocks,
             w,
             w_row,
@@ -734,10 +742,11 @@ fn narrow_or_tiled(
 ///
 /// # Safety
 /// `out + c * ldo + r` is writable for every `r < rows`, `c < cols`, and nothing else reads or
-/// writes those elements during the call.
+/// writes those elements during the call; a nonzero `panel` key as `kernels::StridedGemmFn`.
 #[allow(clippy::too_many_arguments)]
 unsafe fn narrow_strided(
     narrow: &Narrow,
+    panel: u64,
     k: usize,
     w: &[u8],
     rows: usize,
@@ -757,20 +766,30 @@ unsafe fn narrow_strided(
         return false;
     }
     // SAFETY: the caller's contract for `out`; the rest as `run_narrow`.
-    unsafe { run_narrow(narrow, blocks, w, w_row, rows, a, a_row, cols, out, ldo) };
+    unsafe {
+        run_narrow(
+            narrow, panel, blocks, w, w_row, rows, a, a_row, cols, out, ldo,
+        )
+    };
     true
 }
 
-/// Runs `narrow`'s kernel with this thread's scratch.
+/// Runs `narrow`'s kernel with this thread's scratch. With a nonzero `panel` key equal to the
+/// one this thread's panel was last packed for, the packing is skipped: the tasks of one product
+/// (the 1024 of Gemma's 262k-row output projection at 8 sequences) share its activations, and
+/// packing them again per task cost 5% of the product on one thread (12.9 against 12.2 ms,
+/// `examples/gemv_bench 1 8`).
 ///
 /// # Safety
 /// `w` is `rows` rows of `blocks` blocks (`w_row` bytes each), `a` `cols` rows (`a_row` bytes
 /// each) of as many activation blocks, `cols` in `min_cols..=8`, `rows` and `blocks` nonzero;
 /// `out + c * ldo + r` is writable for every `r < rows`, `c < cols` and nothing else accesses
-/// those elements during the call.
+/// those elements during the call; a nonzero `panel` was passed before on this thread only with
+/// this `narrow`, the same `blocks`, `cols` and `a_row`, and the same bytes of `a`.
 #[allow(clippy::too_many_arguments)]
 unsafe fn run_narrow(
     narrow: &Narrow,
+    panel: u64,
     blocks: usize,
     w: &[u8],
     w_row: usize,
@@ -783,12 +802,9 @@ unsafe fn run_narrow(
 ) {
     SCRATCH.with_borrow_mut(|scratch| {
         let lines = blocks * narrow.lines;
-        if scratch.panels.len() < lines {
-            scratch.panels.resize(lines, Line([0; 32]));
+        if scratch.narrow.len() < lines {
+            scratch.narrow.resize(lines, Line([0; 32]));
         }
-        // SAFETY: the VNNI entries are handed out only on a CPU with AVX2+FMA+F16C and AVX-512
-        // F/BW/VL/VNNI; the shapes and `out` are this function's contract; the scratch was just
-        // sized for `blocks * lines` lines.
         let call = Call {
             blocks,
             w: w.as_ptr(),
@@ -800,7 +816,20 @@ unsafe fn run_narrow(
             out,
             ldo,
         };
-        unsafe { (narrow.kernel)(&call, scratch.panels.as_mut_ptr().cast()) }
+        let buf = scratch.narrow.as_mut_ptr().cast();
+        // SAFETY: the VNNI entries are handed out only on a CPU with AVX2+FMA+F16C and AVX-512
+        // F/BW/VL/VNNI; the shapes and `out` are this function's contract; the scratch was just
+        // sized for `blocks * lines` lines, and it holds the panel of these activations when
+        // the key matches (this function's contract; the key is reset before a packing that
+        // could be cut short).
+        unsafe {
+            if panel == 0 || scratch.narrow_key != panel {
+                scratch.narrow_key = 0;
+                (narrow.pack)(&call, buf);
+                scratch.narrow_key = panel;
+            }
+            (narrow.run)(&call, buf)
+        }
     })
 }
 
@@ -829,6 +858,7 @@ macro_rules! narrow_entries {
             /// # Safety
             /// As `kernels::StridedGemmFn`.
             pub(in crate::kernels) unsafe fn $strided(
+                panel: u64,
                 k: usize,
                 w: &[u8],
                 rows: usize,
@@ -839,7 +869,7 @@ macro_rules! narrow_entries {
             ) -> bool {
                 const NARROW: Narrow = $narrow;
                 // SAFETY: the caller's contract.
-                unsafe { narrow_strided(&NARROW, k, w, rows, a, cols, out, ldo) }
+                unsafe { narrow_strided(&NARROW, panel, k, w, rows, a, cols, out, ldo) }
             }
         )*
     };
@@ -851,7 +881,8 @@ const fn narrow32<L: blocks32::Legacy>() -> Narrow {
         ty: L::TYPE,
         min_cols: 2,
         lines: blocks32::NARROW_LINES,
-        kernel: blocks32::narrow::<L>,
+        pack: blocks32::narrow_pack::<L>,
+        run: blocks32::narrow_rows_all::<L>,
     }
 }
 
@@ -862,7 +893,8 @@ const fn narrow_k<K: superblocks::KQuant>() -> Narrow {
         ty: K::TYPE,
         min_cols: K::MIN_COLS,
         lines: superblocks::NARROW_LINES,
-        kernel: superblocks::narrow::<K>,
+        pack: superblocks::narrow_pack::<K>,
+        run: superblocks::narrow_rows_all::<K>,
     }
 }
 

@@ -586,13 +586,16 @@ const PAIR_CHUNK: [usize; PANEL_ROWS] = [0, 1, 4, 5, 2, 3, 6, 7];
 /// bytes each), `cols` in
 /// 2..=8; `out + c * ldo + r` is writable for `r < rows`, `c < cols`; `scratch` has room for
 /// `blocks * NARROW_LINES` lines.
+///
+/// The kernel is two steps, [`narrow_pack`] (the activation panel) and [`narrow_rows_all`] (the
+/// weight rows against it): the tasks of one product share its activations, so a thread packs
+/// them once for all its tasks.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn narrow<L: Legacy>(call: &Call, scratch: *mut u8) {
+pub(super) unsafe fn narrow_pack<L: Legacy>(call: &Call, scratch: *mut u8) {
     let Call {
         blocks,
         a,
         a_row,
-        rows,
         cols,
         ..
     } = *call;
@@ -644,6 +647,16 @@ pub(super) unsafe fn narrow<L: Legacy>(call: &Call, scratch: *mut u8) {
         _mm512_storeu_ps(dst.add(PIECE + 320).cast(), _mm512_loadu_ps(da.as_ptr()));
         _mm512_storeu_ps(dst.add(PIECE + 384).cast(), _mm512_loadu_ps(s.as_ptr()));
     }
+}
+
+/// The weight rows of [`narrow_pack`]'s kernel against the panel that it packed for `call`'s
+/// activations.
+///
+/// # Safety
+/// As [`narrow_pack`], with the panel packed in `scratch` from the same activations.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn narrow_rows_all<L: Legacy>(call: &Call, scratch: *mut u8) {
+    let rows = call.rows;
     let mut r = 0;
     while r + NARROW_ROWS <= rows {
         narrow_rows::<L, NARROW_ROWS>(call, r, scratch);

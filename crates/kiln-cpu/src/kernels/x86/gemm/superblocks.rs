@@ -555,13 +555,15 @@ const CHUNK_BYTES: usize = QK_K / 4 * 32;
 /// `blocks` super-blocks (`w_row` bytes each), `a` `cols` rows of `blocks` Q8_K blocks (`a_row`
 /// bytes each), `cols` in 1..=8; `out + c * ldo + r` is writable for `r < rows`, `c < cols`; `scratch` has room for
 /// `blocks * NARROW_LINES` lines.
+///
+/// Two steps, as `blocks32`'s: [`narrow_pack`] packs the panel, [`narrow_rows_all`] runs the
+/// weight rows against it.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn narrow<K: KQuant>(call: &Call, scratch: *mut u8) {
+pub(super) unsafe fn narrow_pack<K: KQuant>(call: &Call, scratch: *mut u8) {
     let Call {
         blocks,
         a,
         a_row,
-        rows,
         cols,
         ..
     } = *call;
@@ -592,6 +594,16 @@ pub(super) unsafe fn narrow<K: KQuant>(call: &Call, scratch: *mut u8) {
             }
         }
     }
+}
+
+/// The weight rows of [`narrow_pack`]'s kernel against the panel that it packed for `call`'s
+/// activations.
+///
+/// # Safety
+/// As [`narrow_pack`], with the panel packed in `scratch` from the same activations.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn narrow_rows_all<K: KQuant>(call: &Call, scratch: *mut u8) {
+    let rows = call.rows;
     let mut r = 0;
     while r + NARROW_ROWS <= rows {
         narrow_rows::<K, NARROW_ROWS>(call, r, scratch);
