@@ -857,6 +857,7 @@ macro_rules! narrow_entries {
             ///
             /// # Safety
             /// As `kernels::StridedGemmFn`.
+            #[allow(clippy::too_many_arguments)]
             pub(in crate::kernels) unsafe fn $strided(
                 panel: u64,
                 k: usize,
