@@ -1,11 +1,14 @@
-//! Where a single-sequence decode step's time goes, segment by segment, on the CPU backend:
-//! the trace hook's points split each layer into (norm, Q/K/V, QK-norms, rope), (cache append,
-//! attention, O), (norms, gate/up, activation, down) and (residual norm); the output projection
-//! and a plain argmax (this example's own, slower than the engine's sampler) follow. Times are
-//! summed over the steps and reported per step.
+//! Where a decode step's time goes, segment by segment, on the CPU backend: each stretch
+//! between two of the trace hook's points (see `kiln_models::Trace`) is named after what runs in
+//! it (the norms, the Q/K/V projections, rope and the cache store, attention, O, gate/up and the
+//! activation, down), summed over the layers; the output projection and a plain argmax (this
+//! example's own, slower than the engine's sampler) follow. Times are summed over the steps and
+//! reported per step.
 //!
 //! With BATCH > 1, each step is one batched forward pass of BATCH independent sequences (as
-//! `kiln bench -b BATCH` runs them), and the argmax is taken of every sequence's logits.
+//! `kiln bench -b BATCH` runs them; rope and the norms of Q and K then fall in the attention
+//! stretch), and the argmax is taken of every sequence's logits. The steps run twice over the
+//! same caches and only the second pass is timed, as `kiln bench` repeats a test.
 //!
 //! `cargo run --release -p kiln-models --example decode_segments -- GGUF [THREADS] [STEPS] [BATCH]`
 
@@ -39,12 +42,18 @@ impl Timer {
 
 impl<B: Backend> Trace<B> for Timer {
     fn trace(&self, _b: &B, name: &str, _layer: usize, _x: &B::Tensor) {
+        // Each point ends the stretch since the one before it.
         let label = match name {
-            "q" => "norm + Q/K/V + q-norm + rope q",
+            "attn_norm" => "residual add + attention norm",
+            "q_proj" => "Q/K/V projections",
+            "q" => "q/k norms + rope q",
             "k" => "rope k",
-            "attn_out" => "cache + attention + O",
-            "ffn_out" => "norms + gate/up + act + down",
-            "l_out" => "residual norm",
+            "attn" => "(norms, rope,) cache store + attention",
+            "attn_out" => "O projection",
+            "ffn_norm" => "residual add-norm + FFN norm",
+            "ffn_act" => "gate/up + activation",
+            "ffn_out" => "down projection",
+            "l_out" => "residual add-norm",
             other => other,
         };
         self.mark(label);
@@ -109,7 +118,7 @@ fn main() {
     );
     for (name, s) in timer.sums.lock().unwrap().iter() {
         println!(
-            "{name:34} {:8.1} us/step  {:5.1}%",
+            "{name:40} {:8.1} us/step  {:5.1}%",
             s / steps as f64 * 1e6,
             100.0 * s / total
         );

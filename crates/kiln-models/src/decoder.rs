@@ -20,7 +20,14 @@ use kiln_core::config::{DecoderConfig, FfnActivation, LayerAttention, RopeKind};
 use crate::{KvCache, ModelError, PagedKvCache, PagedSeq};
 
 /// A do-nothing-by-default hook on every named intermediate, so a test can diff a model layer by
-/// layer against a reference.
+/// layer against a reference (and `examples/decode_segments` can time the stretches between
+/// them).
+///
+/// Per layer, in order: `attn_norm` (the normed input), `q_proj` (the query projection, before
+/// its norm and rope), `q` and `k` (single sequence only: roped, as stored), `attn` (the
+/// attention's output rows, before O), `attn_out` (after O), `ffn_norm` (the FFN's normed
+/// input), `ffn_act` (the gated activation; dense FFNs only), `ffn_out`, `l_out`; `embd` once
+/// before the layers.
 pub trait Trace<B: Backend>: Sync {
     fn trace(&self, _backend: &B, _name: &str, _layer: usize, _x: &B::Tensor) {}
     /// The router's choices of a mixture-of-experts layer, one per token of the forward pass.
@@ -476,7 +483,9 @@ impl<B: Backend> LayerRun<'_, B> {
 
             // Attention block.
             let h = b.rms_norm(&x, &layer.attn_norm, c.norm_eps)?;
+            trace.trace(b, "attn_norm", il, &h);
             let [mut q, mut k, v] = products(b.matmul_many(&h, &[&layer.q, &layer.k, &layer.v])?)?;
+            trace.trace(b, "q_proj", il, &q);
             if let Some(w) = &layer.q_norm {
                 q = b.rms_norm(&q, w, c.norm_eps)?;
             }
@@ -561,6 +570,7 @@ impl<B: Backend> LayerRun<'_, B> {
                     .pop()
                     .ok_or_else(|| ModelError::Batch("no sequence".into()))?,
             };
+            trace.trace(b, "attn", il, &a);
             let a = b.matmul(&a, &layer.o)?;
             trace.trace(b, "attn_out", il, &a);
             x = match &layer.post_attn_norm {
@@ -570,10 +580,12 @@ impl<B: Backend> LayerRun<'_, B> {
 
             // Feed-forward block.
             let h = b.rms_norm(&x, &layer.ffn_norm, c.norm_eps)?;
+            trace.trace(b, "ffn_norm", il, &h);
             let f = match &layer.ffn {
                 Ffn::Dense { gate, up, down } => {
                     let [g, u] = products(b.matmul_many(&h, &[gate, up])?)?;
                     let f = b.gated_activation(&g, &u, act)?;
+                    trace.trace(b, "ffn_act", il, &f);
                     b.matmul(&f, down)?
                 }
                 Ffn::Moe(moe) => self.moe_ffn(b, &h, moe, act, il, trace)?,
