@@ -242,11 +242,23 @@ avx2_dispatch!(
 
 avx2_dispatch!(
     /// [`rms_norm_row`], vectorized when `avx2`.
-    pub(crate) fn rms_norm_into(x: &[f32], w: &[f32], eps: f32, residual: Option<&[f32]>, out: &mut [f32]) => rms_norm_row
+    pub(crate) fn rms_norm_into(
+        x: &[f32],
+        w: &[f32],
+        eps: f32,
+        residual: Option<&[f32]>,
+        out: &mut [f32]
+    ) => rms_norm_row
 );
 avx2_dispatch!(
     /// [`rope_row`], vectorized when `avx2`.
-    pub(crate) fn rope_into(row: &mut [f32], head_dim: usize, neox: bool, sin: &[f32], cos: &[f32]) => rope_row
+    pub(crate) fn rope_into(
+        row: &mut [f32],
+        head_dim: usize,
+        neox: bool,
+        sin: &[f32],
+        cos: &[f32]
+    ) => rope_row
 );
 
 avx2_dispatch!(

@@ -23,10 +23,11 @@
 //! AVX2 kernel's and the f32 steps after them are shared code, so the results are bit-identical.
 //!
 //! **Narrow kernels** (VNNI, 32-element formats, 2 to 8 activation rows: batched decode): the
-//! roles swapped, activations packed into the lanes once per call and the weights streamed where
-//! they lie (`blocks32::narrow`). With so few rows there is too little arithmetic per weight byte
-//! to hide the tile kernel's packing, which stalled on memory: the 262k-row Q8_0 output
-//! projection of Gemma at 8 rows went from 14.2 to 8.2 ms (2 threads, `examples/gemv_bench.rs`).
+//! roles swapped, activations packed into the lanes once per product and thread, and the weights
+//! streamed where they lie (`blocks32::narrow_pack`). With so few rows there is too little
+//! arithmetic per weight byte to hide the tile kernel's packing, which stalled on memory: the
+//! 262k-row Q8_0 output projection of Gemma at 8 rows went from 14.2 to 8.2 ms (2 threads,
+//! `examples/gemv_bench.rs`).
 //! Same exact integers; blocks are taken in pairs, chunk-interleaved so that each 512-bit lane
 //! sums a whole block of one activation row (the pair's first block in the even lanes, its
 //! second in the odd ones), one f32 step per two blocks, the lane pairs added at the end of the

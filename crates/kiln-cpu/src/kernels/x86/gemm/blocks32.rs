@@ -535,7 +535,7 @@ pub(super) unsafe fn halves(p: &[*const u8; PANEL_ROWS], at: usize) -> __m256 {
 }
 
 /// 32-byte lines of the narrow kernel's activation panel per pair of blocks: 8 chunk lines of
-/// 64 bytes (see `narrow`), then three 64-byte lines with activation row `j` in lanes `2j`
+/// 64 bytes (see `narrow_pack`), then three 64-byte lines with activation row `j` in lanes `2j`
 /// (the pair's first block) and `2j + 1` (its second): the negated `OFFSET * sum(a)` (i32;
 /// Q4_0, Q5_0, and 128 for Q8_0's biased quants), `da` (f32) and `s` (f32; Q4_1, Q5_1).
 const PAIR_LINES: usize = 2 * PANEL_ROWS + 6;
@@ -668,10 +668,11 @@ pub(super) unsafe fn narrow_rows_all<L: Legacy>(call: &Call, scratch: *mut u8) {
     }
 }
 
-/// Rows `r0..r0 + R` of [`narrow`], against the packed activation panel at `panel`.
+/// Rows `r0..r0 + R` of the kernel of [`narrow_pack`], against the packed activation panel at
+/// `panel`.
 ///
 /// # Safety
-/// As `narrow`, with `r0 + R <= rows` and the panel packed.
+/// As `narrow_pack`, with `r0 + R <= rows` and the panel packed.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn narrow_rows<L: Legacy, const R: usize>(call: &Call, r0: usize, panel: *const u8) {
@@ -712,7 +713,7 @@ unsafe fn narrow_rows<L: Legacy, const R: usize>(call: &Call, r0: usize, panel: 
 }
 
 /// Blocks `b` and `b + 1` (only `b` unless `FULL`: the last of an odd count, its partner zeros)
-/// of rows `rows` into `acc`, against the pair's panel lines (see [`narrow`]).
+/// of rows `rows` into `acc`, against the pair's panel lines (see [`narrow_pack`]).
 ///
 /// # Safety
 /// As `narrow_rows`; `b + 1 < blocks` when `FULL`, else `b + 1 == blocks`.

@@ -543,8 +543,8 @@ const NARROW_ROWS: usize = 4;
 /// Bytes of the chunk lines of one super-block of the narrow panel (64 lines).
 const CHUNK_BYTES: usize = QK_K / 4 * 32;
 
-/// The k-quant counterpart of `blocks32::narrow` (see there): activations packed into the lanes
-/// once per call, weights read where they lie, each super-block's quants unpacked once into a
+/// The k-quant counterpart of `blocks32::narrow_pack` (see there): activations packed into the
+/// lanes once per call, weights read where they lie, each super-block's quants unpacked once into a
 /// buffer that is read back as 4-quant broadcasts, its scales unpacked once. Per sub-block the
 /// `vpdpbusd` sum less Q6_K's offset shares is multiplied by the sub-block's scale, as in the
 /// VNNI tile; the minimums and the f32 steps are the tile's `finish_block` with the roles of the
@@ -615,10 +615,11 @@ pub(super) unsafe fn narrow_rows_all<K: KQuant>(call: &Call, scratch: *mut u8) {
     }
 }
 
-/// Rows `r0..r0 + R` of [`narrow`], against the packed activation panel at `panel`.
+/// Rows `r0..r0 + R` of the kernel of [`narrow_pack`], against the packed activation panel at
+/// `panel`.
 ///
 /// # Safety
-/// As `narrow`, with `r0 + R <= rows` and the panel packed.
+/// As `narrow_pack`, with `r0 + R <= rows` and the panel packed.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn narrow_rows<K: KQuant, const R: usize>(call: &Call, r0: usize, panel: *const u8) {
