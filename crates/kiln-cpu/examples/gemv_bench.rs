@@ -10,6 +10,8 @@
 //!
 //! `cargo run --release -p kiln-cpu --example gemv_bench [-- THREADS [ROWS_PER_STEP]]`
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -69,19 +71,7 @@ fn main() {
                     .map_anon()
                     .expect("map");
                 let _ = bytes.advise(memmap2::Advice::HugePage);
-                for b in bytes.iter_mut() {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 7;
-                    seed ^= seed << 17;
-                    *b = seed as u8;
-                }
-                // Small finite f16 scales at the start of every block (all formats here store
-                // their scale first except the K-quants, for which random bytes stay finite
-                // often enough not to matter for timing).
-                for blk in bytes.chunks_exact_mut(block) {
-                    blk[0] = 0x00;
-                    blk[1] = 0x1c;
-                }
+                common::fill_blocks(&mut bytes, block, &mut seed);
                 let data = WeightData {
                     name: format!("w{c}"),
                     ty,

@@ -5,6 +5,8 @@
 //!
 //! `cargo run --release -p kiln-cpu --example rows_bench`
 
+mod common;
+
 use std::time::Instant;
 
 use kiln_core::GgmlType;
@@ -12,17 +14,7 @@ use kiln_cpu::kernels::{gemv_fn, quantize_fn, simd_level};
 
 /// Random blocks of `block` bytes, each with a small finite f16 scale first (Q8_0, Q5_0, Q4_0).
 fn fill(bytes: &mut [u8], block: usize) {
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    for b in bytes.iter_mut() {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        *b = seed as u8;
-    }
-    for blk in bytes.chunks_exact_mut(block) {
-        blk[0] = 0;
-        blk[1] = 0x1c;
-    }
+    common::fill_blocks(bytes, block, &mut 0x9e37_79b9_7f4a_7c15u64);
 }
 
 fn main() {

@@ -144,8 +144,9 @@ fn map_rows(
 }
 
 /// `y = x / sqrt(mean(x²) + eps) * w` over each group of `w.len()` elements of each row, plus
-/// `residual` when given. The sum of squares is accumulated in f64 (as llama.cpp does), so the
-/// result does not depend on the order of the summation.
+/// `residual` when given. The sum of squares is accumulated in f64 (as llama.cpp does) in a fixed
+/// order (`math::sum_squares_f64`), so the result is the same bits in every build and at any
+/// thread count.
 pub(crate) fn rms_norm(
     cpu: &CpuBackend,
     x: &CpuTensor,

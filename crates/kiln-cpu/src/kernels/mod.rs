@@ -171,9 +171,9 @@ pub fn gemm_fn_invariant(ty: GgmlType, level: SimdLevel) -> Result<GemmFn, Quant
 
 /// Signature of a GEMM of a few activation rows that writes straight into an output shared with
 /// other threads: `(panel, k, w, rows, a, cols, out, ldo)`, the last seven as [`GemmFn`], `out`
-/// a raw pointer, so that
-/// the tasks of one product may each write their own weight rows' columns of `y[m, n]` (strided,
-/// interleaved with the other tasks' columns) without a private tile and a copy. Returns false,
+/// a raw pointer, so that the tasks of one product may each write their own weight rows' columns
+/// of `y[m, n]` (strided, interleaved with the other tasks' columns) without a private tile and a
+/// copy. Returns false,
 /// writing nothing, when it does not take this case (`cols` outside its kernel's range, no
 /// blocks): the caller then runs [`gemm_fn`]. Same values as [`gemm_fn`] at the same `cols`.
 /// Panics on inconsistent lengths as [`GemmFn`] does.

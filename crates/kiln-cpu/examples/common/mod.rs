@@ -1,0 +1,18 @@
+//! Helpers shared by the benchmark examples (not an example itself).
+
+/// Fills `bytes` with xorshift bytes from `seed` (advanced, so that successive calls differ),
+/// then gives every block of `block` bytes a small finite f16 scale in its first two bytes. The
+/// formats timed here (Q8_0, Q5_0, Q4_0, ...) store their scale first; for the K-quants, whose
+/// scale lies elsewhere, random bytes stay finite often enough not to matter for timing.
+pub fn fill_blocks(bytes: &mut [u8], block: usize, seed: &mut u64) {
+    for b in bytes.iter_mut() {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        *b = *seed as u8;
+    }
+    for blk in bytes.chunks_exact_mut(block) {
+        blk[0] = 0x00;
+        blk[1] = 0x1c;
+    }
+}
