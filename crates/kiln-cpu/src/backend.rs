@@ -433,7 +433,10 @@ impl Backend for CpuBackend {
     }
 
     fn matmul_many(&self, x: &CpuTensor, ws: &[&Linear<Self>]) -> Result<Vec<CpuTensor>> {
-        match crate::matmul::gemv_many(self, x, ws)? {
+        if let Some(ys) = crate::matmul::gemv_many(self, x, ws)? {
+            return Ok(ys);
+        }
+        match crate::matmul::tiled_many(self, x, ws)? {
             Some(ys) => Ok(ys),
             None => ws.iter().map(|w| self.matmul(x, w)).collect(),
         }

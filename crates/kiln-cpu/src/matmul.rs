@@ -10,7 +10,8 @@
 //! instead (see [`TILED_MIN_ROWS`]): through the level's one-row kernel where it has one
 //! (`kernels::gemv_fn`: VNNI Q4_0/Q5_0/Q8_0, which prepare the activation row once per task), in
 //! batch-invariant mode the tile-exact one (`kernels::rows_exact_fn`), else the loop over the row
-//! dot; [`gemv_many`] runs the one-row products that share an input (Q/K/V, gate/up) as one job.
+//! dot; [`gemv_many`] runs the one-row products that share an input (Q/K/V, gate/up) as one job,
+//! and [`tiled_many`] those of a few rows (batched decode).
 //!
 //! Float weights (F32, F16, BF16) with at least [`DENSE_MIN_ROWS`] activation rows go through the
 //! packed GEMM of `sgemm` instead (weight packed once, bias added in its last store): at encoder
@@ -39,6 +40,10 @@ const TILED_MIN_ROWS: usize = 2;
 
 /// Activation rows per tile-kernel call: a block of quantized rows that stays in L1/L2.
 const ACT_TILE: usize = 64;
+
+/// Activation rows up to which [`tiled_many`] fuses the products of one input (batched decode;
+/// a prompt's products are long enough that a barrier between them costs little).
+const FUSED_MAX_ROWS: usize = 16;
 
 thread_local! {
     /// Per-thread output tile of [`tiled`]'s tasks, grown to the largest task and reused.
@@ -293,19 +298,94 @@ fn tiled(
     strided: Option<kernels::StridedGemmFn>,
 ) -> Vec<f32> {
     let mut y = crate::buffers::take(m * n);
-    // Weight rows per task: at least 4 tasks per thread to balance, at most 256 rows (a block of
-    // 256 rows of K=2048 Q6_K weights is ~430 KB, within a 1 MB L2 beside the activations), a
-    // multiple of 4. Against 64 rows: +10% at `kiln bench -b 8` (the kernel's prefetch runs
-    // across fewer task boundaries, where the next tile's rows are another task's) and +5% at
-    // pp512 on Gemma 3 270M.
-    let nb = n
-        .div_ceil(cpu.threads * 4)
-        .next_multiple_of(4)
-        .clamp(4, 256)
-        .min(n);
-    let out = Disjoint::new(&mut y);
-    let panel = kernels::panel_key();
-    cpu.team.run(n.div_ceil(nb), |task| {
+    let job = TiledJob::new(
+        cpu, wbytes, row_bytes, acts, act_bytes, m, n, k, gemm, strided, &mut y,
+    );
+    cpu.team.run(job.tasks(), |task| job.run(task));
+    y
+}
+
+/// One product of [`tiled`]: its operands, its split into tasks of `nb` weight rows, and its
+/// output.
+struct TiledJob<'a> {
+    wbytes: &'a [u8],
+    row_bytes: usize,
+    acts: &'a [u8],
+    act_bytes: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    gemm: kernels::GemmFn,
+    strided: Option<kernels::StridedGemmFn>,
+    /// Weight rows per task.
+    nb: usize,
+    /// This product's activation panel key (see `kernels::StridedGemmFn`).
+    panel: u64,
+    out: Disjoint<'a, f32>,
+}
+
+impl<'a> TiledJob<'a> {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        cpu: &CpuBackend,
+        wbytes: &'a [u8],
+        row_bytes: usize,
+        acts: &'a [u8],
+        act_bytes: usize,
+        m: usize,
+        n: usize,
+        k: usize,
+        gemm: kernels::GemmFn,
+        strided: Option<kernels::StridedGemmFn>,
+        y: &'a mut [f32],
+    ) -> Self {
+        // Weight rows per task: at least 4 tasks per thread to balance, at most 256 rows (a
+        // block of 256 rows of K=2048 Q6_K weights is ~430 KB, within a 1 MB L2 beside the
+        // activations), a multiple of 4. Against 64 rows: +10% at `kiln bench -b 8` (the
+        // kernel's prefetch runs across fewer task boundaries, where the next tile's rows are
+        // another task's) and +5% at pp512 on Gemma 3 270M.
+        let nb = n
+            .div_ceil(cpu.threads * 4)
+            .next_multiple_of(4)
+            .clamp(4, 256)
+            .min(n);
+        TiledJob {
+            wbytes,
+            row_bytes,
+            acts,
+            act_bytes,
+            m,
+            n,
+            k,
+            gemm,
+            strided,
+            nb,
+            panel: kernels::panel_key(),
+            out: Disjoint::new(y),
+        }
+    }
+
+    fn tasks(&self) -> usize {
+        self.n.div_ceil(self.nb.max(1))
+    }
+
+    /// Task `task`: weight rows `task * nb..` against every activation row, into their columns
+    /// of `y`.
+    fn run(&self, task: usize) {
+        let TiledJob {
+            wbytes,
+            row_bytes,
+            acts,
+            act_bytes,
+            m,
+            n,
+            k,
+            gemm,
+            strided,
+            nb,
+            panel,
+            ref out,
+        } = *self;
         let j0 = task * nb;
         let rows = nb.min(n - j0);
         let wblk = &wbytes[j0 * row_bytes..(j0 + rows) * row_bytes];
@@ -337,8 +417,103 @@ fn tiled(
                 }
             }
         })
-    });
-    y
+    }
+}
+
+/// Several-row products of one input with several quantized weights (Q/K/V, gate/up in batched
+/// decode) as ONE parallel job, as [`gemv_many`] does for one row: the input is quantized once
+/// per activation type, and the tasks of every matrix, split exactly as [`tiled`] splits them,
+/// are claimed from one queue, so that the threads do not meet at a barrier after each matrix
+/// (where the one that finished early waits for the other). Each output value is computed
+/// exactly as [`matmul`] computes it. `None` outside `2..=`[`FUSED_MAX_ROWS`] rows, in
+/// batch-invariant mode, or for float or GPTQ weights: the caller then runs the products one by
+/// one.
+pub(crate) fn tiled_many(
+    cpu: &CpuBackend,
+    x: &CpuTensor,
+    lins: &[&Linear<CpuBackend>],
+) -> Result<Option<Vec<CpuTensor>>> {
+    let (m, k) = (x.rows, x.cols);
+    if !(TILED_MIN_ROWS..=FUSED_MAX_ROWS).contains(&m)
+        || cpu.batch_invariant
+        || lins.iter().any(|l| {
+            let w = &*l.weight;
+            is_float(w.ty)
+                || w.gptq.is_some()
+                || l.in_features != k
+                || w.row_len != k
+                || w.n_rows != l.out_features
+        })
+    {
+        return Ok(None);
+    }
+    let qerr = |e: kiln_quant::QuantError| shape_err("matmul", e.to_string());
+    // The activation rows in each dot format the weights need (usually one).
+    let mut formats: Vec<(GgmlType, usize, Vec<u8>)> = Vec::new();
+    let mut plan = Vec::with_capacity(lins.len());
+    for l in lins {
+        let ty = l.weight.ty;
+        let act_ty = kiln_quant::vec_dot_type(ty).map_err(qerr)?;
+        let f = match formats.iter().position(|(t, _, _)| *t == act_ty) {
+            Some(f) => f,
+            None => {
+                let act_bytes = kiln_quant::activation_bytes(act_ty, k).map_err(qerr)?;
+                let quantize = kernels::quantize_fn(act_ty, cpu.simd).map_err(qerr)?;
+                let mut a = vec![0u8; m * act_bytes];
+                for (t, row) in a.chunks_exact_mut(act_bytes).enumerate() {
+                    quantize(x.row(t), row);
+                }
+                formats.push((act_ty, act_bytes, a));
+                formats.len() - 1
+            }
+        };
+        let gemm = kernels::gemm_fn(ty, cpu.simd).map_err(qerr)?;
+        plan.push((f, gemm, kernels::strided_gemm_fn(ty, cpu.simd)));
+    }
+    let mut outs: Vec<Vec<f32>> = lins
+        .iter()
+        .map(|l| crate::buffers::take(m * l.out_features))
+        .collect();
+    {
+        let jobs: Vec<TiledJob<'_>> = lins
+            .iter()
+            .zip(&plan)
+            .zip(outs.iter_mut())
+            .map(|((l, &(f, gemm, strided)), y)| {
+                let w = &*l.weight;
+                let (_, act_bytes, ref acts) = formats[f];
+                TiledJob::new(
+                    cpu,
+                    &w.bytes,
+                    w.row_bytes,
+                    acts,
+                    act_bytes,
+                    m,
+                    l.out_features,
+                    k,
+                    gemm,
+                    strided,
+                    y,
+                )
+            })
+            .collect();
+        // (job, task) of every task, job after job.
+        let tasks: Vec<(usize, usize)> = jobs
+            .iter()
+            .enumerate()
+            .flat_map(|(i, job)| (0..job.tasks()).map(move |t| (i, t)))
+            .collect();
+        cpu.team.run(tasks.len(), |t| {
+            let (i, task) = tasks[t];
+            jobs[i].run(task);
+        });
+    }
+    let mut ys = Vec::with_capacity(lins.len());
+    for (mut y, l) in outs.into_iter().zip(lins) {
+        add_bias(&mut y, l)?;
+        ys.push(CpuTensor::new(y, m, l.out_features)?);
+    }
+    Ok(Some(ys))
 }
 
 /// `x · Wᵀ` for a GPTQ matrix, on its 4-bit codes: the activations are gathered once in the

@@ -362,6 +362,51 @@ fn matmul_matches_dequantized_product_and_is_thread_invariant() {
 }
 
 #[test]
+fn matmul_many_is_each_matmul_bit_for_bit() {
+    // Products of one input with several weights run as one job (one row, and the several
+    // rows of batched decode), in two activation formats (Q8_0 for Q8_0 weights, Q8_K for
+    // Q4_K): every value must be the one a lone `matmul` computes, at any row count.
+    let k = 256;
+    for b in backends() {
+        let (q, _) = q8_0_weight(&b, &values(300 * k, 11), 300, k);
+        let (v, _) = q8_0_weight(&b, &values(37 * k, 12), 37, k);
+        let rows = 64;
+        let mut bytes = vec![0u8; rows * GgmlType::Q4_K.row_bytes(k as u64).unwrap() as usize];
+        kiln_quant::quantize(GgmlType::Q4_K, &values(rows * k, 13), &mut bytes).unwrap();
+        let data = WeightData {
+            name: "q4k".into(),
+            ty: GgmlType::Q4_K,
+            dims: vec![k, rows],
+            bytes: SharedBytes::from_vec(bytes),
+        };
+        let g = Linear {
+            weight: Arc::new(b.upload_weight(&data).unwrap()),
+            bias: None,
+            in_features: k,
+            out_features: rows,
+            ty: GgmlType::Q4_K,
+        };
+        let lins = [&q, &g, &v];
+        for m in [1, 2, 3, 5, 8, 9, 16, 17] {
+            let x = b.tensor_from_f32(&values(m * k, 14), m, k).unwrap();
+            let fused = b.matmul_many(&x, &lins).unwrap();
+            assert_eq!(fused.len(), lins.len());
+            for (y, lin) in fused.iter().zip(lins) {
+                let alone = b.matmul(&x, lin).unwrap();
+                assert_eq!(b.shape(y), (m, lin.out_features), "{} m={m}", b.name());
+                assert_eq!(
+                    b.to_f32(y).unwrap(),
+                    b.to_f32(&alone).unwrap(),
+                    "{} m={m}: {} outputs",
+                    b.name(),
+                    lin.out_features
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn elementwise_ops_and_embedding() {
     let b = CpuBackend::new(2).unwrap();
     let a = b.tensor_from_f32(&[1.0, -2.0, 3.0, 0.5], 2, 2).unwrap();
