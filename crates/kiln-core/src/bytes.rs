@@ -11,7 +11,12 @@ use std::sync::Arc;
 pub struct SharedBytes {
     owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
     range: Range<usize>,
+    release: Option<Release>,
 }
+
+/// How an owner hands back the resident pages of a range of its bytes (offsets into the owner)
+/// without changing any byte: see [`SharedBytes::release_pages`].
+pub type Release = Arc<dyn Fn(Range<usize>) + Send + Sync>;
 
 impl SharedBytes {
     /// The whole of `owner`.
@@ -20,6 +25,29 @@ impl SharedBytes {
         SharedBytes {
             owner,
             range: 0..len,
+            release: None,
+        }
+    }
+
+    /// The whole of `owner`, whose resident pages `release` can hand back (see
+    /// [`SharedBytes::release_pages`]). `release` must leave every byte of the owner as it was:
+    /// a later read of a released page sees the same bytes (read again from the file behind
+    /// them), only the memory they take is given back meanwhile.
+    pub fn with_release(owner: Arc<dyn AsRef<[u8]> + Send + Sync>, release: Release) -> Self {
+        SharedBytes {
+            release: Some(release),
+            ..Self::new(owner)
+        }
+    }
+
+    /// Asks the owner to hand back the memory pages that lie wholly inside this view: for bytes
+    /// that were read once and are now kept elsewhere (a weight copied into another layout), so
+    /// that the process does not hold both copies. The bytes stay readable and unchanged (the
+    /// pages of a file's bytes are read again on the next access); owners without a way to do
+    /// this (owned vectors) ignore it.
+    pub fn release_pages(&self) {
+        if let Some(release) = &self.release {
+            release(self.range.clone());
         }
     }
 
@@ -36,6 +64,7 @@ impl SharedBytes {
         Some(SharedBytes {
             owner: self.owner.clone(),
             range: self.range.start + range.start..self.range.start + range.end,
+            release: self.release.clone(),
         })
     }
 }
@@ -76,5 +105,25 @@ mod tests {
         assert_eq!(&*s.slice(1..3).unwrap(), &[3, 4]);
         assert!(s.slice(3..5).is_none());
         assert!(b.slice(9..11).is_none());
+    }
+
+    #[test]
+    fn release_is_asked_for_the_view_s_range_of_the_owner() {
+        use std::sync::Mutex;
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let log = asked.clone();
+        let b = SharedBytes::with_release(
+            Arc::new((0u8..100).collect::<Vec<u8>>()),
+            Arc::new(move |r| log.lock().unwrap().push(r)),
+        );
+        b.slice(10..60)
+            .unwrap()
+            .slice(5..20)
+            .unwrap()
+            .release_pages();
+        b.release_pages();
+        assert_eq!(*asked.lock().unwrap(), [15..30, 0..100]);
+        // Owned bytes have nothing to release.
+        SharedBytes::from_vec(vec![1, 2, 3]).release_pages();
     }
 }

@@ -9,5 +9,5 @@ mod bytes;
 pub mod config;
 mod dtype;
 
-pub use bytes::SharedBytes;
+pub use bytes::{Release, SharedBytes};
 pub use dtype::{GgmlType, UnknownGgmlType, QK_K};

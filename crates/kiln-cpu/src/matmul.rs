@@ -136,7 +136,13 @@ pub(crate) fn matmul(
     });
     let wbytes: &[u8] = &w.bytes;
     let rb = w.row_bytes;
-    let mut y = if let Some(rows_fn) = (m == 1).then(|| one_row_fn(cpu, w.ty)).flatten() {
+    let interleaved = w
+        .interleaved
+        .as_ref()
+        .zip(kernels::interleaved_gemm_fn(cpu.simd));
+    let mut y = if let Some((il, gemm)) = interleaved {
+        interleaved_product(cpu, &il.bytes, rb, gemm, &acts, m, n, k)
+    } else if let Some(rows_fn) = (m == 1).then(|| one_row_fn(cpu, w.ty)).flatten() {
         let mut y = vec![0.0f32; n];
         let chunk = rows_per_task(n, 1, cpu.threads, rb);
         cpu.team.for_each_chunk(&mut y, chunk, |t, out| {
@@ -178,6 +184,52 @@ pub(crate) fn matmul(
         rows: m,
         cols: n,
     })
+}
+
+/// `y[m, n]` over a weight in the interleaved Q8_0 layout (`kernels::interleave_q8_0`): tasks of
+/// whole groups of rows, each writing its rows' columns of `y` for every activation row (the
+/// kernel takes any number of them, 8 at a time per group). Each output value is computed by the
+/// same operations whatever `m` is, so this path is batch-invariant as it stands.
+#[allow(clippy::too_many_arguments)]
+fn interleaved_product(
+    cpu: &CpuBackend,
+    w: &[u8],
+    row_bytes: usize,
+    gemm: kernels::InterleavedGemmFn,
+    acts: &[u8],
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Vec<f32> {
+    let mut y = crate::buffers::take(m * n);
+    let chunk = interleaved_task_rows(n, m, cpu.threads, row_bytes);
+    let out = Disjoint::new(&mut y);
+    cpu.team.run(n.div_ceil(chunk), |t| {
+        let r0 = t * chunk;
+        let rows = chunk.min(n - r0);
+        // SAFETY: this task alone writes columns r0..r0 + rows of y's m rows (row stride n), all
+        // inside y, and nothing reads y until the job ends; `rows` is whole groups (`n` and
+        // `chunk` are multiples of the group).
+        unsafe {
+            gemm(
+                k,
+                &w[r0 * row_bytes..(r0 + rows) * row_bytes],
+                rows,
+                acts,
+                m,
+                out.as_ptr().add(r0),
+                n,
+            )
+        }
+    });
+    y
+}
+
+/// [`rows_per_task`] in whole groups of the interleaved layout.
+fn interleaved_task_rows(n: usize, m: usize, threads: usize, row_bytes: usize) -> usize {
+    rows_per_task(n, m, threads, row_bytes)
+        .next_multiple_of(kernels::INTERLEAVE_ROWS)
+        .min(n)
 }
 
 /// Decode-step products of one activation row with several quantized weights (Q/K/V, gate/up)
@@ -230,12 +282,17 @@ pub(crate) fn gemv_many(
             rows,
         ));
     }
+    let interleaved = kernels::interleaved_gemm_fn(cpu.simd);
     let mut outs: Vec<Vec<f32>> = lins.iter().map(|l| vec![0.0f32; l.out_features]).collect();
     // (matrix, first row, rows) of every task, matrix after matrix.
     let mut tasks = Vec::new();
     for (i, l) in lins.iter().enumerate() {
         let n = l.out_features;
-        let chunk = rows_per_task(n, 1, cpu.threads, l.weight.row_bytes);
+        let chunk = if l.weight.interleaved.is_some() {
+            interleaved_task_rows(n, 1, cpu.threads, l.weight.row_bytes)
+        } else {
+            rows_per_task(n, 1, cpu.threads, l.weight.row_bytes)
+        };
         tasks.extend((0..n).step_by(chunk).map(|r| (i, r, chunk.min(n - r))));
     }
     {
@@ -247,6 +304,14 @@ pub(crate) fn gemv_many(
             let a = &formats[f].1;
             // SAFETY: tasks cover disjoint row ranges of matrix i's output.
             let out = unsafe { sinks[i].slice(r0..r0 + rows) };
+            if let Some((il, gemm)) = w.interleaved.as_ref().zip(interleaved) {
+                let rb = w.row_bytes;
+                let wb = &il.bytes[r0 * rb..(r0 + rows) * rb];
+                // SAFETY: `out` is this task's own `rows` outputs (one activation row); `rows`
+                // is whole groups (see `interleaved_task_rows`).
+                unsafe { gemm(k, wb, rows, a, 1, out.as_mut_ptr(), rows) };
+                return;
+            }
             if let Some(rows_fn) = rows_fn {
                 let rb = w.row_bytes;
                 rows_fn(k, &w.bytes[r0 * rb..(r0 + rows) * rb], rows, a, out);
@@ -317,6 +382,9 @@ struct TiledJob<'a> {
     k: usize,
     gemm: kernels::GemmFn,
     strided: Option<kernels::StridedGemmFn>,
+    /// The kernel of a weight in the interleaved layout (then `wbytes` are in that layout, and
+    /// `nb` whole groups), which takes every task whole.
+    interleaved: Option<kernels::InterleavedGemmFn>,
     /// Weight rows per task.
     nb: usize,
     /// This product's activation panel key (see `kernels::StridedGemmFn`).
@@ -359,6 +427,7 @@ impl<'a> TiledJob<'a> {
             k,
             gemm,
             strided,
+            interleaved: None,
             nb,
             panel: kernels::panel_key(),
             out: Disjoint::new(y),
@@ -382,6 +451,7 @@ impl<'a> TiledJob<'a> {
             k,
             gemm,
             strided,
+            interleaved,
             nb,
             panel,
             ref out,
@@ -389,6 +459,11 @@ impl<'a> TiledJob<'a> {
         let j0 = task * nb;
         let rows = nb.min(n - j0);
         let wblk = &wbytes[j0 * row_bytes..(j0 + rows) * row_bytes];
+        if let Some(interleaved) = interleaved {
+            // SAFETY: as below; `rows` is whole groups (see `TiledJob::interleaved`).
+            unsafe { interleaved(k, wblk, rows, acts, m, out.as_ptr().add(j0), n) };
+            return;
+        }
         if let Some(strided) = strided.filter(|_| m <= ACT_TILE) {
             // SAFETY: this task alone writes columns j0..j0 + rows of y's m rows (row stride n),
             // all inside y, and nothing reads y until the job ends; every task passes this
@@ -470,6 +545,7 @@ pub(crate) fn tiled_many(
         let gemm = kernels::gemm_fn(ty, cpu.simd).map_err(qerr)?;
         plan.push((f, gemm, kernels::strided_gemm_fn(ty, cpu.simd)));
     }
+    let interleaved = kernels::interleaved_gemm_fn(cpu.simd);
     let mut outs: Vec<Vec<f32>> = lins
         .iter()
         .map(|l| crate::buffers::take(m * l.out_features))
@@ -482,19 +558,27 @@ pub(crate) fn tiled_many(
             .map(|((l, &(f, gemm, strided)), y)| {
                 let w = &*l.weight;
                 let (_, act_bytes, ref acts) = formats[f];
-                TiledJob::new(
+                let interleaved = w.interleaved.as_ref().zip(interleaved);
+                let wbytes = interleaved.map_or(&w.bytes[..], |(il, _)| &il.bytes[..]);
+                let n = l.out_features;
+                let mut job = TiledJob::new(
                     cpu,
-                    &w.bytes,
+                    wbytes,
                     w.row_bytes,
                     acts,
                     act_bytes,
                     m,
-                    l.out_features,
+                    n,
                     k,
                     gemm,
                     strided,
                     y,
-                )
+                );
+                if let Some((_, kernel)) = interleaved {
+                    job.interleaved = Some(kernel);
+                    job.nb = interleaved_task_rows(n, m, cpu.threads, w.row_bytes);
+                }
+                job
             })
             .collect();
         // (job, task) of every task, job after job.

@@ -370,6 +370,11 @@ fn matmul_many_is_each_matmul_bit_for_bit() {
     for b in backends() {
         let (q, _) = q8_0_weight(&b, &values(300 * k, 11), 300, k);
         let (v, _) = q8_0_weight(&b, &values(37 * k, 12), 37, k);
+        // Whole groups of 16 rows: interleaved where the backend interleaves.
+        let (o, _) = q8_0_weight(&b, &values(64 * k, 15), 64, k);
+        let vnni = b.name().contains("Avx512Vnni");
+        assert_eq!(o.weight.is_interleaved(), vnni, "{}", b.name());
+        assert!(!v.weight.is_interleaved() && !q.weight.is_interleaved());
         let rows = 64;
         let mut bytes = vec![0u8; rows * GgmlType::Q4_K.row_bytes(k as u64).unwrap() as usize];
         kiln_quant::quantize(GgmlType::Q4_K, &values(rows * k, 13), &mut bytes).unwrap();
@@ -386,7 +391,7 @@ fn matmul_many_is_each_matmul_bit_for_bit() {
             out_features: rows,
             ty: GgmlType::Q4_K,
         };
-        let lins = [&q, &g, &v];
+        let lins = [&q, &g, &v, &o];
         for m in [1, 2, 3, 5, 8, 9, 16, 17] {
             let x = b.tensor_from_f32(&values(m * k, 14), m, k).unwrap();
             let fused = b.matmul_many(&x, &lins).unwrap();
@@ -402,6 +407,63 @@ fn matmul_many_is_each_matmul_bit_for_bit() {
                     lin.out_features
                 );
             }
+        }
+    }
+}
+
+#[test]
+fn interleaved_q8_0_weights_give_the_file_layout_s_results() {
+    // At the VNNI level a Q8_0 matrix of whole groups of 16 rows is held interleaved: its
+    // embedding rows must be the file's, its products those of the file layout up to the order
+    // of the f32 additions, and each row's product the same bits alone or batched.
+    let Some(mut plain) = backends()
+        .into_iter()
+        .find(|b| b.name().contains("Avx512Vnni"))
+    else {
+        eprintln!("skipped: this CPU has no AVX-512 VNNI");
+        return;
+    };
+    let (rows, k) = (48, 128);
+    let w = values(rows * k, 16);
+    let (lin, _) = q8_0_weight(&plain, &w, rows, k);
+    assert!(lin.weight.is_interleaved());
+    plain.set_interleave(false);
+    let (file, _) = q8_0_weight(&plain, &w, rows, k);
+    assert!(!file.weight.is_interleaved());
+    let b = &plain;
+    let ids = [0u32, 17, 47, 5];
+    assert_eq!(
+        b.to_f32(&b.embedding(&lin.weight, &ids).unwrap()).unwrap(),
+        b.to_f32(&b.embedding(&file.weight, &ids).unwrap()).unwrap()
+    );
+    assert!(
+        b.embedding(&lin.weight, &[48]).is_err(),
+        "a row past the table"
+    );
+    let x = values(17 * k, 17);
+    let alone: Vec<Vec<f32>> = x
+        .chunks(k)
+        .map(|row| {
+            let t = b.tensor_from_f32(row, 1, k).unwrap();
+            b.to_f32(&b.matmul(&t, &lin).unwrap()).unwrap()
+        })
+        .collect();
+    for m in [1, 2, 8, 9, 17] {
+        let t = b.tensor_from_f32(&x[..m * k], m, k).unwrap();
+        let y = b.to_f32(&b.matmul(&t, &lin).unwrap()).unwrap();
+        let want = b.to_f32(&b.matmul(&t, &file).unwrap()).unwrap();
+        for (i, (&g, &e)) in y.iter().zip(&want).enumerate() {
+            assert!(
+                (g - e).abs() <= 1e-4 * (1.0 + e.abs()),
+                "m={m} [{i}]: {g} vs {e}"
+            );
+        }
+        for (row, single) in y.chunks(rows).zip(&alone) {
+            assert_eq!(
+                row,
+                single.as_slice(),
+                "m={m}: a row batched is not the row alone"
+            );
         }
     }
 }

@@ -372,3 +372,44 @@ fn dump_of_a_synthetic_file_shows_header_metadata_and_tensor_table() {
     assert!(text.contains("...(+920 chars)"), "{text}");
     assert!(!text.contains("Tensors ("), "{text}");
 }
+
+#[test]
+fn released_pages_read_back_the_same_bytes() {
+    // A tensor of 64 pages and a bit, not page-aligned in the file: `release_pages` hands back
+    // the whole pages inside it (a map drops them, the private copy maps the file's over them)
+    // and every byte, inside and around, must read as before, also after the file is dropped.
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let path = dir.join("kiln-formats-release-test.gguf");
+    let mut w = GgufWriter::new();
+    w.set_alignment(32).unwrap();
+    // Bytes that differ from page to page (a shifted page would not read the same).
+    let big: Vec<u8> = (0..64 * 4096 + 96u64)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+        .collect();
+    w.add_tensor("head", &[24], GgmlType::F32, &filler(96, 5))
+        .unwrap();
+    w.add_tensor("big", &[big.len() as u64 / 4], GgmlType::F32, &big)
+        .unwrap();
+    w.add_tensor("tail", &[8], GgmlType::F32, &filler(32, 6))
+        .unwrap();
+    let mut f = std::fs::File::create(&path).unwrap();
+    w.write_to(&mut f).unwrap();
+    drop(f);
+    for mode in [LoadMode::Map, LoadMode::Read] {
+        let file = GgufFile::open_with(&path, mode).unwrap();
+        let data = |name: &str| file.tensor_data(file.tensor(name).unwrap());
+        let (head, tail) = (data("head"), data("tail"));
+        let view = data("big");
+        assert_eq!(&*view, big.as_slice(), "{mode:?}");
+        // A slice first, then the whole tensor, twice: releasing is repeatable.
+        view.slice(4096..3 * 4096 + 5).unwrap().release_pages();
+        for _ in 0..2 {
+            view.release_pages();
+            assert_eq!(&*view, big.as_slice(), "{mode:?}: after release");
+        }
+        assert_eq!(&*head, filler(96, 5).as_slice(), "{mode:?}");
+        assert_eq!(&*tail, filler(32, 6).as_slice(), "{mode:?}");
+        drop(file);
+        assert_eq!(&*view, big.as_slice(), "{mode:?}: after the file");
+    }
+}

@@ -38,7 +38,12 @@ use std::sync::OnceLock;
 use kiln_core::GgmlType;
 use kiln_quant::QuantError;
 
+pub use interleaved::{
+    interleave_q8_0, interleaved_gemm_fn, interleaved_row_q8_0, InterleavedGemmFn, INTERLEAVE_ROWS,
+};
+
 mod gemm;
+mod interleaved;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;

@@ -140,6 +140,7 @@ impl GgufFile {
             source,
         };
         let mut file = std::fs::File::open(path).map_err(io_error)?;
+        let reopen = file.try_clone().map_err(io_error)?;
         let len = file.metadata().map_err(io_error)?.len();
         if len == 0 {
             // Some platforms refuse to map an empty file; parsing reports the truncation.
@@ -168,7 +169,13 @@ impl GgufFile {
                 anon.make_read_only().map_err(io_error)?
             }
         };
-        GgufFile::from_bytes(SharedBytes::new(Arc::new(map)))
+        let map = Arc::new(map);
+        let held = map.clone();
+        let release: kiln_core::Release = match mode {
+            LoadMode::Map => Arc::new(move |range| pages::drop_mapped(&held, range)),
+            LoadMode::Read => Arc::new(move |range| pages::remap_from_file(&held, &reopen, range)),
+        };
+        GgufFile::from_bytes(SharedBytes::with_release(map, release))
     }
 
     /// Parses a whole GGUF file held in `bytes`.
@@ -310,5 +317,80 @@ mod tests {
             tensor_n_bytes(&[1, 1, 1, 1, 1], GgmlType::F32),
             Err(ShapeError::TooManyDims { n_dims: 5 })
         );
+    }
+}
+
+/// How [`GgufFile::open_with`]'s bytes hand back their pages (`SharedBytes::release_pages`)
+/// without changing a byte: only whole pages inside the range, on Linux (elsewhere nothing is
+/// released). Failures are ignored: the pages then stay resident, which changes nothing else.
+mod pages {
+    use std::ops::Range;
+
+    /// The whole pages inside `range`: `(offset, len)`, `len` 0 when there are none.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    fn inner_pages(range: Range<usize>) -> (usize, usize) {
+        // SAFETY: sysconf has no preconditions.
+        #[cfg(target_os = "linux")]
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        #[cfg(not(target_os = "linux"))]
+        let page = 4096;
+        let start = range.start.next_multiple_of(page);
+        let end = range.end / page * page;
+        (start, end.saturating_sub(start))
+    }
+
+    /// A map of the file: its pages are the page cache's, read again from the file when touched
+    /// next, so dropping them from this process changes no byte.
+    pub(super) fn drop_mapped(map: &memmap2::Mmap, range: Range<usize>) {
+        #[cfg(target_os = "linux")]
+        {
+            let (at, len) = inner_pages(range);
+            if len > 0 {
+                // SAFETY: `map` is a read-only private map of an unchanged file (the loader's
+                // premise, see `open_with`): after MADV_DONTNEED a read faults the same bytes
+                // back in from the file.
+                let _ = unsafe {
+                    map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, at, len)
+                };
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = (map, range);
+    }
+
+    /// The private copy of [`super::LoadMode::Read`]: the copy's pages in `range` are replaced by
+    /// a private read-only map of the same bytes of the file (the copy was read from offset 0,
+    /// so offsets match and page-aligned offsets are page-aligned addresses). The bytes seen
+    /// there stay the same; the anonymous pages are freed, and the file's are only read in again
+    /// if something reads them.
+    pub(super) fn remap_from_file(map: &memmap2::Mmap, file: &std::fs::File, range: Range<usize>) {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            let (at, len) = inner_pages(range);
+            let Ok(offset) = libc::off_t::try_from(at) else {
+                return;
+            };
+            if len == 0 || at + len > map.len() {
+                return;
+            }
+            // SAFETY: the target lies inside `map` (checked), page-aligned; MAP_FIXED swaps the
+            // pages atomically for a private read-only map of the same file bytes (the loader's
+            // premise: the file does not change while in use), so every reader, before or
+            // after, sees the same values. `map`'s own munmap later unmaps the whole range,
+            // this part included.
+            unsafe {
+                libc::mmap(
+                    map.as_ptr().add(at).cast_mut().cast(),
+                    len,
+                    libc::PROT_READ,
+                    libc::MAP_PRIVATE | libc::MAP_FIXED,
+                    file.as_raw_fd(),
+                    offset,
+                );
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = (map, file, range);
     }
 }

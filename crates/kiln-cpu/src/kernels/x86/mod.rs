@@ -21,8 +21,11 @@ use kiln_core::GgmlType;
 
 use super::{GemmFn, QuantizeFn, RowsFn, StridedGemmFn, VecDotFn};
 
+pub(super) use interleaved::q8_0x16_gemm;
+
 mod float;
 mod gemm;
+mod interleaved;
 mod kquants;
 mod legacy;
 mod quantize;
