@@ -11,7 +11,9 @@
 //! (`kernels::gemv_fn`: VNNI Q4_0/Q5_0/Q8_0, which prepare the activation row once per task), in
 //! batch-invariant mode the tile-exact one (`kernels::rows_exact_fn`), else the loop over the row
 //! dot; [`gemv_many`] runs the one-row products that share an input (Q/K/V, gate/up) as one job,
-//! and [`tiled_many`] those of a few rows (batched decode).
+//! and [`tiled_many`] those of a few rows (batched decode). A weight the backend holds in an
+//! interleaved layout (`CpuBackend::set_interleave`) goes through its kernel at every number of
+//! rows instead ([`interleaved_product`]: tasks of whole 16-row groups).
 //!
 //! Float weights (F32, F16, BF16) with at least [`DENSE_MIN_ROWS`] activation rows go through the
 //! packed GEMM of `sgemm` instead (weight packed once, bias added in its last store): at encoder
@@ -139,9 +141,9 @@ pub(crate) fn matmul(
     let interleaved = w
         .interleaved
         .as_ref()
-        .zip(kernels::interleaved_gemm_fn(cpu.simd));
+        .zip(kernels::interleaved_gemm_fn(w.ty, cpu.simd));
     let mut y = if let Some((il, gemm)) = interleaved {
-        interleaved_product(cpu, &il.bytes, rb, gemm, &acts, m, n, k)
+        interleaved_product(cpu, il.bytes(), rb, gemm, &acts, m, n, k)
     } else if let Some(rows_fn) = (m == 1).then(|| one_row_fn(cpu, w.ty)).flatten() {
         let mut y = vec![0.0f32; n];
         let chunk = rows_per_task(n, 1, cpu.threads, rb);
@@ -186,7 +188,7 @@ pub(crate) fn matmul(
     })
 }
 
-/// `y[m, n]` over a weight in the interleaved Q8_0 layout (`kernels::interleave_q8_0`): tasks of
+/// `y[m, n]` over a weight in an interleaved layout (`kernels::interleave`): tasks of
 /// whole groups of rows, each writing its rows' columns of `y` for every activation row (the
 /// kernel takes any number of them, 8 at a time per group). Each output value is computed by the
 /// same operations whatever `m` is, so this path is batch-invariant as it stands.
@@ -202,6 +204,7 @@ fn interleaved_product(
     k: usize,
 ) -> Vec<f32> {
     let mut y = crate::buffers::take(m * n);
+    let terms = kernels::activation_terms(acts);
     let chunk = interleaved_task_rows(n, m, cpu.threads, row_bytes);
     let out = Disjoint::new(&mut y);
     cpu.team.run(n.div_ceil(chunk), |t| {
@@ -216,6 +219,7 @@ fn interleaved_product(
                 &w[r0 * row_bytes..(r0 + rows) * row_bytes],
                 rows,
                 acts,
+                &terms,
                 m,
                 out.as_ptr().add(r0),
                 n,
@@ -258,19 +262,23 @@ pub(crate) fn gemv_many(
     }
     let qerr = |e: kiln_quant::QuantError| shape_err("matmul", e.to_string());
     // The activation row in each dot format the weights need (usually one).
-    let mut formats: Vec<(GgmlType, Vec<u8>)> = Vec::new();
+    // (type, bytes, and the interleaved products' terms where a weight needs them).
+    let mut formats: Vec<(GgmlType, Vec<u8>, Option<kernels::ActivationTerms>)> = Vec::new();
     let mut plan = Vec::with_capacity(lins.len());
     for l in lins {
         let act_ty = kiln_quant::vec_dot_type(l.weight.ty).map_err(qerr)?;
-        let f = match formats.iter().position(|(t, _)| *t == act_ty) {
+        let f = match formats.iter().position(|(t, _, _)| *t == act_ty) {
             Some(f) => f,
             None => {
                 let mut a = vec![0u8; kiln_quant::activation_bytes(act_ty, k).map_err(qerr)?];
                 kernels::quantize_fn(act_ty, cpu.simd).map_err(qerr)?(x.row(0), &mut a);
-                formats.push((act_ty, a));
+                formats.push((act_ty, a, None));
                 formats.len() - 1
             }
         };
+        if l.weight.interleaved.is_some() && formats[f].2.is_none() {
+            formats[f].2 = Some(kernels::activation_terms(&formats[f].1));
+        }
         let rows = one_row_fn(cpu, l.weight.ty);
         // Batch-invariant mode needs the tile-exact one-row kernel of every matrix.
         if cpu.batch_invariant && rows.is_none() {
@@ -282,7 +290,6 @@ pub(crate) fn gemv_many(
             rows,
         ));
     }
-    let interleaved = kernels::interleaved_gemm_fn(cpu.simd);
     let mut outs: Vec<Vec<f32>> = lins.iter().map(|l| vec![0.0f32; l.out_features]).collect();
     // (matrix, first row, rows) of every task, matrix after matrix.
     let mut tasks = Vec::new();
@@ -301,15 +308,16 @@ pub(crate) fn gemv_many(
             let (i, r0, rows) = tasks[t];
             let w = &*lins[i].weight;
             let (f, dot, rows_fn) = plan[i];
-            let a = &formats[f].1;
+            let (_, a, terms) = &formats[f];
             // SAFETY: tasks cover disjoint row ranges of matrix i's output.
             let out = unsafe { sinks[i].slice(r0..r0 + rows) };
-            if let Some((il, gemm)) = w.interleaved.as_ref().zip(interleaved) {
+            let interleaved = kernels::interleaved_gemm_fn(w.ty, cpu.simd);
+            if let (Some(il), Some(gemm), Some(terms)) = (&w.interleaved, interleaved, terms) {
                 let rb = w.row_bytes;
-                let wb = &il.bytes[r0 * rb..(r0 + rows) * rb];
+                let wb = &il.bytes()[r0 * rb..(r0 + rows) * rb];
                 // SAFETY: `out` is this task's own `rows` outputs (one activation row); `rows`
                 // is whole groups (see `interleaved_task_rows`).
-                unsafe { gemm(k, wb, rows, a, 1, out.as_mut_ptr(), rows) };
+                unsafe { gemm(k, wb, rows, a, terms, 1, out.as_mut_ptr(), rows) };
                 return;
             }
             if let Some(rows_fn) = rows_fn {
@@ -382,9 +390,9 @@ struct TiledJob<'a> {
     k: usize,
     gemm: kernels::GemmFn,
     strided: Option<kernels::StridedGemmFn>,
-    /// The kernel of a weight in the interleaved layout (then `wbytes` are in that layout, and
-    /// `nb` whole groups), which takes every task whole.
-    interleaved: Option<kernels::InterleavedGemmFn>,
+    /// The kernel of a weight in an interleaved layout and the activations' terms (then `wbytes`
+    /// are in that layout, and `nb` whole groups), which takes every task whole.
+    interleaved: Option<(kernels::InterleavedGemmFn, &'a kernels::ActivationTerms)>,
     /// Weight rows per task.
     nb: usize,
     /// This product's activation panel key (see `kernels::StridedGemmFn`).
@@ -459,9 +467,9 @@ impl<'a> TiledJob<'a> {
         let j0 = task * nb;
         let rows = nb.min(n - j0);
         let wblk = &wbytes[j0 * row_bytes..(j0 + rows) * row_bytes];
-        if let Some(interleaved) = interleaved {
+        if let Some((interleaved, terms)) = interleaved {
             // SAFETY: as below; `rows` is whole groups (see `TiledJob::interleaved`).
-            unsafe { interleaved(k, wblk, rows, acts, m, out.as_ptr().add(j0), n) };
+            unsafe { interleaved(k, wblk, rows, acts, terms, m, out.as_ptr().add(j0), n) };
             return;
         }
         if let Some(strided) = strided.filter(|_| m <= ACT_TILE) {
@@ -524,12 +532,14 @@ pub(crate) fn tiled_many(
     }
     let qerr = |e: kiln_quant::QuantError| shape_err("matmul", e.to_string());
     // The activation rows in each dot format the weights need (usually one).
-    let mut formats: Vec<(GgmlType, usize, Vec<u8>)> = Vec::new();
+    // (type, row bytes, rows, and the interleaved products' terms where a weight needs them).
+    type Format = (GgmlType, usize, Vec<u8>, Option<kernels::ActivationTerms>);
+    let mut formats: Vec<Format> = Vec::new();
     let mut plan = Vec::with_capacity(lins.len());
     for l in lins {
         let ty = l.weight.ty;
         let act_ty = kiln_quant::vec_dot_type(ty).map_err(qerr)?;
-        let f = match formats.iter().position(|(t, _, _)| *t == act_ty) {
+        let f = match formats.iter().position(|(t, _, _, _)| *t == act_ty) {
             Some(f) => f,
             None => {
                 let act_bytes = kiln_quant::activation_bytes(act_ty, k).map_err(qerr)?;
@@ -538,14 +548,16 @@ pub(crate) fn tiled_many(
                 for (t, row) in a.chunks_exact_mut(act_bytes).enumerate() {
                     quantize(x.row(t), row);
                 }
-                formats.push((act_ty, act_bytes, a));
+                formats.push((act_ty, act_bytes, a, None));
                 formats.len() - 1
             }
         };
+        if l.weight.interleaved.is_some() && formats[f].3.is_none() {
+            formats[f].3 = Some(kernels::activation_terms(&formats[f].2));
+        }
         let gemm = kernels::gemm_fn(ty, cpu.simd).map_err(qerr)?;
         plan.push((f, gemm, kernels::strided_gemm_fn(ty, cpu.simd)));
     }
-    let interleaved = kernels::interleaved_gemm_fn(cpu.simd);
     let mut outs: Vec<Vec<f32>> = lins
         .iter()
         .map(|l| crate::buffers::take(m * l.out_features))
@@ -557,9 +569,16 @@ pub(crate) fn tiled_many(
             .zip(outs.iter_mut())
             .map(|((l, &(f, gemm, strided)), y)| {
                 let w = &*l.weight;
-                let (_, act_bytes, ref acts) = formats[f];
-                let interleaved = w.interleaved.as_ref().zip(interleaved);
-                let wbytes = interleaved.map_or(&w.bytes[..], |(il, _)| &il.bytes[..]);
+                let (_, act_bytes, ref acts, ref terms) = formats[f];
+                let interleaved = match (
+                    &w.interleaved,
+                    kernels::interleaved_gemm_fn(w.ty, cpu.simd),
+                    terms,
+                ) {
+                    (Some(il), Some(kernel), Some(terms)) => Some((il, kernel, terms)),
+                    _ => None,
+                };
+                let wbytes = interleaved.map_or(&w.bytes[..], |(il, _, _)| il.bytes());
                 let n = l.out_features;
                 let mut job = TiledJob::new(
                     cpu,
@@ -574,8 +593,8 @@ pub(crate) fn tiled_many(
                     strided,
                     y,
                 );
-                if let Some((_, kernel)) = interleaved {
-                    job.interleaved = Some(kernel);
+                if let Some((_, kernel, terms)) = interleaved {
+                    job.interleaved = Some((kernel, terms));
                     job.nb = interleaved_task_rows(n, m, cpu.threads, w.row_bytes);
                 }
                 job

@@ -19,9 +19,9 @@ use half::f16;
 use kiln_core::GgmlType;
 
 use kiln_cpu::kernels::{
-    gemm_fn, gemm_fn_invariant, gemv_fn, interleave_q8_0, interleaved_gemm_fn,
-    interleaved_row_q8_0, panel_key, quantize_fn, simd_level, strided_gemm_fn, SimdLevel,
-    INTERLEAVE_ROWS,
+    activation_terms, gemm_fn, gemm_fn_invariant, gemv_fn, has_interleaved_layout, interleave,
+    interleaved_gemm_fn, interleaved_row, panel_key, quantize_fn, simd_level, strided_gemm_fn,
+    SimdLevel, INTERLEAVE_ROWS,
 };
 
 mod common;
@@ -756,91 +756,145 @@ fn strided_gemms_write_what_the_gemm_writes_into_a_shared_output() {
     }
 }
 
+/// The formats with an interleaved layout.
+const INTERLEAVED: [GgmlType; 2] = [GgmlType::Q8_0, GgmlType::Q5_0];
+
 #[test]
-fn interleaved_q8_0_rows_round_trip() {
-    let mut rng = Rng::new(21);
-    for k in [32, 64, 640, 2048] {
-        let rows = 2 * INTERLEAVE_ROWS;
-        let w = raw_weights(GgmlType::Q8_0, rows, k, None, &mut rng);
-        let mut il = vec![0u8; w.len()];
-        interleave_q8_0(k, &w, &mut il);
-        assert_ne!(il, w, "k={k}: the layout moved nothing");
-        let row = w.len() / rows;
-        let mut back = vec![0u8; row];
-        for r in 0..rows {
-            interleaved_row_q8_0(k, &il, r, &mut back);
-            assert_eq!(back, w[r * row..(r + 1) * row], "k={k} row {r}");
-        }
+fn interleaved_rows_round_trip() {
+    for ty in WEIGHT_TYPES {
+        assert_eq!(
+            has_interleaved_layout(ty),
+            INTERLEAVED.contains(&ty),
+            "{ty}"
+        );
     }
-    // Not whole groups, or a row outside the matrix: a panic, not a wrong read.
-    let w = vec![0u8; 15 * 34];
-    let caught = catch_unwind(|| interleave_q8_0(32, &w, &mut vec![0u8; w.len()]));
-    assert!(caught.is_err());
-    let il = vec![0u8; 16 * 34];
-    let caught = catch_unwind(|| interleaved_row_q8_0(32, &il, 16, &mut [0u8; 34]));
-    assert!(caught.is_err());
+    let mut rng = Rng::new(21);
+    for ty in INTERLEAVED {
+        // 7 blocks: odd (the last block stands alone).
+        for k in [32, 64, 7 * 32, 640, 2048] {
+            let rows = 2 * INTERLEAVE_ROWS;
+            let w = raw_weights(ty, rows, k, None, &mut rng);
+            let mut il = vec![0u8; w.len()];
+            interleave(ty, k, &w, &mut il);
+            assert_ne!(il, w, "{ty} k={k}: the layout moved nothing");
+            let row = w.len() / rows;
+            let mut back = vec![0u8; row];
+            for r in 0..rows {
+                interleaved_row(ty, k, &il, r, &mut back);
+                assert_eq!(back, w[r * row..(r + 1) * row], "{ty} k={k} row {r}");
+            }
+        }
+        // Not whole groups, or a row outside the matrix: a panic, not a wrong read.
+        let row = ty.row_bytes(32).unwrap() as usize;
+        let w = vec![0u8; 15 * row];
+        let caught = catch_unwind(|| interleave(ty, 32, &w, &mut vec![0u8; w.len()]));
+        assert!(caught.is_err());
+        let il = vec![0u8; 16 * row];
+        let caught = catch_unwind(|| interleaved_row(ty, 32, &il, 16, &mut vec![0u8; row]));
+        assert!(caught.is_err());
+    }
+    let caught = catch_unwind(|| interleave(GgmlType::Q4_K, 256, &[], &mut []));
+    assert!(caught.is_err(), "Q4_K has no interleaved layout");
 }
 
 #[test]
-fn interleaved_q8_0_products_match_the_scalar_loop() {
-    // Only at the VNNI level: below it the original layout's kernels are the fast ones.
-    assert!(interleaved_gemm_fn(SimdLevel::Scalar).is_none());
-    assert!(interleaved_gemm_fn(SimdLevel::Avx2).is_none());
-    if !vnni_available("interleaved_q8_0_products_match_the_scalar_loop") {
+fn interleaved_products_match_the_scalar_loop() {
+    // Only at the VNNI level: below it the file layout's kernels are the fast ones.
+    for ty in WEIGHT_TYPES {
+        assert!(interleaved_gemm_fn(ty, SimdLevel::Scalar).is_none());
+        assert!(interleaved_gemm_fn(ty, SimdLevel::Avx2).is_none());
+    }
+    if !vnni_available("interleaved_products_match_the_scalar_loop") {
         return;
     }
-    let gemm = interleaved_gemm_fn(SimdLevel::Avx512Vnni).unwrap();
-    let ty = GgmlType::Q8_0;
     let mut rng = Rng::new(22);
-    // 7 and 21 blocks: odd counts (group lines then start off a 64-byte boundary).
-    for k in [32, 7 * 32, 640, 21 * 32, 2048] {
-        let rows = 3 * INTERLEAVE_ROWS;
-        let sets = [
-            quantized_weights(ty, rows, k, &mut rng),
-            raw_weights(ty, rows, k, None, &mut rng),
-            raw_weights(ty, rows, k, Some(0xff), &mut rng),
-            raw_weights(ty, rows, k, Some(0x80), &mut rng),
-            raw_weights(ty, rows, k, Some(0x7f), &mut rng),
-        ];
-        for w in &sets {
-            let mut il = vec![0u8; w.len()];
-            interleave_q8_0(k, w, &mut il);
-            // 1 (decode), 2..8 (batched decode), and past a chunk of 8 activation rows.
-            for cols in [1, 2, 5, 8, 9, 19] {
-                let a = activations(ty, cols, k, &mut rng);
-                let expected = run(SimdLevel::Scalar, ty, k, w, rows, &a, cols, rows);
-                let tol = tolerances(ty, k, w, rows, &a, cols);
-                let ldo = rows + 3;
-                let mut out = vec![SENTINEL; cols * ldo + ldo];
-                // SAFETY: `out` holds `cols` rows of stride `ldo >= rows`, nothing else uses it.
-                unsafe { gemm(k, &il, rows, &a, cols, out.as_mut_ptr(), ldo) };
-                for (i, &v) in out.iter().enumerate() {
-                    let (c, r) = (i / ldo, i % ldo);
-                    if c < cols && r < rows {
-                        let e = expected[c * rows + r];
-                        let t = tol[c * rows + r];
-                        assert!(
-                            (v - e).abs() <= t,
-                            "k={k} cols {cols} row {r} col {c}: interleaved {v} vs scalar {e} \
-                             (tolerance {t})"
-                        );
-                    } else {
-                        assert_eq!(
-                            v.to_bits(),
-                            SENTINEL.to_bits(),
-                            "k={k} cols {cols}: wrote {i}"
-                        );
+    for ty in WEIGHT_TYPES {
+        let Some(gemm) = interleaved_gemm_fn(ty, SimdLevel::Avx512Vnni) else {
+            assert!(!INTERLEAVED.contains(&ty), "{ty}: no interleaved product");
+            continue;
+        };
+        // 7 and 21 blocks: odd counts (group lines then start off a 64-byte boundary).
+        for k in [32, 7 * 32, 640, 21 * 32, 2048] {
+            let rows = 3 * INTERLEAVE_ROWS;
+            let sets = [
+                quantized_weights(ty, rows, k, &mut rng),
+                raw_weights(ty, rows, k, None, &mut rng),
+                raw_weights(ty, rows, k, Some(0xff), &mut rng),
+                raw_weights(ty, rows, k, Some(0x80), &mut rng),
+                raw_weights(ty, rows, k, Some(0x7f), &mut rng),
+                raw_weights(ty, rows, k, Some(0x00), &mut rng),
+            ];
+            for w in &sets {
+                let mut il = vec![0u8; w.len()];
+                interleave(ty, k, w, &mut il);
+                // 1 (decode), 2..8 (batched decode), and past a chunk of 8 activation rows.
+                for cols in [1, 2, 5, 8, 9, 19] {
+                    let a = activations(ty, cols, k, &mut rng);
+                    let expected = run(SimdLevel::Scalar, ty, k, w, rows, &a, cols, rows);
+                    let tol = tolerances(ty, k, w, rows, &a, cols);
+                    let ldo = rows + 3;
+                    let mut out = vec![SENTINEL; cols * ldo + ldo];
+                    // SAFETY: `out` holds `cols` rows of stride `ldo >= rows`, used by nothing
+                    // else.
+                    let terms = activation_terms(&a);
+                    unsafe { gemm(k, &il, rows, &a, &terms, cols, out.as_mut_ptr(), ldo) };
+                    for (i, &v) in out.iter().enumerate() {
+                        let (c, r) = (i / ldo, i % ldo);
+                        if c < cols && r < rows {
+                            let e = expected[c * rows + r];
+                            let t = tol[c * rows + r];
+                            assert!(
+                                (v - e).abs() <= t,
+                                "{ty} k={k} cols {cols} row {r} col {c}: interleaved {v} vs \
+                                 scalar {e} (tolerance {t})"
+                            );
+                            // Batch-invariant: the same bits as the row alone.
+                            if cols == 9 && c == 8 {
+                                let one = &a[c * a.len() / cols..(c + 1) * a.len() / cols];
+                                let mut single = vec![0f32; rows];
+                                // SAFETY: `single` holds the `rows` outputs.
+                                let t = activation_terms(one);
+                                unsafe {
+                                    gemm(k, &il, rows, one, &t, 1, single.as_mut_ptr(), rows)
+                                };
+                                assert_eq!(v.to_bits(), single[r].to_bits(), "{ty} k={k} row {r}");
+                            }
+                        } else {
+                            assert_eq!(
+                                v.to_bits(),
+                                SENTINEL.to_bits(),
+                                "{ty} k={k} cols {cols}: wrote {i}"
+                            );
+                        }
                     }
                 }
             }
         }
+        // Rows that are not whole groups: a panic before anything is read or written.
+        let row = ty.row_bytes(32).unwrap() as usize;
+        let w = vec![0u8; 8 * row];
+        let a = vec![0u8; 34];
+        let mut out = vec![0f32; 8];
+        let terms = activation_terms(&a);
+        let caught = catch_unwind(AssertUnwindSafe(|| unsafe {
+            gemm(32, &w, 8, &a, &terms, 1, out.as_mut_ptr(), 8)
+        }));
+        assert!(caught.is_err(), "{ty}");
+        // Terms of other activations than the call's: a panic too.
+        let w = vec![0u8; 16 * row];
+        let mut out = vec![0f32; 16];
+        let caught = catch_unwind(AssertUnwindSafe(|| unsafe {
+            gemm(
+                32,
+                &w,
+                16,
+                &a,
+                &activation_terms(&[]),
+                1,
+                out.as_mut_ptr(),
+                16,
+            )
+        }));
+        assert!(caught.is_err(), "{ty}");
     }
-    // Rows that are not whole groups: a panic before anything is read or written.
-    let w = vec![0u8; 8 * 34];
-    let a = vec![0u8; 34];
-    let mut out = vec![0f32; 8];
-    let caught = catch_unwind(AssertUnwindSafe(|| unsafe {
-        gemm(32, &w, 8, &a, 1, out.as_mut_ptr(), 8)
-    }));
-    assert!(caught.is_err());
 }

@@ -391,7 +391,24 @@ fn matmul_many_is_each_matmul_bit_for_bit() {
             out_features: rows,
             ty: GgmlType::Q4_K,
         };
-        let lins = [&q, &g, &v, &o];
+        // Q5_0, 64 rows: interleaved too, sharing the Q8_0 activations (and their terms).
+        let mut bytes = vec![0u8; 64 * GgmlType::Q5_0.row_bytes(k as u64).unwrap() as usize];
+        kiln_quant::quantize(GgmlType::Q5_0, &values(64 * k, 18), &mut bytes).unwrap();
+        let data = WeightData {
+            name: "q5".into(),
+            ty: GgmlType::Q5_0,
+            dims: vec![k, 64],
+            bytes: SharedBytes::from_vec(bytes),
+        };
+        let f: Linear<CpuBackend> = Linear {
+            weight: Arc::new(b.upload_weight(&data).unwrap()),
+            bias: None,
+            in_features: k,
+            out_features: 64,
+            ty: GgmlType::Q5_0,
+        };
+        assert_eq!(f.weight.is_interleaved(), vnni, "{}", b.name());
+        let lins = [&q, &g, &v, &o, &f];
         for m in [1, 2, 3, 5, 8, 9, 16, 17] {
             let x = b.tensor_from_f32(&values(m * k, 14), m, k).unwrap();
             let fused = b.matmul_many(&x, &lins).unwrap();

@@ -26,6 +26,12 @@
 //!   of the best level it has ([`SimdLevel::Avx512Vnni`] on an AVX2-only CPU gives the AVX2
 //!   kernel, [`SimdLevel::Avx2`] off x86-64 the scalar one), so every returned `fn` is safe to
 //!   call.
+//! - **Interleaved layouts are the VNNI level's own.** [`interleave`] rearranges Q8_0 and Q5_0
+//!   matrices of whole groups of 16 rows so that one `vpdpbusd` serves 16 rows
+//!   ([`interleaved_gemm_fn`], AVX-512 VNNI only); [`interleaved_row`] gives any row back
+//!   byte for byte. Their products equal the row dots up to the order of the f32 additions and
+//!   are batch-invariant by construction (each value's operations do not depend on the number
+//!   of activation rows).
 //! - **VNNI changes no value.** A VNNI tile kernel forms the same exact integer block sums as the
 //!   AVX2 tile kernel of its format and then runs the same f32 steps in the same order, so the
 //!   two are bit-identical (tested), and batch-invariant mode may mix either with the AVX2
@@ -39,7 +45,8 @@ use kiln_core::GgmlType;
 use kiln_quant::QuantError;
 
 pub use interleaved::{
-    interleave_q8_0, interleaved_gemm_fn, interleaved_row_q8_0, InterleavedGemmFn, INTERLEAVE_ROWS,
+    activation_terms, has_interleaved_layout, interleave, interleaved_gemm_fn, interleaved_row,
+    ActivationTerms, InterleavedGemmFn, INTERLEAVE_ROWS,
 };
 
 mod gemm;

@@ -21,7 +21,7 @@ use kiln_core::GgmlType;
 
 use super::{GemmFn, QuantizeFn, RowsFn, StridedGemmFn, VecDotFn};
 
-pub(super) use interleaved::q8_0x16_gemm;
+pub(super) use interleaved::interleaved_gemm_fn;
 
 mod float;
 mod gemm;
