@@ -236,6 +236,80 @@ fn interleaved_task_rows(n: usize, m: usize, threads: usize, row_bytes: usize) -
         .min(n)
 }
 
+/// Whether the products of `lins` with an input of width `k` may run as one job: every weight a
+/// quantized matrix (not float, not GPTQ) of `k` columns.
+fn fusable(lins: &[&Linear<CpuBackend>], k: usize) -> bool {
+    lins.iter().all(|l| {
+        let w = &*l.weight;
+        !is_float(w.ty)
+            && w.gptq.is_none()
+            && l.in_features == k
+            && w.row_len == k
+            && w.n_rows == l.out_features
+    })
+}
+
+/// One dot format of an input's rows (see [`Activations`]).
+struct ActFormat {
+    ty: GgmlType,
+    /// Bytes of one quantized row.
+    row_bytes: usize,
+    /// Every row, quantized.
+    bytes: Vec<u8>,
+    /// The interleaved products' terms, where a weight in an interleaved layout needs them.
+    terms: Option<kernels::ActivationTerms>,
+}
+
+/// An input quantized once per activation format that several weights need (usually one), for
+/// the fused products of [`gemv_many`] and [`tiled_many`]: each row as [`matmul`] quantizes it.
+struct Activations {
+    formats: Vec<ActFormat>,
+    /// The format of each weight, in order.
+    of: Vec<usize>,
+}
+
+impl Activations {
+    fn new(cpu: &CpuBackend, x: &CpuTensor, lins: &[&Linear<CpuBackend>]) -> Result<Self> {
+        let qerr = |e: kiln_quant::QuantError| shape_err("matmul", e.to_string());
+        let mut acts = Activations {
+            formats: Vec::new(),
+            of: Vec::with_capacity(lins.len()),
+        };
+        for l in lins {
+            let ty = kiln_quant::vec_dot_type(l.weight.ty).map_err(qerr)?;
+            let f = match acts.formats.iter().position(|f| f.ty == ty) {
+                Some(f) => f,
+                None => {
+                    let row_bytes = kiln_quant::activation_bytes(ty, x.cols).map_err(qerr)?;
+                    let quantize = kernels::quantize_fn(ty, cpu.simd).map_err(qerr)?;
+                    let mut bytes = vec![0u8; x.rows * row_bytes];
+                    for (t, row) in bytes.chunks_exact_mut(row_bytes).enumerate() {
+                        quantize(x.row(t), row);
+                    }
+                    acts.formats.push(ActFormat {
+                        ty,
+                        row_bytes,
+                        bytes,
+                        terms: None,
+                    });
+                    acts.formats.len() - 1
+                }
+            };
+            let format = &mut acts.formats[f];
+            if l.weight.interleaved.is_some() && format.terms.is_none() {
+                format.terms = Some(kernels::activation_terms(&format.bytes));
+            }
+            acts.of.push(f);
+        }
+        Ok(acts)
+    }
+
+    /// The rows in the format of weight `i`.
+    fn of(&self, i: usize) -> &ActFormat {
+        &self.formats[self.of[i]]
+    }
+}
+
 /// Decode-step products of one activation row with several quantized weights (Q/K/V, gate/up)
 /// as ONE parallel job: the row is quantized once per activation type, and the tasks of all
 /// matrices are claimed from one queue, so the threads stream the weights back to back instead
@@ -248,44 +322,19 @@ pub(crate) fn gemv_many(
     lins: &[&Linear<CpuBackend>],
 ) -> Result<Option<Vec<CpuTensor>>> {
     let k = x.cols;
-    if x.rows != 1
-        || lins.iter().any(|l| {
-            let w = &*l.weight;
-            is_float(w.ty)
-                || w.gptq.is_some()
-                || l.in_features != k
-                || w.row_len != k
-                || w.n_rows != l.out_features
-        })
-    {
+    if x.rows != 1 || !fusable(lins, k) {
         return Ok(None);
     }
     let qerr = |e: kiln_quant::QuantError| shape_err("matmul", e.to_string());
-    // The activation row in each dot format the weights need (usually one).
-    // (type, bytes, and the interleaved products' terms where a weight needs them).
-    let mut formats: Vec<(GgmlType, Vec<u8>, Option<kernels::ActivationTerms>)> = Vec::new();
+    let acts = Activations::new(cpu, x, lins)?;
     let mut plan = Vec::with_capacity(lins.len());
     for l in lins {
-        let act_ty = kiln_quant::vec_dot_type(l.weight.ty).map_err(qerr)?;
-        let f = match formats.iter().position(|(t, _, _)| *t == act_ty) {
-            Some(f) => f,
-            None => {
-                let mut a = vec![0u8; kiln_quant::activation_bytes(act_ty, k).map_err(qerr)?];
-                kernels::quantize_fn(act_ty, cpu.simd).map_err(qerr)?(x.row(0), &mut a);
-                formats.push((act_ty, a, None));
-                formats.len() - 1
-            }
-        };
-        if l.weight.interleaved.is_some() && formats[f].2.is_none() {
-            formats[f].2 = Some(kernels::activation_terms(&formats[f].1));
-        }
         let rows = one_row_fn(cpu, l.weight.ty);
         // Batch-invariant mode needs the tile-exact one-row kernel of every matrix.
         if cpu.batch_invariant && rows.is_none() {
             return Ok(None);
         }
         plan.push((
-            f,
             kernels::vec_dot_fn(l.weight.ty, cpu.simd).map_err(qerr)?,
             rows,
         ));
@@ -307,8 +356,10 @@ pub(crate) fn gemv_many(
         cpu.team.run(tasks.len(), |t| {
             let (i, r0, rows) = tasks[t];
             let w = &*lins[i].weight;
-            let (f, dot, rows_fn) = plan[i];
-            let (_, a, terms) = &formats[f];
+            let (dot, rows_fn) = plan[i];
+            let ActFormat {
+                bytes: a, terms, ..
+            } = acts.of(i);
             // SAFETY: tasks cover disjoint row ranges of matrix i's output.
             let out = unsafe { sinks[i].slice(r0..r0 + rows) };
             let interleaved = kernels::interleaved_gemm_fn(w.ty, cpu.simd);
@@ -517,46 +568,16 @@ pub(crate) fn tiled_many(
     lins: &[&Linear<CpuBackend>],
 ) -> Result<Option<Vec<CpuTensor>>> {
     let (m, k) = (x.rows, x.cols);
-    if !(TILED_MIN_ROWS..=FUSED_MAX_ROWS).contains(&m)
-        || cpu.batch_invariant
-        || lins.iter().any(|l| {
-            let w = &*l.weight;
-            is_float(w.ty)
-                || w.gptq.is_some()
-                || l.in_features != k
-                || w.row_len != k
-                || w.n_rows != l.out_features
-        })
-    {
+    if !(TILED_MIN_ROWS..=FUSED_MAX_ROWS).contains(&m) || cpu.batch_invariant || !fusable(lins, k) {
         return Ok(None);
     }
     let qerr = |e: kiln_quant::QuantError| shape_err("matmul", e.to_string());
-    // The activation rows in each dot format the weights need (usually one).
-    // (type, row bytes, rows, and the interleaved products' terms where a weight needs them).
-    type Format = (GgmlType, usize, Vec<u8>, Option<kernels::ActivationTerms>);
-    let mut formats: Vec<Format> = Vec::new();
+    let acts = Activations::new(cpu, x, lins)?;
     let mut plan = Vec::with_capacity(lins.len());
     for l in lins {
         let ty = l.weight.ty;
-        let act_ty = kiln_quant::vec_dot_type(ty).map_err(qerr)?;
-        let f = match formats.iter().position(|(t, _, _, _)| *t == act_ty) {
-            Some(f) => f,
-            None => {
-                let act_bytes = kiln_quant::activation_bytes(act_ty, k).map_err(qerr)?;
-                let quantize = kernels::quantize_fn(act_ty, cpu.simd).map_err(qerr)?;
-                let mut a = vec![0u8; m * act_bytes];
-                for (t, row) in a.chunks_exact_mut(act_bytes).enumerate() {
-                    quantize(x.row(t), row);
-                }
-                formats.push((act_ty, act_bytes, a, None));
-                formats.len() - 1
-            }
-        };
-        if l.weight.interleaved.is_some() && formats[f].3.is_none() {
-            formats[f].3 = Some(kernels::activation_terms(&formats[f].2));
-        }
         let gemm = kernels::gemm_fn(ty, cpu.simd).map_err(qerr)?;
-        plan.push((f, gemm, kernels::strided_gemm_fn(ty, cpu.simd)));
+        plan.push((gemm, kernels::strided_gemm_fn(ty, cpu.simd)));
     }
     let mut outs: Vec<Vec<f32>> = lins
         .iter()
@@ -567,9 +588,15 @@ pub(crate) fn tiled_many(
             .iter()
             .zip(&plan)
             .zip(outs.iter_mut())
-            .map(|((l, &(f, gemm, strided)), y)| {
+            .enumerate()
+            .map(|(i, ((l, &(gemm, strided)), y))| {
                 let w = &*l.weight;
-                let (_, act_bytes, ref acts, ref terms) = formats[f];
+                let ActFormat {
+                    row_bytes: act_bytes,
+                    bytes: ref a,
+                    ref terms,
+                    ..
+                } = *acts.of(i);
                 let interleaved = match (
                     &w.interleaved,
                     kernels::interleaved_gemm_fn(w.ty, cpu.simd),
@@ -584,7 +611,7 @@ pub(crate) fn tiled_many(
                     cpu,
                     wbytes,
                     w.row_bytes,
-                    acts,
+                    a,
                     act_bytes,
                     m,
                     n,
