@@ -273,10 +273,12 @@ impl CpuBackend {
         // SAFETY: the region is this call's alone (fresh from the arena) and inside the chunk;
         // nothing reads it before it is filled below.
         let dst = unsafe { std::slice::from_raw_parts_mut(chunk.base.add(offset), len) };
-        // Pieces of about 2 MiB (whole groups), in parallel; each piece's source pages are
-        // released once it is copied.
-        let piece = (2 << 20) / (rows * row_bytes) * rows * row_bytes;
-        let piece = piece.max(rows * row_bytes);
+        // Pieces of whole groups, at most about 2 MiB and at least one per thread, in parallel;
+        // each piece's source pages are released once it is copied (so that a large matrix is
+        // never resident twice), and the whole matrix's at the end (the pages that straddle
+        // two pieces).
+        let group = rows * row_bytes;
+        let piece = (len / self.threads).clamp(group, (2 << 20).max(group)) / group * group;
         let k = data.row_len();
         self.pool.install(|| {
             use rayon::prelude::*;
@@ -288,6 +290,7 @@ impl CpuBackend {
                 }
             })
         });
+        data.bytes.release_pages();
         Ok(Some(Arc::new(Interleaved { chunk, offset, len })))
     }
 
