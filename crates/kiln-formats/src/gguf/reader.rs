@@ -121,7 +121,10 @@ pub enum LoadMode {
     /// but a CPU decode step streams every weight once per token, and with 2 MiB pages instead
     /// of 4 KiB ones those reads miss the TLB far less: about 15% more tokens/s on Gemma 3 270M
     /// with 2 threads (`kiln bench`, AMD EPYC). The resident size is the same as a fully
-    /// touched map's (page cache is not counted in a process's RSS; this copy is).
+    /// touched map's (page cache is not counted in a process's RSS; this copy is). Pages handed
+    /// back with `SharedBytes::release_pages` (a backend that keeps a weight in a layout of its
+    /// own) become a map of the file again, so the file must not change while in use, as with
+    /// [`LoadMode::Map`].
     Read,
 }
 
