@@ -71,6 +71,9 @@ pub(crate) struct Interleaved {
     chunk: Arc<Chunk>,
     offset: usize,
     len: usize,
+    /// The layout's product (`kernels::interleaved_gemm_fn` of the weight's type and the
+    /// backend's level, which the backend checked before interleaving).
+    pub(crate) gemm: kernels::InterleavedGemmFn,
 }
 
 impl Interleaved {
@@ -260,14 +263,12 @@ impl CpuBackend {
         row_bytes: usize,
     ) -> std::io::Result<Option<Arc<Interleaved>>> {
         let rows = kernels::INTERLEAVE_ROWS;
-        if !self.interleave
-            || data.dims.len() != 2
-            || n_rows == 0
-            || !n_rows.is_multiple_of(rows)
-            || kernels::interleaved_gemm_fn(data.ty, self.simd).is_none()
-        {
+        if !self.interleave || data.dims.len() != 2 || n_rows == 0 || !n_rows.is_multiple_of(rows) {
             return Ok(None);
         }
+        let Some(gemm) = kernels::interleaved_gemm_fn(data.ty, self.simd) else {
+            return Ok(None);
+        };
         let len = n_rows * row_bytes;
         let (chunk, offset) = self.arena.alloc(len)?;
         // SAFETY: the region is this call's alone (fresh from the arena) and inside the chunk;
@@ -291,7 +292,12 @@ impl CpuBackend {
             })
         });
         data.bytes.release_pages();
-        Ok(Some(Arc::new(Interleaved { chunk, offset, len })))
+        Ok(Some(Arc::new(Interleaved {
+            chunk,
+            offset,
+            len,
+            gemm,
+        })))
     }
 
     /// Batch-invariant mode: every row of an op's result is computed by the same operations

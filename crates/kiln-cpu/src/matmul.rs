@@ -13,7 +13,8 @@
 //! dot; [`gemv_many`] runs the one-row products that share an input (Q/K/V, gate/up) as one job,
 //! and [`tiled_many`] those of a few rows (batched decode). A weight the backend holds in an
 //! interleaved layout (`CpuBackend::set_interleave`) goes through its kernel at every number of
-//! rows instead ([`interleaved_product`]: tasks of whole 16-row groups).
+//! rows instead (a [`TiledJob`] of whole 16-row groups, whose values do not depend on the number
+//! of rows: batch-invariant as it stands).
 //!
 //! Float weights (F32, F16, BF16) with at least [`DENSE_MIN_ROWS`] activation rows go through the
 //! packed GEMM of `sgemm` instead (weight packed once, bias added in its last store): at encoder
@@ -138,12 +139,27 @@ pub(crate) fn matmul(
     });
     let wbytes: &[u8] = &w.bytes;
     let rb = w.row_bytes;
-    let interleaved = w
-        .interleaved
-        .as_ref()
-        .zip(kernels::interleaved_gemm_fn(w.ty, cpu.simd));
-    let mut y = if let Some((il, gemm)) = interleaved {
-        interleaved_product(cpu, il.bytes(), rb, gemm, &acts, m, n, k)
+    let mut y = if let Some(il) = &w.interleaved {
+        let terms = kernels::activation_terms(&acts);
+        let mut y = crate::buffers::take(m * n);
+        let kernel = TileKernel::Interleaved {
+            gemm: il.gemm,
+            terms: &terms,
+        };
+        let job = TiledJob::new(
+            cpu,
+            il.bytes(),
+            rb,
+            &acts,
+            act_bytes,
+            m,
+            n,
+            k,
+            kernel,
+            &mut y,
+        );
+        cpu.team.run(job.tasks(), |task| job.run(task));
+        y
     } else if let Some(rows_fn) = (m == 1).then(|| one_row_fn(cpu, w.ty)).flatten() {
         let mut y = vec![0.0f32; n];
         let chunk = rows_per_task(n, 1, cpu.threads, rb);
@@ -186,47 +202,6 @@ pub(crate) fn matmul(
         rows: m,
         cols: n,
     })
-}
-
-/// `y[m, n]` over a weight in an interleaved layout (`kernels::interleave`): tasks of
-/// whole groups of rows, each writing its rows' columns of `y` for every activation row (the
-/// kernel takes any number of them, 8 at a time per group). Each output value is computed by the
-/// same operations whatever `m` is, so this path is batch-invariant as it stands.
-#[allow(clippy::too_many_arguments)]
-fn interleaved_product(
-    cpu: &CpuBackend,
-    w: &[u8],
-    row_bytes: usize,
-    gemm: kernels::InterleavedGemmFn,
-    acts: &[u8],
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Vec<f32> {
-    let mut y = crate::buffers::take(m * n);
-    let terms = kernels::activation_terms(acts);
-    let chunk = interleaved_task_rows(n, m, cpu.threads, row_bytes);
-    let out = Disjoint::new(&mut y);
-    cpu.team.run(n.div_ceil(chunk), |t| {
-        let r0 = t * chunk;
-        let rows = chunk.min(n - r0);
-        // SAFETY: this task alone writes columns r0..r0 + rows of y's m rows (row stride n), all
-        // inside y, and nothing reads y until the job ends; `rows` is whole groups (`n` and
-        // `chunk` are multiples of the group).
-        unsafe {
-            gemm(
-                k,
-                &w[r0 * row_bytes..(r0 + rows) * row_bytes],
-                rows,
-                acts,
-                &terms,
-                m,
-                out.as_ptr().add(r0),
-                n,
-            )
-        }
-    });
-    y
 }
 
 /// [`rows_per_task`] in whole groups of the interleaved layout.
@@ -362,13 +337,12 @@ pub(crate) fn gemv_many(
             } = acts.of(i);
             // SAFETY: tasks cover disjoint row ranges of matrix i's output.
             let out = unsafe { sinks[i].slice(r0..r0 + rows) };
-            let interleaved = kernels::interleaved_gemm_fn(w.ty, cpu.simd);
-            if let (Some(il), Some(gemm), Some(terms)) = (&w.interleaved, interleaved, terms) {
+            if let (Some(il), Some(terms)) = (&w.interleaved, terms) {
                 let rb = w.row_bytes;
                 let wb = &il.bytes()[r0 * rb..(r0 + rows) * rb];
                 // SAFETY: `out` is this task's own `rows` outputs (one activation row); `rows`
                 // is whole groups (see `interleaved_task_rows`).
-                unsafe { gemm(k, wb, rows, a, terms, 1, out.as_mut_ptr(), rows) };
+                unsafe { (il.gemm)(k, wb, rows, a, terms, 1, out.as_mut_ptr(), rows) };
                 return;
             }
             if let Some(rows_fn) = rows_fn {
@@ -422,15 +396,32 @@ fn tiled(
     strided: Option<kernels::StridedGemmFn>,
 ) -> Vec<f32> {
     let mut y = crate::buffers::take(m * n);
+    let kernel = TileKernel::Tiles { gemm, strided };
     let job = TiledJob::new(
-        cpu, wbytes, row_bytes, acts, act_bytes, m, n, k, gemm, strided, &mut y,
+        cpu, wbytes, row_bytes, acts, act_bytes, m, n, k, kernel, &mut y,
     );
     cpu.team.run(job.tasks(), |task| job.run(task));
     y
 }
 
-/// One product of [`tiled`]: its operands, its split into tasks of `nb` weight rows, and its
-/// output.
+/// What multiplies a [`TiledJob`]'s tasks.
+#[derive(Clone, Copy)]
+enum TileKernel<'a> {
+    /// The tile kernel of the weight's type, and its narrow kernel where it has one.
+    Tiles {
+        gemm: kernels::GemmFn,
+        strided: Option<kernels::StridedGemmFn>,
+    },
+    /// A weight in an interleaved layout (`wbytes` in that layout): its product and the
+    /// activations' terms; it takes every task whole.
+    Interleaved {
+        gemm: kernels::InterleavedGemmFn,
+        terms: &'a kernels::ActivationTerms,
+    },
+}
+
+/// One product of [`tiled`] (or of an interleaved weight): its operands, its split into tasks of
+/// `nb` weight rows, and its output.
 struct TiledJob<'a> {
     wbytes: &'a [u8],
     row_bytes: usize,
@@ -439,11 +430,7 @@ struct TiledJob<'a> {
     m: usize,
     n: usize,
     k: usize,
-    gemm: kernels::GemmFn,
-    strided: Option<kernels::StridedGemmFn>,
-    /// The kernel of a weight in an interleaved layout and the activations' terms (then `wbytes`
-    /// are in that layout, and `nb` whole groups), which takes every task whole.
-    interleaved: Option<(kernels::InterleavedGemmFn, &'a kernels::ActivationTerms)>,
+    kernel: TileKernel<'a>,
     /// Weight rows per task.
     nb: usize,
     /// This product's activation panel key (see `kernels::StridedGemmFn`).
@@ -462,8 +449,7 @@ impl<'a> TiledJob<'a> {
         m: usize,
         n: usize,
         k: usize,
-        gemm: kernels::GemmFn,
-        strided: Option<kernels::StridedGemmFn>,
+        kernel: TileKernel<'a>,
         y: &'a mut [f32],
     ) -> Self {
         // Weight rows per task: at least 4 tasks per thread to balance, at most 256 rows (a
@@ -471,11 +457,15 @@ impl<'a> TiledJob<'a> {
         // activations), a multiple of 4. Against 64 rows: +10% at `kiln bench -b 8` (the
         // kernel's prefetch runs across fewer task boundaries, where the next tile's rows are
         // another task's) and +5% at pp512 on Gemma 3 270M.
-        let nb = n
-            .div_ceil(cpu.threads * 4)
-            .next_multiple_of(4)
-            .clamp(4, 256)
-            .min(n);
+        // An interleaved weight: tasks of whole groups, split as a one-row product's are.
+        let nb = match kernel {
+            TileKernel::Tiles { .. } => n
+                .div_ceil(cpu.threads * 4)
+                .next_multiple_of(4)
+                .clamp(4, 256)
+                .min(n),
+            TileKernel::Interleaved { .. } => interleaved_task_rows(n, m, cpu.threads, row_bytes),
+        };
         TiledJob {
             wbytes,
             row_bytes,
@@ -484,9 +474,7 @@ impl<'a> TiledJob<'a> {
             m,
             n,
             k,
-            gemm,
-            strided,
-            interleaved: None,
+            kernel,
             nb,
             panel: kernels::panel_key(),
             out: Disjoint::new(y),
@@ -508,9 +496,7 @@ impl<'a> TiledJob<'a> {
             m,
             n,
             k,
-            gemm,
-            strided,
-            interleaved,
+            kernel,
             nb,
             panel,
             ref out,
@@ -518,11 +504,16 @@ impl<'a> TiledJob<'a> {
         let j0 = task * nb;
         let rows = nb.min(n - j0);
         let wblk = &wbytes[j0 * row_bytes..(j0 + rows) * row_bytes];
-        if let Some((interleaved, terms)) = interleaved {
-            // SAFETY: as below; `rows` is whole groups (see `TiledJob::interleaved`).
-            unsafe { interleaved(k, wblk, rows, acts, terms, m, out.as_ptr().add(j0), n) };
-            return;
-        }
+        let (gemm, strided) = match kernel {
+            TileKernel::Tiles { gemm, strided } => (gemm, strided),
+            TileKernel::Interleaved { gemm, terms } => {
+                // SAFETY: this task alone writes columns j0..j0 + rows of y's m rows (row stride
+                // n), all inside y, and nothing reads y until the job ends; `rows` is whole
+                // groups (`n` and `nb` are multiples of the group).
+                unsafe { gemm(k, wblk, rows, acts, terms, m, out.as_ptr().add(j0), n) };
+                return;
+            }
+        };
         if let Some(strided) = strided.filter(|_| m <= ACT_TILE) {
             // SAFETY: this task alone writes columns j0..j0 + rows of y's m rows (row stride n),
             // all inside y, and nothing reads y until the job ends; every task passes this
@@ -597,34 +588,18 @@ pub(crate) fn tiled_many(
                     ref terms,
                     ..
                 } = *acts.of(i);
-                let interleaved = match (
-                    &w.interleaved,
-                    kernels::interleaved_gemm_fn(w.ty, cpu.simd),
-                    terms,
-                ) {
-                    (Some(il), Some(kernel), Some(terms)) => Some((il, kernel, terms)),
-                    _ => None,
-                };
-                let wbytes = interleaved.map_or(&w.bytes[..], |(il, _, _)| il.bytes());
                 let n = l.out_features;
-                let mut job = TiledJob::new(
-                    cpu,
-                    wbytes,
-                    w.row_bytes,
-                    a,
-                    act_bytes,
-                    m,
-                    n,
-                    k,
-                    gemm,
-                    strided,
-                    y,
-                );
-                if let Some((_, kernel, terms)) = interleaved {
-                    job.interleaved = Some((kernel, terms));
-                    job.nb = interleaved_task_rows(n, m, cpu.threads, w.row_bytes);
-                }
-                job
+                let (wbytes, kernel) = match (&w.interleaved, terms) {
+                    (Some(il), Some(terms)) => (
+                        il.bytes(),
+                        TileKernel::Interleaved {
+                            gemm: il.gemm,
+                            terms,
+                        },
+                    ),
+                    _ => (&w.bytes[..], TileKernel::Tiles { gemm, strided }),
+                };
+                TiledJob::new(cpu, wbytes, w.row_bytes, a, act_bytes, m, n, k, kernel, y)
             })
             .collect();
         // (job, task) of every task, job after job.
