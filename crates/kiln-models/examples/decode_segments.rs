@@ -12,6 +12,8 @@
 //!
 //! `cargo run --release -p kiln-models --example decode_segments -- GGUF [THREADS] [STEPS] [BATCH]`
 
+mod common;
+
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -98,16 +100,7 @@ fn main() {
         timer.mark("final norm");
         let logits = model.logits(&b, &h).expect("logits");
         timer.mark("output projection");
-        let v = b.to_f32(&logits).expect("logits");
-        ids = v
-            .chunks_exact(v.len() / batch)
-            .map(|row| {
-                row.iter()
-                    .enumerate()
-                    .max_by(|a, b| a.1.total_cmp(b.1))
-                    .map_or(0, |(i, _)| i as u32)
-            })
-            .collect();
+        ids = common::argmax_rows(&b.to_f32(&logits).expect("logits"), batch);
         timer.mark("logits copy + naive argmax (not the engine's sampler)");
     }
     let total: f64 = timer.sums.lock().unwrap().iter().map(|(_, s)| s).sum();

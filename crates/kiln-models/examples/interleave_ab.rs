@@ -6,6 +6,8 @@
 //!
 //! `cargo run --release -p kiln-models --example interleave_ab -- GGUF [THREADS] [STEPS] [BATCH] [ROUNDS]`
 
+mod common;
+
 use std::time::Instant;
 
 use kiln_backend::Backend;
@@ -33,15 +35,7 @@ fn run(
         let logits = b
             .to_f32(&model.logits(b, &h).expect("logits"))
             .expect("logits");
-        ids = logits
-            .chunks_exact(logits.len() / batch)
-            .map(|row| {
-                row.iter()
-                    .enumerate()
-                    .max_by(|a, b| a.1.total_cmp(b.1))
-                    .map_or(0, |(i, _)| i as u32)
-            })
-            .collect();
+        ids = common::argmax_rows(&logits, batch);
     }
     (steps * batch) as f64 / t0.elapsed().as_secs_f64()
 }
