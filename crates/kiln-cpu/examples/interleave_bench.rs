@@ -1,7 +1,8 @@
-//! The interleaved Q8_0 and Q5_0 products (`kernels::interleaved_gemm_fn`) against the file
-//! layout's VNNI kernels (one-row product, narrow kernel, tile kernel), one thread, weights in
-//! cache: ns per 16 rows x 1 block x activation row, for 1, 8 and 64 activation rows, rows of
-//! 640 (Gemma 3 270M's width).
+//! The interleaved Q8_0, Q5_0 and Q4_K products (`kernels::interleaved_gemm_fn`) against the
+//! file layout's VNNI kernels (one-row product or row dots, narrow kernel, tile kernel), one
+//! thread, weights in cache: ns per 16 rows x 32 elements x activation row, for 1, 8, 64 and 512
+//! activation rows, rows of 640 (Q8_0, Q5_0: Gemma 3 270M's width) and 1024 (Q4_K: its
+//! attention output's).
 //!
 //! `cargo run --release -p kiln-cpu --example interleave_bench [-- GROUPS]` (groups of 16 rows;
 //! 64 by default, 700 KB of Q8_0)
@@ -18,36 +19,51 @@ fn main() {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(64);
-    let (k, rows) = (640, groups * kernels::INTERLEAVE_ROWS);
-    let blocks = k / 32;
-    let quantize = kernels::quantize_fn(GgmlType::Q8_0, SimdLevel::Avx512Vnni).unwrap();
-    let x: Vec<f32> = (0..64 * k)
-        .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
-        .collect();
-    let mut a = vec![0u8; 64 * blocks * 34];
-    for (xr, ar) in x.chunks(k).zip(a.chunks_mut(blocks * 34)) {
-        quantize(xr, ar);
-    }
+    let level = SimdLevel::Avx512Vnni;
+    let rows = groups * kernels::INTERLEAVE_ROWS;
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut out = vec![0f32; 64 * rows];
-    let reps = (200_000 / groups).max(10);
-    let per = |t: f64, cols: usize| t * 1e9 / (reps * groups * blocks * cols) as f64;
-    for ty in [GgmlType::Q8_0, GgmlType::Q5_0] {
-        let Some(gemm) = kernels::interleaved_gemm_fn(ty, SimdLevel::Avx512Vnni) else {
+    let mut out = vec![0f32; 512 * rows];
+    for (ty, k) in [
+        (GgmlType::Q8_0, 640),
+        (GgmlType::Q5_0, 640),
+        (GgmlType::Q4_K, 1024),
+    ] {
+        let Some(gemm) = kernels::interleaved_gemm_fn(ty, level) else {
             println!("no AVX-512 VNNI: nothing to measure");
             return;
         };
-        let block = ty.type_size();
-        let mut w = vec![0u8; rows * blocks * block];
-        common::fill_blocks(&mut w, block, &mut seed);
+        let act_ty = kiln_quant::vec_dot_type(ty).unwrap();
+        let act_row = kiln_quant::activation_bytes(act_ty, k).unwrap();
+        let quantize = kernels::quantize_fn(act_ty, level).unwrap();
+        let x: Vec<f32> = (0..512 * k)
+            .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+            .collect();
+        let mut acts = vec![0u8; 512 * act_row];
+        for (xr, ar) in x.chunks(k).zip(acts.chunks_mut(act_row)) {
+            quantize(xr, ar);
+        }
+        let mut w = vec![0u8; rows * ty.row_bytes(k as u64).unwrap() as usize];
+        if ty == GgmlType::Q4_K {
+            // Quantized from floats: random bytes would give random (often huge) f16 scales.
+            let xs: Vec<f32> = (0..rows * k)
+                .map(|i| ((i * 104_729) % 2001) as f32 / 1000.0 - 1.0)
+                .collect();
+            kiln_quant::quantize(ty, &xs, &mut w).unwrap();
+        } else {
+            common::fill_blocks(&mut w, ty.type_size(), &mut seed);
+        }
         let mut il = vec![0u8; w.len()];
         kernels::interleave(ty, k, &w, &mut il);
-        let gemv = kernels::gemv_fn(ty, SimdLevel::Avx512Vnni).unwrap();
-        let narrow = kernels::strided_gemm_fn(ty, SimdLevel::Avx512Vnni).unwrap();
-        let tile = kernels::gemm_fn(ty, SimdLevel::Avx512Vnni).unwrap();
-        for cols in [1, 8, 64] {
-            let a = &a[..cols * blocks * 34];
-            let terms = kernels::activation_terms(a);
+        let gemv = kernels::gemv_fn(ty, level);
+        let dot = kernels::vec_dot_fn(ty, level).unwrap();
+        let narrow = kernels::strided_gemm_fn(ty, level);
+        let tile = kernels::gemm_fn(ty, level).unwrap();
+        let row_bytes = w.len() / rows;
+        for cols in [1, 8, 64, 512] {
+            let a = &acts[..cols * act_row];
+            let terms = kernels::activation_terms(act_ty, a);
+            let reps = (400_000 / (groups * cols)).max(3);
+            let per = |t: f64| t * 1e9 / (reps * groups * (k / 32) * cols) as f64;
             let (mut new, mut old) = (f64::INFINITY, f64::INFINITY);
             for _ in 0..3 {
                 let t0 = Instant::now();
@@ -55,23 +71,35 @@ fn main() {
                     // SAFETY: `out` holds `cols` rows of `rows` outputs, used by nothing else.
                     unsafe { gemm(k, &il, rows, a, &terms, cols, out.as_mut_ptr(), rows) };
                 }
-                new = new.min(per(t0.elapsed().as_secs_f64(), cols));
+                new = new.min(per(t0.elapsed().as_secs_f64()));
                 let t0 = Instant::now();
                 for _ in 0..reps {
-                    if cols == 1 {
-                        gemv(k, &w, rows, a, &mut out[..rows]);
-                    } else if cols <= 8 {
-                        // SAFETY: as above.
-                        unsafe { narrow(0, k, &w, rows, a, cols, out.as_mut_ptr(), rows) };
-                    } else {
+                    // SAFETY (narrow): as above.
+                    let done = match (cols, gemv, narrow) {
+                        (1, Some(gemv), _) => {
+                            gemv(k, &w, rows, a, &mut out[..rows]);
+                            true
+                        }
+                        (1, None, _) => {
+                            for (o, wr) in out.iter_mut().zip(w.chunks_exact(row_bytes)) {
+                                *o = dot(k, wr, a);
+                            }
+                            true
+                        }
+                        (2..=8, _, Some(narrow)) => unsafe {
+                            narrow(0, k, &w, rows, a, cols, out.as_mut_ptr(), rows)
+                        },
+                        _ => false,
+                    };
+                    if !done {
                         tile(k, &w, rows, a, cols, &mut out, rows);
                     }
                 }
-                old = old.min(per(t0.elapsed().as_secs_f64(), cols));
+                old = old.min(per(t0.elapsed().as_secs_f64()));
             }
             println!(
-                "{ty} {groups} groups, {cols:2} activation rows: interleaved {new:5.2} ns, file \
-                 layout {old:5.2} ns per 16 rows x block x activation row ({:.2}x)",
+                "{ty} {groups} groups, {cols:3} activation rows: interleaved {new:5.2} ns, file \
+                 layout {old:5.2} ns per 16 rows x 32 elements x activation row ({:.2}x)",
                 old / new
             );
         }

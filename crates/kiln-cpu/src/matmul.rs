@@ -140,7 +140,7 @@ pub(crate) fn matmul(
     let wbytes: &[u8] = &w.bytes;
     let rb = w.row_bytes;
     let mut y = if let Some(il) = &w.interleaved {
-        let terms = kernels::activation_terms(&acts);
+        let terms = kernels::activation_terms(act_ty, &acts);
         let mut y = crate::buffers::take(m * n);
         let kernel = TileKernel::Interleaved {
             gemm: il.gemm,
@@ -272,7 +272,7 @@ impl Activations {
             };
             let format = &mut acts.formats[f];
             if l.weight.interleaved.is_some() && format.terms.is_none() {
-                format.terms = Some(kernels::activation_terms(&format.bytes));
+                format.terms = Some(kernels::activation_terms(format.ty, &format.bytes));
             }
             acts.of.push(f);
         }

@@ -757,7 +757,22 @@ fn strided_gemms_write_what_the_gemm_writes_into_a_shared_output() {
 }
 
 /// The formats with an interleaved layout.
-const INTERLEAVED: [GgmlType; 2] = [GgmlType::Q8_0, GgmlType::Q5_0];
+const INTERLEAVED: [GgmlType; 3] = [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_K];
+
+/// Row lengths to try for an interleaved format: odd block counts (a lone last block, or lines
+/// off a 64-byte boundary) and Gemma 3 270M's widths where the format allows them.
+fn interleaved_widths(ty: GgmlType) -> &'static [usize] {
+    if ty == GgmlType::Q4_K {
+        &[256, 3 * 256, 1024, 2048]
+    } else {
+        &[32, 7 * 32, 640, 21 * 32, 2048]
+    }
+}
+
+/// The activation format of `ty`'s products.
+fn act_type(ty: GgmlType) -> GgmlType {
+    kiln_quant::vec_dot_type(ty).unwrap()
+}
 
 #[test]
 fn interleaved_rows_round_trip() {
@@ -770,8 +785,7 @@ fn interleaved_rows_round_trip() {
     }
     let mut rng = Rng::new(21);
     for ty in INTERLEAVED {
-        // 7 blocks: odd (the last block stands alone).
-        for k in [32, 64, 7 * 32, 640, 2048] {
+        for &k in interleaved_widths(ty) {
             let rows = 2 * INTERLEAVE_ROWS;
             let w = raw_weights(ty, rows, k, None, &mut rng);
             let mut il = vec![0u8; w.len()];
@@ -785,16 +799,19 @@ fn interleaved_rows_round_trip() {
             }
         }
         // Not whole groups, or a row outside the matrix: a panic, not a wrong read.
-        let row = ty.row_bytes(32).unwrap() as usize;
+        let k = interleaved_widths(ty)[0];
+        let row = ty.row_bytes(k as u64).unwrap() as usize;
         let w = vec![0u8; 15 * row];
-        let caught = catch_unwind(|| interleave(ty, 32, &w, &mut vec![0u8; w.len()]));
+        let caught = catch_unwind(|| interleave(ty, k, &w, &mut vec![0u8; w.len()]));
         assert!(caught.is_err());
         let il = vec![0u8; 16 * row];
-        let caught = catch_unwind(|| interleaved_row(ty, 32, &il, 16, &mut vec![0u8; row]));
+        let caught = catch_unwind(|| interleaved_row(ty, k, &il, 16, &mut vec![0u8; row]));
+        assert!(caught.is_err());
+        let caught = catch_unwind(|| interleaved_row(ty, k, &il, 3, &mut vec![0u8; row + 1]));
         assert!(caught.is_err());
     }
-    let caught = catch_unwind(|| interleave(GgmlType::Q4_K, 256, &[], &mut []));
-    assert!(caught.is_err(), "Q4_K has no interleaved layout");
+    let caught = catch_unwind(|| interleave(GgmlType::Q6_K, 256, &[], &mut []));
+    assert!(caught.is_err(), "Q6_K has no interleaved layout");
 }
 
 #[test]
@@ -813,8 +830,7 @@ fn interleaved_products_match_the_scalar_loop() {
             assert!(!INTERLEAVED.contains(&ty), "{ty}: no interleaved product");
             continue;
         };
-        // 7 and 21 blocks: odd counts (group lines then start off a 64-byte boundary).
-        for k in [32, 7 * 32, 640, 21 * 32, 2048] {
+        for &k in interleaved_widths(ty) {
             let rows = 3 * INTERLEAVE_ROWS;
             let sets = [
                 quantized_weights(ty, rows, k, &mut rng),
@@ -836,7 +852,7 @@ fn interleaved_products_match_the_scalar_loop() {
                     let mut out = vec![SENTINEL; cols * ldo + ldo];
                     // SAFETY: `out` holds `cols` rows of stride `ldo >= rows`, used by nothing
                     // else.
-                    let terms = activation_terms(&a);
+                    let terms = activation_terms(act_type(ty), &a);
                     unsafe { gemm(k, &il, rows, &a, &terms, cols, out.as_mut_ptr(), ldo) };
                     for (i, &v) in out.iter().enumerate() {
                         let (c, r) = (i / ldo, i % ldo);
@@ -853,7 +869,7 @@ fn interleaved_products_match_the_scalar_loop() {
                                 let one = &a[c * a.len() / cols..(c + 1) * a.len() / cols];
                                 let mut single = vec![0f32; rows];
                                 // SAFETY: `single` holds the `rows` outputs.
-                                let t = activation_terms(one);
+                                let t = activation_terms(act_type(ty), one);
                                 unsafe {
                                     gemm(k, &il, rows, one, &t, 1, single.as_mut_ptr(), rows)
                                 };
@@ -871,13 +887,15 @@ fn interleaved_products_match_the_scalar_loop() {
             }
         }
         // Rows that are not whole groups: a panic before anything is read or written.
-        let row = ty.row_bytes(32).unwrap() as usize;
+        let k = interleaved_widths(ty)[0];
+        let row = ty.row_bytes(k as u64).unwrap() as usize;
         let w = vec![0u8; 8 * row];
-        let a = vec![0u8; 34];
+        let act = act_type(ty);
+        let a = vec![0u8; kiln_quant::activation_bytes(act, k).unwrap()];
         let mut out = vec![0f32; 8];
-        let terms = activation_terms(&a);
+        let terms = activation_terms(act, &a);
         let caught = catch_unwind(AssertUnwindSafe(|| unsafe {
-            gemm(32, &w, 8, &a, &terms, 1, out.as_mut_ptr(), 8)
+            gemm(k, &w, 8, &a, &terms, 1, out.as_mut_ptr(), 8)
         }));
         assert!(caught.is_err(), "{ty}");
         // Terms of other activations than the call's: a panic too.
@@ -885,11 +903,11 @@ fn interleaved_products_match_the_scalar_loop() {
         let mut out = vec![0f32; 16];
         let caught = catch_unwind(AssertUnwindSafe(|| unsafe {
             gemm(
-                32,
+                k,
                 &w,
                 16,
                 &a,
-                &activation_terms(&[]),
+                &activation_terms(act, &[]),
                 1,
                 out.as_mut_ptr(),
                 16,

@@ -428,11 +428,37 @@ fn matmul_many_is_each_matmul_bit_for_bit() {
     }
 }
 
+/// A `rows x k` weight of `ty` quantized by kiln-quant from `w`.
+fn quantized_weight(
+    b: &CpuBackend,
+    ty: GgmlType,
+    w: &[f32],
+    rows: usize,
+    k: usize,
+) -> Linear<CpuBackend> {
+    let mut bytes = vec![0u8; rows * ty.row_bytes(k as u64).unwrap() as usize];
+    kiln_quant::quantize(ty, w, &mut bytes).unwrap();
+    let data = WeightData {
+        name: "w".into(),
+        ty,
+        dims: vec![k, rows],
+        bytes: SharedBytes::from_vec(bytes),
+    };
+    Linear {
+        weight: Arc::new(b.upload_weight(&data).unwrap()),
+        bias: None,
+        in_features: k,
+        out_features: rows,
+        ty,
+    }
+}
+
 #[test]
-fn interleaved_q8_0_weights_give_the_file_layout_s_results() {
-    // At the VNNI level a Q8_0 matrix of whole groups of 16 rows is held interleaved: its
-    // embedding rows must be the file's, its products those of the file layout up to the order
-    // of the f32 additions, and each row's product the same bits alone or batched.
+fn interleaved_weights_give_the_file_layout_s_results() {
+    // At the VNNI level a Q8_0, Q5_0 or Q4_K matrix of whole groups of 16 rows is held
+    // interleaved: its embedding rows must be the file's, its products those of the file layout
+    // up to the order of the f32 additions, and each row's product the same bits alone or
+    // batched.
     let Some(mut plain) = backends()
         .into_iter()
         .find(|b| b.name().contains("Avx512Vnni"))
@@ -440,47 +466,55 @@ fn interleaved_q8_0_weights_give_the_file_layout_s_results() {
         eprintln!("skipped: this CPU has no AVX-512 VNNI");
         return;
     };
-    let (rows, k) = (48, 128);
-    let w = values(rows * k, 16);
-    let (lin, _) = q8_0_weight(&plain, &w, rows, k);
-    assert!(lin.weight.is_interleaved());
-    plain.set_interleave(false);
-    let (file, _) = q8_0_weight(&plain, &w, rows, k);
-    assert!(!file.weight.is_interleaved());
-    let b = &plain;
-    let ids = [0u32, 17, 47, 5];
-    assert_eq!(
-        b.to_f32(&b.embedding(&lin.weight, &ids).unwrap()).unwrap(),
-        b.to_f32(&b.embedding(&file.weight, &ids).unwrap()).unwrap()
-    );
-    assert!(
-        b.embedding(&lin.weight, &[48]).is_err(),
-        "a row past the table"
-    );
-    let x = values(17 * k, 17);
-    let alone: Vec<Vec<f32>> = x
-        .chunks(k)
-        .map(|row| {
-            let t = b.tensor_from_f32(row, 1, k).unwrap();
-            b.to_f32(&b.matmul(&t, &lin).unwrap()).unwrap()
-        })
-        .collect();
-    for m in [1, 2, 8, 9, 17] {
-        let t = b.tensor_from_f32(&x[..m * k], m, k).unwrap();
-        let y = b.to_f32(&b.matmul(&t, &lin).unwrap()).unwrap();
-        let want = b.to_f32(&b.matmul(&t, &file).unwrap()).unwrap();
-        for (i, (&g, &e)) in y.iter().zip(&want).enumerate() {
-            assert!(
-                (g - e).abs() <= 1e-4 * (1.0 + e.abs()),
-                "m={m} [{i}]: {g} vs {e}"
-            );
-        }
-        for (row, single) in y.chunks(rows).zip(&alone) {
-            assert_eq!(
-                row,
-                single.as_slice(),
-                "m={m}: a row batched is not the row alone"
-            );
+    let rows = 48;
+    for (ty, k) in [
+        (GgmlType::Q8_0, 128),
+        (GgmlType::Q5_0, 160),
+        (GgmlType::Q4_K, 512),
+    ] {
+        plain.set_interleave(true);
+        let w = values(rows * k, 16);
+        let lin = quantized_weight(&plain, ty, &w, rows, k);
+        assert!(lin.weight.is_interleaved(), "{ty}");
+        plain.set_interleave(false);
+        let file = quantized_weight(&plain, ty, &w, rows, k);
+        assert!(!file.weight.is_interleaved(), "{ty}");
+        let b = &plain;
+        let ids = [0u32, 17, 47, 5];
+        assert_eq!(
+            b.to_f32(&b.embedding(&lin.weight, &ids).unwrap()).unwrap(),
+            b.to_f32(&b.embedding(&file.weight, &ids).unwrap()).unwrap(),
+            "{ty}"
+        );
+        assert!(
+            b.embedding(&lin.weight, &[48]).is_err(),
+            "{ty}: a row past the table"
+        );
+        let x = values(17 * k, 17);
+        let alone: Vec<Vec<f32>> = x
+            .chunks(k)
+            .map(|row| {
+                let t = b.tensor_from_f32(row, 1, k).unwrap();
+                b.to_f32(&b.matmul(&t, &lin).unwrap()).unwrap()
+            })
+            .collect();
+        for m in [1, 2, 8, 9, 17] {
+            let t = b.tensor_from_f32(&x[..m * k], m, k).unwrap();
+            let y = b.to_f32(&b.matmul(&t, &lin).unwrap()).unwrap();
+            let want = b.to_f32(&b.matmul(&t, &file).unwrap()).unwrap();
+            for (i, (&g, &e)) in y.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - e).abs() <= 1e-4 * (1.0 + e.abs()),
+                    "{ty} m={m} [{i}]: {g} vs {e}"
+                );
+            }
+            for (row, single) in y.chunks(rows).zip(&alone) {
+                assert_eq!(
+                    row,
+                    single.as_slice(),
+                    "{ty} m={m}: a row batched is not the row alone"
+                );
+            }
         }
     }
 }

@@ -1,5 +1,5 @@
-//! The AVX-512 VNNI products over interleaved Q8_0 and Q5_0 weights (layouts:
-//! `kernels::interleaved`).
+//! The AVX-512 VNNI products over interleaved Q8_0, Q5_0 and Q4_K weights (layouts:
+//! `kernels::interleaved`; Q4_K's kernel is [`chunk_q4_k`], described there).
 //!
 //! Per group of 16 weight rows and block: the block's 8 quant lines are made once into 8
 //! registers (Q8_0: loaded; Q5_0: 4 loads split into low and high nibbles, each line's fifth bits
@@ -15,7 +15,8 @@ use std::arch::x86_64::*;
 use kiln_core::GgmlType;
 
 use super::super::interleaved::{
-    check_call, ActivationTerms, Geometry, InterleavedGemmFn, INTERLEAVE_ROWS, Q5_0, Q8_0,
+    check_call, check_q4_k_call, q4_k, ActivationTerms, Geometry, InterleavedGemmFn,
+    INTERLEAVE_ROWS, Q5_0, Q8_0,
 };
 
 /// Bytes of a Q8_0 activation block.
@@ -72,6 +73,7 @@ pub(in crate::kernels) fn interleaved_gemm_fn(ty: GgmlType) -> Option<Interleave
     match ty {
         GgmlType::Q8_0 => Some(gemm::<Q8>),
         GgmlType::Q5_0 => Some(gemm::<Q5>),
+        GgmlType::Q4_K => Some(gemm_q4_k),
         _ => None,
     }
 }
@@ -128,33 +130,79 @@ unsafe fn groups<L: Lines>(
     out: *mut f32,
     ldo: usize,
 ) {
-    let group_bytes = blocks * L::GEOMETRY.group_block();
-    let a_row = blocks * A_BLOCK;
+    let shape = Shape {
+        blocks,
+        group_bytes: blocks * L::GEOMETRY.group_block(),
+        a_row: blocks * A_BLOCK,
+        sums_row: blocks,
+    };
+    for_chunks(
+        shape,
+        w,
+        n_groups,
+        a,
+        cols,
+        terms,
+        out,
+        ldo,
+        |at, m| match m {
+            1 => chunk::<L, 1>(at),
+            2 => chunk::<L, 2>(at),
+            3 => chunk::<L, 3>(at),
+            4 => chunk::<L, 4>(at),
+            5 => chunk::<L, 5>(at),
+            6 => chunk::<L, 6>(at),
+            7 => chunk::<L, 7>(at),
+            _ => chunk::<L, 8>(at),
+        },
+    );
+}
+
+/// How a format's groups and activation rows are laid out, for [`for_chunks`].
+#[derive(Clone, Copy)]
+struct Shape {
+    /// Blocks (super-blocks for Q4_K) per row.
+    blocks: usize,
+    group_bytes: usize,
+    /// Bytes of one activation row.
+    a_row: usize,
+    /// Quant-sum terms of one activation row.
+    sums_row: usize,
+}
+
+/// Calls `run(chunk, m)` for every group of `w` and every run of `m <= 8` activation rows.
+///
+/// # Safety
+/// `w` holds `n_groups` groups of `shape`, `a` and `terms` `cols` activation rows, and `out` is
+/// writable as `kernels::InterleavedGemmFn` says.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+unsafe fn for_chunks(
+    shape: Shape,
+    w: *const u8,
+    n_groups: usize,
+    a: *const u8,
+    cols: usize,
+    terms: &ActivationTerms,
+    out: *mut f32,
+    ldo: usize,
+    mut run: impl FnMut(&Chunk, usize),
+) {
     for g in 0..n_groups {
-        let wg = w.add(g * group_bytes);
         let mut c0 = 0;
         while c0 < cols {
             let m = (cols - c0).min(8);
             let at = Chunk {
-                blocks,
-                w: wg,
-                a: a.add(c0 * a_row),
-                a_row,
-                sums: terms.sums.as_ptr().add(c0 * blocks),
-                da: terms.scales.as_ptr().add(c0 * blocks),
+                blocks: shape.blocks,
+                w: w.add(g * shape.group_bytes),
+                a: a.add(c0 * shape.a_row),
+                a_row: shape.a_row,
+                sums: terms.sums.as_ptr().add(c0 * shape.sums_row),
+                da: terms.scales.as_ptr().add(c0 * shape.blocks),
                 out: out.add(c0 * ldo + g * INTERLEAVE_ROWS),
                 ldo,
             };
-            match m {
-                1 => chunk::<L, 1>(&at),
-                2 => chunk::<L, 2>(&at),
-                3 => chunk::<L, 3>(&at),
-                4 => chunk::<L, 4>(&at),
-                5 => chunk::<L, 5>(&at),
-                6 => chunk::<L, 6>(&at),
-                7 => chunk::<L, 7>(&at),
-                _ => chunk::<L, 8>(&at),
-            }
+            run(&at, m);
             c0 += m;
         }
     }
@@ -168,7 +216,8 @@ struct Chunk {
     /// The first activation row's first block.
     a: *const u8,
     a_row: usize,
-    /// The first activation row's quant sums and scales (rows `blocks` apart).
+    /// The first activation row's quant-sum terms and scales (rows `Shape::sums_row` and
+    /// `blocks` apart).
     sums: *const i32,
     da: *const f32,
     /// Where the first activation row's 16 outputs go (rows `ldo` apart).
@@ -223,6 +272,189 @@ unsafe fn chunk<L: Lines, const M: usize>(c: &Chunk) {
         for (j, acc) in acc.iter_mut().enumerate() {
             let factor = _mm512_mul_ps(d, _mm512_set1_ps(*c.da.add(j * c.blocks + b)));
             *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[j]), factor, *acc);
+        }
+    }
+    for (j, acc) in acc.iter().enumerate() {
+        _mm512_storeu_ps(c.out.add(j * c.ldo), *acc);
+    }
+}
+
+/// `kernels::InterleavedGemmFn` on AVX-512 VNNI for Q4_K (layout: `kernels::interleaved`'s
+/// `q4_k`).
+///
+/// # Safety
+/// As `InterleavedGemmFn`; handed out only when the CPU has AVX-512 F/BW/VL/VNNI (and AVX2,
+/// FMA, F16C).
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_q4_k(
+    k: usize,
+    w: &[u8],
+    rows: usize,
+    a: &[u8],
+    terms: &ActivationTerms,
+    cols: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let blocks = check_q4_k_call(k, w, rows, a, terms, cols);
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    // SAFETY: the lengths are checked above; the caller vouches for `out` and the CPU.
+    unsafe {
+        groups_q4_k(
+            blocks,
+            w.as_ptr(),
+            rows / INTERLEAVE_ROWS,
+            a.as_ptr(),
+            cols,
+            terms,
+            out,
+            ldo,
+        )
+    }
+}
+
+/// Every Q4_K group of `w` against every activation row, 8 activation rows at a time.
+///
+/// # Safety
+/// As [`gemm_q4_k`] after its checks.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn groups_q4_k(
+    blocks: usize,
+    w: *const u8,
+    n_groups: usize,
+    a: *const u8,
+    cols: usize,
+    terms: &ActivationTerms,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let shape = Shape {
+        blocks,
+        group_bytes: blocks * q4_k::GROUP_BLOCK,
+        a_row: blocks * q4_k::A_BLOCK,
+        sums_row: 4 * blocks,
+    };
+    for_chunks(
+        shape,
+        w,
+        n_groups,
+        a,
+        cols,
+        terms,
+        out,
+        ldo,
+        |at, m| match m {
+            1 => chunk_q4_k::<1>(at),
+            2 => chunk_q4_k::<2>(at),
+            3 => chunk_q4_k::<3>(at),
+            4 => chunk_q4_k::<4>(at),
+            5 => chunk_q4_k::<5>(at),
+            6 => chunk_q4_k::<6>(at),
+            7 => chunk_q4_k::<7>(at),
+            _ => chunk_q4_k::<8>(at),
+        },
+    );
+}
+
+/// The 16 rows of a Q4_K group against `M` activation rows. Per super-block: the 16 rows' 6-bit
+/// scales and minimums are unpacked lane by lane from the 3 packed lines (as ggml's
+/// `get_scale_min_k4`, one row per lane); per chunk of 64 codes the 8 code lines are split into
+/// the low and high nibbles (sub-blocks `2c` and `2c + 1`), and for each activation row 8
+/// `vpdpbusd` per sub-block leave each row's exact sub-block sum in its lane, multiplied by the
+/// row's scale and summed in i32 over the super-block (at most 8 * 63 * 32 * 15 * 127, far
+/// inside i32). The minimums meet the activation's sub-block sums in 4 `vpdpwssd` of i16 pairs.
+/// Then `acc += d * da * sum - dmin * da * mins` in f32.
+///
+/// # Safety
+/// `c` names a whole group, `M` activation rows and their terms, and writable outputs.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn chunk_q4_k<const M: usize>(c: &Chunk) {
+    let low4 = _mm512_set1_epi8(0x0f);
+    let byte = _mm512_set1_epi32(0xff);
+    let six = _mm512_set1_epi32(0x3f3f_3f3f);
+    let four = _mm512_set1_epi32(0x0f0f_0f0f);
+    let two = _mm512_set1_epi32(0x0303_0303);
+    let pair = _mm512_set1_epi32(0x00ff_00ff);
+    let mut acc = [_mm512_setzero_ps(); M];
+    for b in 0..c.blocks {
+        let base = c.w.add(b * q4_k::GROUP_BLOCK);
+        let packed = |l: usize| _mm512_loadu_si512(base.add(q4_k::SCALES + 64 * l).cast());
+        let (u0, u1, u2) = (packed(0), packed(1), packed(2));
+        // Each lane: scales 0..4 and 4..8, minimums 0..4 and 4..8 of its row, a byte each.
+        let top2 =
+            |u: __m512i| _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(u), two));
+        let scales = [
+            _mm512_and_si512(u0, six),
+            _mm512_or_si512(_mm512_and_si512(u2, four), top2(u0)),
+        ];
+        let mins_lo = _mm512_and_si512(u1, six);
+        let mins_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32::<4>(u2), four), top2(u1));
+        // i16 pairs of minimums, in the order of `q4_k::MIN_PAIRS`.
+        let mins = [
+            _mm512_and_si512(mins_lo, pair),
+            _mm512_and_si512(_mm512_srli_epi32::<8>(mins_lo), pair),
+            _mm512_and_si512(mins_hi, pair),
+            _mm512_and_si512(_mm512_srli_epi32::<8>(mins_hi), pair),
+        ];
+        // Scale of sub-block `j` as one i32 per lane.
+        let scale = |j: usize| {
+            let s = scales[j / 4];
+            _mm512_and_si512(
+                match j % 4 {
+                    0 => s,
+                    1 => _mm512_srli_epi32::<8>(s),
+                    2 => _mm512_srli_epi32::<16>(s),
+                    _ => _mm512_srli_epi32::<24>(s),
+                },
+                byte,
+            )
+        };
+        let mut sums = [_mm512_setzero_si512(); M];
+        for ch in 0..4 {
+            let codes = base.add(q4_k::CODES + 512 * ch);
+            let lines: [__m512i; 8] =
+                std::array::from_fn(|v| _mm512_loadu_si512(codes.add(64 * v).cast()));
+            let lo: [__m512i; 8] = std::array::from_fn(|v| _mm512_and_si512(lines[v], low4));
+            let hi: [__m512i; 8] =
+                std::array::from_fn(|v| _mm512_and_si512(_mm512_srli_epi16::<4>(lines[v]), low4));
+            let (s_lo, s_hi) = (scale(2 * ch), scale(2 * ch + 1));
+            for (j, sum) in sums.iter_mut().enumerate() {
+                // Activation row `j`'s codes of this chunk (after its f32 scale).
+                let ar = c.a.add(j * c.a_row + b * q4_k::A_BLOCK + 4 + 64 * ch);
+                let quad = |at: usize| _mm512_set1_epi32(ar.add(at).cast::<i32>().read_unaligned());
+                // Two chains per sub-block (even and odd lines), for enough in flight.
+                let mut lo_sum = [_mm512_setzero_si512(); 2];
+                let mut hi_sum = [_mm512_setzero_si512(); 2];
+                for v in 0..8 {
+                    lo_sum[v % 2] = _mm512_dpbusd_epi32(lo_sum[v % 2], lo[v], quad(4 * v));
+                    hi_sum[v % 2] = _mm512_dpbusd_epi32(hi_sum[v % 2], hi[v], quad(32 + 4 * v));
+                }
+                let lo_sum = _mm512_add_epi32(lo_sum[0], lo_sum[1]);
+                let hi_sum = _mm512_add_epi32(hi_sum[0], hi_sum[1]);
+                *sum = _mm512_add_epi32(
+                    *sum,
+                    _mm512_add_epi32(
+                        _mm512_mullo_epi32(lo_sum, s_lo),
+                        _mm512_mullo_epi32(hi_sum, s_hi),
+                    ),
+                );
+            }
+        }
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(base.cast()));
+        let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(q4_k::DMIN).cast()));
+        for (j, (acc, sum)) in acc.iter_mut().zip(&sums).enumerate() {
+            let t = c.sums.add(4 * (j * c.blocks + b));
+            let mut m = _mm512_setzero_si512();
+            for (p, pair) in mins.iter().enumerate() {
+                m = _mm512_dpwssd_epi32(m, *pair, _mm512_set1_epi32(*t.add(p)));
+            }
+            let da = _mm512_set1_ps(*c.da.add(j * c.blocks + b));
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*sum), _mm512_mul_ps(d, da), *acc);
+            *acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(dmin, da), *acc);
         }
     }
     for (j, acc) in acc.iter().enumerate() {
