@@ -86,7 +86,7 @@ fn geometry(ty: GgmlType) -> Option<Geometry> {
 
 impl Geometry {
     /// Bytes of one block of a whole group (16 rows' worth of file bytes).
-    pub(super) fn group_block(self) -> usize {
+    pub(super) const fn group_block(self) -> usize {
         self.block * INTERLEAVE_ROWS
     }
 
@@ -138,12 +138,8 @@ pub fn interleave(ty: GgmlType, k: usize, src: &[u8], dst: &mut [u8]) {
     if ty == GgmlType::Q4_K {
         let (group, blocks) = q4_k::check(k, src.len(), dst.len());
         for (rows, out) in src.chunks_exact(group).zip(dst.chunks_exact_mut(group)) {
-            for i in 0..INTERLEAVE_ROWS {
-                for b in 0..blocks {
-                    for (from, to, len) in q4_k::pieces(blocks, i, b) {
-                        out[to..to + len].copy_from_slice(&rows[from..from + len]);
-                    }
-                }
+            for (from, to, len) in (0..INTERLEAVE_ROWS).flat_map(|i| q4_k::pieces(blocks, i)) {
+                out[to..to + len].copy_from_slice(&rows[from..from + len]);
             }
         }
         return;
@@ -204,12 +200,10 @@ pub fn interleaved_row(ty: GgmlType, k: usize, w: &[u8], r: usize, dst: &mut [u8
         );
         let grp = &w[r / INTERLEAVE_ROWS * group..][..group];
         let i = r % INTERLEAVE_ROWS;
-        for b in 0..blocks {
-            for (from, to, len) in q4_k::pieces(blocks, i, b) {
-                // `from` counts from the group's first row: row `i` starts `i` rows in.
-                let from = from - i * blocks * q4_k::BLOCK;
-                dst[from..from + len].copy_from_slice(&grp[to..to + len]);
-            }
+        // `from` counts from the group's first row: row `i` starts `i` rows in.
+        let start = i * blocks * q4_k::BLOCK;
+        for (from, to, len) in q4_k::pieces(blocks, i) {
+            dst[from - start..][..len].copy_from_slice(&grp[to..to + len]);
         }
         return;
     }
@@ -336,38 +330,34 @@ pub fn interleaved_gemm_fn(ty: GgmlType, level: super::SimdLevel) -> Option<Inte
     }
 }
 
-/// Checks the lengths of an [`InterleavedGemmFn`] call for `g`; returns the blocks per row.
-pub(super) fn check_call(
-    g: Geometry,
-    k: usize,
-    w: &[u8],
-    rows: usize,
-    a: &[u8],
-    terms: &ActivationTerms,
-    cols: usize,
-) -> usize {
-    assert!(
-        k > 0 && k.is_multiple_of(QK),
-        "interleaved product: a row of {k} is not a whole number of blocks"
-    );
-    let blocks = k / QK;
-    assert!(
-        rows.is_multiple_of(INTERLEAVE_ROWS)
-            && w.len() == rows * blocks * g.block
-            && a.len() == cols * blocks * Q8_0.block
-            && terms.sums.len() == cols * blocks
-            && terms.scales.len() == cols * blocks,
-        "interleaved product: {rows} rows in {} bytes, {cols} activation rows in {} ({} terms), \
-         k {k}",
-        w.len(),
-        a.len(),
-        terms.sums.len()
-    );
-    blocks
+/// What the length check of an [`InterleavedGemmFn`] call needs to know of its format.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Blocking {
+    /// Elements per block (32, or 256 for a super-block).
+    pub(super) elements: usize,
+    /// Bytes of one block of one weight row, and of one activation block.
+    pub(super) block: usize,
+    pub(super) a_block: usize,
+    /// Quant-sum terms per activation block.
+    pub(super) sums: usize,
 }
 
-/// Checks the lengths of a Q4_K [`InterleavedGemmFn`] call; returns the super-blocks per row.
-pub(super) fn check_q4_k_call(
+impl Geometry {
+    /// The blocking of a 32-element format (Q8_0 activations, one sum a block).
+    pub(super) const fn blocking(self) -> Blocking {
+        Blocking {
+            elements: QK,
+            block: self.block,
+            a_block: Q8_0.block,
+            sums: 1,
+        }
+    }
+}
+
+/// Checks the lengths of an [`InterleavedGemmFn`] call of a format blocked as `f`; returns the
+/// blocks per row.
+pub(super) fn check_call(
+    f: Blocking,
     k: usize,
     w: &[u8],
     rows: usize,
@@ -376,15 +366,16 @@ pub(super) fn check_q4_k_call(
     cols: usize,
 ) -> usize {
     assert!(
-        k > 0 && k.is_multiple_of(q4_k::QK_K),
-        "interleaved product: a row of {k} is not a whole number of Q4_K blocks"
+        k > 0 && k.is_multiple_of(f.elements),
+        "interleaved product: a row of {k} is not a whole number of blocks of {}",
+        f.elements
     );
-    let blocks = k / q4_k::QK_K;
+    let blocks = k / f.elements;
     assert!(
         rows.is_multiple_of(INTERLEAVE_ROWS)
-            && w.len() == rows * blocks * q4_k::BLOCK
-            && a.len() == cols * blocks * q4_k::A_BLOCK
-            && terms.sums.len() == 4 * cols * blocks
+            && w.len() == rows * blocks * f.block
+            && a.len() == cols * blocks * f.a_block
+            && terms.sums.len() == f.sums * cols * blocks
             && terms.scales.len() == cols * blocks,
         "interleaved product: {rows} rows in {} bytes, {cols} activation rows in {} ({} terms), \
          k {k}",
@@ -432,6 +423,13 @@ pub(super) mod q4_k {
     /// unpacked 4 to a 32-bit lane, minimums `(0, 2)` and `(1, 3)` come apart as i16 pairs with
     /// one mask, as do `(4, 6)` and `(5, 7)`.
     pub(in crate::kernels) const MIN_PAIRS: [(usize, usize); 4] = [(0, 2), (1, 3), (4, 6), (5, 7)];
+    /// For the length check of a product.
+    pub(in crate::kernels) const BLOCKING: super::Blocking = super::Blocking {
+        elements: QK_K,
+        block: BLOCK,
+        a_block: A_BLOCK,
+        sums: MIN_PAIRS.len(),
+    };
 
     /// Checks an interleave of rows of `k` from `src` bytes into `dst` bytes: returns the bytes
     /// of a group and the super-blocks per row.
@@ -449,9 +447,14 @@ pub(super) mod q4_k {
         (group, blocks)
     }
 
-    /// Where the bytes of super-block `b` of row `i` go: `(from, to, len)` with `from` counted
-    /// from the group's first byte in the file layout and `to` in the interleaved one.
-    pub(super) fn pieces(
+    /// Where the bytes of row `i` of a group go: `(from, to, len)` with `from` counted from the
+    /// group's first byte in the file layout and `to` in the interleaved one.
+    pub(super) fn pieces(blocks: usize, i: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+        (0..blocks).flat_map(move |b| block_pieces(blocks, i, b))
+    }
+
+    /// [`pieces`] of super-block `b` of row `i`.
+    fn block_pieces(
         blocks: usize,
         i: usize,
         b: usize,

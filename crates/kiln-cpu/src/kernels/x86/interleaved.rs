@@ -15,8 +15,8 @@ use std::arch::x86_64::*;
 use kiln_core::GgmlType;
 
 use super::super::interleaved::{
-    check_call, check_q4_k_call, q4_k, ActivationTerms, Geometry, InterleavedGemmFn,
-    INTERLEAVE_ROWS, Q5_0, Q8_0,
+    check_call, q4_k, ActivationTerms, Blocking, Geometry, InterleavedGemmFn, INTERLEAVE_ROWS,
+    Q5_0, Q8_0,
 };
 
 /// Bytes of a Q8_0 activation block.
@@ -73,18 +73,57 @@ pub(in crate::kernels) fn interleaved_gemm_fn(ty: GgmlType) -> Option<Interleave
     match ty {
         GgmlType::Q8_0 => Some(gemm::<Q8>),
         GgmlType::Q5_0 => Some(gemm::<Q5>),
-        GgmlType::Q4_K => Some(gemm_q4_k),
+        GgmlType::Q4_K => Some(gemm::<Q4K>),
         _ => None,
     }
 }
 
-/// `kernels::InterleavedGemmFn` on AVX-512 VNNI for the format `L`.
+/// An interleaved format's product, as [`gemm`] runs it.
+trait Format {
+    const BLOCKING: Blocking;
+    /// Bytes of one block of a whole group.
+    const GROUP_BLOCK: usize;
+
+    /// The 16 rows of a group against `M` activation rows.
+    ///
+    /// # Safety
+    /// `c` names a whole group, `M` activation rows and their terms, and writable outputs;
+    /// AVX-512 F/BW/VL/VNNI.
+    unsafe fn chunk<const M: usize>(c: &Chunk);
+}
+
+impl<L: Lines> Format for L {
+    const BLOCKING: Blocking = L::GEOMETRY.blocking();
+    const GROUP_BLOCK: usize = L::GEOMETRY.group_block();
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn chunk<const M: usize>(c: &Chunk) {
+        chunk::<L, M>(c)
+    }
+}
+
+/// Q4_K (its own kernel, [`chunk_q4_k`]).
+struct Q4K;
+
+impl Format for Q4K {
+    const BLOCKING: Blocking = q4_k::BLOCKING;
+    const GROUP_BLOCK: usize = q4_k::GROUP_BLOCK;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn chunk<const M: usize>(c: &Chunk) {
+        chunk_q4_k::<M>(c)
+    }
+}
+
+/// `kernels::InterleavedGemmFn` on AVX-512 VNNI for the format `F`.
 ///
 /// # Safety
 /// As `InterleavedGemmFn`; handed out only when the CPU has AVX-512 F/BW/VL/VNNI (and AVX2,
 /// FMA, F16C).
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm<L: Lines>(
+unsafe fn gemm<F: Format>(
     k: usize,
     w: &[u8],
     rows: usize,
@@ -94,14 +133,14 @@ unsafe fn gemm<L: Lines>(
     out: *mut f32,
     ldo: usize,
 ) {
-    let blocks = check_call(L::GEOMETRY, k, w, rows, a, terms, cols);
+    let blocks = check_call(F::BLOCKING, k, w, rows, a, terms, cols);
     if rows == 0 || cols == 0 {
         return;
     }
     // SAFETY: the lengths are checked above (whole groups of `blocks` blocks, `cols` activation
     // rows of `blocks` blocks, the terms of each); the caller vouches for `out` and the CPU.
     unsafe {
-        groups::<L>(
+        groups::<F>(
             blocks,
             w.as_ptr(),
             rows / INTERLEAVE_ROWS,
@@ -120,7 +159,7 @@ unsafe fn gemm<L: Lines>(
 /// As [`gemm`] after its checks.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn groups<L: Lines>(
+unsafe fn groups<F: Format>(
     blocks: usize,
     w: *const u8,
     n_groups: usize,
@@ -130,79 +169,33 @@ unsafe fn groups<L: Lines>(
     out: *mut f32,
     ldo: usize,
 ) {
-    let shape = Shape {
-        blocks,
-        group_bytes: blocks * L::GEOMETRY.group_block(),
-        a_row: blocks * A_BLOCK,
-        sums_row: blocks,
-    };
-    for_chunks(
-        shape,
-        w,
-        n_groups,
-        a,
-        cols,
-        terms,
-        out,
-        ldo,
-        |at, m| match m {
-            1 => chunk::<L, 1>(at),
-            2 => chunk::<L, 2>(at),
-            3 => chunk::<L, 3>(at),
-            4 => chunk::<L, 4>(at),
-            5 => chunk::<L, 5>(at),
-            6 => chunk::<L, 6>(at),
-            7 => chunk::<L, 7>(at),
-            _ => chunk::<L, 8>(at),
-        },
-    );
-}
-
-/// How a format's groups and activation rows are laid out, for [`for_chunks`].
-#[derive(Clone, Copy)]
-struct Shape {
-    /// Blocks (super-blocks for Q4_K) per row.
-    blocks: usize,
-    group_bytes: usize,
-    /// Bytes of one activation row.
-    a_row: usize,
-    /// Quant-sum terms of one activation row.
-    sums_row: usize,
-}
-
-/// Calls `run(chunk, m)` for every group of `w` and every run of `m <= 8` activation rows.
-///
-/// # Safety
-/// `w` holds `n_groups` groups of `shape`, `a` and `terms` `cols` activation rows, and `out` is
-/// writable as `kernels::InterleavedGemmFn` says.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-unsafe fn for_chunks(
-    shape: Shape,
-    w: *const u8,
-    n_groups: usize,
-    a: *const u8,
-    cols: usize,
-    terms: &ActivationTerms,
-    out: *mut f32,
-    ldo: usize,
-    mut run: impl FnMut(&Chunk, usize),
-) {
+    let group_bytes = blocks * F::GROUP_BLOCK;
+    let a_row = blocks * F::BLOCKING.a_block;
+    let sums_row = blocks * F::BLOCKING.sums;
     for g in 0..n_groups {
         let mut c0 = 0;
         while c0 < cols {
             let m = (cols - c0).min(8);
             let at = Chunk {
-                blocks: shape.blocks,
-                w: w.add(g * shape.group_bytes),
-                a: a.add(c0 * shape.a_row),
-                a_row: shape.a_row,
-                sums: terms.sums.as_ptr().add(c0 * shape.sums_row),
-                da: terms.scales.as_ptr().add(c0 * shape.blocks),
+                blocks,
+                w: w.add(g * group_bytes),
+                a: a.add(c0 * a_row),
+                a_row,
+                sums: terms.sums.as_ptr().add(c0 * sums_row),
+                da: terms.scales.as_ptr().add(c0 * blocks),
                 out: out.add(c0 * ldo + g * INTERLEAVE_ROWS),
                 ldo,
             };
-            run(&at, m);
+            match m {
+                1 => F::chunk::<1>(&at),
+                2 => F::chunk::<2>(&at),
+                3 => F::chunk::<3>(&at),
+                4 => F::chunk::<4>(&at),
+                5 => F::chunk::<5>(&at),
+                6 => F::chunk::<6>(&at),
+                7 => F::chunk::<7>(&at),
+                _ => F::chunk::<8>(&at),
+            }
             c0 += m;
         }
     }
@@ -216,8 +209,8 @@ struct Chunk {
     /// The first activation row's first block.
     a: *const u8,
     a_row: usize,
-    /// The first activation row's quant-sum terms and scales (rows `Shape::sums_row` and
-    /// `blocks` apart).
+    /// The first activation row's quant-sum terms and scales (rows `blocks * sums` and
+    /// `blocks` apart, `sums` the format's terms per block).
     sums: *const i32,
     da: *const f32,
     /// Where the first activation row's 16 outputs go (rows `ldo` apart).
@@ -277,86 +270,6 @@ unsafe fn chunk<L: Lines, const M: usize>(c: &Chunk) {
     for (j, acc) in acc.iter().enumerate() {
         _mm512_storeu_ps(c.out.add(j * c.ldo), *acc);
     }
-}
-
-/// `kernels::InterleavedGemmFn` on AVX-512 VNNI for Q4_K (layout: `kernels::interleaved`'s
-/// `q4_k`).
-///
-/// # Safety
-/// As `InterleavedGemmFn`; handed out only when the CPU has AVX-512 F/BW/VL/VNNI (and AVX2,
-/// FMA, F16C).
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm_q4_k(
-    k: usize,
-    w: &[u8],
-    rows: usize,
-    a: &[u8],
-    terms: &ActivationTerms,
-    cols: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
-    let blocks = check_q4_k_call(k, w, rows, a, terms, cols);
-    if rows == 0 || cols == 0 {
-        return;
-    }
-    // SAFETY: the lengths are checked above; the caller vouches for `out` and the CPU.
-    unsafe {
-        groups_q4_k(
-            blocks,
-            w.as_ptr(),
-            rows / INTERLEAVE_ROWS,
-            a.as_ptr(),
-            cols,
-            terms,
-            out,
-            ldo,
-        )
-    }
-}
-
-/// Every Q4_K group of `w` against every activation row, 8 activation rows at a time.
-///
-/// # Safety
-/// As [`gemm_q4_k`] after its checks.
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn groups_q4_k(
-    blocks: usize,
-    w: *const u8,
-    n_groups: usize,
-    a: *const u8,
-    cols: usize,
-    terms: &ActivationTerms,
-    out: *mut f32,
-    ldo: usize,
-) {
-    let shape = Shape {
-        blocks,
-        group_bytes: blocks * q4_k::GROUP_BLOCK,
-        a_row: blocks * q4_k::A_BLOCK,
-        sums_row: 4 * blocks,
-    };
-    for_chunks(
-        shape,
-        w,
-        n_groups,
-        a,
-        cols,
-        terms,
-        out,
-        ldo,
-        |at, m| match m {
-            1 => chunk_q4_k::<1>(at),
-            2 => chunk_q4_k::<2>(at),
-            3 => chunk_q4_k::<3>(at),
-            4 => chunk_q4_k::<4>(at),
-            5 => chunk_q4_k::<5>(at),
-            6 => chunk_q4_k::<6>(at),
-            7 => chunk_q4_k::<7>(at),
-            _ => chunk_q4_k::<8>(at),
-        },
-    );
 }
 
 /// The 16 rows of a Q4_K group against `M` activation rows. Per super-block: the 16 rows' 6-bit
