@@ -1,8 +1,8 @@
-//! The interleaved Q8_0, Q5_0 and Q4_K products (`kernels::interleaved_gemm_fn`) against the
-//! file layout's VNNI kernels (one-row product or row dots, narrow kernel, tile kernel), one
+//! The interleaved Q8_0, Q5_0, Q4_K and Q6_K products (`kernels::interleaved_gemm_fn`) against
+//! the file layout's VNNI kernels (one-row product or row dots, narrow kernel, tile kernel), one
 //! thread, weights in cache: ns per 16 rows x 32 elements x activation row, for 1, 8, 64 and 512
-//! activation rows, rows of 640 (Q8_0, Q5_0: Gemma 3 270M's width) and 1024 (Q4_K: its
-//! attention output's).
+//! activation rows, rows of 640 (Q8_0, Q5_0: Gemma 3 270M's width), 1024 (Q4_K: its attention
+//! output's) and 2048 (Q6_K: its FFN down projection's).
 //!
 //! `cargo run --release -p kiln-cpu --example interleave_bench [-- GROUPS]` (groups of 16 rows;
 //! 64 by default, 700 KB of Q8_0)
@@ -27,6 +27,7 @@ fn main() {
         (GgmlType::Q8_0, 640),
         (GgmlType::Q5_0, 640),
         (GgmlType::Q4_K, 1024),
+        (GgmlType::Q6_K, 2048),
     ] {
         let Some(gemm) = kernels::interleaved_gemm_fn(ty, level) else {
             println!("no AVX-512 VNNI: nothing to measure");
@@ -43,7 +44,7 @@ fn main() {
             quantize(xr, ar);
         }
         let mut w = vec![0u8; rows * ty.row_bytes(k as u64).unwrap() as usize];
-        if ty == GgmlType::Q4_K {
+        if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
             // Quantized from floats: random bytes would give random (often huge) f16 scales.
             let xs: Vec<f32> = (0..rows * k)
                 .map(|i| ((i * 104_729) % 2001) as f32 / 1000.0 - 1.0)

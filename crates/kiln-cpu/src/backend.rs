@@ -243,10 +243,10 @@ impl CpuBackend {
 
     /// Whether weights uploaded from now on may be stored in a layout of this backend's own
     /// (on by default; the environment variable `KILN_INTERLEAVE=0` turns it off, to compare):
-    /// at the AVX-512 VNNI level, a 2-D Q8_0, Q5_0 or Q4_K matrix of a multiple of 16 rows is
-    /// copied into the interleaved layout of `kernels::interleave` (same size, in the backend's
+    /// at the AVX-512 VNNI level, a 2-D Q8_0, Q5_0, Q4_K or Q6_K matrix of a multiple of 16 rows
+    /// is copied into the interleaved layout of `kernels::interleave` (same size, in the backend's
     /// huge-page arena), whose products do far less arithmetic per block (one-row products
-    /// 1.7x (Q8_0), 2.6x (Q5_0) and 2.8-3.1x (Q4_K) faster in cache; Gemma 3 270M's decode +5%
+    /// 1.7x (Q8_0), 2.6x (Q5_0), 3.6x (Q4_K) and 1.7x (Q6_K) faster in cache; Gemma 3 270M's decode +5%
     /// at one sequence and +12-18% at eight in `kiln bench`, same run, with Q8_0 and Q5_0). Every product, embedding lookup and the
     /// fused decode jobs then read the copy. Its source pages are handed back as they are
     /// copied (`SharedBytes::release_pages`), so the resident size stays that of one copy.

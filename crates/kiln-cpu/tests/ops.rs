@@ -455,7 +455,7 @@ fn quantized_weight(
 
 #[test]
 fn interleaved_weights_give_the_file_layout_s_results() {
-    // At the VNNI level a Q8_0, Q5_0 or Q4_K matrix of whole groups of 16 rows is held
+    // At the VNNI level a Q8_0, Q5_0, Q4_K or Q6_K matrix of whole groups of 16 rows is held
     // interleaved: its embedding rows must be the file's, its products those of the file layout
     // up to the order of the f32 additions, and each row's product the same bits alone or
     // batched.

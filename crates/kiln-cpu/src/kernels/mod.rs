@@ -26,8 +26,8 @@
 //!   of the best level it has ([`SimdLevel::Avx512Vnni`] on an AVX2-only CPU gives the AVX2
 //!   kernel, [`SimdLevel::Avx2`] off x86-64 the scalar one), so every returned `fn` is safe to
 //!   call.
-//! - **Interleaved layouts are the VNNI level's own.** [`interleave`] rearranges Q8_0, Q5_0 and
-//!   Q4_K matrices of whole groups of 16 rows so that one `vpdpbusd` serves 16 rows
+//! - **Interleaved layouts are the VNNI level's own.** [`interleave`] rearranges Q8_0, Q5_0,
+//!   Q4_K and Q6_K matrices of whole groups of 16 rows so that one `vpdpbusd` serves 16 rows
 //!   ([`interleaved_gemm_fn`], AVX-512 VNNI only); [`interleaved_row`] gives any row back
 //!   byte for byte. Their products equal the row dots up to the order of the f32 additions and
 //!   are batch-invariant by construction (each value's operations do not depend on the number

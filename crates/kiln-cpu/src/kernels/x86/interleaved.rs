@@ -1,5 +1,6 @@
-//! The AVX-512 VNNI products over interleaved Q8_0, Q5_0 and Q4_K weights (layouts:
-//! `kernels::interleaved`; Q4_K's kernel is [`chunk_q4_k`], described there).
+//! The AVX-512 VNNI products over interleaved Q8_0, Q5_0, Q4_K and Q6_K weights (layouts:
+//! `kernels::interleaved`; the k-quants' kernels are [`chunk_q4_k`] and [`chunk_q6_k`],
+//! described there).
 //!
 //! Per group of 16 weight rows and block: the block's 8 quant lines are made once into 8
 //! registers (Q8_0: loaded; Q5_0: 4 loads split into low and high nibbles, each line's fifth bits
@@ -15,8 +16,8 @@ use std::arch::x86_64::*;
 use kiln_core::GgmlType;
 
 use super::super::interleaved::{
-    check_call, q4_k, ActivationTerms, Blocking, Geometry, InterleavedGemmFn, INTERLEAVE_ROWS,
-    Q5_0, Q8_0,
+    check_call, q4_k, q6_k, ActivationTerms, Blocking, Geometry, InterleavedGemmFn,
+    INTERLEAVE_ROWS, Q5_0, Q8_0,
 };
 
 /// Bytes of a Q8_0 activation block.
@@ -74,6 +75,7 @@ pub(in crate::kernels) fn interleaved_gemm_fn(ty: GgmlType) -> Option<Interleave
         GgmlType::Q8_0 => Some(gemm::<Q8>),
         GgmlType::Q5_0 => Some(gemm::<Q5>),
         GgmlType::Q4_K => Some(gemm::<Q4K>),
+        GgmlType::Q6_K => Some(gemm::<Q6K>),
         _ => None,
     }
 }
@@ -114,6 +116,20 @@ impl Format for Q4K {
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn chunk<const M: usize>(c: &Chunk) {
         chunk_q4_k::<M>(c)
+    }
+}
+
+/// Q6_K (its own kernel, [`chunk_q6_k`]).
+struct Q6K;
+
+impl Format for Q6K {
+    const BLOCKING: Blocking = q6_k::BLOCKING;
+    const GROUP_BLOCK: usize = q6_k::BLOCK * INTERLEAVE_ROWS;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn chunk<const M: usize>(c: &Chunk) {
+        chunk_q6_k::<M>(c)
     }
 }
 
@@ -360,7 +376,7 @@ unsafe fn chunk_q4_k<const M: usize>(c: &Chunk) {
         let d = _mm512_cvtph_ps(_mm256_loadu_si256(base.cast()));
         let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(q4_k::DMIN).cast()));
         for (j, (acc, sum)) in acc.iter_mut().zip(&sums).enumerate() {
-            let t = c.sums.add(4 * (j * c.blocks + b));
+            let t = c.sums.add(q4_k::TERMS * (j * c.blocks + b));
             let mut m = _mm512_setzero_si512();
             for (p, pair) in mins.iter().enumerate() {
                 m = _mm512_dpwssd_epi32(m, *pair, _mm512_set1_epi32(*t.add(p)));
@@ -368,6 +384,112 @@ unsafe fn chunk_q4_k<const M: usize>(c: &Chunk) {
             let da = _mm512_set1_ps(*c.da.add(j * c.blocks + b));
             *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*sum), _mm512_mul_ps(d, da), *acc);
             *acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(dmin, da), *acc);
+        }
+    }
+    for (j, acc) in acc.iter().enumerate() {
+        _mm512_storeu_ps(c.out.add(j * c.ldo), *acc);
+    }
+}
+
+/// The 16 rows of a Q6_K group against `M` activation rows. Per super-block, half and quarter:
+/// 4 code lines made from one `ql` line's low or high nibbles and the matching bit pair of a
+/// `qh` line (one shift and one `vpternlogd` each: `low | (high & 0x30)`), then for each
+/// activation row 4 `vpdpbusd` give each row's exact sum over a group of 16 unsigned codes,
+/// multiplied by the row's signed scale and summed in i32 over the super-block (at most
+/// 16 * 128 * 16 * 63 * 127 in magnitude, inside i32). The codes' offset of 32 comes off as
+/// `32 * sum(scale * group sum)`, 8 `vpdpwssd` of sign-extended scale pairs against the
+/// activation's group sums. Then `acc += d * da * sum` in f32.
+///
+/// # Safety
+/// `c` names a whole group, `M` activation rows and their terms, and writable outputs.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn chunk_q6_k<const M: usize>(c: &Chunk) {
+    let low4 = _mm512_set1_epi8(0x0f);
+    let bits45 = _mm512_set1_epi8(0x30);
+    let mut acc = [_mm512_setzero_ps(); M];
+    let blocks_at = c.w.add(c.blocks * q6_k::D);
+    for b in 0..c.blocks {
+        let base = blocks_at.add(b * q6_k::GROUP_BLOCK);
+        let scale_lines: [__m512i; 4] =
+            std::array::from_fn(|q| _mm512_loadu_si512(base.add(64 * q).cast()));
+        // Scale of group `g` as one i32 per lane (sign-extended).
+        let scale = |g: usize| {
+            let l = scale_lines[g / 4];
+            _mm512_srai_epi32::<24>(match g % 4 {
+                0 => _mm512_slli_epi32::<24>(l),
+                1 => _mm512_slli_epi32::<16>(l),
+                2 => _mm512_slli_epi32::<8>(l),
+                _ => l,
+            })
+        };
+        let mut sums = [_mm512_setzero_si512(); M];
+        for n in 0..2 {
+            let half = base.add(q6_k::HALVES + n * q6_k::HALF);
+            for jh in 0..2 {
+                for quarter in 0..4 {
+                    // Code lines of codes `32 * quarter + 4j..+4` of the half, j = 4jh..4jh + 4:
+                    // group `8n + 2 * quarter + jh`.
+                    let codes: [__m512i; 4] = std::array::from_fn(|jj| {
+                        let j = 4 * jh + jj;
+                        let qh = _mm512_loadu_si512(half.add(64 * j).cast());
+                        let ql = _mm512_loadu_si512(
+                            half.add(q6_k::QL + 64 * (j + 8 * (quarter % 2))).cast(),
+                        );
+                        let low = if quarter < 2 {
+                            _mm512_and_si512(ql, low4)
+                        } else {
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(ql), low4)
+                        };
+                        // Bits `2 * quarter..+2` of each `qh` byte to bits 4-5.
+                        let high = match quarter {
+                            0 => _mm512_slli_epi16::<4>(qh),
+                            1 => _mm512_slli_epi16::<2>(qh),
+                            2 => qh,
+                            _ => _mm512_srli_epi16::<2>(qh),
+                        };
+                        // low | (high & 0x30)
+                        _mm512_ternarylogic_epi32::<0xf8>(low, high, bits45)
+                    });
+                    let sc = scale(8 * n + 2 * quarter + jh);
+                    for (j, sum) in sums.iter_mut().enumerate() {
+                        let ar = c.a.add(
+                            j * c.a_row + b * q4_k::A_BLOCK + 4 + 128 * n + 32 * quarter + 16 * jh,
+                        );
+                        let quad = |at: usize| {
+                            _mm512_set1_epi32(ar.add(at).cast::<i32>().read_unaligned())
+                        };
+                        let mut e = [_mm512_setzero_si512(); 2];
+                        for (jj, code) in codes.iter().enumerate() {
+                            e[jj % 2] = _mm512_dpbusd_epi32(e[jj % 2], *code, quad(4 * jj));
+                        }
+                        let group = _mm512_add_epi32(e[0], e[1]);
+                        *sum = _mm512_add_epi32(*sum, _mm512_mullo_epi32(group, sc));
+                    }
+                }
+            }
+        }
+        // Sign-extended i16 scale pairs, in the order of `q6_k::SCALE_PAIRS`.
+        let pairs: [__m512i; 8] = std::array::from_fn(|p| {
+            let l = scale_lines[p / 2];
+            if p % 2 == 0 {
+                _mm512_srai_epi16::<8>(_mm512_slli_epi16::<8>(l))
+            } else {
+                _mm512_srai_epi16::<8>(l)
+            }
+        });
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(c.w.add(b * q6_k::D).cast()));
+        for (j, (acc, sum)) in acc.iter_mut().zip(&sums).enumerate() {
+            let t = c
+                .sums
+                .add(q4_k::TERMS * (j * c.blocks + b) + q4_k::MIN_PAIRS.len());
+            let mut offset = _mm512_setzero_si512();
+            for (p, pair) in pairs.iter().enumerate() {
+                offset = _mm512_dpwssd_epi32(offset, *pair, _mm512_set1_epi32(*t.add(p)));
+            }
+            let total = _mm512_sub_epi32(*sum, _mm512_slli_epi32::<5>(offset));
+            let da = _mm512_set1_ps(*c.da.add(j * c.blocks + b));
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d, da), *acc);
         }
     }
     for (j, acc) in acc.iter().enumerate() {
