@@ -183,8 +183,8 @@ pub struct CpuBackend {
     pub(crate) simd: SimdLevel,
     /// See [`CpuBackend::set_batch_invariant`].
     pub(crate) batch_invariant: bool,
-    /// See [`CpuBackend::set_interleave`].
-    pub(crate) interleave: bool,
+    /// The weight types to interleave (see [`CpuBackend::set_interleave`]); empty: none.
+    pub(crate) interleave: Vec<GgmlType>,
     /// Where interleaved weights live.
     pub(crate) arena: Arena,
     /// The rope angles of the current step (see `ops::RopeTables`).
@@ -235,23 +235,27 @@ impl CpuBackend {
             threads,
             simd,
             batch_invariant: false,
-            interleave: std::env::var("KILN_INTERLEAVE").map_or(true, |v| v != "0"),
+            interleave: interleave_types(std::env::var("KILN_INTERLEAVE").ok().as_deref()),
             arena: Arena::default(),
             rope_tables: Default::default(),
         })
     }
 
     /// Whether weights uploaded from now on may be stored in a layout of this backend's own
-    /// (on by default; the environment variable `KILN_INTERLEAVE=0` turns it off, to compare):
-    /// at the AVX-512 VNNI level, a 2-D Q8_0, Q5_0, Q4_K or Q6_K matrix of a multiple of 16 rows
-    /// is copied into the interleaved layout of `kernels::interleave` (same size, in the backend's
-    /// huge-page arena), whose products do far less arithmetic per block (one-row products
-    /// 1.7x (Q8_0), 2.6x (Q5_0), 3.6x (Q4_K) and 1.7x (Q6_K) faster in cache; Gemma 3 270M's decode +5%
-    /// at one sequence and +12-18% at eight in `kiln bench`, same run, with Q8_0 and Q5_0). Every product, embedding lookup and the
-    /// fused decode jobs then read the copy. Its source pages are handed back as they are
-    /// copied (`SharedBytes::release_pages`), so the resident size stays that of one copy.
+    /// (on by default): at the AVX-512 VNNI level, a 2-D Q8_0, Q5_0, Q4_K or Q6_K matrix of a
+    /// multiple of 16 rows is copied into the interleaved layout of `kernels::interleave` (same
+    /// size, in the backend's huge-page arena), whose products do far less arithmetic per block
+    /// (one-row products 1.7x (Q8_0), 2.6x (Q5_0), 3.6x (Q4_K) and 1.7x (Q6_K) faster in cache;
+    /// Gemma 3 270M's decode +5% at one sequence and +12-18% at eight in `kiln bench`, same run,
+    /// with Q8_0 and Q5_0). Every product, embedding lookup and the fused decode jobs then read
+    /// the copy. Its source pages are handed back as they are copied
+    /// (`SharedBytes::release_pages`), so the resident size stays that of one copy.
+    ///
+    /// The environment variable `KILN_INTERLEAVE` sets the default, for A/B runs: `0` none, `1`
+    /// (or unset) every type, or a comma-separated list of the types to interleave (`q8_0,q5_0`;
+    /// other names are ignored).
     pub fn set_interleave(&mut self, on: bool) {
-        self.interleave = on;
+        self.interleave = interleave_types(Some(if on { "1" } else { "0" }));
     }
 
     /// `data`'s matrix in the interleaved layout, when [`CpuBackend::set_interleave`] says so
@@ -263,7 +267,11 @@ impl CpuBackend {
         row_bytes: usize,
     ) -> std::io::Result<Option<Arc<Interleaved>>> {
         let rows = kernels::INTERLEAVE_ROWS;
-        if !self.interleave || data.dims.len() != 2 || n_rows == 0 || !n_rows.is_multiple_of(rows) {
+        if !self.interleave.contains(&data.ty)
+            || data.dims.len() != 2
+            || n_rows == 0
+            || !n_rows.is_multiple_of(rows)
+        {
             return Ok(None);
         }
         let Some(gemm) = kernels::interleaved_gemm_fn(data.ty, self.simd) else {
@@ -767,9 +775,41 @@ impl Backend for CpuBackend {
     }
 }
 
+/// The weight types `KILN_INTERLEAVE`'s value `v` asks to interleave (see
+/// [`CpuBackend::set_interleave`]).
+fn interleave_types(v: Option<&str>) -> Vec<GgmlType> {
+    const ALL: [GgmlType; 4] = [
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ];
+    match v.map(str::trim) {
+        None | Some("1") => ALL.to_vec(),
+        Some("0") => Vec::new(),
+        Some(list) => ALL
+            .into_iter()
+            .filter(|ty| {
+                list.split(',')
+                    .any(|name| name.trim().eq_ignore_ascii_case(ty.name()))
+            })
+            .collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kiln_interleave_names_the_types() {
+        use GgmlType::*;
+        assert_eq!(interleave_types(None), [Q8_0, Q5_0, Q4_K, Q6_K]);
+        assert_eq!(interleave_types(Some("1")), [Q8_0, Q5_0, Q4_K, Q6_K]);
+        assert!(interleave_types(Some("0")).is_empty());
+        assert_eq!(interleave_types(Some("q6_k, Q8_0")), [Q8_0, Q6_K]);
+        assert!(interleave_types(Some("q4_0,nonsense")).is_empty());
+    }
 
     #[test]
     fn arena_regions_are_aligned_disjoint_and_large_ones_stand_alone() {

@@ -425,16 +425,15 @@ unsafe fn chunk_q6_k<const M: usize>(c: &Chunk) {
         };
         let mut sums = [_mm512_setzero_si512(); M];
         for n in 0..2 {
-            let half = base.add(q6_k::HALVES + n * q6_k::HALF);
             for jh in 0..2 {
+                let unit = base.add(q6_k::UNITS + (2 * n + jh) * q6_k::UNIT);
                 for quarter in 0..4 {
                     // Code lines of codes `32 * quarter + 4j..+4` of the half, j = 4jh..4jh + 4:
                     // group `8n + 2 * quarter + jh`.
                     let codes: [__m512i; 4] = std::array::from_fn(|jj| {
-                        let j = 4 * jh + jj;
-                        let qh = _mm512_loadu_si512(half.add(64 * j).cast());
+                        let qh = _mm512_loadu_si512(unit.add(64 * jj).cast());
                         let ql = _mm512_loadu_si512(
-                            half.add(q6_k::QL + 64 * (j + 8 * (quarter % 2))).cast(),
+                            unit.add(q6_k::QL + 256 * (quarter % 2) + 64 * jj).cast(),
                         );
                         let low = if quarter < 2 {
                             _mm512_and_si512(ql, low4)
