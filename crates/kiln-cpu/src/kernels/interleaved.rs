@@ -147,8 +147,12 @@ fn word(bytes: &[u8], at: usize) -> u32 {
 pub fn interleave(ty: GgmlType, k: usize, src: &[u8], dst: &mut [u8]) {
     if let Some((block, pieces)) = super_block(ty) {
         let (group, blocks) = q4_k::check(ty, block, k, src.len(), dst.len());
+        // The same map for every group: made once.
+        let map: Vec<_> = (0..INTERLEAVE_ROWS)
+            .flat_map(|i| pieces(blocks, i))
+            .collect();
         for (rows, out) in src.chunks_exact(group).zip(dst.chunks_exact_mut(group)) {
-            for (from, to, len) in (0..INTERLEAVE_ROWS).flat_map(|i| pieces(blocks, i)) {
+            for &(from, to, len) in &map {
                 out[to..to + len].copy_from_slice(&rows[from..from + len]);
             }
         }
