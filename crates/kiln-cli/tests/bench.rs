@@ -96,6 +96,8 @@ fn json_rows_are_the_requested_tests_with_their_roofline() {
         "prompt tests have no roofline"
     );
 
+    // Whether this process may reset its peak-RSS mark (kiln's bench child may too).
+    let resets_peak = std::fs::write("/proc/self/clear_refs", "5").is_ok();
     let roof = |i: usize| rows[i]["roofline"].clone();
     for i in [1, 2] {
         let r = roof(i);
@@ -121,6 +123,27 @@ fn json_rows_are_the_requested_tests_with_their_roofline() {
         assert!(fraction < 10.0, "a fraction, not a percentage: {fraction}");
         // A GGUF read into memory (no --mmap) sits in huge pages: the probe streams those.
         assert_eq!(r["bandwidth_probe_pages"], "huge");
+        // Short probes beside the repetitions (where the peak mark can be reset around them):
+        // one after the warm-up, one after the repetition; the share is of their average.
+        let probes = r["beside_probes_bytes_per_s"].as_array().unwrap();
+        if resets_peak {
+            assert_eq!(probes.len(), 2, "{r}");
+            let (p0, p1) = (
+                positive(&probes[0], "beside probe"),
+                positive(&probes[1], "beside probe"),
+            );
+            let bw = positive(&r["beside_bandwidth_bytes_per_s"], "beside bandwidth");
+            let harmonic = 2.0 / (1.0 / p0 + 1.0 / p1);
+            assert!((bw - harmonic).abs() < 1e-9 * bw, "{bw} vs {harmonic}");
+            let batch = rows[i]["batch"].as_f64().unwrap();
+            let tps = rows[i]["tps_mean"].as_f64().unwrap();
+            let per_step = r["bytes_per_step"].as_f64().unwrap();
+            let want = tps / batch * per_step / bw;
+            let got = positive(&r["beside_fraction"], "beside fraction");
+            assert!((got - want).abs() < 1e-9 * want, "{got} vs {want}");
+        } else {
+            assert!(probes.is_empty() && r["beside_fraction"].is_null(), "{r}");
+        }
     }
     // One bound per thread count: the better of the probes before and after the tests.
     assert_eq!(
@@ -160,7 +183,16 @@ fn the_table_names_the_tests_the_roofline_and_the_peak() {
         "",
     );
     for needle in [
-        "| model", "t/s", "pp8", "tg2", "gemma3", "Q4_K_M", "roofline", "peak RSS", "±",
+        "| model",
+        "t/s",
+        "pp8",
+        "tg2",
+        "gemma3",
+        "Q4_K_M",
+        "roofline",
+        "peak RSS",
+        "±",
+        "beside the runs",
     ] {
         assert!(stdout.contains(needle), "no {needle:?} in:\n{stdout}");
     }

@@ -25,7 +25,9 @@ mod sgemm;
 mod team;
 
 pub use backend::{CpuBackend, CpuTensor, CpuWeight};
-pub use probe::{memory_bandwidth, memory_bandwidth_with, Bandwidth, Pages};
+pub use probe::{
+    memory_bandwidth, memory_bandwidth_quick, memory_bandwidth_with, Bandwidth, Pages, QUICK_PASSES,
+};
 
 /// Elements below which a row-wise op runs on the calling thread: handing a few microseconds of
 /// work to the pool costs more than it saves (decode steps are made of such ops).

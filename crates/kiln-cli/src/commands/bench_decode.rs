@@ -29,10 +29,22 @@
 //! default, small ones with `--mmap`) that gives the fastest the step could be; the reached
 //! fraction is `steps/s · bytes/step / bandwidth`.
 //!
+//! Beside the runs: a shared host's memory speed can move from one tenth of a second to the
+//! next (the 2-core guest we develop on reads 30-36 GB/s most of the time and 45-65 in short
+//! bursts), so the best pass of a probe is a moment that a whole decode run never sees. A short probe ([`kiln_cpu::memory_bandwidth_quick`], tens
+//! of milliseconds) therefore also runs after the warm-up and after every repetition of a decode
+//! test, and the test's share of what those probes gave on average (all their passes' bytes
+//! over all their time) is reported too (`beside the runs` in the table; `beside_*` in the
+//! JSON). Since the runs and the probes take turns, a burst of fast memory during a run is
+//! caught by the probes about as often as by the runs. The headline fraction stays the one
+//! against the best probe. These probes run only where the peak mark can be reset after each
+//! (below), so that their buffers never count in the peak.
+//!
 //! Peak RSS: `VmHWM` of `/proc/self/status` after the last test, read before the second probe.
 //! The first probe runs first and frees its buffer; the peak mark is then reset (`5` written to
 //! `/proc/self/clear_refs`), so the figure is the model's and the tests', not the probe's (the
-//! output says so when the reset was refused).
+//! output says so when the reset was refused). Around each probe beside a run the mark is read
+//! before and reset after; the figure is the highest of those readings and the last.
 //!
 //! `--json` prints one JSON array on stdout, one object per test, with `test`, `threads`,
 //! `batch`, `tps_mean`, `tps_std`, `samples`, the model's fields and `peak_rss_bytes`; decode
@@ -43,7 +55,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use kiln_backend::Backend;
 use kiln_core::config::DecoderConfig;
-use kiln_cpu::{Bandwidth, CpuBackend, CpuTensor};
+use kiln_cpu::{Bandwidth, CpuBackend, CpuTensor, Pages};
 use kiln_models::{Decoder, KvCache, NoTrace};
 use serde_json::{json, Value};
 
@@ -156,6 +168,9 @@ struct Roofline {
     bandwidth: Bandwidth,
     /// Steps per second reached (t/s / batch).
     steps_per_s: f64,
+    /// The sustained bandwidth of each short probe beside the repetitions (after the warm-up
+    /// and after each repetition). Empty when none ran.
+    beside: Vec<f64>,
 }
 
 impl Roofline {
@@ -168,6 +183,43 @@ impl Roofline {
     }
     fn fraction(&self) -> f64 {
         self.steps_per_s * self.bytes_per_step() / self.bandwidth.bytes_per_s
+    }
+    /// The bandwidth the probes beside the runs saw on average: all their passes' bytes over
+    /// all their time (the harmonic mean of their sustained rates, each probe reading the same
+    /// bytes). `None` without such probes.
+    fn beside_bandwidth(&self) -> Option<f64> {
+        if self.beside.is_empty() {
+            return None;
+        }
+        let inv: f64 = self.beside.iter().map(|b| 1.0 / b).sum();
+        Some(self.beside.len() as f64 / inv)
+    }
+    /// The share of [`Roofline::beside_bandwidth`] the test reached.
+    fn beside_fraction(&self) -> Option<f64> {
+        self.beside_bandwidth()
+            .map(|bw| self.steps_per_s * self.bytes_per_step() / bw)
+    }
+}
+
+/// Short bandwidth probes beside a decode test's repetitions (see the module docs), and the
+/// peak-RSS mark kept across them: before each probe the mark is read, after it the mark is
+/// reset, so no probe's buffer counts in the reported peak.
+struct SideProbes {
+    threads: usize,
+    pages: Pages,
+    /// The highest `VmHWM` read before a probe.
+    peak: Option<u64>,
+}
+
+impl SideProbes {
+    /// Bytes per second now, on average over the probe's passes.
+    fn probe(&mut self) -> Result<f64> {
+        self.peak = self.peak.max(peak_rss_bytes());
+        let bw = kiln_cpu::memory_bandwidth_quick(self.threads, self.pages)
+            .context("measuring the memory bandwidth beside a run")?;
+        // The reset worked before the tests (or no probe would run beside them).
+        let _ = std::fs::write("/proc/self/clear_refs", "5");
+        Ok(bw.sustained_bytes_per_s)
     }
 }
 
@@ -221,6 +273,7 @@ pub fn run(a: DecodeBenchArgs) -> Result<()> {
     // The roofline's bytes per step, from the file as the planner counts them.
     let cost = crate::plan::model_cost(&path)?;
     let mut rows = Vec::new();
+    let mut side_peak = None;
     for &t in &threads {
         let mut m = load(&a.model.model, &a.mmap, t)?;
         m.backend.set_batch_invariant(a.batch_invariant);
@@ -234,7 +287,14 @@ pub fn run(a: DecodeBenchArgs) -> Result<()> {
         let ids = TestIds::new(&m, &info);
         let bandwidth = bandwidths.iter().find(|b| b.threads == t).copied();
         for &test in &tests {
-            let samples = measure(&m, &ids, test, a.repetitions)?;
+            // Probes beside the runs only where the peak mark can be kept clear of them.
+            let mut side = (peak_reset && bandwidth.is_some()).then_some(SideProbes {
+                threads: t,
+                pages,
+                peak: None,
+            });
+            let (samples, beside_bw) = measure(&m, &ids, test, a.repetitions, side.as_mut())?;
+            side_peak = side_peak.max(side.and_then(|s| s.peak));
             let (mean, sd) = mean_sd(&samples);
             eprintln!(
                 "[bench] {} batch {} threads {t}: {mean:.2} ± {sd:.2} t/s",
@@ -247,6 +307,7 @@ pub fn run(a: DecodeBenchArgs) -> Result<()> {
                     kv_bytes: batch as f64 * cost.mean_kv_read_bytes(n),
                     bandwidth,
                     steps_per_s: mean / batch as f64,
+                    beside: beside_bw,
                 }),
                 _ => None,
             };
@@ -259,7 +320,7 @@ pub fn run(a: DecodeBenchArgs) -> Result<()> {
             });
         }
     }
-    let peak = peak_rss_bytes();
+    let peak = peak_rss_bytes().max(side_peak);
     // The probe once more, the tests done and the model freed: on a shared host the bandwidth
     // moves between seconds (the 2-core guest we develop on gives 33-37 GB/s for a while, then
     // 50-62), and the bound is the best the machine gave while the tests ran around it.
@@ -399,11 +460,19 @@ impl SplitMix64 {
     }
 }
 
-/// t/s of `reps` timed runs of `test`, after one untimed run.
-fn measure(m: &Loaded, ids: &TestIds, test: Test, reps: u32) -> Result<Vec<f64>> {
+/// t/s of `reps` timed runs of `test`, after one untimed run; with `side` (decode tests), the
+/// bandwidth before the first timed run and after each (`reps + 1` figures).
+fn measure(
+    m: &Loaded,
+    ids: &TestIds,
+    test: Test,
+    reps: u32,
+    mut side: Option<&mut SideProbes>,
+) -> Result<(Vec<f64>, Vec<f64>)> {
     let (b, model) = (&m.backend, &m.model);
     let what = || format!("running {}", test.name());
     let mut samples = Vec::with_capacity(reps as usize);
+    let mut beside = Vec::new();
     match test {
         Test::Prompt(p) => {
             let prompt = ids.prompt(p);
@@ -425,10 +494,13 @@ fn measure(m: &Loaded, ids: &TestIds, test: Test, reps: u32) -> Result<Vec<f64>>
                 if rep > 0 {
                     samples.push((n * batch) as f64 / secs.max(1e-9));
                 }
+                if let Some(side) = side.as_deref_mut() {
+                    beside.push(side.probe()?);
+                }
             }
         }
     }
-    Ok(samples)
+    Ok((samples, beside))
 }
 
 /// Seconds of one prompt pass (last token's logits) over `prompt` on the emptied `cache`.
@@ -497,6 +569,21 @@ fn mean_sd(xs: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
+/// `81.3% of 36.1 GB/s (34-52)`: the test's share of the average bandwidth beside its runs,
+/// and the range of the probes' averages; `-` without probes beside the runs.
+fn beside_cell(rl: &Roofline) -> String {
+    let (Some(bw), Some(fraction)) = (rl.beside_bandwidth(), rl.beside_fraction()) else {
+        return "-".into();
+    };
+    let lo = rl.beside.iter().fold(f64::INFINITY, |a, &b| a.min(b)) / 1e9;
+    let hi = rl.beside.iter().fold(0.0f64, |a, &b| a.max(b)) / 1e9;
+    format!(
+        "{:.1}% of {:.1} GB/s ({lo:.0}-{hi:.0})",
+        100.0 * fraction,
+        bw / 1e9
+    )
+}
+
 // ---- roofline ---------------------------------------------------------------------------
 
 /// The process's peak resident set (`VmHWM`), in bytes.
@@ -550,6 +637,9 @@ fn row_json(
                 "bandwidth_probe_pages": rl.bandwidth.pages.name(),
                 "bound_tps": rl.bound_tps(r.test.batch()),
                 "bandwidth_fraction": rl.fraction(),
+                "beside_probes_bytes_per_s": rl.beside,
+                "beside_bandwidth_bytes_per_s": rl.beside_bandwidth(),
+                "beside_fraction": rl.beside_fraction(),
             }),
         );
     }
@@ -592,7 +682,10 @@ fn print_tables(
     if !decode.is_empty() {
         println!(
             "roofline: a decode step reads every weight it uses once, plus the KV cache at the \
-             test's mean context; bound = bandwidth / bytes per step"
+             test's mean context; bound = bandwidth / bytes per step, the bandwidth the best \
+             pass of the probes before and after the tests; beside the runs: the share of what \
+             short probes after the warm-up and after each repetition gave on average (their \
+             range in brackets)"
         );
         let mut t = Table::new(&[
             ("threads", true),
@@ -604,6 +697,7 @@ fn print_tables(
             ("bound t/s", true),
             ("t/s", true),
             ("of bandwidth", true),
+            ("of bandwidth beside the runs", true),
         ]);
         for r in decode {
             let Some(rl) = &r.roofline else { continue };
@@ -618,6 +712,7 @@ fn print_tables(
                 format!("{:.1}", rl.bound_tps(batch)),
                 format!("{:.2}", rl.steps_per_s * batch as f64),
                 format!("{:.1}%", 100.0 * rl.fraction()),
+                beside_cell(rl),
             ]);
         }
         println!("{t}");
