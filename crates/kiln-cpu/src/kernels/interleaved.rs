@@ -34,8 +34,10 @@
 //! Scales and quants in one stream matter: with each group's scales in a region of their own
 //! after its quants, every group began with demand misses on scale lines that no prefetch had
 //! asked for, and decode's output projection ran 30% slower than in the file layout. Nor is there
-//! a software prefetch: the hardware's, on one stream, did better (the output projection 3.1-3.3
-//! ms a token without, 3.5-3.8 with a prefetch 4-8 KB ahead). A group that starts 64-byte aligned
+//! a software prefetch at one activation row: the hardware's, on one stream, did better (the
+//! output projection 3.1-3.3 ms a token without, 3.5-3.8 with a prefetch 4-8 KB ahead). With 4
+//! or more rows the Q8_0/Q5_0 kernel does request its weights ahead (`kernels::x86::interleaved`
+//! says why and what it gained). A group that starts 64-byte aligned
 //! keeps every quant line aligned (with an even `B`).
 
 use kiln_core::GgmlType;
