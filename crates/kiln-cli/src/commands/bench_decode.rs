@@ -209,17 +209,42 @@ struct SideProbes {
     pages: Pages,
     /// The highest `VmHWM` read before a probe.
     peak: Option<u64>,
+    /// A probe failed (it could not map its buffer or start its threads): the test goes on
+    /// without the figure.
+    failed: bool,
 }
 
 impl SideProbes {
-    /// Bytes per second now, on average over the probe's passes.
-    fn probe(&mut self) -> Result<f64> {
+    fn new(threads: usize, pages: Pages) -> Self {
+        SideProbes {
+            threads,
+            pages,
+            peak: None,
+            failed: false,
+        }
+    }
+
+    /// Bytes per second now, on average over the probe's passes; `None` once a probe has
+    /// failed (said once on stderr).
+    fn probe(&mut self) -> Option<f64> {
+        if self.failed {
+            return None;
+        }
         self.peak = self.peak.max(peak_rss_bytes());
-        let bw = kiln_cpu::memory_bandwidth_quick(self.threads, self.pages)
-            .context("measuring the memory bandwidth beside a run")?;
+        let bw = kiln_cpu::memory_bandwidth_quick(self.threads, self.pages);
         // The reset worked before the tests (or no probe would run beside them).
         let _ = std::fs::write("/proc/self/clear_refs", "5");
-        Ok(bw.sustained_bytes_per_s)
+        match bw {
+            Ok(bw) => Some(bw.sustained_bytes_per_s),
+            Err(e) => {
+                eprintln!(
+                    "[bench] warning: the memory-bandwidth probe beside the runs failed ({e}); \
+                     the share beside the runs is left out"
+                );
+                self.failed = true;
+                None
+            }
+        }
     }
 }
 
@@ -288,11 +313,7 @@ pub fn run(a: DecodeBenchArgs) -> Result<()> {
         let bandwidth = bandwidths.iter().find(|b| b.threads == t).copied();
         for &test in &tests {
             // Probes beside the runs only where the peak mark can be kept clear of them.
-            let mut side = (peak_reset && bandwidth.is_some()).then_some(SideProbes {
-                threads: t,
-                pages,
-                peak: None,
-            });
+            let mut side = (peak_reset && bandwidth.is_some()).then(|| SideProbes::new(t, pages));
             let (samples, beside_bw) = measure(&m, &ids, test, a.repetitions, side.as_mut())?;
             side_peak = side_peak.max(side.and_then(|s| s.peak));
             let (mean, sd) = mean_sd(&samples);
@@ -495,8 +516,11 @@ fn measure(
                     samples.push((n * batch) as f64 / secs.max(1e-9));
                 }
                 if let Some(side) = side.as_deref_mut() {
-                    beside.push(side.probe()?);
+                    beside.extend(side.probe());
                 }
+            }
+            if side.is_some_and(|s| s.failed) {
+                beside.clear();
             }
         }
     }
