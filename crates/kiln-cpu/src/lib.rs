@@ -26,7 +26,7 @@ mod team;
 
 pub use backend::{CpuBackend, CpuTensor, CpuWeight};
 pub use probe::{
-    memory_bandwidth, memory_bandwidth_quick, memory_bandwidth_with, Bandwidth, Pages, QUICK_PASSES,
+    memory_bandwidth, memory_bandwidth_quick, memory_bandwidth_with, Bandwidth, Pages,
 };
 
 /// Elements below which a row-wise op runs on the calling thread: handing a few microseconds of

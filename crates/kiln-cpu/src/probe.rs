@@ -43,7 +43,7 @@ const PASSES: usize = 5;
 /// The smallest buffer of [`memory_bandwidth_quick`] (bytes).
 const QUICK_MIN_BUFFER: usize = 64 << 20;
 /// Timed passes of [`memory_bandwidth_quick`].
-pub const QUICK_PASSES: usize = 5;
+const QUICK_PASSES: usize = 5;
 /// Words summed per step of the kernels (four 256-bit loads).
 const STEP_WORDS: usize = 16;
 

@@ -31,9 +31,9 @@
 //!
 //! Beside the runs: a shared host's memory speed can move from one tenth of a second to the
 //! next (the 2-core guest we develop on reads 30-36 GB/s most of the time and 45-65 in short
-//! bursts), so the best pass of a probe is a moment that a whole decode run never sees. A short probe ([`kiln_cpu::memory_bandwidth_quick`], tens
-//! of milliseconds) therefore also runs after the warm-up and after every repetition of a decode
-//! test, and the test's share of what those probes gave on average (all their passes' bytes
+//! bursts), so the best pass of a probe is a moment that a whole decode run never sees. A short
+//! probe ([`kiln_cpu::memory_bandwidth_quick`], tens of milliseconds) therefore also runs after
+//! the warm-up and after every repetition of a decode test, and the test's share of what those probes gave on average (all their passes' bytes
 //! over all their time) is reported too (`beside the runs` in the table; `beside_*` in the
 //! JSON). Since the runs and the probes take turns, a burst of fast memory during a run is
 //! caught by the probes about as often as by the runs. The headline fraction stays the one

@@ -12,9 +12,10 @@
 //! registers), the group's weights (11 KB for 640-element Q8_0 rows) in L1 across the chunks of 8.
 //!
 //! Prefetch: with 4 or more activation rows, the first chunk of a Q8_0 or Q5_0 group requests,
-//! at each block, the bytes one block's worth [`PREFETCH_DISTANCE`] further on. There the
-//! kernel spends about 64 `vpdpbusd` on each 544-byte block, so the out-of-order window reaches
-//! only a few blocks ahead and the hardware prefetcher alone left the stream stalled: batched
+//! at each block, the block's worth of bytes `PREFETCH_DISTANCE` (2 KB) further on, as the file
+//! layout's kernels do (`super::prefetch_ahead`). There the kernel spends about 64 `vpdpbusd`
+//! on each 544-byte block, so the out-of-order window reaches only a few blocks ahead and the
+//! hardware prefetcher alone left the stream stalled: batched
 //! decode of Gemma 3 270M at 8 sequences (`decode_segments GGUF 2 32 8`, five alternated runs
 //! each) went from 311-352 to 369-419 tok/s, the 178 MB output projection from 9.9-11.9 to
 //! 8.5-9.5 ms a step and gate/up from 3.3-4.2 to 2.5-3.2 ms. Not at one row (there it slowed
@@ -31,25 +32,8 @@ use super::super::interleaved::{
     INTERLEAVE_ROWS, Q5_0, Q8_0,
 };
 
-/// How far ahead of the block in use a chunk of [`PREFETCH_MIN_ROWS`] or more activation rows
-/// requests the group's next weights (see the module docs).
-const PREFETCH_DISTANCE: usize = 2048;
-/// Fewest activation rows for which a Q8_0/Q5_0 chunk prefetches.
+/// Fewest activation rows for which a Q8_0/Q5_0 chunk prefetches (see the module docs).
 const PREFETCH_MIN_ROWS: usize = 4;
-
-/// Requests the `bytes` from `at + distance` on (nothing when `distance` is 0).
-#[inline(always)]
-fn prefetch_ahead(at: *const u8, bytes: usize, distance: usize) {
-    if distance == 0 {
-        return;
-    }
-    let mut o = 0;
-    while o < bytes {
-        // SAFETY: a prefetch never faults (`wrapping_add` forms the address without UB).
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(distance + o).cast()) };
-        o += 64;
-    }
-}
 
 /// Bytes of a Q8_0 activation block.
 const A_BLOCK: usize = 34;
@@ -233,11 +217,7 @@ unsafe fn groups<F: Format>(
                 out: out.add(c0 * ldo + g * INTERLEAVE_ROWS),
                 ldo,
                 // The first chunk of a group streams it from memory; the others find it in L1.
-                prefetch: if c0 == 0 && cols >= PREFETCH_MIN_ROWS {
-                    PREFETCH_DISTANCE
-                } else {
-                    0
-                },
+                prefetch: c0 == 0 && cols >= PREFETCH_MIN_ROWS,
             };
             match m {
                 1 => F::chunk::<1>(&at),
@@ -269,9 +249,9 @@ struct Chunk {
     /// Where the first activation row's 16 outputs go (rows `ldo` apart).
     out: *mut f32,
     ldo: usize,
-    /// Bytes ahead at which the Q8_0/Q5_0 kernel requests the weights after each block's (0:
-    /// none).
-    prefetch: usize,
+    /// Whether the Q8_0/Q5_0 kernel requests, at each block, the weights `PREFETCH_DISTANCE`
+    /// further on (`super::prefetch_ahead`).
+    prefetch: bool,
 }
 
 /// The 16 rows of a group against `M` activation rows (see the module docs).
@@ -283,10 +263,11 @@ struct Chunk {
 unsafe fn chunk<L: Lines, const M: usize>(c: &Chunk) {
     let offset = L::GEOMETRY.offset;
     let mut acc = [_mm512_setzero_ps(); M];
-    let pf = c.prefetch;
+    let group_block = L::GEOMETRY.group_block();
     for b in 0..c.blocks {
-        let gb = L::GEOMETRY.group_block();
-        prefetch_ahead(c.w.wrapping_add(b * gb), gb, pf);
+        if c.prefetch {
+            super::prefetch_ahead(c.w.add(b * group_block), group_block.div_ceil(64));
+        }
         let (scales, masks, quants) = L::GEOMETRY.block_at(c.blocks, b);
         let lines = L::lines(c.w.add(masks), c.w.add(quants));
         let d = _mm512_cvtph_ps(_mm256_loadu_si256(c.w.add(scales).cast()));
