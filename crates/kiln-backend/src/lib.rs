@@ -64,10 +64,9 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Short name for logs ("cpu", "cuda:0").
     fn name(&self) -> String;
 
-    /// Run a whole computation (a forward pass) in the backend's execution context. The CPU
-    /// backend runs it on one of its pool's threads, so that the ops inside dispatch to the
-    /// other workers without a hand-off from a foreign thread at every op; a device with nothing
-    /// to set up just calls `f`.
+    /// Run a whole computation (a forward pass) in the backend's execution context; a backend
+    /// with nothing to set up just calls `f` (the default). The CPU backend has nothing to set
+    /// up: its ops take the calling thread into their team of workers.
     fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         f()
     }

@@ -143,12 +143,13 @@ impl CpuWeight {
     pub(crate) fn row_bytes_of(&self, r: usize) -> &[u8] {
         &self.bytes[r * self.row_bytes..(r + 1) * self.row_bytes]
     }
-    /// The weight packed for the dense GEMM, for float types: packed on first use (on the
-    /// current rayon pool), then shared by every call.
-    pub(crate) fn dense_packed(&self) -> Result<&PackedWeight> {
+    /// The weight packed for the dense GEMM, for float types: packed on first use (on `team`),
+    /// then shared by every call.
+    pub(crate) fn dense_packed(&self, team: &crate::team::Team) -> Result<&PackedWeight> {
         self.packed
             .get_or_init(|| {
                 PackedWeight::pack(
+                    team,
                     self.ty,
                     &self.bytes,
                     self.n_rows,
@@ -174,10 +175,9 @@ impl CpuWeight {
     }
 }
 
-/// The CPU backend: kernels chosen once for this machine, a private thread pool.
+/// The CPU backend: kernels chosen once for this machine, a private team of threads.
 pub struct CpuBackend {
-    pub(crate) pool: rayon::ThreadPool,
-    /// Spinning fork-join team for the small ops of decode steps (see `team`).
+    /// The fork-join team every parallel op runs on, the calling thread included (see `team`).
     pub(crate) team: crate::team::Team,
     pub(crate) threads: usize,
     pub(crate) simd: SimdLevel,
@@ -216,21 +216,12 @@ impl CpuBackend {
         } else {
             threads
         };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("kiln-cpu-{i}"))
-            .build()
-            .map_err(|e| BackendError::Device {
-                backend: "cpu",
-                detail: format!("thread pool: {e}"),
-            })?;
         let team =
             crate::team::Team::new(threads, "kiln-team").map_err(|e| BackendError::Device {
                 backend: "cpu",
                 detail: format!("worker threads: {e}"),
             })?;
         Ok(CpuBackend {
-            pool,
             team,
             threads,
             simd,
@@ -289,15 +280,12 @@ impl CpuBackend {
         let group = rows * row_bytes;
         let piece = (len / self.threads).clamp(group, (2 << 20).max(group)) / group * group;
         let k = data.row_len();
-        self.pool.install(|| {
-            use rayon::prelude::*;
-            dst.par_chunks_mut(piece).enumerate().for_each(|(i, dst)| {
-                let src = &data.bytes[i * piece..i * piece + dst.len()];
-                kernels::interleave(data.ty, k, src, dst);
-                if let Some(done) = data.bytes.slice(i * piece..i * piece + dst.len()) {
-                    done.release_pages();
-                }
-            })
+        self.team.for_each_chunk(dst, piece, |i, dst| {
+            let src = &data.bytes[i * piece..i * piece + dst.len()];
+            kernels::interleave(data.ty, k, src, dst);
+            if let Some(done) = data.bytes.slice(i * piece..i * piece + dst.len()) {
+                done.release_pages();
+            }
         });
         data.bytes.release_pages();
         Ok(Some(Arc::new(Interleaved {
@@ -402,10 +390,6 @@ impl Backend for CpuBackend {
 
     fn name(&self) -> String {
         format!("cpu ({} threads, {:?})", self.threads, self.simd)
-    }
-
-    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        self.pool.install(f)
     }
 
     fn upload_weight(&self, data: &WeightData) -> Result<CpuWeight> {

@@ -112,14 +112,14 @@ pub(crate) fn matmul(
         return CpuTensor::new(y, m, n);
     }
     if is_dense(cpu, x, lin) {
-        let packed = cpu.pool.install(|| w.dense_packed())?;
+        let packed = w.dense_packed(&cpu.team)?;
         let bias = match &lin.bias {
             Some(b) => Some(b.vector("matmul bias")?),
             None => None,
         };
         let exec = Exec {
             isa: Isa::avx2(cpu.avx2()),
-            pool: &cpu.pool,
+            team: &cpu.team,
             threads: cpu.threads,
         };
         let y = sgemm::sgemm(exec, &x.data, m, packed, bias, gelu)?;

@@ -26,7 +26,6 @@
 //! count, the SIMD level or on what else is in the batch.
 
 use kiln_backend::{shape_err, PackedAttentionParams, Result};
-use rayon::prelude::*;
 
 use crate::sgemm::{fma_tile, pack_rows, Isa, PanelRow, MR, NR};
 use crate::team::Disjoint;
@@ -79,11 +78,10 @@ pub(crate) fn packed_attention(
     #[cfg(debug_assertions)]
     data.fill(f32::NAN);
     let out = Disjoint::new(&mut data);
-    cpu.pool.install(|| {
-        tasks
-            .par_iter()
-            .for_each_init(Scratch::default, |s, b| attend(avx2, b, s, &out))
-    });
+    cpu.team
+        .for_each_with(tasks.len(), Scratch::default, |s, i| {
+            attend(avx2, &tasks[i], s, &out)
+        });
     // Every element is written: the tasks' rows and head columns cover the output.
     CpuTensor::new(data, total, cols)
 }

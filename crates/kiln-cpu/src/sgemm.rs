@@ -33,7 +33,8 @@
 
 use kiln_backend::{shape_err, Result};
 use kiln_core::GgmlType;
-use rayon::prelude::*;
+
+use crate::team::Team;
 
 /// Rows of the register tile (activation rows per micro-kernel call).
 pub(crate) const MR: usize = 6;
@@ -86,8 +87,9 @@ impl std::fmt::Debug for PackedWeight {
 
 impl PackedWeight {
     /// Packs `n` rows of `k` elements of type `ty` (F32, F16 or BF16, `row_bytes` each, as
-    /// stored in the file). Panels are filled in parallel on the current rayon pool.
+    /// stored in the file). Panels are filled in parallel on `team`.
     pub(crate) fn pack(
+        team: &Team,
         ty: GgmlType,
         bytes: &[u8],
         n: usize,
@@ -105,24 +107,24 @@ impl PackedWeight {
         }
         let panels = n.div_ceil(NR);
         let mut rows = vec![PanelRow([0.0; NR]); panels * k];
-        rows.par_chunks_mut(k)
-            .enumerate()
-            .try_for_each(|(panel, dst)| {
-                let mut row = vec![0.0f32; k];
-                for c in 0..NR.min(n - panel * NR) {
-                    let r = panel * NR + c;
-                    kiln_quant::dequantize(
-                        ty,
-                        &bytes[r * row_bytes..(r + 1) * row_bytes],
-                        &mut row,
-                    )
-                    .map_err(|e| e.to_string())?;
-                    for (d, &v) in dst.iter_mut().zip(&row) {
-                        d.0[c] = v;
-                    }
+        let failed = std::sync::Mutex::new(None);
+        team.for_each_chunk(&mut rows, k, |panel, dst| {
+            let mut row = vec![0.0f32; k];
+            for c in 0..NR.min(n - panel * NR) {
+                let r = panel * NR + c;
+                let src = &bytes[r * row_bytes..(r + 1) * row_bytes];
+                if let Err(e) = kiln_quant::dequantize(ty, src, &mut row) {
+                    *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+                    return;
                 }
-                Ok::<_, String>(())
-            })?;
+                for (d, &v) in dst.iter_mut().zip(&row) {
+                    d.0[c] = v;
+                }
+            }
+        });
+        if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            return Err(e);
+        }
         Ok(PackedWeight { n, k, rows })
     }
 
@@ -214,17 +216,17 @@ impl Plan {
     }
 }
 
-/// Where and how a product runs: the micro-kernel, and the pool it may split into tasks.
+/// Where and how a product runs: the micro-kernel, and the team it may split into tasks.
 #[derive(Clone, Copy)]
 pub(crate) struct Exec<'a> {
     pub(crate) isa: Isa,
-    pub(crate) pool: &'a rayon::ThreadPool,
-    /// Threads of `pool`; 1 runs every task on the calling thread.
+    pub(crate) team: &'a Team,
+    /// Threads of `team`; 1 runs every task on the calling thread.
     pub(crate) threads: usize,
 }
 
 /// `y = x · Wᵀ (+ bias)` as a new row-major `[m, w.n]` vector (`x` row-major `[m, w.k]`), on
-/// `exec.pool` when it has several threads and the product is large enough (same result either
+/// `exec.team` when it has several threads and the product is large enough (same result either
 /// way).
 ///
 /// `y` comes from the recycled buffers (`crate::buffers`) with stale contents, and every element
@@ -269,8 +271,7 @@ pub(crate) fn sgemm(
     let run = |t: usize| task(exec.isa, &plan, t, x, w, bias, gelu, &out);
     let flops = len.saturating_mul(k).saturating_mul(2);
     if exec.threads > 1 && flops >= PARALLEL_MIN_FLOPS && plan.tasks() > 1 {
-        exec.pool
-            .install(|| (0..plan.tasks()).into_par_iter().for_each(run));
+        exec.team.run(plan.tasks(), run);
     } else {
         (0..plan.tasks()).for_each(run);
     }
@@ -723,21 +724,18 @@ mod tests {
 
     fn pack_f32(w: &[f32], n: usize, k: usize) -> PackedWeight {
         let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
-        PackedWeight::pack(GgmlType::F32, &bytes, n, k, 4 * k).unwrap()
+        PackedWeight::pack(&pool(1), GgmlType::F32, &bytes, n, k, 4 * k).unwrap()
     }
 
-    fn pool(threads: usize) -> rayon::ThreadPool {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap()
+    fn pool(threads: usize) -> Team {
+        Team::new(threads, "sgemm-test").unwrap()
     }
 
-    fn exec(pool: &rayon::ThreadPool, isa: Isa) -> Exec<'_> {
+    fn exec(team: &Team, isa: Isa) -> Exec<'_> {
         Exec {
             isa,
-            pool,
-            threads: pool.current_num_threads(),
+            team,
+            threads: team.threads(),
         }
     }
 
@@ -826,7 +824,7 @@ mod tests {
             .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
             .collect();
         assert_eq!(
-            PackedWeight::pack(GgmlType::F16, &h, n, k, 2 * k).unwrap(),
+            PackedWeight::pack(&pool(1), GgmlType::F16, &h, n, k, 2 * k).unwrap(),
             p
         );
         let bf: Vec<u8> = w
@@ -834,7 +832,7 @@ mod tests {
             .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
             .collect();
         assert_eq!(
-            PackedWeight::pack(GgmlType::BF16, &bf, n, k, 2 * k).unwrap(),
+            PackedWeight::pack(&pool(1), GgmlType::BF16, &bf, n, k, 2 * k).unwrap(),
             p
         );
     }
@@ -842,10 +840,10 @@ mod tests {
     #[test]
     fn packing_refuses_other_types_and_wrong_sizes() {
         let bytes = vec![0u8; 4 * 6];
-        assert!(PackedWeight::pack(GgmlType::Q8_0, &bytes, 2, 3, 12).is_err());
-        assert!(PackedWeight::pack(GgmlType::F32, &bytes, 3, 3, 12).is_err());
-        assert!(PackedWeight::pack(GgmlType::F32, &bytes, 2, 0, 0).is_err());
-        assert!(PackedWeight::pack(GgmlType::F32, &bytes, 2, 3, 12).is_ok());
+        assert!(PackedWeight::pack(&pool(1), GgmlType::Q8_0, &bytes, 2, 3, 12).is_err());
+        assert!(PackedWeight::pack(&pool(1), GgmlType::F32, &bytes, 3, 3, 12).is_err());
+        assert!(PackedWeight::pack(&pool(1), GgmlType::F32, &bytes, 2, 0, 0).is_err());
+        assert!(PackedWeight::pack(&pool(1), GgmlType::F32, &bytes, 2, 3, 12).is_ok());
     }
 
     #[test]

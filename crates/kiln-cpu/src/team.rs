@@ -111,6 +111,11 @@ impl Team {
         Ok(team)
     }
 
+    /// Threads that take part in a job: the workers and the caller.
+    pub(crate) fn threads(&self) -> usize {
+        self.workers.len() + 1
+    }
+
     /// `f(i)` for every `i` in `0..n`, spread over the team; returns when all have run.
     pub(crate) fn run(&self, n: usize, f: impl Fn(usize) + Sync) {
         if n == 0 {
@@ -146,6 +151,28 @@ impl Team {
         if let Some(p) = s.panic.lock().unwrap_or_else(|e| e.into_inner()).take() {
             resume_unwind(p);
         }
+    }
+
+    /// `f(&mut state, i)` for every `i` in `0..n`, spread over the team, where each thread that
+    /// takes part builds one `state` with `init` and reuses it for every index it claims
+    /// (scratch buffers that should live for a run of tasks, not be rebuilt for each).
+    pub(crate) fn for_each_with<S>(
+        &self,
+        n: usize,
+        init: impl Fn() -> S + Sync,
+        f: impl Fn(&mut S, usize) + Sync,
+    ) {
+        let next = AtomicUsize::new(0);
+        self.run(self.threads().min(n), |_| {
+            let mut state = None;
+            loop {
+                let i = next.fetch_add(1, Relaxed);
+                if i >= n {
+                    break;
+                }
+                f(state.get_or_insert_with(&init), i);
+            }
+        });
     }
 
     /// `f(i, chunk_i)` over the `chunk`-sized pieces of `data`, in parallel.
@@ -345,6 +372,30 @@ mod tests {
                 hits[i].fetch_add(1, Relaxed);
             });
             assert!(hits.iter().all(|h| h.load(Relaxed) == 1), "n = {n}");
+        }
+    }
+
+    #[test]
+    fn for_each_with_runs_every_index_once_and_builds_a_state_per_thread_at_most() {
+        let team = Team::new(3, "t").unwrap();
+        for n in [0usize, 1, 2, 3, 7, 1000] {
+            let hits: Vec<AtomicU32> = (0..n).map(|_| AtomicU32::new(0)).collect();
+            let states = AtomicU32::new(0);
+            team.for_each_with(
+                n,
+                || {
+                    states.fetch_add(1, Relaxed);
+                    Vec::<usize>::new()
+                },
+                |seen, i| {
+                    // A state is one thread's alone: what it saw is in claim order.
+                    assert!(seen.last().is_none_or(|&j| j < i));
+                    seen.push(i);
+                    hits[i].fetch_add(1, Relaxed);
+                },
+            );
+            assert!(hits.iter().all(|h| h.load(Relaxed) == 1), "n = {n}");
+            assert!(states.load(Relaxed) as usize <= n.min(3), "n = {n}");
         }
     }
 
