@@ -52,6 +52,9 @@ const _: () = assert!(TILE.is_power_of_two());
 /// Key positions per part of a decode split. Parts are cut at multiples of `PART`, so the split
 /// depends on `n_kv` (and the window) only.
 const PART: usize = 256;
+/// Tiles whose K/V rows decode reads in one sequential pass before computing them (see
+/// [`attend_keys`]).
+const STAGE: usize = 4;
 /// Tiles ahead at which decode requests its K/V rows (see [`attend_keys`]).
 const AHEAD: usize = 4;
 /// Flops below which attention runs on the calling thread: handing it to the team costs more.
@@ -386,13 +389,24 @@ fn decode(
 
 /// Runs block `b` over the positions `keys`, each vector limited to the keys it sees, updating
 /// `st`; with the AVX2+FMA kernels when `avx2` (the caller checked the CPU). `stream`: these K/V
-/// rows are read by this block alone (decode), so they come from memory, not from cache, and
-/// the key and value rows [`AHEAD`] tiles on are requested at each tile (the first tiles' at the
-/// start): the value kernel walks them chunk by chunk across rows, which the hardware
-/// prefetchers do not follow, and a request only one tile ahead arrives late. Batched decode
-/// attention over 8 sequences' caches of 128 rows (`examples/attn_batch_bench.rs`) went from
-/// 3.5 to 2.0-2.4 ms per step (values of the current tile only, before). (Prefill blocks share
-/// their rows through the cache, and measured slower with the prefetches.)
+/// rows are read by this block alone (decode), so they come from memory, not from cache (a
+/// decode step streams every weight between two visits of a layer's cache). Two things then
+/// bring them in:
+///
+/// - **A sequential read of each stage.** Before the tiles of each stage of [`STAGE`] tiles are
+///   computed, one load per cache line walks the stage's key and value rows in order, which the
+///   hardware prefetchers follow at stream speed. The kernels' own order (three key rows at a
+///   time, then the value rows chunk by chunk across the tile) is not a stream they follow, and
+///   software prefetches alone left a cold cache at about 3× the in-cache time (one sequence's
+///   64 keys, 4 heads of 256: 18 against 6 µs).
+/// - **Prefetch requests [`AHEAD`] tiles on** at each tile (the first tiles' at the start), so
+///   that rows that the reads brought into L2 are in L1 when the kernels use them, and the next
+///   stage's rows are on their way.
+///
+/// Gemma 3 270M decode (`examples/decode_segments`, three runs each alternated with the
+/// prefetches alone): the attention stretch 1.48-2.03 → 1.01-1.20 ms a step at a mean context of
+/// 512 positions, 326-422 → 291-309 µs at 64, and 1.28-1.35 → 1.00-1.46 ms at 8 sequences of 32.
+/// (Prefill blocks share their rows through the cache, and measured slower with the prefetches.)
 fn attend_keys(
     avx2: bool,
     job: &Job<'_>,
@@ -458,6 +472,11 @@ fn attend_keys_impl<const AVX2: bool>(
             keys[j] = job.head_row(job.k, kvh, t0 + j);
             values[j] = job.head_row(job.v, kvh, t0 + j);
         }
+        if stream && (t0 - from).is_multiple_of(STAGE * TILE) {
+            let rows = (t0..(t0 + STAGE * TILE).min(to))
+                .flat_map(|j| [job.head_row(job.k, kvh, j), job.head_row(job.v, kvh, j)]);
+            std::hint::black_box(read_rows(rows));
+        }
         if stream {
             // The rows AHEAD tiles on (and, at the start, those up to there).
             let first = if t0 == from { t0 } else { t0 + AHEAD * TILE };
@@ -504,6 +523,21 @@ fn prefetch_rows(rows: &[&[f32]]) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = rows;
+}
+
+/// Loads one value of every 64-byte line of `rows`, one row after the other, and returns a value
+/// that depends on all of them (for `black_box`, so that the loads are not optimised away):
+/// brings the rows into the core's caches at the speed of a sequential stream (see
+/// [`attend_keys`]).
+#[inline(always)]
+fn read_rows<'a>(rows: impl Iterator<Item = &'a [f32]>) -> u32 {
+    let mut acc = 0u32;
+    for row in rows {
+        for x in row.iter().step_by(16) {
+            acc = acc.wrapping_add(x.to_bits());
+        }
+    }
+    acc
 }
 
 /// Turns one vector's raw scores `s` of a tile into weights, given that it sees tile keys
