@@ -472,12 +472,13 @@ fn attend_keys_impl<const AVX2: bool>(
             keys[j] = job.head_row(job.k, kvh, t0 + j);
             values[j] = job.head_row(job.v, kvh, t0 + j);
         }
-        if stream && (t0 - from).is_multiple_of(STAGE * TILE) {
-            let rows = (t0..(t0 + STAGE * TILE).min(to))
-                .flat_map(|j| [job.head_row(job.k, kvh, j), job.head_row(job.v, kvh, j)]);
-            std::hint::black_box(read_rows(rows));
-        }
         if stream {
+            // A new stage's rows, read in order.
+            if (t0 - from).is_multiple_of(STAGE * TILE) {
+                let rows = (t0..(t0 + STAGE * TILE).min(to))
+                    .flat_map(|j| [job.head_row(job.k, kvh, j), job.head_row(job.v, kvh, j)]);
+                std::hint::black_box(read_rows(rows));
+            }
             // The rows AHEAD tiles on (and, at the start, those up to there).
             let first = if t0 == from { t0 } else { t0 + AHEAD * TILE };
             for j in first..(t0 + (AHEAD + 1) * TILE).min(to) {

@@ -120,7 +120,6 @@ pub(crate) fn matmul(
         let exec = Exec {
             isa: Isa::avx2(cpu.avx2()),
             team: &cpu.team,
-            threads: cpu.threads,
         };
         let y = sgemm::sgemm(exec, &x.data, m, packed, bias, gelu)?;
         return CpuTensor::new(y, m, n);

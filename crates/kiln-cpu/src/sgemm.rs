@@ -58,7 +58,7 @@ const M_TASKS: usize = 32;
 const MIN_TASKS: usize = 16;
 /// Fewest weight panels per task, so that packing stays small next to the arithmetic.
 const MIN_TASK_PANELS: usize = 4;
-/// Products smaller than this many flops run on the calling thread: handing them to the pool
+/// Products smaller than this many flops run on the calling thread: handing them to the team
 /// costs more than it saves.
 const PARALLEL_MIN_FLOPS: usize = 1 << 20;
 
@@ -220,9 +220,8 @@ impl Plan {
 #[derive(Clone, Copy)]
 pub(crate) struct Exec<'a> {
     pub(crate) isa: Isa,
+    /// A team of one thread runs every task on the calling thread.
     pub(crate) team: &'a Team,
-    /// Threads of `team`; 1 runs every task on the calling thread.
-    pub(crate) threads: usize,
 }
 
 /// `y = x · Wᵀ (+ bias)` as a new row-major `[m, w.n]` vector (`x` row-major `[m, w.k]`), on
@@ -270,7 +269,7 @@ pub(crate) fn sgemm(
     };
     let run = |t: usize| task(exec.isa, &plan, t, x, w, bias, gelu, &out);
     let flops = len.saturating_mul(k).saturating_mul(2);
-    if exec.threads > 1 && flops >= PARALLEL_MIN_FLOPS && plan.tasks() > 1 {
+    if exec.team.threads() > 1 && flops >= PARALLEL_MIN_FLOPS && plan.tasks() > 1 {
         exec.team.run(plan.tasks(), run);
     } else {
         (0..plan.tasks()).for_each(run);
@@ -291,7 +290,7 @@ struct Out {
 }
 
 // SAFETY: `Out` is only built in `sgemm` from a buffer it borrows mutably for longer than every
-// task runs (the pool call returns after all of them), and each task accesses only the rectangle
+// task runs (the team call returns after all of them), and each task accesses only the rectangle
 // `Plan::task` gives it; those rectangles are disjoint, so no element is accessed by two threads.
 unsafe impl Sync for Out {}
 
@@ -724,19 +723,15 @@ mod tests {
 
     fn pack_f32(w: &[f32], n: usize, k: usize) -> PackedWeight {
         let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
-        PackedWeight::pack(&pool(1), GgmlType::F32, &bytes, n, k, 4 * k).unwrap()
+        PackedWeight::pack(&team(1), GgmlType::F32, &bytes, n, k, 4 * k).unwrap()
     }
 
-    fn pool(threads: usize) -> Team {
+    fn team(threads: usize) -> Team {
         Team::new(threads, "sgemm-test").unwrap()
     }
 
     fn exec(team: &Team, isa: Isa) -> Exec<'_> {
-        Exec {
-            isa,
-            team,
-            threads: team.threads(),
-        }
+        Exec { isa, team }
     }
 
     fn isas() -> Vec<Isa> {
@@ -824,7 +819,7 @@ mod tests {
             .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
             .collect();
         assert_eq!(
-            PackedWeight::pack(&pool(1), GgmlType::F16, &h, n, k, 2 * k).unwrap(),
+            PackedWeight::pack(&team(1), GgmlType::F16, &h, n, k, 2 * k).unwrap(),
             p
         );
         let bf: Vec<u8> = w
@@ -832,7 +827,7 @@ mod tests {
             .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
             .collect();
         assert_eq!(
-            PackedWeight::pack(&pool(1), GgmlType::BF16, &bf, n, k, 2 * k).unwrap(),
+            PackedWeight::pack(&team(1), GgmlType::BF16, &bf, n, k, 2 * k).unwrap(),
             p
         );
     }
@@ -840,15 +835,15 @@ mod tests {
     #[test]
     fn packing_refuses_other_types_and_wrong_sizes() {
         let bytes = vec![0u8; 4 * 6];
-        assert!(PackedWeight::pack(&pool(1), GgmlType::Q8_0, &bytes, 2, 3, 12).is_err());
-        assert!(PackedWeight::pack(&pool(1), GgmlType::F32, &bytes, 3, 3, 12).is_err());
-        assert!(PackedWeight::pack(&pool(1), GgmlType::F32, &bytes, 2, 0, 0).is_err());
-        assert!(PackedWeight::pack(&pool(1), GgmlType::F32, &bytes, 2, 3, 12).is_ok());
+        assert!(PackedWeight::pack(&team(1), GgmlType::Q8_0, &bytes, 2, 3, 12).is_err());
+        assert!(PackedWeight::pack(&team(1), GgmlType::F32, &bytes, 3, 3, 12).is_err());
+        assert!(PackedWeight::pack(&team(1), GgmlType::F32, &bytes, 2, 0, 0).is_err());
+        assert!(PackedWeight::pack(&team(1), GgmlType::F32, &bytes, 2, 3, 12).is_ok());
     }
 
     #[test]
     fn every_edge_of_m_n_and_k_matches_f64_on_every_kernel() {
-        let one = pool(1);
+        let one = team(1);
         for k in [1, 7, 255, 256, 257, 1000] {
             for n in [1, 15, 16, 17, 100] {
                 let w = values(n * k, (n * 31 + k) as u64);
@@ -876,9 +871,9 @@ mod tests {
         for isa in isas() {
             let mut first: Option<Vec<f32>> = None;
             for threads in [1, 2, 3] {
-                let threads_pool = pool(threads);
+                let threads_team = team(threads);
                 let y =
-                    sgemm(exec(&threads_pool, isa), &x, m, &packed, Some(&bias), false).unwrap();
+                    sgemm(exec(&threads_team, isa), &x, m, &packed, Some(&bias), false).unwrap();
                 match &first {
                     None => {
                         check(&y, &x, &w, Some(&bias), m, n, k);
@@ -895,14 +890,14 @@ mod tests {
 
     #[test]
     fn gelu_epilogue_equals_gelu_of_the_product() {
-        let pool2 = pool(2);
+        let team2 = team(2);
         // One and two k-blocks (the GELU only after the last), edge tiles in m and n.
         for (m, n, k) in [(13, 40, 384), (50, 17, 600)] {
             let (x, w, bias) = (values(m * k, 7), values(n * k, 8), values(n, 9));
             let packed = pack_f32(&w, n, k);
             for isa in isas() {
-                let plain = sgemm(exec(&pool2, isa), &x, m, &packed, Some(&bias), false).unwrap();
-                let fused = sgemm(exec(&pool2, isa), &x, m, &packed, Some(&bias), true).unwrap();
+                let plain = sgemm(exec(&team2, isa), &x, m, &packed, Some(&bias), false).unwrap();
+                let fused = sgemm(exec(&team2, isa), &x, m, &packed, Some(&bias), true).unwrap();
                 let want: Vec<f32> = plain.iter().map(|&v| crate::math::gelu(v)).collect();
                 assert!(
                     fused
@@ -917,7 +912,7 @@ mod tests {
 
     #[test]
     fn wrong_lengths_are_refused() {
-        let one = pool(1);
+        let one = team(1);
         let packed = pack_f32(&values(12, 1), 4, 3);
         let x = values(6, 2);
         let run = |m: usize, bias: Option<&[f32]>| {
