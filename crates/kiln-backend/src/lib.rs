@@ -19,7 +19,7 @@ mod weight;
 
 pub use gptq::{GptqError, GptqMatrix, GptqTensors};
 pub use ops::{
-    Activation, AttentionJob, AttentionParams, KvPages, PackedAttentionParams, RopeParams,
+    Activation, AttentionJob, AttentionParams, KvDtype, KvPages, PackedAttentionParams, RopeParams,
     RopeStyle,
 };
 pub use weight::{Linear, WeightData};
@@ -60,6 +60,9 @@ pub trait Backend: Send + Sync + Sized + 'static {
     type Tensor: Send + Sync;
     /// An immutable weight resident on the device (quantized blocks stay quantized).
     type Weight: Send + Sync;
+    /// One layer's keys or values: a `[rows, cols]` cache in the backend's [`KvDtype`], written
+    /// by [`Backend::write_kv_rows`] and read by the attention ops only.
+    type Kv: Send + Sync;
 
     /// Short name for logs ("cpu", "cuda:0").
     fn name(&self) -> String;
@@ -88,6 +91,15 @@ pub trait Backend: Send + Sync + Sized + 'static {
     // ---- tensors -------------------------------------------------------------------------
     /// A `[rows, cols]` tensor of zeros.
     fn zeros(&self, rows: usize, cols: usize) -> Result<Self::Tensor>;
+    /// A `[rows, cols]` KV cache of zeros, in [`Backend::kv_dtype`].
+    fn kv_zeros(&self, rows: usize, cols: usize) -> Result<Self::Kv>;
+    /// The element type [`Backend::kv_zeros`] stores keys and values in.
+    fn kv_dtype(&self) -> KvDtype;
+    /// `(rows, cols)` of a KV cache.
+    fn kv_shape(&self, x: &Self::Kv) -> (usize, usize);
+    /// A KV cache's values (as stored: rounded to its element type) back on the host,
+    /// row-major.
+    fn kv_to_f32(&self, x: &Self::Kv) -> Result<Vec<f32>>;
     /// Copy host data (`rows * cols` values, row-major) to the device.
     fn tensor_from_f32(&self, data: &[f32], rows: usize, cols: usize) -> Result<Self::Tensor>;
     /// Copy a tensor back to the host, row-major.
@@ -96,8 +108,11 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn shape(&self, x: &Self::Tensor) -> (usize, usize);
     /// A copy of rows `range` of `x`.
     fn rows(&self, x: &Self::Tensor, range: Range<usize>) -> Result<Self::Tensor>;
-    /// Overwrite rows `dst_row..dst_row + src.rows` of `dst` with `src` (KV-cache append).
+    /// Overwrite rows `dst_row..dst_row + src.rows` of `dst` with `src`.
     fn write_rows(&self, dst: &mut Self::Tensor, dst_row: usize, src: &Self::Tensor) -> Result<()>;
+    /// Overwrite rows `dst_row..dst_row + src.rows` of the cache `dst` with `src` (KV-cache
+    /// append), rounded to the cache's element type.
+    fn write_kv_rows(&self, dst: &mut Self::Kv, dst_row: usize, src: &Self::Tensor) -> Result<()>;
     /// Rows `index[0], index[1], …` of `x`, in that order (the tokens routed to one expert).
     fn gather_rows(&self, x: &Self::Tensor, index: &[u32]) -> Result<Self::Tensor>;
     /// `dst[index[i]] += weights[i] · src[i]` for every row `i` of `src`, in order of `i`.
@@ -147,8 +162,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn attention(
         &self,
         q: &Self::Tensor,
-        k_cache: &Self::Tensor,
-        v_cache: &Self::Tensor,
+        k_cache: &Self::Kv,
+        v_cache: &Self::Kv,
         q_pos: usize,
         n_kv: usize,
         params: &AttentionParams,
@@ -160,8 +175,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn paged_attention(
         &self,
         q: &Self::Tensor,
-        k_pool: &Self::Tensor,
-        v_pool: &Self::Tensor,
+        k_pool: &Self::Kv,
+        v_pool: &Self::Kv,
         pages: &KvPages<'_>,
         q_pos: usize,
         n_kv: usize,
@@ -172,22 +187,22 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// order. A backend may run the jobs concurrently; the default runs them one by one.
     fn attention_many(
         &self,
-        jobs: &[AttentionJob<'_, Self::Tensor>],
+        jobs: &[AttentionJob<'_, Self::Tensor, Self::Kv>],
         params: &AttentionParams,
     ) -> Result<Vec<Self::Tensor>> {
         jobs.iter().map(|j| j.run(self, params)).collect()
     }
     /// Writes row `i` of `src` at logical row `first + i` of the paged `pool` (KV-cache append
-    /// into a sequence's blocks): one [`Backend::write_rows`] per run of rows inside a block.
+    /// into a sequence's blocks): one [`Backend::write_kv_rows`] per run of rows inside a block.
     fn write_paged_rows(
         &self,
-        pool: &mut Self::Tensor,
+        pool: &mut Self::Kv,
         pages: &KvPages<'_>,
         first: usize,
         src: &Self::Tensor,
     ) -> Result<()> {
         let (n, _) = self.shape(src);
-        let (pool_rows, _) = self.shape(pool);
+        let (pool_rows, _) = self.kv_shape(pool);
         pages
             .check(first + n, pool_rows)
             .map_err(|e| shape_err("write_paged_rows", e))?;
@@ -199,7 +214,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
                 .physical_row(j, pool_rows)
                 .ok_or_else(|| shape_err("write_paged_rows", format!("row {j} unmapped")))?;
             let part = self.rows(src, i..i + run)?;
-            self.write_rows(pool, row, &part)?;
+            self.write_kv_rows(pool, row, &part)?;
             i += run;
         }
         Ok(())

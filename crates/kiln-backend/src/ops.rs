@@ -99,6 +99,52 @@ impl RopeParams {
     }
 }
 
+/// The element type a backend stores its KV cache in ([`crate::Backend::kv_zeros`]). Keys and
+/// values are computed in f32 either way; `F16` rounds them once, when they are stored (to the
+/// nearest, ties to even), which halves the cache's memory and what attention reads from it.
+/// llama.cpp stores its cache in f16 by default as well.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KvDtype {
+    /// Exactly the f32 keys and values the model computed.
+    F32,
+    /// IEEE half precision: 11 significant bits, largest finite value 65504.
+    #[default]
+    F16,
+}
+
+impl KvDtype {
+    /// Bytes of one stored element.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        }
+    }
+
+    /// `"f32"` or `"f16"`, as [`KvDtype::parse`] reads it.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+        }
+    }
+
+    /// `"f32"` or `"f16"` (any case).
+    pub fn parse(s: &str) -> Option<KvDtype> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" => Some(KvDtype::F32),
+            "f16" => Some(KvDtype::F16),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for KvDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Attention over a KV cache.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AttentionParams {
@@ -126,20 +172,20 @@ pub struct KvPages<'a> {
 /// (a contiguous cache, or the pools with `pages`), and the arguments of
 /// [`crate::Backend::attention`].
 #[derive(Clone, Copy, Debug)]
-pub struct AttentionJob<'a, T> {
+pub struct AttentionJob<'a, T, K> {
     pub q: &'a T,
-    pub k: &'a T,
-    pub v: &'a T,
+    pub k: &'a K,
+    pub v: &'a K,
     /// `Some`: `k` and `v` are pools read through these pages ([`crate::Backend::paged_attention`]).
     pub pages: Option<KvPages<'a>>,
     pub q_pos: usize,
     pub n_kv: usize,
 }
 
-impl<T> AttentionJob<'_, T> {
+impl<T, K> AttentionJob<'_, T, K> {
     /// The job alone on `b`: [`crate::Backend::paged_attention`] with pages, else
     /// [`crate::Backend::attention`].
-    pub fn run<B: crate::Backend<Tensor = T>>(
+    pub fn run<B: crate::Backend<Tensor = T, Kv = K>>(
         &self,
         b: &B,
         params: &AttentionParams,

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
+use kiln_backend::KvDtype;
 use kiln_cpu::CpuBackend;
 use kiln_engine::{EmbeddingModel, TextTokenizer};
 use kiln_formats::{GgufFile, LoadMode};
@@ -23,18 +24,26 @@ pub struct ModelArg {
     pub model: String,
 }
 
-/// `--mmap`: how a GGUF model to run is held in memory.
+/// `--mmap`, `--kv-type`: how a decoder to run is held in memory, its weights and its KV cache.
 #[derive(clap::Args, Clone, Debug)]
-pub struct MmapArg {
+pub struct LoadArgs {
     /// Memory-map a GGUF model instead of reading it into memory. By default its bytes are
     /// copied into private memory backed by transparent huge pages, which makes CPU decode
     /// (every weight read once per token) about 15% faster; a map opens instantly and shares
     /// the page cache with other processes that map the same file.
     #[arg(long = "mmap")]
     pub mmap: bool,
+    /// What the KV cache stores keys and values as: `f16` (half the memory, and half the bytes
+    /// decode attention reads; llama.cpp's default too) or `f32` (exactly the values computed).
+    #[arg(long = "kv-type", value_name = "f16|f32", default_value = "f16", value_parser = parse_kv_type)]
+    pub kv_type: KvDtype,
 }
 
-impl MmapArg {
+pub fn parse_kv_type(s: &str) -> std::result::Result<KvDtype, String> {
+    KvDtype::parse(s).ok_or_else(|| format!("{s:?} is not a KV cache type (f16, f32)"))
+}
+
+impl LoadArgs {
     /// How a GGUF file is opened for running.
     pub fn load_mode(&self) -> LoadMode {
         if self.mmap {
@@ -96,10 +105,11 @@ pub struct Loaded {
 /// Load `model` (fetching it first when it is a known alias not yet cached; the fetch is not
 /// counted in `load_ms`): a GGUF file, opened as `--mmap` says, or a Hugging Face decoder folder
 /// (`config.json`, safetensors, `tokenizer.json`; always mapped).
-pub fn load(model: &str, mmap: &MmapArg, threads: usize) -> Result<Loaded> {
+pub fn load(model: &str, mmap: &LoadArgs, threads: usize) -> Result<Loaded> {
     let path = resolve(model)?;
     let t0 = Instant::now();
-    let backend = CpuBackend::new(threads)?;
+    let mut backend = CpuBackend::new(threads)?;
+    backend.set_kv_dtype(mmap.kv_type);
     if path.is_dir() {
         if !kiln_engine::is_hf_decoder_dir(&path) {
             let support = kiln_models::check_hf_dir(&path);
@@ -178,8 +188,14 @@ mod tests {
     fn the_probe_streams_the_pages_the_weights_will_sit_in() {
         let dir = std::env::temp_dir();
         let file = dir.join("model.gguf");
-        let read = MmapArg { mmap: false };
-        let map = MmapArg { mmap: true };
+        let read = LoadArgs {
+            mmap: false,
+            kv_type: KvDtype::F16,
+        };
+        let map = LoadArgs {
+            mmap: true,
+            kv_type: KvDtype::F16,
+        };
         // A GGUF file read into memory: the private copy asks for huge pages.
         assert_eq!(read.weight_pages(&file), kiln_cpu::Pages::Huge);
         // A map of the file, or a Hugging Face folder (its safetensors are mapped): small ones.

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use kiln_backend::Activation;
+use kiln_backend::{Activation, KvDtype};
 use kiln_cpu::CpuBackend;
 use kiln_engine::plan::{
     self, probe, BackendChoice, Candidate, Device, DeviceKind, Hardware, ModelCost, ModelShape,
@@ -263,6 +263,8 @@ pub struct Workload {
     pub ctx: usize,
     pub batch: usize,
     pub kv_budget: Option<u64>,
+    /// What the KV cache will store (`--kv-type`): its bytes count in the plan's memory check.
+    pub kv_dtype: KvDtype,
 }
 
 /// Plans the model `model` for a command: reads its costs, profiles the machine (cached rates
@@ -270,7 +272,8 @@ pub struct Workload {
 /// numbers. Nothing is loaded.
 pub fn choose(model: &str, args: &PlanArgs, threads: usize, work: Workload) -> Result<Candidate> {
     let path = crate::load::resolve(model)?;
-    let cost = model_cost(&path)?;
+    let mut cost = model_cost(&path)?;
+    cost.kv_dtype = work.kv_dtype;
     let ctx = match &cost.shape {
         ModelShape::Decoder(c) => work.ctx.min(c.context_length),
         ModelShape::Encoder(c) => work.ctx.min(c.max_positions),
@@ -311,6 +314,7 @@ pub fn choose_embedding(
         ctx: usize::MAX,
         batch,
         kv_budget: None,
+        kv_dtype: KvDtype::default(),
     };
     let chosen = choose(model, args, threads, work)?;
     eprintln!("[{tag}] {}", describe(&chosen));

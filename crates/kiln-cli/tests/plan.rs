@@ -48,9 +48,10 @@ fn gemma_plans_on_the_cpu_with_its_costs_and_a_prediction() {
     assert!(err.contains("measuring this machine"), "{err}");
     assert_eq!(v["chosen"], "cpu", "{v:#}");
     let cost = &v["model_cost"];
-    // 18 layers of one KV head of 256 (keys and values, f32).
-    assert_eq!(cost["kv_bytes_per_token"], 18 * 2 * 256 * 4);
-    assert_eq!(cost["kv_bytes"], 18 * 2 * 256 * 4 * 2048 * 4);
+    // 18 layers of one KV head of 256 (keys and values, f16 by default).
+    assert_eq!(cost["kv_dtype"], "f16");
+    assert_eq!(cost["kv_bytes_per_token"], 18 * 2 * 256 * 2);
+    assert_eq!(cost["kv_bytes"], 18 * 2 * 256 * 2 * 2048 * 4);
     assert_eq!(cost["tied_output"], true);
     let layers = cost["layer_bytes"].as_array().unwrap();
     assert_eq!(layers.len(), 18);
@@ -74,11 +75,21 @@ fn gemma_plans_on_the_cpu_with_its_costs_and_a_prediction() {
     // The probe is cached: a second plan measures nothing.
     let cached: Vec<_> = std::fs::read_dir(home.join("probe")).unwrap().collect();
     assert_eq!(cached.len(), 1);
-    let (again, err) = plan_json(&["-m", &model], &home);
+    let (again, err) = plan_json(&["-m", &model, "--kv-type", "f32"], &home);
     assert!(!err.contains("measuring"), "{err}");
     assert_eq!(
         again["hardware"]["bandwidth_bytes_per_s"],
         v["hardware"]["bandwidth_bytes_per_s"]
+    );
+    // An f32 cache takes twice the bytes.
+    assert_eq!(again["model_cost"]["kv_dtype"], "f32");
+    assert_eq!(again["model_cost"]["kv_bytes_per_token"], 18 * 2 * 256 * 4);
+    let out = common::run(&["plan", "-m", &model, "--kv-type", "q8"], "", Some(&home));
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("not a KV cache type"),
+        "{}",
+        stderr(&out)
     );
     std::fs::remove_dir_all(&home).unwrap();
 }

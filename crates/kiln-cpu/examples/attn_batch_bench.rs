@@ -1,13 +1,14 @@
 //! Batched decode attention as Gemma 3 270M's `-b 8` steps run it: 8 sequences x 18 layers of
 //! one query row (4 heads sharing 1 KV head of 256) over `ctx` cached keys, each job's K/V cache
-//! its own (144 caches: the step streams them from memory), through `attention_many` per layer.
+//! its own (144 caches: the step streams them from memory), through `attention_many` per layer;
+//! caches stored as f32, then as f16 (half the bytes to stream).
 //!
 //! `cargo run --release -p kiln-cpu --example attn_batch_bench [-- THREADS CTX]`
 
 use std::time::Instant;
 
-use kiln_backend::{AttentionJob, AttentionParams, Backend};
-use kiln_cpu::CpuBackend;
+use kiln_backend::{AttentionJob, AttentionParams, Backend, KvDtype};
+use kiln_cpu::{CpuBackend, CpuKv};
 
 fn main() {
     let args: Vec<usize> = std::env::args()
@@ -31,45 +32,45 @@ fn main() {
             .map(|i| (((i * 7919 + seed * 104_729) % 1000) as f32 / 500.0) - 1.0)
             .collect()
     };
-    let caches: Vec<_> = (0..seqs * layers)
-        .map(|s| {
-            let k = b.tensor_from_f32(&fill(ctx * hd, 2 * s), ctx, hd).unwrap();
-            let v = b
-                .tensor_from_f32(&fill(ctx * hd, 2 * s + 1), ctx, hd)
-                .unwrap();
-            (k, v)
-        })
-        .collect();
     let q = b.tensor_from_f32(&fill(4 * hd, 7), 1, 4 * hd).unwrap();
-    let step = || {
-        for l in 0..layers {
-            let jobs: Vec<_> = (0..seqs)
-                .map(|s| {
-                    let (k, v) = &caches[l * seqs + s];
-                    AttentionJob {
-                        q: &q,
-                        k,
-                        v,
-                        pages: None,
-                        q_pos: ctx - 1,
-                        n_kv: ctx,
-                    }
-                })
-                .collect();
-            std::hint::black_box(b.attention_many(&jobs, &params).unwrap());
-        }
-    };
-    step();
-    let mut best = f64::INFINITY;
-    for _ in 0..20 {
-        let t = Instant::now();
+    for dtype in [KvDtype::F32, KvDtype::F16] {
+        let caches: Vec<_> = (0..seqs * layers)
+            .map(|s| {
+                let k = CpuKv::from_f32(&fill(ctx * hd, 2 * s), ctx, hd, dtype).unwrap();
+                let v = CpuKv::from_f32(&fill(ctx * hd, 2 * s + 1), ctx, hd, dtype).unwrap();
+                (k, v)
+            })
+            .collect();
+        let step = || {
+            for l in 0..layers {
+                let jobs: Vec<_> = (0..seqs)
+                    .map(|s| {
+                        let (k, v) = &caches[l * seqs + s];
+                        AttentionJob {
+                            q: &q,
+                            k,
+                            v,
+                            pages: None,
+                            q_pos: ctx - 1,
+                            n_kv: ctx,
+                        }
+                    })
+                    .collect();
+                std::hint::black_box(b.attention_many(&jobs, &params).unwrap());
+            }
+        };
         step();
-        best = best.min(t.elapsed().as_secs_f64());
+        let mut best = f64::INFINITY;
+        for _ in 0..20 {
+            let t = Instant::now();
+            step();
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        let bytes = (seqs * layers * ctx * hd * 2 * dtype.bytes()) as f64;
+        println!(
+            "{threads} threads, ctx {ctx}, {dtype} cache: {:.3} ms per step, {:.1} GB/s of K/V",
+            best * 1e3,
+            bytes / best / 1e9
+        );
     }
-    let bytes = (seqs * layers * ctx * hd * 2 * 4) as f64;
-    println!(
-        "{threads} threads, ctx {ctx}: {:.3} ms per step, {:.1} GB/s of K/V",
-        best * 1e3,
-        bytes / best / 1e9
-    );
 }

@@ -38,6 +38,7 @@ use std::ops::Range;
 
 use kiln_backend::{shape_err, AttentionParams, KvPages, Result};
 
+use crate::kv::{CpuKv, KvData, KvElem};
 use crate::math;
 use crate::{CpuBackend, CpuTensor};
 
@@ -63,8 +64,8 @@ const PARALLEL_MIN_FLOPS: usize = 1 << 20;
 pub(crate) fn attention(
     cpu: &CpuBackend,
     q: &CpuTensor,
-    k_cache: &CpuTensor,
-    v_cache: &CpuTensor,
+    k_cache: &CpuKv,
+    v_cache: &CpuKv,
     q_pos: usize,
     n_kv: usize,
     p: &AttentionParams,
@@ -79,8 +80,8 @@ pub(crate) fn attention(
 pub(crate) fn paged_attention(
     cpu: &CpuBackend,
     q: &CpuTensor,
-    k_pool: &CpuTensor,
-    v_pool: &CpuTensor,
+    k_pool: &CpuKv,
+    v_pool: &CpuKv,
     pages: &KvPages<'_>,
     q_pos: usize,
     n_kv: usize,
@@ -97,8 +98,8 @@ pub(crate) fn paged_attention(
 fn attention_over(
     cpu: &CpuBackend,
     q: &CpuTensor,
-    k_cache: &CpuTensor,
-    v_cache: &CpuTensor,
+    k_cache: &CpuKv,
+    v_cache: &CpuKv,
     pages: Option<KvPages<'_>>,
     q_pos: usize,
     n_kv: usize,
@@ -123,10 +124,7 @@ fn attention_over(
             ),
         ));
     }
-    let job = Job {
-        q: &q.data,
-        k: &k_cache.data,
-        v: &v_cache.data,
+    let layout = Layout {
         q_pos,
         hd,
         group: p.n_heads / p.n_kv_heads,
@@ -137,19 +135,64 @@ fn attention_over(
         softcap: p.softcap,
         pages,
     };
+    match (&k_cache.data, &v_cache.data) {
+        (KvData::F32(k), KvData::F32(v)) => Ok(run(
+            cpu,
+            q,
+            Job {
+                q: &q.data,
+                k,
+                v,
+                layout,
+            },
+            p,
+        )),
+        (KvData::F16(k), KvData::F16(v)) => Ok(run(
+            cpu,
+            q,
+            Job {
+                q: &q.data,
+                k,
+                v,
+                layout,
+            },
+            p,
+        )),
+        _ => Err(shape_err(
+            "attention",
+            format!(
+                "keys stored as {}, values as {}",
+                k_cache.dtype(),
+                v_cache.dtype()
+            ),
+        )),
+    }
+}
+
+/// [`attention_over`] once the operands are checked, over a cache of `E`.
+fn run<E: KvElem>(
+    cpu: &CpuBackend,
+    q: &CpuTensor,
+    job: Job<'_, E>,
+    p: &AttentionParams,
+) -> CpuTensor {
     let avx2 = cpu.avx2();
     // Every element is written below: each (row, head) belongs to exactly one block. (Empty:
     // no rows, no heads or empty heads, when `group` may be 0.)
     let mut out = crate::buffers::take(q.rows * q.cols);
     if out.is_empty() {
-        return CpuTensor::new(out, q.rows, q.cols);
+        return CpuTensor {
+            data: out,
+            rows: q.rows,
+            cols: q.cols,
+        };
     }
     let rows = rows_per_task(job.group);
     if cpu.batch_invariant && q.rows > 1 {
         // Each query row alone, exactly as a one-row (decode) call computes it: its result
         // does not depend on the other rows of the call (see `CpuBackend::set_batch_invariant`).
         let (lo, hi) = (job.visible(0).0, job.visible(q.rows - 1).1);
-        let flops = 4 * q.rows * p.n_heads * (hi - lo) * hd;
+        let flops = 4 * q.rows * p.n_heads * (hi - lo) * p.head_dim;
         crate::for_each_chunk(
             cpu,
             &mut out,
@@ -158,7 +201,10 @@ fn attention_over(
             |i, row_out| {
                 let one = Job {
                     q: &job.q[i * job.q_cols..(i + 1) * job.q_cols],
-                    q_pos: job.q_pos + i,
+                    layout: Layout {
+                        q_pos: job.q_pos + i,
+                        ..job.layout
+                    },
                     ..job
                 };
                 decode(cpu, avx2, &one, p.n_kv_heads, 1, row_out, false);
@@ -168,7 +214,7 @@ fn attention_over(
         decode(cpu, avx2, &job, p.n_kv_heads, q.rows, &mut out, true);
     } else {
         let (lo, hi) = (job.visible(0).0, job.visible(q.rows - 1).1);
-        let flops = 4 * q.rows * p.n_heads * (hi - lo) * hd;
+        let flops = 4 * q.rows * p.n_heads * (hi - lo) * p.head_dim;
         crate::for_each_chunk(
             cpu,
             &mut out,
@@ -177,7 +223,11 @@ fn attention_over(
             |t, chunk| rows_task(avx2, &job, p.n_kv_heads, t * rows, chunk),
         );
     }
-    CpuTensor::new(out, q.rows, q.cols)
+    CpuTensor {
+        data: out,
+        rows: q.rows,
+        cols: q.cols,
+    }
 }
 
 /// Query rows per prefill task: as many as fill one block with their GQA groups (at least one).
@@ -185,14 +235,34 @@ fn rows_per_task(group: usize) -> usize {
     (BLOCK / group).max(1)
 }
 
-/// The operands and shape of one call.
-#[derive(Clone, Copy)]
-struct Job<'a> {
+/// The operands and shape of one call, over a cache of `E`.
+struct Job<'a, E> {
     /// `[rows, q_cols]`, row `i` at position `q_pos + i`.
     q: &'a [f32],
     /// `[capacity, kv_cols]` each; row `j` at position `j`.
-    k: &'a [f32],
-    v: &'a [f32],
+    k: &'a [E],
+    v: &'a [E],
+    layout: Layout<'a>,
+}
+
+// (Derived `Clone`/`Copy` would ask the same of `E`, which references do not need.)
+impl<E> Clone for Job<'_, E> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<E> Copy for Job<'_, E> {}
+
+impl<'a, E> std::ops::Deref for Job<'a, E> {
+    type Target = Layout<'a>;
+    fn deref(&self) -> &Layout<'a> {
+        &self.layout
+    }
+}
+
+/// The shape of one call: where the query rows sit, the heads, and the softmax's parameters.
+#[derive(Clone, Copy)]
+struct Layout<'a> {
     q_pos: usize,
     hd: usize,
     /// Query heads per KV head.
@@ -206,7 +276,7 @@ struct Job<'a> {
     pages: Option<KvPages<'a>>,
 }
 
-impl Job<'_> {
+impl<E> Job<'_, E> {
     /// The keys `[lo, hi)` query row `i` sees.
     fn visible(&self, i: usize) -> (usize, usize) {
         let hi = self.q_pos + i + 1;
@@ -242,7 +312,7 @@ impl Job<'_> {
 
     /// Logical row `j` (position `j`) of head `kvh` of a cache.
     #[inline(always)]
-    fn head_row<'c>(&self, cache: &'c [f32], kvh: usize, j: usize) -> &'c [f32] {
+    fn head_row<'c>(&self, cache: &'c [E], kvh: usize, j: usize) -> &'c [E] {
         let row = match &self.pages {
             None => j,
             Some(p) => p.table[j / p.block_size] as usize * p.block_size + j % p.block_size,
@@ -296,7 +366,13 @@ impl State {
 }
 
 /// A prefill task: every head of query rows `[r0, r0 + rows)` into `out` (those rows).
-fn rows_task(avx2: bool, job: &Job<'_>, n_kv_heads: usize, r0: usize, out: &mut [f32]) {
+fn rows_task<E: KvElem>(
+    avx2: bool,
+    job: &Job<'_, E>,
+    n_kv_heads: usize,
+    r0: usize,
+    out: &mut [f32],
+) {
     let rows = out.len() / job.q_cols;
     let mut st = State::new(BLOCK, job.hd);
     for kvh in 0..n_kv_heads {
@@ -324,10 +400,10 @@ fn rows_task(avx2: bool, job: &Job<'_>, n_kv_heads: usize, r0: usize, out: &mut 
 /// part); then the parts of each vector are combined in key order into `out`.
 ///
 /// `parallel`: the tasks may run on the team (false inside a team task); the result is the same.
-fn decode(
+fn decode<E: KvElem>(
     cpu: &CpuBackend,
     avx2: bool,
-    job: &Job<'_>,
+    job: &Job<'_, E>,
     n_kv_heads: usize,
     rows: usize,
     out: &mut [f32],
@@ -407,9 +483,9 @@ fn decode(
 /// prefetches alone): the attention stretch 1.48-2.03 → 1.01-1.20 ms a step at a mean context of
 /// 512 positions, 326-422 → 291-309 µs at 64, and 1.28-1.35 → 1.00-1.46 ms at 8 sequences of 32.
 /// (Prefill blocks share their rows through the cache, and measured slower with the prefetches.)
-fn attend_keys(
+fn attend_keys<E: KvElem>(
     avx2: bool,
-    job: &Job<'_>,
+    job: &Job<'_, E>,
     b: &Block<'_>,
     keys: Range<usize>,
     stream: bool,
@@ -417,36 +493,37 @@ fn attend_keys(
 ) {
     #[cfg(target_arch = "x86_64")]
     if avx2 {
-        // SAFETY: `avx2` is only true where the CPU reports AVX2 and FMA (`CpuBackend::avx2`).
+        // SAFETY: `avx2` is only true where the CPU reports AVX2, FMA and F16C
+        // (`CpuBackend::avx2`).
         unsafe { attend_keys_avx2(job, b, keys, stream, st) };
         return;
     }
     let _ = avx2;
-    attend_keys_impl::<false>(job, b, keys, stream, st)
+    attend_keys_impl::<false, E>(job, b, keys, stream, st)
 }
 
-/// [`attend_keys_impl`] built with AVX2+FMA: its kernels use the intrinsics, and the loops of
-/// the softmax compile to 8-lane code.
+/// [`attend_keys_impl`] built with AVX2+FMA (and F16C, which widens an f16 cache's rows): its
+/// kernels use the intrinsics, and the loops of the softmax compile to 8-lane code.
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA.
+/// The CPU has AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn attend_keys_avx2(
-    job: &Job<'_>,
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn attend_keys_avx2<E: KvElem>(
+    job: &Job<'_, E>,
     b: &Block<'_>,
     keys: Range<usize>,
     stream: bool,
     st: &mut State,
 ) {
-    attend_keys_impl::<true>(job, b, keys, stream, st)
+    attend_keys_impl::<true, E>(job, b, keys, stream, st)
 }
 
 /// See [`attend_keys`]. `AVX2` selects the intrinsic kernels: only true when called from
 /// [`attend_keys_avx2`].
 #[inline(always)]
-fn attend_keys_impl<const AVX2: bool>(
-    job: &Job<'_>,
+fn attend_keys_impl<const AVX2: bool, E: KvElem>(
+    job: &Job<'_, E>,
     b: &Block<'_>,
     Range {
         start: from,
@@ -466,8 +543,8 @@ fn attend_keys_impl<const AVX2: bool>(
     while t0 < to {
         let t1 = (t0 + TILE).min(to);
         let nk = t1 - t0;
-        let mut keys: [&[f32]; TILE] = [&[]; TILE];
-        let mut values: [&[f32]; TILE] = [&[]; TILE];
+        let mut keys: [&[E]; TILE] = [&[]; TILE];
+        let mut values: [&[E]; TILE] = [&[]; TILE];
         for j in 0..nk {
             keys[j] = job.head_row(job.k, kvh, t0 + j);
             values[j] = job.head_row(job.v, kvh, t0 + j);
@@ -485,7 +562,7 @@ fn attend_keys_impl<const AVX2: bool>(
                 prefetch_rows(&[job.head_row(job.k, kvh, j), job.head_row(job.v, kvh, j)]);
             }
         }
-        scores::<AVX2>(&qs[..n], &keys[..nk], &mut s);
+        scores::<AVX2, E>(&qs[..n], &keys[..nk], &mut s);
         let mut alpha = [1.0f32; BLOCK];
         for (m, x) in b.queries.iter().enumerate() {
             let (a, z) = (x.lo.max(t0), x.hi.min(t1));
@@ -502,17 +579,17 @@ fn attend_keys_impl<const AVX2: bool>(
                 );
             }
         }
-        weighted_values::<AVX2>(&mut st.acc[..n * hd], &alpha, &s, &values[..nk], hd);
+        weighted_values::<AVX2, E>(&mut st.acc[..n * hd], &alpha, &s, &values[..nk], hd);
         t0 = t1;
     }
 }
 
 /// Hints the CPU to bring each cache line of `rows` into L1 (a no-op off x86-64).
 #[inline(always)]
-fn prefetch_rows(rows: &[&[f32]]) {
+fn prefetch_rows<E: KvElem>(rows: &[&[E]]) {
     #[cfg(target_arch = "x86_64")]
     for row in rows {
-        for line in row.chunks(16) {
+        for line in row.chunks(E::PER_LINE) {
             // SAFETY: a prefetch is a hint: it never faults and changes no memory (and `line`
             // is a live slice anyway).
             unsafe {
@@ -531,11 +608,11 @@ fn prefetch_rows(rows: &[&[f32]]) {
 /// brings the rows into the core's caches at the speed of a sequential stream (see
 /// [`attend_keys`]).
 #[inline(always)]
-fn read_rows<'a>(rows: impl Iterator<Item = &'a [f32]>) -> u32 {
+fn read_rows<'a, E: KvElem>(rows: impl Iterator<Item = &'a [E]>) -> u32 {
     let mut acc = 0u32;
     for row in rows {
-        for x in row.iter().step_by(16) {
-            acc = acc.wrapping_add(x.to_bits());
+        for x in row.iter().step_by(E::PER_LINE) {
+            acc = acc.wrapping_add(x.bits());
         }
     }
     acc
@@ -546,8 +623,8 @@ fn read_rows<'a>(rows: impl Iterator<Item = &'a [f32]>) -> u32 {
 /// `[a, z)` and 0 outside, and rescale its sum. Returns the factor `e^(old max − new max)` by
 /// which its accumulator must be multiplied.
 #[inline(always)]
-fn softmax_update(
-    job: &Job<'_>,
+fn softmax_update<E>(
+    job: &Job<'_, E>,
     s: &mut [f32; TILE],
     a: usize,
     z: usize,
@@ -593,10 +670,13 @@ fn softmax_update(
 /// lanes reduced as `((a₀ + a₄) + (a₂ + a₆)) + ((a₁ + a₅) + (a₃ + a₇))`, then the tail one product
 /// at a time: the AVX2 kernel performs exactly the operations of [`dot`].
 #[inline(always)]
-fn scores<const AVX2: bool>(q: &[&[f32]], keys: &[&[f32]], s: &mut [[f32; TILE]; BLOCK]) {
+fn scores<const AVX2: bool, E: KvElem>(q: &[&[f32]], keys: &[&[E]], s: &mut [[f32; TILE]; BLOCK]) {
     let len = q.first().map_or(0, |r| r.len());
     assert!(
-        q.len() <= BLOCK && keys.len() <= TILE && q.iter().chain(keys).all(|r| r.len() == len),
+        q.len() <= BLOCK
+            && keys.len() <= TILE
+            && q.iter().all(|r| r.len() == len)
+            && keys.iter().all(|r| r.len() == len),
         "scores: bad operands"
     );
     let n8 = len / 8;
@@ -610,14 +690,14 @@ fn scores<const AVX2: bool>(q: &[&[f32]], keys: &[&[f32]], s: &mut [[f32; TILE];
         for (p, r) in kp.iter_mut().zip(keys) {
             *p = r.as_ptr();
         }
-        // SAFETY: `AVX2` instances run only inside `attend_keys_avx2` (the CPU has AVX2 and
-        // FMA); the assert proves every row holds `len ≥ 8·n8` values.
+        // SAFETY: `AVX2` instances run only inside `attend_keys_avx2` (the CPU has AVX2, FMA
+        // and F16C); the assert proves every row holds `len ≥ 8·n8` values.
         unsafe { avx2::scores(&qp[..q.len()], &kp[..keys.len()], n8, s) };
         if n8 * 8 < len {
             for (row, qm) in s.iter_mut().zip(q) {
                 for (o, kj) in row.iter_mut().zip(keys) {
                     for d in n8 * 8..len {
-                        *o = qm[d].mul_add(kj[d], *o);
+                        *o = qm[d].mul_add(kj[d].get(), *o);
                     }
                 }
             }
@@ -633,19 +713,19 @@ fn scores<const AVX2: bool>(q: &[&[f32]], keys: &[&[f32]], s: &mut [[f32; TILE];
 
 /// One dot product in the operation order of [`scores`].
 #[inline(always)]
-fn dot(q: &[f32], k: &[f32]) -> f32 {
+fn dot<E: KvElem>(q: &[f32], k: &[E]) -> f32 {
     let (qc, qt) = q.as_chunks::<8>();
     let (kc, kt) = k.as_chunks::<8>();
     let mut acc = [0.0f32; 8];
     for (qv, kv) in qc.iter().zip(kc) {
         for l in 0..8 {
-            acc[l] = qv[l].mul_add(kv[l], acc[l]);
+            acc[l] = qv[l].mul_add(kv[l].get(), acc[l]);
         }
     }
     let h: [f32; 4] = std::array::from_fn(|i| acc[i] + acc[i + 4]);
     let mut sum = (h[0] + h[2]) + (h[1] + h[3]);
     for (&x, &y) in qt.iter().zip(kt) {
-        sum = x.mul_add(y, sum);
+        sum = x.mul_add(y.get(), sum);
     }
     sum
 }
@@ -655,11 +735,11 @@ fn dot(q: &[f32], k: &[f32]) -> f32 {
 /// sixteen head dims of four vectors at a time (the tail of a head one at a time), with the
 /// same operations per element.
 #[inline(always)]
-fn weighted_values<const AVX2: bool>(
+fn weighted_values<const AVX2: bool, E: KvElem>(
     acc: &mut [f32],
     alpha: &[f32; BLOCK],
     p: &[[f32; TILE]; BLOCK],
-    values: &[&[f32]],
+    values: &[&[E]],
     hd: usize,
 ) {
     let n = acc.len() / hd.max(1);
@@ -674,8 +754,8 @@ fn weighted_values<const AVX2: bool>(
         for (p, r) in vp.iter_mut().zip(values) {
             *p = r.as_ptr();
         }
-        // SAFETY: `AVX2` instances run only inside `attend_keys_avx2` (the CPU has AVX2 and
-        // FMA); the assert proves `acc` holds `n ≤ BLOCK` rows of `hd` and each value row `hd`
+        // SAFETY: `AVX2` instances run only inside `attend_keys_avx2` (the CPU has AVX2, FMA
+        // and F16C); the assert proves `acc` holds `n ≤ BLOCK` rows of `hd` and each value row `hd`
         // values, and `p` rows hold `TILE ≥ values.len()` weights.
         unsafe { avx2::weighted_values(acc.as_mut_ptr(), n, hd, alpha, p, &vp[..values.len()]) };
         tail = hd / 16 * 16;
@@ -684,7 +764,7 @@ fn weighted_values<const AVX2: bool>(
         for (d, o) in row.iter_mut().enumerate().skip(tail) {
             let mut sum = *o * alpha;
             for (&w, v) in p.iter().zip(values) {
-                sum = w.mul_add(v[d], sum);
+                sum = w.mul_add(v[d].get(), sum);
             }
             *o = sum;
         }
@@ -696,7 +776,7 @@ fn weighted_values<const AVX2: bool>(
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{BLOCK, TILE};
+    use super::{KvElem, BLOCK, TILE};
 
     /// Query vectors per micro-kernel call (one ymm accumulator per vector and key).
     const MQ: usize = 4;
@@ -709,12 +789,13 @@ mod avx2 {
     /// while the block's queries pass them.
     ///
     /// # Safety
-    /// The CPU has AVX2 and FMA; each pointer addresses `8·n8` readable values; `q.len() ≤
-    /// BLOCK`, `k.len() ≤ TILE`. Only called (inlined) from functions built with both features.
+    /// The CPU has AVX2, FMA and F16C; each pointer addresses `8·n8` readable values; `q.len()
+    /// ≤ BLOCK`, `k.len() ≤ TILE`. Only called (inlined) from functions built with those
+    /// features.
     #[inline(always)]
-    pub(super) unsafe fn scores(
+    pub(super) unsafe fn scores<E: KvElem>(
         q: &[*const f32],
-        k: &[*const f32],
+        k: &[*const E],
         n8: usize,
         s: &mut [[f32; TILE]; BLOCK],
     ) {
@@ -725,18 +806,18 @@ mod avx2 {
             while m < q.len() {
                 let nm = MQ.min(q.len() - m);
                 match (nm, nj) {
-                    (4, 3) => tile::<4, 3>(q, k, m, j, n8, s),
-                    (4, 2) => tile::<4, 2>(q, k, m, j, n8, s),
-                    (4, _) => tile::<4, 1>(q, k, m, j, n8, s),
-                    (3, 3) => tile::<3, 3>(q, k, m, j, n8, s),
-                    (3, 2) => tile::<3, 2>(q, k, m, j, n8, s),
-                    (3, _) => tile::<3, 1>(q, k, m, j, n8, s),
-                    (2, 3) => tile::<2, 3>(q, k, m, j, n8, s),
-                    (2, 2) => tile::<2, 2>(q, k, m, j, n8, s),
-                    (2, _) => tile::<2, 1>(q, k, m, j, n8, s),
-                    (_, 3) => tile::<1, 3>(q, k, m, j, n8, s),
-                    (_, 2) => tile::<1, 2>(q, k, m, j, n8, s),
-                    (_, _) => tile::<1, 1>(q, k, m, j, n8, s),
+                    (4, 3) => tile::<4, 3, E>(q, k, m, j, n8, s),
+                    (4, 2) => tile::<4, 2, E>(q, k, m, j, n8, s),
+                    (4, _) => tile::<4, 1, E>(q, k, m, j, n8, s),
+                    (3, 3) => tile::<3, 3, E>(q, k, m, j, n8, s),
+                    (3, 2) => tile::<3, 2, E>(q, k, m, j, n8, s),
+                    (3, _) => tile::<3, 1, E>(q, k, m, j, n8, s),
+                    (2, 3) => tile::<2, 3, E>(q, k, m, j, n8, s),
+                    (2, 2) => tile::<2, 2, E>(q, k, m, j, n8, s),
+                    (2, _) => tile::<2, 1, E>(q, k, m, j, n8, s),
+                    (_, 3) => tile::<1, 3, E>(q, k, m, j, n8, s),
+                    (_, 2) => tile::<1, 2, E>(q, k, m, j, n8, s),
+                    (_, _) => tile::<1, 1, E>(q, k, m, j, n8, s),
                 }
                 m += nm;
             }
@@ -749,22 +830,22 @@ mod avx2 {
     /// # Safety
     /// As [`scores`], and `m0 + M ≤ q.len()`, `j0 + J ≤ k.len()`.
     #[inline(always)]
-    unsafe fn tile<const M: usize, const J: usize>(
+    unsafe fn tile<const M: usize, const J: usize, E: KvElem>(
         q: &[*const f32],
-        k: &[*const f32],
+        k: &[*const E],
         m0: usize,
         j0: usize,
         n8: usize,
         s: &mut [[f32; TILE]; BLOCK],
     ) {
         let qp: [*const f32; M] = std::array::from_fn(|m| q[m0 + m]);
-        let kp: [*const f32; J] = std::array::from_fn(|j| k[j0 + j]);
+        let kp: [*const E; J] = std::array::from_fn(|j| k[j0 + j]);
         let mut acc = [[_mm256_setzero_ps(); J]; M];
         for c in 0..n8 {
             // SAFETY (loop): `c < n8`: each load reads values `[8c, 8c + 8)` of its row.
             let mut kv = [_mm256_setzero_ps(); J];
             for j in 0..J {
-                kv[j] = _mm256_loadu_ps(kp[j].add(8 * c));
+                kv[j] = E::load8(kp[j].add(8 * c));
             }
             for m in 0..M {
                 let qv = _mm256_loadu_ps(qp[m].add(8 * c));
@@ -789,27 +870,27 @@ mod avx2 {
     /// vectors inner: the chunk of each value row in use stays in L1 while the block passes it.
     ///
     /// # Safety
-    /// The CPU has AVX2 and FMA; `acc` addresses `n ≤ BLOCK` rows of `hd` writable values that
-    /// nothing else accesses; each `v[j]` addresses `hd` readable values; `v.len() ≤ TILE`.
-    /// Only called (inlined) from functions built with both features.
+    /// The CPU has AVX2, FMA and F16C; `acc` addresses `n ≤ BLOCK` rows of `hd` writable
+    /// values that nothing else accesses; each `v[j]` addresses `hd` readable values; `v.len() ≤
+    /// TILE`. Only called (inlined) from functions built with those features.
     #[inline(always)]
-    pub(super) unsafe fn weighted_values(
+    pub(super) unsafe fn weighted_values<E: KvElem>(
         acc: *mut f32,
         n: usize,
         hd: usize,
         alpha: &[f32; BLOCK],
         p: &[[f32; TILE]; BLOCK],
-        v: &[*const f32],
+        v: &[*const E],
     ) {
         for c in 0..hd / 16 {
             let mut m = 0;
             while m < n {
                 let nm = MQ.min(n - m);
                 match nm {
-                    4 => chunk::<4>(acc, hd, m, c, alpha, p, v),
-                    3 => chunk::<3>(acc, hd, m, c, alpha, p, v),
-                    2 => chunk::<2>(acc, hd, m, c, alpha, p, v),
-                    _ => chunk::<1>(acc, hd, m, c, alpha, p, v),
+                    4 => chunk::<4, E>(acc, hd, m, c, alpha, p, v),
+                    3 => chunk::<3, E>(acc, hd, m, c, alpha, p, v),
+                    2 => chunk::<2, E>(acc, hd, m, c, alpha, p, v),
+                    _ => chunk::<1, E>(acc, hd, m, c, alpha, p, v),
                 }
                 m += nm;
             }
@@ -821,14 +902,14 @@ mod avx2 {
     /// # Safety
     /// As [`weighted_values`], and `m0 + M ≤ n`, `16c + 16 ≤ hd`.
     #[inline(always)]
-    unsafe fn chunk<const M: usize>(
+    unsafe fn chunk<const M: usize, E: KvElem>(
         acc: *mut f32,
         hd: usize,
         m0: usize,
         c: usize,
         alpha: &[f32; BLOCK],
         p: &[[f32; TILE]; BLOCK],
-        v: &[*const f32],
+        v: &[*const E],
     ) {
         let mut s = [[_mm256_setzero_ps(); 2]; M];
         for m in 0..M {
@@ -838,8 +919,8 @@ mod avx2 {
             s[m][1] = _mm256_mul_ps(_mm256_loadu_ps(o.add(8)), a);
         }
         for (j, &row) in v.iter().enumerate() {
-            let v0 = _mm256_loadu_ps(row.add(16 * c));
-            let v1 = _mm256_loadu_ps(row.add(16 * c + 8));
+            let v0 = E::load8(row.add(16 * c));
+            let v1 = E::load8(row.add(16 * c + 8));
             for m in 0..M {
                 let w = _mm256_set1_ps(p[m0 + m][j]);
                 s[m][0] = _mm256_fmadd_ps(w, v0, s[m][0]);
@@ -857,10 +938,16 @@ mod avx2 {
 /// The row-at-a-time kernel this module replaced, kept as the reference: scores of one query
 /// row and head against all its visible keys, softmax, weighted sum of values.
 #[cfg(test)]
-fn reference(
+fn reference(q: &CpuTensor, k: &CpuKv, v: &CpuKv, q_pos: usize, p: &AttentionParams) -> Vec<f32> {
+    reference_over(q, &k.to_f32(), &v.to_f32(), q_pos, p)
+}
+
+/// [`reference`] over the caches' values as f32.
+#[cfg(test)]
+fn reference_over(
     q: &CpuTensor,
-    k: &CpuTensor,
-    v: &CpuTensor,
+    k: &[f32],
+    v: &[f32],
     q_pos: usize,
     p: &AttentionParams,
 ) -> Vec<f32> {
@@ -878,7 +965,7 @@ fn reference(
             let qh = &q.row(i)[h * hd..(h + 1) * hd];
             let mut max = f32::NEG_INFINITY;
             for (s, j) in scores.iter_mut().zip(lo..hi) {
-                let kj = &k.data[j * kv_cols + kvh * hd..j * kv_cols + (kvh + 1) * hd];
+                let kj = &k[j * kv_cols + kvh * hd..j * kv_cols + (kvh + 1) * hd];
                 let mut v = math::dot(qh, kj) * p.scale;
                 if let Some(cap) = p.softcap {
                     v = cap * (v / cap).tanh();
@@ -894,7 +981,7 @@ fn reference(
             let inv = 1.0 / sum;
             let oh = &mut out_row[h * hd..(h + 1) * hd];
             for (s, j) in scores.iter().zip(lo..hi) {
-                let vj = &v.data[j * kv_cols + kvh * hd..j * kv_cols + (kvh + 1) * hd];
+                let vj = &v[j * kv_cols + kvh * hd..j * kv_cols + (kvh + 1) * hd];
                 let weight = s * inv;
                 for (o, &v) in oh.iter_mut().zip(vj) {
                     *o += weight * v;
@@ -909,6 +996,7 @@ fn reference(
 mod tests {
     use super::*;
     use crate::kernels::{simd_level, SimdLevel};
+    use kiln_backend::KvDtype;
 
     /// Deterministic values in [-1, 1) (xorshift64).
     fn values(len: usize, seed: u64) -> Vec<f32> {
@@ -927,6 +1015,12 @@ mod tests {
         CpuTensor::new(data, rows, cols).unwrap()
     }
 
+    fn cache(data: &[f32], rows: usize, cols: usize, dtype: KvDtype) -> CpuKv {
+        CpuKv::from_f32(data, rows, cols, dtype).unwrap()
+    }
+
+    const DTYPES: [KvDtype; 2] = [KvDtype::F32, KvDtype::F16];
+
     /// The scalar build on one thread, and the CPU's SIMD level on one and three threads.
     fn backends() -> Vec<CpuBackend> {
         let mut v = vec![CpuBackend::with_simd(1, SimdLevel::Scalar).unwrap()];
@@ -937,12 +1031,25 @@ mod tests {
         v
     }
 
-    /// Runs `rows` query rows at `q_pos` on every backend and checks each against the
-    /// reference: the largest error at most 1e-5 of the largest output (softmax weights are
-    /// within a few ulp of the reference's; the outputs are sums of up to a thousand such
-    /// products), and all backends bit-identical (the same operations on any thread count and
-    /// in both builds).
+    /// Runs `rows` query rows at `q_pos` on every backend, over caches of each type, and checks
+    /// each against the reference over the cache's (rounded) values: the largest error at most
+    /// 1e-5 of the largest output (softmax weights are within a few ulp of the reference's; the
+    /// outputs are sums of up to a thousand such products), and all backends bit-identical (the
+    /// same operations on any thread count and in both builds).
     fn check(b: &[CpuBackend], p: &AttentionParams, q_pos: usize, rows: usize, seed: u64) {
+        for dtype in DTYPES {
+            check_one(b, p, q_pos, rows, seed, dtype);
+        }
+    }
+
+    fn check_one(
+        b: &[CpuBackend],
+        p: &AttentionParams,
+        q_pos: usize,
+        rows: usize,
+        seed: u64,
+        dtype: KvDtype,
+    ) {
         let hd = p.head_dim;
         let n_kv = q_pos + rows;
         // Queries scaled up so that the softmax is far from uniform.
@@ -958,8 +1065,8 @@ mod tests {
         k[n_kv * p.n_kv_heads * hd..].fill(f32::NAN);
         v[n_kv * p.n_kv_heads * hd..].fill(f32::NAN);
         let (k, v) = (
-            tensor(k, cap, p.n_kv_heads * hd),
-            tensor(v, cap, p.n_kv_heads * hd),
+            cache(&k, cap, p.n_kv_heads * hd, dtype),
+            cache(&v, cap, p.n_kv_heads * hd, dtype),
         );
         let want = reference(&q, &k, &v, q_pos, p);
         let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));
@@ -974,7 +1081,7 @@ mod tests {
                 .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
             assert!(
                 err <= 1e-5 * scale,
-                "{p:?} q_pos {q_pos} rows {rows} on {:?}/{}: error {err:e} of {scale}",
+                "{p:?} q_pos {q_pos} rows {rows} {dtype} on {:?}/{}: error {err:e} of {scale}",
                 be.simd,
                 be.threads
             );
@@ -984,7 +1091,7 @@ mod tests {
                     f.iter()
                         .zip(&got.data)
                         .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{p:?} q_pos {q_pos} rows {rows}: {:?}/{} differs from the first backend",
+                    "{p:?} q_pos {q_pos} rows {rows} {dtype}: {:?}/{} differs from the first backend",
                     be.simd,
                     be.threads
                 ),
@@ -1044,13 +1151,18 @@ mod tests {
         ] {
             let p = params(heads, hd, window, Some(30.0));
             let kv_cols = p.n_kv_heads * hd;
-            for block_size in [1, 3, 16, 32] {
+            for (block_size, dtype) in [1, 3, 16, 32].into_iter().zip(DTYPES.iter().cycle()) {
                 for (q_pos, rows) in [(0, 5), (37, 1), (300, 1), (250, 20)] {
                     seed += 7;
                     let n_kv = q_pos + rows;
                     let q = tensor(values(rows * p.n_heads * hd, seed), rows, p.n_heads * hd);
-                    let k = tensor(values(n_kv * kv_cols, seed + 1), n_kv, kv_cols);
-                    let v = tensor(values(n_kv * kv_cols, seed + 2), n_kv, kv_cols);
+                    let (k, v) = (
+                        values(n_kv * kv_cols, seed + 1),
+                        values(n_kv * kv_cols, seed + 2),
+                    );
+                    let k_cache = cache(&k, n_kv, kv_cols, *dtype);
+                    let v_cache = cache(&v, n_kv, kv_cols, *dtype);
+                    let (k, v) = (tensor(k, n_kv, kv_cols), tensor(v, n_kv, kv_cols));
                     // The sequence's blocks, scattered through a larger pool in a shuffled order.
                     let blocks = n_kv.div_ceil(block_size);
                     let pool_blocks = 2 * blocks + 3;
@@ -1066,8 +1178,8 @@ mod tests {
                     let pages = KvPages { table, block_size };
                     let nan = vec![f32::NAN; pool_blocks * block_size * kv_cols];
                     for be in &b {
-                        let mut kp = tensor(nan.clone(), pool_blocks * block_size, kv_cols);
-                        let mut vp = kp.clone();
+                        let mut kp = cache(&nan, pool_blocks * block_size, kv_cols, *dtype);
+                        let mut vp = cache(&nan, pool_blocks * block_size, kv_cols, *dtype);
                         // Written in two appends, the second starting inside a block.
                         let cut = n_kv / 2;
                         for (pool, src) in [(&mut kp, &k), (&mut vp, &v)] {
@@ -1081,7 +1193,7 @@ mod tests {
                             )
                             .unwrap();
                         }
-                        let want = attention(be, &q, &k, &v, q_pos, n_kv, &p).unwrap();
+                        let want = attention(be, &q, &k_cache, &v_cache, q_pos, n_kv, &p).unwrap();
                         let got =
                             paged_attention(be, &q, &kp, &vp, &pages, q_pos, n_kv, &p).unwrap();
                         assert!(
@@ -1089,7 +1201,7 @@ mod tests {
                                 .iter()
                                 .zip(&got.data)
                                 .all(|(a, b)| a.to_bits() == b.to_bits()),
-                            "{p:?} block {block_size} q_pos {q_pos} rows {rows} on {:?}/{}",
+                            "{p:?} block {block_size} q_pos {q_pos} rows {rows} {dtype} on {:?}/{}",
                             be.simd,
                             be.threads
                         );
@@ -1105,7 +1217,7 @@ mod tests {
         let be = CpuBackend::new(1).unwrap();
         let p = params((2, 1), 4, None, None);
         let q = tensor(values(8, 1), 1, 8);
-        let pool = tensor(values(16, 2), 4, 4); // 2 blocks of 2 rows
+        let pool = cache(&values(16, 2), 4, 4, KvDtype::F16); // 2 blocks of 2 rows
         let short = KvPages {
             table: &[1],
             block_size: 2,
@@ -1123,12 +1235,23 @@ mod tests {
             block_size: 0,
         };
         assert!(paged_attention(&be, &q, &pool, &pool, &zero, 0, 1, &p).is_err());
-        let mut dst = pool.clone();
+        let mut dst = cache(&values(16, 2), 4, 4, KvDtype::F16);
         let err = be
             .write_paged_rows(&mut dst, &outside, 1, &tensor(values(8, 3), 2, 4))
             .unwrap_err();
         assert!(err.to_string().contains("block 2"), "{err}");
-        assert_eq!(dst.data, pool.data, "a failed write changes nothing");
+        assert_eq!(
+            dst.to_f32(),
+            pool.to_f32(),
+            "a failed write changes nothing"
+        );
+        let f32_pool = cache(&values(16, 2), 4, 4, KvDtype::F32);
+        let err = attention(&be, &q, &pool, &f32_pool, 2, 3, &p).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("keys stored as f16, values as f32"),
+            "{err}"
+        );
     }
 
     /// Long caches: decode splits the keys into parts (and prefill tasks walk many tiles).
@@ -1170,7 +1293,7 @@ mod tests {
     #[test]
     fn empty_shapes_give_empty_outputs() {
         let be = CpuBackend::new(2).unwrap();
-        let kv = tensor(values(4 * 16, 1), 4, 16);
+        let kv = cache(&values(4 * 16, 1), 4, 16, KvDtype::F16);
         let q = tensor(Vec::new(), 0, 64);
         let got = attention(&be, &q, &kv, &kv, 2, 2, &params((4, 1), 16, None, None)).unwrap();
         assert_eq!((got.rows, got.cols), (0, 64));
@@ -1187,7 +1310,7 @@ mod tests {
         for (q_pos, rows) in [(0, 1), (0, 6), (400, 1)] {
             let n_kv = q_pos + rows;
             let q = tensor(values(rows * 64, 1), rows, 64);
-            let kv = tensor(values(n_kv * 16, 2), n_kv, 16);
+            let kv = cache(&values(n_kv * 16, 2), n_kv, 16, KvDtype::F16);
             let got = attention(&be, &q, &kv, &kv, q_pos, n_kv, &p).unwrap();
             assert!(got.data.iter().all(|&x| x == 0.0));
         }

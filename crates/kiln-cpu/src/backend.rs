@@ -3,11 +3,12 @@ use std::sync::{Arc, OnceLock};
 
 use kiln_backend::{
     shape_err, Activation, AttentionJob, AttentionParams, Backend, BackendError, GptqMatrix,
-    KvPages, Linear, PackedAttentionParams, Result, RopeParams, WeightData,
+    KvDtype, KvPages, Linear, PackedAttentionParams, Result, RopeParams, WeightData,
 };
 use kiln_core::{GgmlType, SharedBytes};
 
 use crate::kernels::{self, SimdLevel};
+use crate::kv::CpuKv;
 use crate::sgemm::PackedWeight;
 
 /// A row-major `[rows, cols]` f32 tensor in host memory.
@@ -183,6 +184,8 @@ pub struct CpuBackend {
     pub(crate) simd: SimdLevel,
     /// See [`CpuBackend::set_batch_invariant`].
     pub(crate) batch_invariant: bool,
+    /// See [`CpuBackend::set_kv_dtype`].
+    pub(crate) kv_dtype: KvDtype,
     /// The weight types to interleave (see [`CpuBackend::set_interleave`]); empty: none.
     pub(crate) interleave: Vec<GgmlType>,
     /// Where interleaved weights live.
@@ -226,6 +229,7 @@ impl CpuBackend {
             threads,
             simd,
             batch_invariant: false,
+            kv_dtype: KvDtype::default(),
             interleave: interleave_types(std::env::var("KILN_INTERLEAVE").ok().as_deref()),
             arena: Arena::default(),
             rope_tables: Default::default(),
@@ -303,6 +307,13 @@ impl CpuBackend {
     /// fused decode products), float products run the packed GEMM at any number of rows, and
     /// attention computes each query row on its own, as a decode step would. The cost is in
     /// single-sequence decode (measured in `kiln bench --batch-invariant`).
+    /// The element type of the KV caches made from now on (`Backend::kv_zeros`): f16 by
+    /// default (half the memory, and half the bytes decode attention reads), f32 for exactly the
+    /// keys and values the model computed.
+    pub fn set_kv_dtype(&mut self, dtype: KvDtype) {
+        self.kv_dtype = dtype;
+    }
+
     pub fn set_batch_invariant(&mut self, on: bool) {
         self.batch_invariant = on;
     }
@@ -387,6 +398,7 @@ impl CpuBackend {
 impl Backend for CpuBackend {
     type Tensor = CpuTensor;
     type Weight = CpuWeight;
+    type Kv = CpuKv;
 
     fn name(&self) -> String {
         format!("cpu ({} threads, {:?})", self.threads, self.simd)
@@ -461,6 +473,22 @@ impl Backend for CpuBackend {
         })
     }
 
+    fn kv_zeros(&self, rows: usize, cols: usize) -> Result<CpuKv> {
+        CpuKv::zeros(rows, cols, self.kv_dtype)
+    }
+
+    fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
+    }
+
+    fn kv_shape(&self, x: &CpuKv) -> (usize, usize) {
+        x.shape()
+    }
+
+    fn kv_to_f32(&self, x: &CpuKv) -> Result<Vec<f32>> {
+        Ok(x.to_f32())
+    }
+
     fn tensor_from_f32(&self, data: &[f32], rows: usize, cols: usize) -> Result<CpuTensor> {
         CpuTensor::new(data.to_vec(), rows, cols)
     }
@@ -485,7 +513,8 @@ impl Backend for CpuBackend {
     }
 
     fn write_rows(&self, dst: &mut CpuTensor, dst_row: usize, src: &CpuTensor) -> Result<()> {
-        if src.cols != dst.cols || dst_row + src.rows > dst.rows {
+        let end = dst_row.checked_add(src.rows);
+        if src.cols != dst.cols || end.is_none_or(|end| end > dst.rows) {
             return Err(shape_err(
                 "write_rows",
                 format!(
@@ -496,6 +525,10 @@ impl Backend for CpuBackend {
         }
         dst.data[dst_row * dst.cols..(dst_row + src.rows) * dst.cols].copy_from_slice(&src.data);
         Ok(())
+    }
+
+    fn write_kv_rows(&self, dst: &mut CpuKv, dst_row: usize, src: &CpuTensor) -> Result<()> {
+        crate::kv::write_rows(dst, dst_row, src)
     }
 
     fn gather_rows(&self, x: &CpuTensor, index: &[u32]) -> Result<CpuTensor> {
@@ -656,8 +689,8 @@ impl Backend for CpuBackend {
     fn attention(
         &self,
         q: &CpuTensor,
-        k_cache: &CpuTensor,
-        v_cache: &CpuTensor,
+        k_cache: &CpuKv,
+        v_cache: &CpuKv,
         q_pos: usize,
         n_kv: usize,
         params: &AttentionParams,
@@ -668,8 +701,8 @@ impl Backend for CpuBackend {
     fn paged_attention(
         &self,
         q: &CpuTensor,
-        k_pool: &CpuTensor,
-        v_pool: &CpuTensor,
+        k_pool: &CpuKv,
+        v_pool: &CpuKv,
         pages: &KvPages<'_>,
         q_pos: usize,
         n_kv: usize,
@@ -684,7 +717,7 @@ impl Backend for CpuBackend {
     /// the results are the same.
     fn attention_many(
         &self,
-        jobs: &[AttentionJob<'_, CpuTensor>],
+        jobs: &[AttentionJob<'_, CpuTensor, CpuKv>],
         params: &AttentionParams,
     ) -> Result<Vec<CpuTensor>> {
         if jobs.len() < 2 || self.threads < 2 {

@@ -20,6 +20,7 @@ mod attention;
 mod backend;
 mod buffers;
 pub mod kernels;
+mod kv;
 mod math;
 mod matmul;
 mod ops;
@@ -29,6 +30,7 @@ mod sgemm;
 mod team;
 
 pub use backend::{CpuBackend, CpuTensor, CpuWeight};
+pub use kv::CpuKv;
 pub use probe::{
     memory_bandwidth, memory_bandwidth_quick, memory_bandwidth_with, Bandwidth, Pages,
 };

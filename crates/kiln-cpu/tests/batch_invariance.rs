@@ -10,7 +10,7 @@ use std::sync::Arc;
 use kiln_backend::{AttentionJob, AttentionParams, Backend, KvPages, Linear};
 use kiln_core::GgmlType;
 use kiln_cpu::kernels::{simd_level, SimdLevel};
-use kiln_cpu::CpuBackend;
+use kiln_cpu::{CpuBackend, CpuKv};
 
 mod common;
 use common::quant::WEIGHT_TYPES;
@@ -103,10 +103,10 @@ fn attention_gives_each_query_row_what_it_gets_alone() {
     }
     for threads in [1, 2] {
         let b = invariant(threads);
-        let kt = b.tensor_from_f32(&k, cap, kv_cols).unwrap();
-        let vt = b.tensor_from_f32(&v, cap, kv_cols).unwrap();
-        let kpt = b.tensor_from_f32(&kp, kp.len() / kv_cols, kv_cols).unwrap();
-        let vpt = b.tensor_from_f32(&vp, vp.len() / kv_cols, kv_cols).unwrap();
+        let kt = CpuKv::from_f32(&k, cap, kv_cols, b.kv_dtype()).unwrap();
+        let vt = CpuKv::from_f32(&v, cap, kv_cols, b.kv_dtype()).unwrap();
+        let kpt = CpuKv::from_f32(&kp, kp.len() / kv_cols, kv_cols, b.kv_dtype()).unwrap();
+        let vpt = CpuKv::from_f32(&vp, vp.len() / kv_cols, kv_cols, b.kv_dtype()).unwrap();
         let pages = KvPages {
             table: &table,
             block_size: bs,
@@ -212,8 +212,8 @@ fn attention_many_gives_each_job_what_it_gets_alone() {
                 let k = values(len * kv_cols, 20 + i as u64);
                 let v = values(len * kv_cols, 40 + i as u64);
                 (
-                    b.tensor_from_f32(&k, len, kv_cols).unwrap(),
-                    b.tensor_from_f32(&v, len, kv_cols).unwrap(),
+                    CpuKv::from_f32(&k, len, kv_cols, b.kv_dtype()).unwrap(),
+                    CpuKv::from_f32(&v, len, kv_cols, b.kv_dtype()).unwrap(),
                 )
             })
             .collect();
@@ -228,8 +228,8 @@ fn attention_many_gives_each_job_what_it_gets_alone() {
             kp[at..at + kv_cols].copy_from_slice(&k0[j * kv_cols..(j + 1) * kv_cols]);
             vp[at..at + kv_cols].copy_from_slice(&v0[j * kv_cols..(j + 1) * kv_cols]);
         }
-        let kpt = b.tensor_from_f32(&kp, kp.len() / kv_cols, kv_cols).unwrap();
-        let vpt = b.tensor_from_f32(&vp, vp.len() / kv_cols, kv_cols).unwrap();
+        let kpt = CpuKv::from_f32(&kp, kp.len() / kv_cols, kv_cols, b.kv_dtype()).unwrap();
+        let vpt = CpuKv::from_f32(&vp, vp.len() / kv_cols, kv_cols, b.kv_dtype()).unwrap();
         let pages = KvPages {
             table: &table,
             block_size: bs,
@@ -243,7 +243,7 @@ fn attention_many_gives_each_job_what_it_gets_alone() {
                     .unwrap()
             })
             .collect();
-        let mut jobs: Vec<AttentionJob<'_, _>> = lens
+        let mut jobs: Vec<AttentionJob<'_, _, _>> = lens
             .iter()
             .enumerate()
             .map(|(i, &len)| {

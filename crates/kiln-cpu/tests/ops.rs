@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 use kiln_backend::{
-    Activation, AttentionParams, Backend, Linear, RopeParams, RopeStyle, WeightData,
+    Activation, AttentionParams, Backend, KvDtype, Linear, RopeParams, RopeStyle, WeightData,
 };
 use kiln_core::{GgmlType, SharedBytes};
-use kiln_cpu::{CpuBackend, CpuTensor};
+use kiln_cpu::{CpuBackend, CpuKv, CpuTensor};
 
 mod common;
 use common::{backends, values};
@@ -240,22 +240,32 @@ fn attention_causal_gqa_window_softcap() {
                 sliding_window: window,
                 softcap,
             };
-            // Prefill of 10 tokens at 0, and a decode step at position 10 (11 filled rows).
-            for (q_pos, n) in [(0, 10), (10, 1)] {
+            // Prefill of 10 tokens at 0, and a decode step at position 10 (11 filled rows), over
+            // caches of either type (the reference over the values as stored).
+            for ((q_pos, n), dtype) in [(0, 10), (10, 1)]
+                .into_iter()
+                .zip([KvDtype::F32, KvDtype::F16])
+            {
                 let q = values(n * n_heads * hd, 7 + q_pos as u64);
-                let kt = b.tensor_from_f32(&k, cap, n_kv_heads * hd).unwrap();
-                let vt = b.tensor_from_f32(&v, cap, n_kv_heads * hd).unwrap();
+                let kt = CpuKv::from_f32(&k, cap, n_kv_heads * hd, dtype).unwrap();
+                let vt = CpuKv::from_f32(&v, cap, n_kv_heads * hd, dtype).unwrap();
                 let qt = b.tensor_from_f32(&q, n, n_heads * hd).unwrap();
                 let n_kv = q_pos + n;
                 let y = b
                     .to_f32(&b.attention(&qt, &kt, &vt, q_pos, n_kv, &p).unwrap())
                     .unwrap();
+                let (ks, vs) = (b.kv_to_f32(&kt).unwrap(), b.kv_to_f32(&vt).unwrap());
                 assert_close(
                     &y,
-                    &attention_ref(&q, &k, &v, n, q_pos, n_kv, &p),
+                    &attention_ref(&q, &ks, &vs, n, q_pos, n_kv, &p),
                     1e-5,
                     "attention",
                 );
+            }
+            // The f16 cache holds the values rounded once (relative error at most 2^-11).
+            let kt = CpuKv::from_f32(&k, cap, n_kv_heads * hd, KvDtype::F16).unwrap();
+            for (x, r) in k.iter().zip(b.kv_to_f32(&kt).unwrap()) {
+                assert!((x - r).abs() <= x.abs() / 2048.0, "{x} stored as {r}");
             }
         }
     }
@@ -273,10 +283,10 @@ fn attention_rejects_bad_shapes() {
         softcap: None,
     };
     let q = b.zeros(1, 32).unwrap();
-    let kv = b.zeros(4, 24).unwrap();
+    let kv = b.kv_zeros(4, 24).unwrap();
     assert!(b.attention(&q, &kv, &kv, 0, 1, &p).is_err());
     let p = AttentionParams { n_kv_heads: 2, ..p };
-    let kv = b.zeros(4, 16).unwrap();
+    let kv = b.kv_zeros(4, 16).unwrap();
     assert!(
         b.attention(&q, &kv, &kv, 4, 5, &p).is_err(),
         "n_kv beyond the cache"
@@ -560,6 +570,19 @@ fn elementwise_ops_and_embedding() {
         b.to_f32(&b.rows(&t, 1..3).unwrap()).unwrap(),
         vec![3.0, 4.0, 5.0, 6.0]
     );
+    for dtype in [KvDtype::F32, KvDtype::F16] {
+        let mut b = CpuBackend::new(1).unwrap();
+        b.set_kv_dtype(dtype);
+        let mut dst = b.kv_zeros(4, 2).unwrap();
+        assert_eq!((b.kv_dtype(), b.kv_shape(&dst)), (dtype, (4, 2)));
+        b.write_kv_rows(&mut dst, 2, &b.rows(&t, 0..2).unwrap())
+            .unwrap();
+        assert_eq!(
+            b.kv_to_f32(&dst).unwrap(),
+            vec![0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 4.0]
+        );
+        assert!(b.write_kv_rows(&mut dst, 3, &t).is_err());
+    }
     let mut dst = b.zeros(4, 2).unwrap();
     b.write_rows(&mut dst, 2, &b.rows(&t, 0..2).unwrap())
         .unwrap();
@@ -568,6 +591,7 @@ fn elementwise_ops_and_embedding() {
         vec![0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 4.0]
     );
     assert!(b.write_rows(&mut dst, 3, &t).is_err());
+    assert!(b.write_rows(&mut dst, usize::MAX, &t).is_err());
     let _ = CpuTensor::new(vec![0.0; 3], 2, 2).unwrap_err();
 }
 

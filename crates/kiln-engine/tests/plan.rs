@@ -97,6 +97,7 @@ fn llama8b() -> ModelCost {
         shape: ModelShape::Decoder(config),
         tensors,
         tied_output: false,
+        kv_dtype: kiln_backend::KvDtype::F32,
     }
 }
 

@@ -10,14 +10,15 @@
 //! stretch), and the argmax is taken of every sequence's logits. The steps run twice over the
 //! same caches and only the second pass is timed, as `kiln bench` repeats a test.
 //!
-//! `cargo run --release -p kiln-models --example decode_segments -- GGUF [THREADS] [STEPS] [BATCH]`
+//! `cargo run --release -p kiln-models --example decode_segments -- GGUF [THREADS] [STEPS] [BATCH]
+//! [KV]` (KV: the cache's element type, `f16` (the default) or `f32`).
 
 mod common;
 
 use std::sync::Mutex;
 use std::time::Instant;
 
-use kiln_backend::Backend;
+use kiln_backend::{Backend, KvDtype};
 use kiln_cpu::CpuBackend;
 use kiln_formats::{GgufFile, LoadMode};
 use kiln_models::{KvCache, Trace};
@@ -66,12 +67,16 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let path = args
         .next()
-        .expect("usage: decode_segments GGUF [THREADS] [STEPS] [BATCH]");
+        .expect("usage: decode_segments GGUF [THREADS] [STEPS] [BATCH] [f16|f32]");
     let threads: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(2);
     let steps: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(128);
     let batch: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1).max(1);
+    let kv = args.next().map_or(KvDtype::F16, |a| {
+        KvDtype::parse(&a).expect("the KV cache type is f16 or f32")
+    });
     let file = GgufFile::open_with(path.as_ref(), LoadMode::Read).expect("open");
-    let b = CpuBackend::new(threads).expect("backend");
+    let mut b = CpuBackend::new(threads).expect("backend");
+    b.set_kv_dtype(kv);
     let model = kiln_models::load_gguf_decoder(&b, &file).expect("load");
     let mut caches: Vec<_> = (0..batch)
         .map(|_| model.new_cache(&b, steps + 1).expect("cache"))
@@ -105,7 +110,7 @@ fn main() {
     }
     let total: f64 = timer.sums.lock().unwrap().iter().map(|(_, s)| s).sum();
     println!(
-        "{threads} threads, batch {batch}, {steps} steps: {:.1} tok/s ({:.0} ms wall)",
+        "{threads} threads, batch {batch}, {steps} steps, {kv} KV cache: {:.1} tok/s ({:.0} ms wall)",
         (steps * batch) as f64 / total,
         t0.elapsed().as_secs_f64() * 1e3
     );

@@ -1,6 +1,6 @@
 use std::ops::Range;
 
-use kiln_backend::Backend;
+use kiln_backend::{Backend, KvDtype};
 use kiln_core::config::DecoderConfig;
 
 use crate::ModelError;
@@ -15,8 +15,8 @@ use crate::ModelError;
 /// A cache holds a contiguous range of the model's layers (all of them, except for the part of a
 /// [`crate::SplitDecoder`] on one backend): `k[j]` and `v[j]` belong to layer `layers.start + j`.
 pub struct KvCache<B: Backend> {
-    pub(crate) k: Vec<B::Tensor>, // per layer: (capacity, n_kv_heads * head_dim)
-    pub(crate) v: Vec<B::Tensor>, // per layer: (capacity, n_kv_heads * head_dim_v)
+    pub(crate) k: Vec<B::Kv>, // per layer: (capacity, n_kv_heads * head_dim)
+    pub(crate) v: Vec<B::Kv>, // per layer: (capacity, n_kv_heads * head_dim_v)
     layers: Range<usize>,
     len: usize,
     capacity: usize,
@@ -29,7 +29,7 @@ fn kv_pools<B: Backend>(
     config: &DecoderConfig,
     layers: &Range<usize>,
     rows: usize,
-) -> Result<(Vec<B::Tensor>, Vec<B::Tensor>), ModelError> {
+) -> Result<(Vec<B::Kv>, Vec<B::Kv>), ModelError> {
     if layers.start > layers.end || layers.end > config.n_layers {
         return Err(ModelError::LayerRange {
             start: layers.start,
@@ -40,8 +40,8 @@ fn kv_pools<B: Backend>(
     let mut k = Vec::with_capacity(layers.len());
     let mut v = Vec::with_capacity(layers.len());
     for _ in layers.clone() {
-        k.push(backend.zeros(rows, config.kv_dim())?);
-        v.push(backend.zeros(rows, config.v_dim())?);
+        k.push(backend.kv_zeros(rows, config.kv_dim())?);
+        v.push(backend.kv_zeros(rows, config.v_dim())?);
     }
     Ok((k, v))
 }
@@ -127,8 +127,8 @@ impl<B: Backend> KvCache<B> {
 /// belong to layer `layers.start + j`. Two paged caches of the same block size and count, for
 /// complementary layer ranges, serve a [`crate::SplitDecoder`] under one set of block tables.
 pub struct PagedKvCache<B: Backend> {
-    pub(crate) k: Vec<B::Tensor>, // per layer: (n_blocks * block_size, n_kv_heads * head_dim)
-    pub(crate) v: Vec<B::Tensor>, // per layer: (n_blocks * block_size, n_kv_heads * head_dim_v)
+    pub(crate) k: Vec<B::Kv>, // per layer: (n_blocks * block_size, n_kv_heads * head_dim)
+    pub(crate) v: Vec<B::Kv>, // per layer: (n_blocks * block_size, n_kv_heads * head_dim_v)
     layers: Range<usize>,
     block_size: usize,
     n_blocks: usize,
@@ -201,9 +201,9 @@ impl<B: Backend> PagedKvCache<B> {
         self.max_positions
     }
 
-    /// Bytes of KV memory per block (all layers, keys and values, f32).
-    pub fn bytes_per_block(config: &DecoderConfig, block_size: usize) -> usize {
-        config.n_layers * block_size * (config.kv_dim() + config.v_dim()) * size_of::<f32>()
+    /// Bytes of KV memory per block (all layers, keys and values, stored as `dtype`).
+    pub fn bytes_per_block(config: &DecoderConfig, block_size: usize, dtype: KvDtype) -> usize {
+        config.n_layers * block_size * (config.kv_dim() + config.v_dim()) * dtype.bytes()
     }
 }
 

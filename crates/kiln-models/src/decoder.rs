@@ -209,8 +209,8 @@ impl<B: Backend> Caches<'_, '_, B> {
         match self {
             Caches::Contiguous(c) => {
                 let cache = &mut c[i];
-                b.write_rows(&mut cache.k[il], pos0, k)?;
-                b.write_rows(&mut cache.v[il], pos0, v)?;
+                b.write_kv_rows(&mut cache.k[il], pos0, k)?;
+                b.write_kv_rows(&mut cache.v[il], pos0, v)?;
             }
             Caches::Paged { cache, views } => {
                 let pages = KvPages {
@@ -233,7 +233,7 @@ impl<B: Backend> Caches<'_, '_, B> {
         il: usize,
         pos0: usize,
         q: &'s B::Tensor,
-    ) -> AttentionJob<'s, B::Tensor> {
+    ) -> AttentionJob<'s, B::Tensor, B::Kv> {
         let n_kv = pos0 + b.shape(q).0;
         match self {
             Caches::Contiguous(c) => AttentionJob {

@@ -59,7 +59,7 @@ use kiln_cpu::{Bandwidth, CpuBackend, CpuTensor, Pages};
 use kiln_models::{Decoder, KvCache, NoTrace};
 use serde_json::{json, Value};
 
-use crate::load::{load, Loaded, MmapArg, ModelArg};
+use crate::load::{load, LoadArgs, Loaded, ModelArg};
 use crate::plan::{choose, describe, PlanArgs, Workload};
 
 /// Most concurrent sequences `-b` accepts.
@@ -73,7 +73,7 @@ pub struct DecodeBenchArgs {
     #[command(flatten)]
     model: ModelArg,
     #[command(flatten)]
-    mmap: MmapArg,
+    mmap: LoadArgs,
     #[command(flatten)]
     placement: PlanArgs,
     /// Run as `kiln serve` does: batch-invariant kernels (a sequence's results do not depend on
@@ -290,13 +290,15 @@ pub fn run(a: DecodeBenchArgs) -> Result<()> {
             .unwrap_or(1),
         batch: tests.iter().map(|t| t.batch()).max().unwrap_or(1),
         kv_budget: None,
+        kv_dtype: a.mmap.kv_type,
     };
     for &t in &threads {
         let chosen = choose(&a.model.model, &a.placement, t, work)?;
         eprintln!("[bench] {t} threads: {}", describe(&chosen));
     }
     // The roofline's bytes per step, from the file as the planner counts them.
-    let cost = crate::plan::model_cost(&path)?;
+    let mut cost = crate::plan::model_cost(&path)?;
+    cost.kv_dtype = a.mmap.kv_type;
     let mut rows = Vec::new();
     let mut side_peak = None;
     for &t in &threads {

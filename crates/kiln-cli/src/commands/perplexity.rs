@@ -3,14 +3,14 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use serde_json::json;
 
-use crate::load::{load, MmapArg, ModelArg, ThreadsArg};
+use crate::load::{load, LoadArgs, ModelArg, ThreadsArg};
 
 #[derive(clap::Args)]
 pub struct PerplexityArgs {
     #[command(flatten)]
     model: ModelArg,
     #[command(flatten)]
-    mmap: MmapArg,
+    mmap: LoadArgs,
     #[command(flatten)]
     threads: ThreadsArg,
     /// The text file to score.

@@ -5,7 +5,9 @@ use anyhow::{Context, Result};
 use kiln_engine::plan::{self, Candidate, ModelCost, Place, PlanRequest};
 use serde_json::json;
 
-use crate::load::{resolve, ModelArg, ThreadsArg};
+use kiln_backend::KvDtype;
+
+use crate::load::{parse_kv_type, resolve, ModelArg, ThreadsArg};
 use crate::plan::{hardware, model_cost, PlanArgs, Probe};
 
 #[derive(clap::Args)]
@@ -26,6 +28,10 @@ pub struct PlanCmdArgs {
     /// Prompt length of the prefill prediction (capped at the context).
     #[arg(long, default_value_t = 512)]
     prompt: usize,
+    /// What the KV cache stores keys and values as (`f16` or `f32`, as the commands that run a
+    /// decoder take it).
+    #[arg(long = "kv-type", value_name = "f16|f32", default_value = "f16", value_parser = parse_kv_type)]
+    kv_type: KvDtype,
     /// Measure the machine again instead of using the cached rates.
     #[arg(long)]
     reprobe: bool,
@@ -43,7 +49,8 @@ pub fn run(a: PlanCmdArgs) -> Result<()> {
         anyhow::bail!("--ctx, --batch and --prompt must be at least 1");
     }
     let path = resolve(&a.model.model)?;
-    let cost = model_cost(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut cost = model_cost(&path).with_context(|| format!("reading {}", path.display()))?;
+    cost.kv_dtype = a.kv_type;
     let probe = if a.reprobe {
         Probe::Again
     } else {
@@ -104,7 +111,8 @@ fn cost_json(cost: &ModelCost, req: &PlanRequest) -> serde_json::Value {
         "tied_output": cost.tied_output,
         "layer_bytes": layers,
         "bytes_by_type": cost.bytes_by_type().iter().map(|(t, b)| json!({"type": t.to_string(), "bytes": b})).collect::<Vec<_>>(),
-        "kv_bytes_per_token": cost.decoder().map(plan::cost::kv_bytes_per_token),
+        "kv_dtype": cost.kv_dtype.name(),
+        "kv_bytes_per_token": cost.decoder().map(|c| plan::cost::kv_bytes_per_token(c, cost.kv_dtype)),
         "kv_bytes": cost.kv_cache_bytes(0..cost.n_layers(), req.ctx, req.batch),
         "activation_bytes": cost.activation_bytes(cost.pass_rows(req.batch), req.batch),
     })
@@ -158,8 +166,9 @@ fn print_report(
     );
     if let Some(c) = cost.decoder() {
         println!(
-            "KV cache: {:.1} KiB per token (f32, {} layers); {} for {} sequence(s) of {} positions",
-            plan::cost::kv_bytes_per_token(c) as f64 / 1024.0,
+            "KV cache: {:.1} KiB per token ({}, {} layers); {} for {} sequence(s) of {} positions",
+            plan::cost::kv_bytes_per_token(c, cost.kv_dtype) as f64 / 1024.0,
+            cost.kv_dtype,
             c.n_layers,
             mib(cost.kv_cache_bytes(0..c.n_layers, req.ctx, req.batch) as f64),
             req.batch,

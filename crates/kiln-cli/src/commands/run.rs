@@ -4,7 +4,7 @@ use anyhow::{Context, Result};
 use kiln_engine::{generate, GenerateOptions, SamplingParams, StopReason};
 use serde_json::json;
 
-use crate::load::{load, MmapArg, ModelArg, ThreadsArg};
+use crate::load::{load, LoadArgs, ModelArg, ThreadsArg};
 use crate::plan::{choose, describe, PlanArgs, Workload};
 
 #[derive(clap::Args)]
@@ -12,7 +12,7 @@ pub struct RunArgs {
     #[command(flatten)]
     model: ModelArg,
     #[command(flatten)]
-    mmap: MmapArg,
+    mmap: LoadArgs,
     /// The prompt (control tokens such as `<start_of_turn>` are parsed; BOS is added when the
     /// model asks for it).
     #[arg(short = 'p', long)]
@@ -90,6 +90,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         ctx: a.prompt.len() + 8 + a.n_predict,
         batch: 1,
         kv_budget: None,
+        kv_dtype: a.mmap.kv_type,
     };
     let chosen = choose(&a.model.model, &a.placement, a.threads.threads, work)?;
     eprintln!("[run] {}", describe(&chosen));

@@ -2,14 +2,14 @@ use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
 use super::for_each_jsonl;
-use crate::load::{load, MmapArg, ModelArg, ThreadsArg};
+use crate::load::{load, LoadArgs, ModelArg, ThreadsArg};
 
 #[derive(clap::Args)]
 pub struct ScoreArgs {
     #[command(flatten)]
     model: ModelArg,
     #[command(flatten)]
-    mmap: MmapArg,
+    mmap: LoadArgs,
     #[command(flatten)]
     threads: ThreadsArg,
     /// Most likely tokens to report at each position.

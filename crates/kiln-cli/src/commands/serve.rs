@@ -10,7 +10,7 @@ use kiln_models::PagedKvCache;
 use kiln_server::{DecoderEngine, DecoderEntry, EmbedEngine, EmbedEntry, ServerState};
 use kiln_tokenizer::{ChatTemplate, SpecialTokens};
 
-use crate::load::{load, load_embedding, resolve, MmapArg, ThreadsArg, DEFAULT_MODEL};
+use crate::load::{load, load_embedding, resolve, LoadArgs, ThreadsArg, DEFAULT_MODEL};
 use crate::plan::{choose, describe, PlanArgs, Workload};
 
 #[derive(clap::Args)]
@@ -36,9 +36,9 @@ pub struct ServeArgs {
     #[command(flatten)]
     placement: PlanArgs,
     #[command(flatten)]
-    mmap: MmapArg,
-    /// KV-cache memory per decoder, in MiB (keys and values of every layer, f32). It sets how
-    /// many tokens all running sequences hold together.
+    mmap: LoadArgs,
+    /// KV-cache memory per decoder, in MiB (keys and values of every layer, stored as
+    /// `--kv-type` says). It sets how many tokens all running sequences hold together.
     #[arg(long = "kv-memory", default_value_t = 1024)]
     kv_memory_mib: usize,
     /// Positions per KV-cache block (the unit of allocation and of prefix sharing).
@@ -159,12 +159,14 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 ctx: usize::MAX,
                 batch: a.embed_batch,
                 kv_budget: None,
+                kv_dtype: a.mmap.kv_type,
             }
         } else {
             Workload {
                 ctx: usize::MAX,
                 batch: a.max_running,
                 kv_budget: Some((a.kv_memory_mib as u64) << 20),
+                kv_dtype: a.mmap.kv_type,
             }
         };
         let chosen = choose(model, &a.placement, a.threads.threads, work)?;
@@ -204,8 +206,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
             .map(|i| templates.remove(i).1);
         let (template, template_from) =
             chat_template(&path, template_file.as_deref(), &m.tokenizer, &end_ids)?;
-        let bytes_per_block =
-            PagedKvCache::<kiln_cpu::CpuBackend>::bytes_per_block(cfg, a.block_size);
+        let bytes_per_block = PagedKvCache::<kiln_cpu::CpuBackend>::bytes_per_block(
+            cfg,
+            a.block_size,
+            a.mmap.kv_type,
+        );
         let n_blocks = (a.kv_memory_mib << 20) / bytes_per_block.max(1);
         if n_blocks == 0 {
             bail!(

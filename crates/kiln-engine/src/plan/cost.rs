@@ -12,7 +12,7 @@
 //! position of the context, sliding-window layers included (kiln has no ring buffers yet, so a
 //! window saves reads, not memory).
 
-use kiln_backend::Activation;
+use kiln_backend::{Activation, KvDtype};
 use kiln_core::config::{DecoderConfig, EncoderConfig, FfnActivation, LayerAttention};
 use kiln_core::GgmlType;
 use kiln_formats::{GgufFile, SafetensorsModel};
@@ -64,6 +64,8 @@ pub struct ModelCost {
     pub tensors: Vec<TensorCost>,
     /// The output projection is the token embedding (no output matrix in the file).
     pub tied_output: bool,
+    /// The element type the KV cache is stored in (the backend's choice: `Backend::kv_dtype`).
+    pub kv_dtype: KvDtype,
 }
 
 /// The layer number in a tensor name: the number after a `blk`, `layers`, `layer` or `h`
@@ -105,9 +107,9 @@ fn tensor(name: &str, ty: GgmlType, dims: &[u64], bytes: u64) -> TensorCost {
     }
 }
 
-/// Bytes of the f32 keys and values of one position over all layers.
-pub fn kv_bytes_per_token(c: &DecoderConfig) -> u64 {
-    (c.n_layers * (c.kv_dim() + c.v_dim()) * size_of::<f32>()) as u64
+/// Bytes of the keys and values of one position over all layers, stored as `dtype`.
+pub fn kv_bytes_per_token(c: &DecoderConfig, dtype: KvDtype) -> u64 {
+    (c.n_layers * (c.kv_dim() + c.v_dim()) * dtype.bytes()) as u64
 }
 
 impl ModelCost {
@@ -123,6 +125,7 @@ impl ModelCost {
             shape: ModelShape::Decoder(config),
             tensors,
             tied_output,
+            kv_dtype: KvDtype::default(),
         }
     }
 
@@ -143,6 +146,7 @@ impl ModelCost {
             shape,
             tensors,
             tied_output,
+            kv_dtype: KvDtype::default(),
         }
     }
 
@@ -328,7 +332,7 @@ impl ModelCost {
     /// attends to: all before it, or the window on sliding-window layers), for layers `layers`.
     pub fn kv_read_bytes(&self, layers: std::ops::Range<usize>, position: usize) -> f64 {
         let Some(c) = self.decoder() else { return 0.0 };
-        let row = 4.0 * (c.kv_dim() + c.v_dim()) as f64;
+        let row = (self.kv_dtype.bytes() * (c.kv_dim() + c.v_dim())) as f64;
         c.layer_attention[layers]
             .iter()
             .map(|a| match a {
@@ -414,7 +418,7 @@ impl ModelCost {
     /// Bytes of the KV cache for `batch` sequences of `ctx` positions, in layers `layers`.
     pub fn kv_cache_bytes(&self, layers: std::ops::Range<usize>, ctx: usize, batch: usize) -> u64 {
         let Some(c) = self.decoder() else { return 0 };
-        (layers.len() * (c.kv_dim() + c.v_dim()) * size_of::<f32>() * ctx * batch) as u64
+        (layers.len() * (c.kv_dim() + c.v_dim()) * self.kv_dtype.bytes() * ctx * batch) as u64
     }
 
     /// Bytes of the activations of one forward pass over `rows` tokens (the largest tensors a

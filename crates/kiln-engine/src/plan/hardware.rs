@@ -20,8 +20,9 @@ pub const PROBE_ROWS: [usize; 4] = [1, 8, 128, 512];
 /// Changes whenever what the probes measure changes, or the kernels they time get faster or
 /// slower, so that older cached rates are measured again (4: the VNNI one-row products and the
 /// faster narrow kernels; 5: encoder attention in transposed form, pooled buffers in size
-/// classes; 6: one-row and narrow kernels taking blocks in pairs, longer one-row tasks).
-const PROBE_VERSION: u32 = 6;
+/// classes; 6: one-row and narrow kernels taking blocks in pairs, longer one-row tasks; 7: causal
+/// attention over the backend's KV cache type, f16 by default).
+const PROBE_VERSION: u32 = 7;
 /// Bytes of the set of matrices a product probe streams through: larger than the last-level
 /// cache of the machines kiln targets, as a forward pass streams its weights.
 pub const PROBE_STREAM_BYTES: usize = 128 << 20;

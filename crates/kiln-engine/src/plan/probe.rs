@@ -224,6 +224,17 @@ pub fn attention_rate<B: Backend>(
     let q = tensor(11, qd).map_err(err)?;
     let k = tensor(12, kvd).map_err(err)?;
     let v = tensor(13, kvd).map_err(err)?;
+    // Causal attention reads a KV cache, in the element type the backend stores it in.
+    let cache = |x: &B::Tensor| -> kiln_backend::Result<B::Kv> {
+        let mut c = b.kv_zeros(s.tokens, kvd)?;
+        b.write_kv_rows(&mut c, 0, x)?;
+        Ok(c)
+    };
+    let (kc, vc) = if s.causal {
+        (Some(cache(&k).map_err(err)?), Some(cache(&v).map_err(err)?))
+    } else {
+        (None, None)
+    };
     let scale = 1.0 / (s.head_dim as f32).sqrt();
     let params = AttentionParams {
         n_heads: s.n_heads,
@@ -241,8 +252,8 @@ pub fn attention_rate<B: Backend>(
     };
     b.run(|| {
         best_rate(min_secs, s.macs(), || {
-            if s.causal {
-                b.attention(&q, &k, &v, 0, s.tokens, &params)
+            if let (Some(kc), Some(vc)) = (&kc, &vc) {
+                b.attention(&q, kc, vc, 0, s.tokens, &params)
             } else {
                 b.packed_attention(&q, &k, &v, &[s.tokens], &packed)
             }

@@ -1,0 +1,240 @@
+//! The CPU backend's KV cache (`Backend::Kv`): one layer's keys or values, `[rows, cols]`
+//! row-major, stored as f32 or as IEEE half precision ([`KvDtype`], chosen per backend with
+//! `CpuBackend::set_kv_dtype`; f16 by default).
+//!
+//! Invariants:
+//!
+//! - The storage holds exactly `rows * cols` elements, of one type for the cache's lifetime.
+//! - Rows are only ever written by [`write_rows`], which rounds f32 to f16 to the nearest (ties
+//!   to even: F16C's `vcvtps2ph` and `half`'s portable code give the same bits), and read by
+//!   attention, which widens each element exactly ([`KvElem`]). So the AVX2 kernels and the
+//!   portable code see the same f32 values, and results stay bit-identical across SIMD levels
+//!   and thread counts, as with an f32 cache.
+//! - A fresh cache is zeros from a zeroed allocation: pages of a large cache are only touched
+//!   (and counted in the resident size) once rows are written there.
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use half::vec::HalfBitsVecExt;
+use kiln_backend::{shape_err, KvDtype, Result};
+
+use crate::CpuTensor;
+
+/// See the module docs.
+pub struct CpuKv {
+    pub(crate) data: KvData,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+}
+
+/// The elements of a [`CpuKv`].
+pub(crate) enum KvData {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+impl CpuKv {
+    /// `[rows, cols]` of zeros stored as `dtype`.
+    pub(crate) fn zeros(rows: usize, cols: usize, dtype: KvDtype) -> Result<CpuKv> {
+        let n = rows
+            .checked_mul(cols)
+            .ok_or_else(|| shape_err("kv_zeros", format!("[{rows}, {cols}] overflows")))?;
+        // Zeroed vectors of primitives come from calloc: untouched pages stay unmapped.
+        let data = match dtype {
+            KvDtype::F32 => KvData::F32(vec![0.0; n]),
+            KvDtype::F16 => KvData::F16(vec![0u16; n].reinterpret_into()),
+        };
+        Ok(CpuKv { data, rows, cols })
+    }
+
+    /// The type the elements are stored as.
+    pub fn dtype(&self) -> KvDtype {
+        match self.data {
+            KvData::F32(_) => KvDtype::F32,
+            KvData::F16(_) => KvDtype::F16,
+        }
+    }
+
+    /// `(rows, cols)`.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+
+    /// The stored values, widened to f32, row-major.
+    pub fn to_f32(&self) -> Vec<f32> {
+        match &self.data {
+            KvData::F32(v) => v.clone(),
+            KvData::F16(v) => {
+                let mut out = vec![0.0; v.len()];
+                v.convert_to_f32_slice(&mut out);
+                out
+            }
+        }
+    }
+
+    /// A cache holding `data` (`rows * cols` values, rounded to `dtype`): for tests and
+    /// benchmarks.
+    pub fn from_f32(data: &[f32], rows: usize, cols: usize, dtype: KvDtype) -> Result<CpuKv> {
+        let mut kv = CpuKv::zeros(rows, cols, dtype)?;
+        let src = CpuTensor::new(data.to_vec(), rows, cols)?;
+        write_rows(&mut kv, 0, &src)?;
+        Ok(kv)
+    }
+}
+
+/// Rows `dst_row..dst_row + src.rows` of `dst` become `src`'s, rounded to `dst`'s type.
+pub(crate) fn write_rows(dst: &mut CpuKv, dst_row: usize, src: &CpuTensor) -> Result<()> {
+    let end = dst_row.checked_add(src.rows);
+    if src.cols != dst.cols || end.is_none_or(|end| end > dst.rows) {
+        return Err(shape_err(
+            "write_rows",
+            format!(
+                "[{}, {}] at row {dst_row} into [{}, {}]",
+                src.rows, src.cols, dst.rows, dst.cols
+            ),
+        ));
+    }
+    let range = dst_row * dst.cols..(dst_row + src.rows) * dst.cols;
+    match &mut dst.data {
+        KvData::F32(d) => d[range].copy_from_slice(&src.data),
+        KvData::F16(d) => d[range].convert_from_f32_slice(&src.data),
+    }
+    Ok(())
+}
+
+/// An element type a KV cache is stored in, as attention reads it: widened to f32 exactly, one
+/// at a time or eight at a time.
+pub(crate) trait KvElem: Copy + Send + Sync + 'static {
+    /// Elements per 64-byte cache line.
+    const PER_LINE: usize;
+    /// The value, exactly, as f32.
+    fn get(self) -> f32;
+    /// The stored bits (for a read whose value does not matter).
+    fn bits(self) -> u32;
+    /// Elements `p[0..8]`, widened to f32.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and F16C and `p` addresses eight readable elements. Only called
+    /// (inlined) from functions built with those features.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+}
+
+impl KvElem for f32 {
+    const PER_LINE: usize = 16;
+
+    #[inline(always)]
+    fn get(self) -> f32 {
+        self
+    }
+
+    #[inline(always)]
+    fn bits(self) -> u32 {
+        self.to_bits()
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
+        // SAFETY: the caller's contract.
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+}
+
+impl KvElem for f16 {
+    const PER_LINE: usize = 32;
+
+    #[inline(always)]
+    fn get(self) -> f32 {
+        self.to_f32()
+    }
+
+    #[inline(always)]
+    fn bits(self) -> u32 {
+        self.to_bits() as u32
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's contract (16 readable bytes, F16C).
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_rows_round_to_nearest_and_widen_exactly() {
+        let vals = [
+            1.0,
+            -2.5,
+            1.0 + 1.0 / 2048.0,
+            65504.0,
+            1e-8,
+            2.71,
+            1.0 + 3.0 / 2048.0,
+            -0.0,
+        ];
+        let mut kv = CpuKv::zeros(3, 8, KvDtype::F16).unwrap();
+        let src = CpuTensor::new(vals.to_vec(), 1, 8).unwrap();
+        write_rows(&mut kv, 1, &src).unwrap();
+        let got = kv.to_f32();
+        assert!(got[..8].iter().chain(&got[16..]).all(|&x| x == 0.0));
+        let want: Vec<f32> = vals.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
+        assert_eq!(got[8..16], want[..]);
+        // Ties to even: 1 + 2^-11 lies halfway between 1 and 1 + 2^-10, 1 + 3·2^-11 halfway
+        // between 1 + 2^-10 and 1 + 2^-9.
+        assert_eq!(got[10], 1.0);
+        assert_eq!(got[14], 1.0 + 1.0 / 512.0);
+        assert_eq!(got[13], 2.7109375);
+        assert_eq!(kv.dtype(), KvDtype::F16);
+    }
+
+    #[test]
+    fn f32_rows_are_kept_exactly() {
+        let vals: Vec<f32> = (0..12).map(|i| i as f32 * 0.1 - 0.3).collect();
+        let kv = CpuKv::from_f32(&vals, 3, 4, KvDtype::F32).unwrap();
+        assert_eq!(kv.to_f32(), vals);
+        assert_eq!(kv.shape(), (3, 4));
+    }
+
+    #[test]
+    fn out_of_range_writes_are_errors_that_change_nothing() {
+        let mut kv = CpuKv::zeros(2, 4, KvDtype::F16).unwrap();
+        let src = CpuTensor::new(vec![1.0; 8], 2, 4).unwrap();
+        assert!(write_rows(&mut kv, 1, &src).is_err());
+        assert!(write_rows(&mut kv, usize::MAX, &src).is_err());
+        let wide = CpuTensor::new(vec![1.0; 5], 1, 5).unwrap();
+        assert!(write_rows(&mut kv, 0, &wide).is_err());
+        assert!(kv.to_f32().iter().all(|&x| x == 0.0));
+        assert!(CpuKv::zeros(usize::MAX, 2, KvDtype::F32).is_err());
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_vector_load_widens_as_the_scalar_one() {
+        if !crate::kernels::simd_level().has_avx2() {
+            return;
+        }
+        let vals: Vec<f16> = (0..8)
+            .map(|i| f16::from_f32(i as f32 * 0.37 - 1.1))
+            .collect();
+        // SAFETY: the CPU has AVX2 and F16C (the level check); 8 readable elements.
+        let got: [f32; 8] = unsafe { load8_f16c(vals.as_ptr()) };
+        let want: Vec<f32> = vals.iter().map(|x| x.get()).collect();
+        assert_eq!(got[..], want[..]);
+    }
+
+    /// # Safety
+    /// As [`KvElem::load8`].
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn load8_f16c(p: *const f16) -> [f32; 8] {
+        // SAFETY: the caller's contract; the transmute is between two 32-byte plain values.
+        unsafe { std::mem::transmute(<f16 as KvElem>::load8(p)) }
+    }
+}
