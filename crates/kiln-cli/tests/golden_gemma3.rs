@@ -135,28 +135,40 @@ fn teacher_forced_logprobs_match_both_references() {
         .iter()
         .map(|c| format!("{}\n", serde_json::json!({ "ids": c["ids"] })))
         .collect();
-    let ours = json_lines(&run_ok(
-        &["score", "-m", MODEL, "--top-k", "2", "--jsonl"],
-        &input,
-    ));
-    assert_eq!(ours.len(), llama.len());
-    for (name, reference) in [("llama.cpp", &llama), ("HF float32", &hf)] {
-        let a = agreement(reference, &ours);
-        let rate = a.top1_equal as f64 / a.confident as f64;
-        eprintln!(
-            "vs {name}: top-1 equal at {}/{} confident positions ({:.2}%), mean |Δ logprob_next| pooled {:.4}, worst text {:.4}",
+    // Both KV cache types: f16 (the default, as llama.cpp's) and f32 (as HF's).
+    for kv in ["f16", "f32"] {
+        let ours = json_lines(&run_ok(
+            &[
+                "score",
+                "-m",
+                MODEL,
+                "--top-k",
+                "2",
+                "--jsonl",
+                "--kv-type",
+                kv,
+            ],
+            &input,
+        ));
+        assert_eq!(ours.len(), llama.len());
+        for (name, reference) in [("llama.cpp", &llama), ("HF float32", &hf)] {
+            let a = agreement(reference, &ours);
+            let rate = a.top1_equal as f64 / a.confident as f64;
+            eprintln!(
+            "{kv} KV cache vs {name}: top-1 equal at {}/{} confident positions ({:.2}%), mean |Δ logprob_next| pooled {:.4}, worst text {:.4}",
             a.top1_equal,
             a.confident,
             rate * 100.0,
             a.pooled_mean_abs,
             a.worst_text_mean_abs
         );
-        assert!(rate >= 0.99, "vs {name}: top-1 agreement {rate:.4} < 0.99");
-        assert!(
-            a.worst_text_mean_abs <= 0.2,
-            "vs {name}: a text's mean |Δ| is {:.4} > 0.2",
-            a.worst_text_mean_abs
-        );
+            assert!(rate >= 0.99, "vs {name}: top-1 agreement {rate:.4} < 0.99");
+            assert!(
+                a.worst_text_mean_abs <= 0.2,
+                "vs {name}: a text's mean |Δ| is {:.4} > 0.2",
+                a.worst_text_mean_abs
+            );
+        }
     }
 }
 

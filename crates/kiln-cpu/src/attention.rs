@@ -1,6 +1,9 @@
 //! Causal attention over a KV cache: tiled, online-softmax ("flash") attention. The cache is
 //! contiguous (row `j` at position `j`) or paged (`paged_attention`: row `j` where the block
 //! table maps it); the kernels see rows only through `Job::head_row`, so both give the same bits.
+//! Its rows hold f32 or f16 values (`crate::kv`); one generic kernel reads both, widening each
+//! element exactly as it loads it (F16C's `vcvtph2ps` eight at a time, `half`'s conversion in the
+//! portable code), so an f16 cache computes the same operations on the values it holds.
 //!
 //! The query vectors that share a KV head (the heads of a GQA group, for one or more query rows)
 //! are taken [`BLOCK`] at a time; a block walks its keys [`TILE`] at a time. Per tile it computes
