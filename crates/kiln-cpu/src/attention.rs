@@ -138,29 +138,10 @@ fn attention_over(
         softcap: p.softcap,
         pages,
     };
+    let data = &q.data;
     match (&k_cache.data, &v_cache.data) {
-        (KvData::F32(k), KvData::F32(v)) => Ok(run(
-            cpu,
-            q,
-            Job {
-                q: &q.data,
-                k,
-                v,
-                layout,
-            },
-            p,
-        )),
-        (KvData::F16(k), KvData::F16(v)) => Ok(run(
-            cpu,
-            q,
-            Job {
-                q: &q.data,
-                k,
-                v,
-                layout,
-            },
-            p,
-        )),
+        (KvData::F32(k), KvData::F32(v)) => Ok(run(cpu, q, Job::new(data, k, v, layout), p)),
+        (KvData::F16(k), KvData::F16(v)) => Ok(run(cpu, q, Job::new(data, k, v, layout), p)),
         _ => Err(shape_err(
             "attention",
             format!(
@@ -279,7 +260,11 @@ struct Layout<'a> {
     pages: Option<KvPages<'a>>,
 }
 
-impl<E> Job<'_, E> {
+impl<'a, E> Job<'a, E> {
+    fn new(q: &'a [f32], k: &'a [E], v: &'a [E], layout: Layout<'a>) -> Self {
+        Job { q, k, v, layout }
+    }
+
     /// The keys `[lo, hi)` query row `i` sees.
     fn visible(&self, i: usize) -> (usize, usize) {
         let hi = self.q_pos + i + 1;

@@ -44,6 +44,26 @@ impl Drop for CpuTensor {
     }
 }
 
+/// Checks that `src`'s rows fit at row `dst_row` of a `[rows, cols]` destination (same width).
+pub(crate) fn check_rows_fit(
+    op: &'static str,
+    src: &CpuTensor,
+    dst_row: usize,
+    (rows, cols): (usize, usize),
+) -> Result<()> {
+    let end = dst_row.checked_add(src.rows);
+    if src.cols != cols || end.is_none_or(|end| end > rows) {
+        return Err(shape_err(
+            op,
+            format!(
+                "[{}, {}] at row {dst_row} into [{rows}, {cols}]",
+                src.rows, src.cols
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// A weight on the CPU: a zero-copy view of the file's bytes (quantized blocks stay quantized).
 /// One-dimensional f32 weights (norms, biases) are also decoded once into `values`.
 #[derive(Clone, Debug)]
@@ -513,16 +533,7 @@ impl Backend for CpuBackend {
     }
 
     fn write_rows(&self, dst: &mut CpuTensor, dst_row: usize, src: &CpuTensor) -> Result<()> {
-        let end = dst_row.checked_add(src.rows);
-        if src.cols != dst.cols || end.is_none_or(|end| end > dst.rows) {
-            return Err(shape_err(
-                "write_rows",
-                format!(
-                    "[{}, {}] at row {dst_row} into [{}, {}]",
-                    src.rows, src.cols, dst.rows, dst.cols
-                ),
-            ));
-        }
+        check_rows_fit("write_rows", src, dst_row, (dst.rows, dst.cols))?;
         dst.data[dst_row * dst.cols..(dst_row + src.rows) * dst.cols].copy_from_slice(&src.data);
         Ok(())
     }

@@ -84,16 +84,7 @@ impl CpuKv {
 
 /// Rows `dst_row..dst_row + src.rows` of `dst` become `src`'s, rounded to `dst`'s type.
 pub(crate) fn write_rows(dst: &mut CpuKv, dst_row: usize, src: &CpuTensor) -> Result<()> {
-    let end = dst_row.checked_add(src.rows);
-    if src.cols != dst.cols || end.is_none_or(|end| end > dst.rows) {
-        return Err(shape_err(
-            "write_rows",
-            format!(
-                "[{}, {}] at row {dst_row} into [{}, {}]",
-                src.rows, src.cols, dst.rows, dst.cols
-            ),
-        ));
-    }
+    crate::backend::check_rows_fit("write_kv_rows", src, dst_row, dst.shape())?;
     let range = dst_row * dst.cols..(dst_row + src.rows) * dst.cols;
     match &mut dst.data {
         KvData::F32(d) => d[range].copy_from_slice(&src.data),

@@ -233,9 +233,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
         );
         tracing::info!(
             "'{name}' KV cache: {n_blocks} blocks of {} positions ({positions} positions in all), \
-             {:.0} MiB; up to {} sequences decoded together, {} waiting",
+             {:.0} MiB of {}; up to {} sequences decoded together, {} waiting",
             a.block_size,
             (n_blocks * bytes_per_block) as f64 / (1 << 20) as f64,
+            a.mmap.kv_type,
             a.max_running,
             a.max_waiting
         );
