@@ -81,6 +81,7 @@ fn json_rows_are_the_requested_tests_with_their_roofline() {
     let model_bytes = positive(&rows[0]["model_bytes"], "model_bytes");
     for r in &rows {
         assert_eq!(r["threads"], 2, "{r}");
+        assert_eq!(r["kv_type"], "f16", "the default KV cache: {r}");
         positive(&r["tps_mean"], "tps_mean");
         assert_eq!(r["tps_std"], 0.0, "one repetition has no spread: {r}");
         let samples = r["samples"].as_array().unwrap();
@@ -158,6 +159,9 @@ fn json_rows_are_the_requested_tests_with_their_roofline() {
         b2["kv_bytes_per_step"].as_f64().unwrap(),
     );
     assert!((kv2 - 2.0 * kv1).abs() < 1e-6 * kv2, "{kv1} {kv2}");
+    // Gemma 3 270M's f16 cache: 18 layers of 256 keys and 256 values, 2 bytes each, a position;
+    // the 4 steps of tg4 attend to 1..=4 positions, 2.5 on average.
+    assert_eq!(kv1, 18.0 * 512.0 * 2.0 * 2.5);
     let per_token = b2["bytes_per_token"].as_f64().unwrap();
     let per_step = b2["bytes_per_step"].as_f64().unwrap();
     assert!((per_token * 2.0 - per_step).abs() < 1e-6 * per_step);
@@ -216,6 +220,7 @@ fn bad_arguments_are_reported_without_a_panic() {
     assert_clean_failure(&kiln(&["bench", "-b", "0"]), "'0'");
     assert_clean_failure(&kiln(&["bench", "-b", "1,2000"]), "'2000'");
     assert_clean_failure(&kiln(&["bench", "-r", "0"]), "'0'");
+    assert_clean_failure(&kiln(&["bench", "--kv-type", "q4"]), "not a KV cache type");
     assert_clean_failure(
         &kiln(&["bench", "-p", "0", "-n", "0"]),
         "nothing to measure",

@@ -53,7 +53,7 @@
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use kiln_backend::Backend;
+use kiln_backend::{Backend, KvDtype};
 use kiln_core::config::DecoderConfig;
 use kiln_cpu::{Bandwidth, CpuBackend, CpuTensor, Pages};
 use kiln_models::{Decoder, KvCache, NoTrace};
@@ -157,6 +157,8 @@ struct Row {
     test: Test,
     threads: usize,
     backend: String,
+    /// What the KV cache stored (`--kv-type`).
+    kv_type: KvDtype,
     samples: Vec<f64>,
     roofline: Option<Roofline>,
 }
@@ -338,6 +340,7 @@ pub fn run(a: DecodeBenchArgs) -> Result<()> {
                 test,
                 threads: t,
                 backend: m.backend.name(),
+                kv_type: m.backend.kv_dtype(),
                 samples,
                 roofline,
             });
@@ -648,6 +651,7 @@ fn row_json(
         "model_bytes": info.bytes,
         "model_params": info.params,
         "backend": r.backend,
+        "kv_type": r.kv_type.name(),
         "peak_rss_bytes": peak,
     });
     if let (Some(rl), Value::Object(obj)) = (&r.roofline, &mut v) {
