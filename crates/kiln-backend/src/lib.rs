@@ -33,6 +33,9 @@ pub enum BackendError {
     Shape { op: &'static str, detail: String },
     #[error("weight {name}: {detail}")]
     Weight { name: String, detail: String },
+    /// A value the operation's storage cannot hold (a key too large for an f16 KV cache).
+    #[error("value out of range in {op}: {detail}")]
+    Range { op: &'static str, detail: String },
     #[error("{backend} backend: {detail}")]
     Device {
         backend: &'static str,

@@ -10,13 +10,16 @@
 //!   attention, which widens each element exactly ([`KvElem`]). So the AVX2 kernels and the
 //!   portable code see the same f32 values, and results stay bit-identical across SIMD levels
 //!   and thread counts, as with an f32 cache.
+//! - A finite value too large for f16 (65520 and up) is refused with `BackendError::Range`
+//!   before anything is written, rather than stored as an infinity that would turn attention
+//!   into NaNs; a model whose keys or values reach that far needs an f32 cache.
 //! - A fresh cache is zeros from a zeroed allocation: pages of a large cache are only touched
 //!   (and counted in the resident size) once rows are written there.
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
-use kiln_backend::{shape_err, KvDtype, Result};
+use kiln_backend::{shape_err, BackendError, KvDtype, Result};
 
 use crate::CpuTensor;
 
@@ -88,9 +91,37 @@ pub(crate) fn write_rows(dst: &mut CpuKv, dst_row: usize, src: &CpuTensor) -> Re
     let range = dst_row * dst.cols..(dst_row + src.rows) * dst.cols;
     match &mut dst.data {
         KvData::F32(d) => d[range].copy_from_slice(&src.data),
-        KvData::F16(d) => d[range].convert_from_f32_slice(&src.data),
+        KvData::F16(d) => {
+            if let Some(x) = f16_overflow(&src.data) {
+                return Err(BackendError::Range {
+                    op: "write_kv_rows",
+                    detail: format!(
+                        "a key or value of {x:e} does not fit an f16 KV cache (largest finite \
+                         value 65504); an f32 cache holds it"
+                    ),
+                });
+            }
+            d[range].convert_from_f32_slice(&src.data)
+        }
     }
     Ok(())
+}
+
+/// The first finite value of `x` that f16 cannot hold (it would round to infinity), if any.
+/// Infinities and NaNs are passed through as they are: an f32 cache would hold them too.
+fn f16_overflow(x: &[f32]) -> Option<f32> {
+    // Values from 65520 up round past f16's largest finite value, 65504.
+    const LIMIT: f32 = 65520.0;
+    // A branch-free pass per chunk (it vectorizes), then a look for the culprit.
+    let over = |c: &[f32]| {
+        c.iter()
+            .fold(false, |o, v| o | (v.abs() >= LIMIT && v.is_finite()))
+    };
+    x.chunks(256).find(|c| over(c)).and_then(|c| {
+        c.iter()
+            .copied()
+            .find(|v| v.abs() >= LIMIT && v.is_finite())
+    })
 }
 
 /// An element type a KV cache is stored in, as attention reads it: widened to f32 exactly, one
@@ -191,6 +222,31 @@ mod tests {
         let kv = CpuKv::from_f32(&vals, 3, 4, KvDtype::F32).unwrap();
         assert_eq!(kv.to_f32(), vals);
         assert_eq!(kv.shape(), (3, 4));
+    }
+
+    #[test]
+    fn values_too_large_for_f16_are_refused_by_name() {
+        let mut kv = CpuKv::zeros(2, 4, KvDtype::F16).unwrap();
+        // 65519 still rounds to 65504; infinities and NaNs pass as they would in f32.
+        let fits = [65519.0, -65504.0, f32::INFINITY, f32::NAN];
+        write_rows(&mut kv, 0, &CpuTensor::new(fits.to_vec(), 1, 4).unwrap()).unwrap();
+        let got = kv.to_f32();
+        assert_eq!(got[..2], [65504.0, -65504.0]);
+        assert!(got[2].is_infinite() && got[3].is_nan());
+        let big = CpuTensor::new(vec![1.0, 2.0, -7.0e4, 3.0], 1, 4).unwrap();
+        let err = write_rows(&mut kv, 1, &big).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("-7e4 does not fit an f16 KV cache"),
+            "{err}"
+        );
+        assert!(
+            kv.to_f32()[4..].iter().all(|&x| x == 0.0),
+            "nothing written"
+        );
+        let mut wide = CpuKv::zeros(2, 4, KvDtype::F32).unwrap();
+        write_rows(&mut wide, 1, &big).unwrap();
+        assert_eq!(wide.to_f32()[6], -7.0e4);
     }
 
     #[test]
