@@ -148,9 +148,9 @@ fn openai_client_suite() {
             &template_arg,
             // A pool the checks fill with cached prefixes before the soak, so that its VmRSS
             // baseline has every KV page resident (see check_soak); it still holds every
-            // request of the suite at once.
+            // request of the suite at once (455 blocks of 16 positions in the f16 cache).
             "--kv-memory",
-            "256",
+            "128",
             "--threads",
             "2",
         ],

@@ -789,7 +789,7 @@ def check_soak():
     """The KV cache is allocated zeroed (calloc): its pages become resident as blocks are first
     used, and every full block stays cached for prefix reuse, so resident memory grows until the
     prefix cache has filled the whole pool once (with the default 1 GiB pool the soak grew VmRSS
-    by 43 % that way). The driver starts the server with a small pool (--kv-memory 256) and the
+    by 43 % that way). The driver starts the server with a small pool (--kv-memory 128) and the
     baseline is taken once the cache holds nearly every block, so that growth after it is the
     server's own."""
     t0 = time.monotonic()
