@@ -33,13 +33,20 @@ pub struct LoadArgs {
     /// the page cache with other processes that map the same file.
     #[arg(long = "mmap")]
     pub mmap: bool,
+    #[command(flatten)]
+    pub kv: KvTypeArg,
+}
+
+/// `--kv-type`: the KV cache's element type (the commands that run a decoder, and `kiln plan`).
+#[derive(clap::Args, Clone, Copy, Debug)]
+pub struct KvTypeArg {
     /// What the KV cache stores keys and values as: `f16` (half the memory, and half the bytes
     /// decode attention reads; llama.cpp's default too) or `f32` (exactly the values computed).
     #[arg(long = "kv-type", value_name = "f16|f32", default_value = "f16", value_parser = parse_kv_type)]
     pub kv_type: KvDtype,
 }
 
-pub fn parse_kv_type(s: &str) -> std::result::Result<KvDtype, String> {
+fn parse_kv_type(s: &str) -> std::result::Result<KvDtype, String> {
     KvDtype::parse(s).ok_or_else(|| format!("{s:?} is not a KV cache type (f16, f32)"))
 }
 
@@ -109,7 +116,7 @@ pub fn load(model: &str, mmap: &LoadArgs, threads: usize) -> Result<Loaded> {
     let path = resolve(model)?;
     let t0 = Instant::now();
     let mut backend = CpuBackend::new(threads)?;
-    backend.set_kv_dtype(mmap.kv_type);
+    backend.set_kv_dtype(mmap.kv.kv_type);
     if path.is_dir() {
         if !kiln_engine::is_hf_decoder_dir(&path) {
             let support = kiln_models::check_hf_dir(&path);
@@ -190,11 +197,15 @@ mod tests {
         let file = dir.join("model.gguf");
         let read = LoadArgs {
             mmap: false,
-            kv_type: KvDtype::F16,
+            kv: KvTypeArg {
+                kv_type: KvDtype::F16,
+            },
         };
         let map = LoadArgs {
             mmap: true,
-            kv_type: KvDtype::F16,
+            kv: KvTypeArg {
+                kv_type: KvDtype::F16,
+            },
         };
         // A GGUF file read into memory: the private copy asks for huge pages.
         assert_eq!(read.weight_pages(&file), kiln_cpu::Pages::Huge);

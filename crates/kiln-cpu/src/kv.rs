@@ -111,17 +111,12 @@ pub(crate) fn write_rows(dst: &mut CpuKv, dst_row: usize, src: &CpuTensor) -> Re
 /// Infinities and NaNs are passed through as they are: an f32 cache would hold them too.
 fn f16_overflow(x: &[f32]) -> Option<f32> {
     // Values from 65520 up round past f16's largest finite value, 65504.
-    const LIMIT: f32 = 65520.0;
+    let overflows = |v: f32| v.abs() >= 65520.0 && v.is_finite();
     // A branch-free pass per chunk (it vectorizes), then a look for the culprit.
-    let over = |c: &[f32]| {
-        c.iter()
-            .fold(false, |o, v| o | (v.abs() >= LIMIT && v.is_finite()))
-    };
-    x.chunks(256).find(|c| over(c)).and_then(|c| {
-        c.iter()
-            .copied()
-            .find(|v| v.abs() >= LIMIT && v.is_finite())
-    })
+    let over = |c: &[f32]| c.iter().fold(false, |o, &v| o | overflows(v));
+    x.chunks(256)
+        .find(|c| over(c))
+        .and_then(|c| c.iter().copied().find(|&v| overflows(v)))
 }
 
 /// An element type a KV cache is stored in, as attention reads it: widened to f32 exactly, one

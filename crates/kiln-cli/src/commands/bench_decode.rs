@@ -292,7 +292,7 @@ pub fn run(a: DecodeBenchArgs) -> Result<()> {
             .unwrap_or(1),
         batch: tests.iter().map(|t| t.batch()).max().unwrap_or(1),
         kv_budget: None,
-        kv_dtype: a.mmap.kv_type,
+        kv_dtype: a.mmap.kv.kv_type,
     };
     for &t in &threads {
         let chosen = choose(&a.model.model, &a.placement, t, work)?;
@@ -300,7 +300,7 @@ pub fn run(a: DecodeBenchArgs) -> Result<()> {
     }
     // The roofline's bytes per step, from the file as the planner counts them.
     let mut cost = crate::plan::model_cost(&path)?;
-    cost.kv_dtype = a.mmap.kv_type;
+    cost.kv_dtype = a.mmap.kv.kv_type;
     let mut rows = Vec::new();
     let mut side_peak = None;
     for &t in &threads {

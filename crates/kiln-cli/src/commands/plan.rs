@@ -5,9 +5,7 @@ use anyhow::{Context, Result};
 use kiln_engine::plan::{self, Candidate, ModelCost, Place, PlanRequest};
 use serde_json::json;
 
-use kiln_backend::KvDtype;
-
-use crate::load::{parse_kv_type, resolve, ModelArg, ThreadsArg};
+use crate::load::{resolve, KvTypeArg, ModelArg, ThreadsArg};
 use crate::plan::{hardware, model_cost, PlanArgs, Probe};
 
 #[derive(clap::Args)]
@@ -28,10 +26,8 @@ pub struct PlanCmdArgs {
     /// Prompt length of the prefill prediction (capped at the context).
     #[arg(long, default_value_t = 512)]
     prompt: usize,
-    /// What the KV cache stores keys and values as (`f16` or `f32`, as the commands that run a
-    /// decoder take it).
-    #[arg(long = "kv-type", value_name = "f16|f32", default_value = "f16", value_parser = parse_kv_type)]
-    kv_type: KvDtype,
+    #[command(flatten)]
+    kv: KvTypeArg,
     /// Measure the machine again instead of using the cached rates.
     #[arg(long)]
     reprobe: bool,
@@ -50,7 +46,7 @@ pub fn run(a: PlanCmdArgs) -> Result<()> {
     }
     let path = resolve(&a.model.model)?;
     let mut cost = model_cost(&path).with_context(|| format!("reading {}", path.display()))?;
-    cost.kv_dtype = a.kv_type;
+    cost.kv_dtype = a.kv.kv_type;
     let probe = if a.reprobe {
         Probe::Again
     } else {

@@ -90,7 +90,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         ctx: a.prompt.len() + 8 + a.n_predict,
         batch: 1,
         kv_budget: None,
-        kv_dtype: a.mmap.kv_type,
+        kv_dtype: a.mmap.kv.kv_type,
     };
     let chosen = choose(&a.model.model, &a.placement, a.threads.threads, work)?;
     eprintln!("[run] {}", describe(&chosen));

@@ -159,14 +159,14 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 ctx: usize::MAX,
                 batch: a.embed_batch,
                 kv_budget: None,
-                kv_dtype: a.mmap.kv_type,
+                kv_dtype: a.mmap.kv.kv_type,
             }
         } else {
             Workload {
                 ctx: usize::MAX,
                 batch: a.max_running,
                 kv_budget: Some((a.kv_memory_mib as u64) << 20),
-                kv_dtype: a.mmap.kv_type,
+                kv_dtype: a.mmap.kv.kv_type,
             }
         };
         let chosen = choose(model, &a.placement, a.threads.threads, work)?;
@@ -209,7 +209,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         let bytes_per_block = PagedKvCache::<kiln_cpu::CpuBackend>::bytes_per_block(
             cfg,
             a.block_size,
-            a.mmap.kv_type,
+            a.mmap.kv.kv_type,
         );
         let n_blocks = (a.kv_memory_mib << 20) / bytes_per_block.max(1);
         if n_blocks == 0 {
@@ -236,7 +236,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
              {:.0} MiB of {}; up to {} sequences decoded together, {} waiting",
             a.block_size,
             (n_blocks * bytes_per_block) as f64 / (1 << 20) as f64,
-            a.mmap.kv_type,
+            a.mmap.kv.kv_type,
             a.max_running,
             a.max_waiting
         );

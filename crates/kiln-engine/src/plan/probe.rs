@@ -230,10 +230,10 @@ pub fn attention_rate<B: Backend>(
         b.write_kv_rows(&mut c, 0, x)?;
         Ok(c)
     };
-    let (kc, vc) = if s.causal {
-        (Some(cache(&k).map_err(err)?), Some(cache(&v).map_err(err)?))
+    let caches = if s.causal {
+        Some((cache(&k).map_err(err)?, cache(&v).map_err(err)?))
     } else {
-        (None, None)
+        None
     };
     let scale = 1.0 / (s.head_dim as f32).sqrt();
     let params = AttentionParams {
@@ -252,7 +252,7 @@ pub fn attention_rate<B: Backend>(
     };
     b.run(|| {
         best_rate(min_secs, s.macs(), || {
-            if let (Some(kc), Some(vc)) = (&kc, &vc) {
+            if let Some((kc, vc)) = &caches {
                 b.attention(&q, kc, vc, 0, s.tokens, &params)
             } else {
                 b.packed_attention(&q, &k, &v, &[s.tokens], &packed)
