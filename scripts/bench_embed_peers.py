@@ -4,7 +4,7 @@
     bench_embed_peers.py --backend {ort,st} --model DIR --file F --threads N
                          [--batch-size 32] [--repeats 3] [--max-seq-length 256] [--json]
 
-One backend per process, measured the way shared/golden/all-minilm-l6-v2/README.md ("Peer speed")
+One backend per process, measured the way tests/golden/all-minilm-l6-v2/README.md ("Peer speed")
 describes its figures:
   st   sentence-transformers, fp32 on CPU: SentenceTransformer(DIR).encode(texts, batch_size)
        (its own pipeline: tokenize, BertModel, mean pooling, Normalize).

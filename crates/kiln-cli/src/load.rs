@@ -112,11 +112,10 @@ pub struct Loaded {
 /// Load `model` (fetching it first when it is a known alias not yet cached; the fetch is not
 /// counted in `load_ms`): a GGUF file, opened as `--mmap` says, or a Hugging Face decoder folder
 /// (`config.json`, safetensors, `tokenizer.json`; always mapped).
-pub fn load(model: &str, mmap: &LoadArgs, threads: usize) -> Result<Loaded> {
+pub fn load(model: &str, mmap: &LoadArgs, options: &kiln_cpu::CpuOptions) -> Result<Loaded> {
     let path = resolve(model)?;
     let t0 = Instant::now();
-    let mut backend = CpuBackend::new(threads)?;
-    backend.set_kv_dtype(mmap.kv.kv_type);
+    let backend = CpuBackend::with_options(options)?;
     if path.is_dir() {
         if !kiln_engine::is_hf_decoder_dir(&path) {
             let support = kiln_models::check_hf_dir(&path);

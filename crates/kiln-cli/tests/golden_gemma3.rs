@@ -1,6 +1,6 @@
 //! Conformance of `kiln` on Gemma 3 270M (GGUF Q4_K_M) against two independent references:
-//! llama.cpp (`../shared/golden/gemma3-270m/`) and HF transformers in float32 on the same weights
-//! (`../shared/golden/gemma3-270m-hf/`). The tolerances are those the golden READMEs derive from
+//! llama.cpp (`tests/golden/gemma3-270m/`) and HF transformers in float32 on the same weights
+//! (`tests/golden/gemma3-270m-hf/`). The tolerances are those the golden READMEs derive from
 //! how far the two references sit from each other; see them for the reasoning.
 //!
 //! These tests drive the real `kiln` binary through its machine-readable modes, so they check
@@ -18,7 +18,7 @@ const MODEL: &str = "gemma3-270m";
 
 fn golden(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/golden")
+        .join("../../tests/golden")
         .join(rel)
 }
 

@@ -1,5 +1,5 @@
 //! Conformance of `kiln embed` on all-MiniLM-L6-v2 (safetensors, float32) against
-//! sentence-transformers (`../shared/golden/all-minilm-l6-v2/`): identical token ids, and
+//! sentence-transformers (`tests/golden/all-minilm-l6-v2/`): identical token ids, and
 //! embeddings within the float32 tolerances the golden README derives (peers sit ~4e-7 apart;
 //! a wrong GELU or LayerNorm eps moves them by ~5e-4).
 //!
@@ -16,7 +16,7 @@ use common::{ids, json_lines, run_ok};
 
 fn golden_cases() -> Vec<Value> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/golden/all-minilm-l6-v2/public/embeddings.jsonl");
+        .join("../../tests/golden/all-minilm-l6-v2/public/embeddings.jsonl");
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     text.lines()

@@ -124,10 +124,10 @@ fn openai_client_suite() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let template = root.join("tests/fixtures/gemma3-chat-template.jinja");
     let script = root.join("tests/openai/test_kiln_serve.py");
-    let golden = root.join("../../../shared/golden");
+    let golden = root.join("../../tests/golden");
     assert!(
         golden.is_dir(),
-        "{} is missing (the golden data lies beside the repository)",
+        "{} is missing (the golden data is committed in tests/golden)",
         golden.display()
     );
     let template_arg = format!("gemma3-270m={}", template.display());

@@ -1,7 +1,7 @@
 //! A split model on the real Gemma 3 270M (GGUF Q4_K_M): the first half of its layers on one CPU
 //! backend, the rest on another, generates through the engine's `generate` exactly the greedy
 //! tokens of the whole model on a single backend, for every golden prompt
-//! (`../shared/golden/gemma3-270m/public/greedy.jsonl`: short and chat prompts, and prompts of
+//! (`tests/golden/gemma3-270m/public/greedy.jsonl`: short and chat prompts, and prompts of
 //! 355, 736 and 927 tokens that cross the 512-token sliding window and the 512-token prefill
 //! chunks), 8 tokens each.
 //!
@@ -29,7 +29,7 @@ const TOKENS: usize = 8;
 
 fn golden_prompts() -> Vec<Vec<u32>> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/golden/gemma3-270m/public/greedy.jsonl");
+        .join("../../tests/golden/gemma3-270m/public/greedy.jsonl");
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     text.lines()

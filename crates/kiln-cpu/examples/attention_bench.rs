@@ -1,17 +1,18 @@
 //! Throughput of packed (encoder) attention: `cargo run --release -p kiln-cpu --example
 //! attention_bench [threads]`. 32 sequences of L tokens, 12 heads of 32 (MiniLM's shape).
 
+mod common;
+
 use std::time::Instant;
 
 use kiln_backend::{Backend, PackedAttentionParams};
-use kiln_cpu::CpuBackend;
 
 fn main() {
     let threads = std::env::args()
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(1);
-    let b = CpuBackend::new(threads).unwrap();
+    let b = common::backend(threads);
     let (heads, hd) = (12, 32);
     for len in [25usize, 128, 256] {
         let lens = vec![len; 32];

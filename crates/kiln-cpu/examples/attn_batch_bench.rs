@@ -5,10 +5,12 @@
 //!
 //! `cargo run --release -p kiln-cpu --example attn_batch_bench [-- THREADS CTX]`
 
+mod common;
+
 use std::time::Instant;
 
 use kiln_backend::{AttentionJob, AttentionParams, Backend, KvDtype};
-use kiln_cpu::{CpuBackend, CpuKv};
+use kiln_cpu::CpuKv;
 
 fn main() {
     let args: Vec<usize> = std::env::args()
@@ -18,7 +20,7 @@ fn main() {
     let threads = args.first().copied().unwrap_or(2);
     let ctx = args.get(1).copied().unwrap_or(64);
     let (seqs, layers, hd) = (8, 18, 256);
-    let b = CpuBackend::new(threads).expect("backend");
+    let b = common::backend(threads);
     let params = AttentionParams {
         n_heads: 4,
         n_kv_heads: 1,

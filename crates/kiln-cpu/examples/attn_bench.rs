@@ -9,11 +9,13 @@
 //! all alike); the best round of each is reported. Repeated calls find their cache in L2/L3: this
 //! is the kernels' compute rate (`attn_batch_bench` streams caches from memory).
 
+mod common;
+
 use std::time::Instant;
 
 use kiln_backend::{AttentionParams, Backend, KvDtype};
 use kiln_cpu::kernels::simd_level;
-use kiln_cpu::{CpuBackend, CpuKv, CpuTensor};
+use kiln_cpu::{CpuKv, CpuTensor};
 use rayon::prelude::*;
 
 const HEADS: usize = 4;
@@ -36,7 +38,7 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let threads = args.next().and_then(|s| s.parse().ok()).unwrap_or(2);
     let rounds = args.next().and_then(|s| s.parse().ok()).unwrap_or(7);
-    let b = CpuBackend::new(threads).unwrap();
+    let b = common::backend(threads);
     // The old kernel ran on the backend's rayon pool of `threads` threads; this one has as many.
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)

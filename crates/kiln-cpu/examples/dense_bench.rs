@@ -8,6 +8,8 @@
 //! interleaved rounds (kiln 1 thread, gemm 1 thread, kiln N, gemm N, repeated), so that the noise
 //! of a shared host falls on all variants alike; the best and the median round are printed.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -34,8 +36,8 @@ fn main() {
     println!("FMA peak (register-only loop): 1 thread {peak1:.1} GFLOP/s, {threads} threads {peak_n:.1} GFLOP/s");
     println!("GFLOP/s, best (median) of {reps} rounds; ratio = kiln / gemm crate, best rounds");
 
-    let kiln1 = CpuBackend::new(1).unwrap();
-    let kiln_n = CpuBackend::new(threads).unwrap();
+    let kiln1 = common::backend(1);
+    let kiln_n = common::backend(threads);
     let pool1 = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
         .build()

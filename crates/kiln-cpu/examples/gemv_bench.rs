@@ -52,7 +52,7 @@ fn main() {
         .collect();
     let threads = args.first().copied().unwrap_or(2);
     let m = args.get(1).copied().unwrap_or(1);
-    let cpu = CpuBackend::new(threads).expect("backend");
+    let cpu = common::backend(threads);
     let bw = kiln_cpu::memory_bandwidth(threads, kiln_cpu::Pages::Huge).expect("probe");
     println!(
         "{} threads, {m} activation row(s); probe {:.1} GB/s",

@@ -174,7 +174,7 @@ fn run<E: KvElem>(
     let rows = rows_per_task(job.group);
     if cpu.batch_invariant && q.rows > 1 {
         // Each query row alone, exactly as a one-row (decode) call computes it: its result
-        // does not depend on the other rows of the call (see `CpuBackend::set_batch_invariant`).
+        // does not depend on the other rows of the call (see `CpuOptions::batch_invariant`).
         let (lo, hi) = (job.visible(0).0, job.visible(q.rows - 1).1);
         let flops = 4 * q.rows * p.n_heads * (hi - lo) * p.head_dim;
         crate::for_each_chunk(
@@ -984,6 +984,7 @@ fn reference_over(
 mod tests {
     use super::*;
     use crate::kernels::{simd_level, SimdLevel};
+    use crate::CpuOptions;
     use kiln_backend::KvDtype;
 
     /// Deterministic values in [-1, 1) (xorshift64).
@@ -1011,10 +1012,14 @@ mod tests {
 
     /// The scalar build on one thread, and the CPU's SIMD level on one and three threads.
     fn backends() -> Vec<CpuBackend> {
-        let mut v = vec![CpuBackend::with_simd(1, SimdLevel::Scalar).unwrap()];
+        let mut v =
+            vec![
+                CpuBackend::with_options(&CpuOptions::threads(1).simd_cap(SimdLevel::Scalar))
+                    .unwrap(),
+            ];
         if simd_level() != SimdLevel::Scalar {
-            v.push(CpuBackend::with_simd(1, simd_level()).unwrap());
-            v.push(CpuBackend::with_simd(3, simd_level()).unwrap());
+            v.push(CpuBackend::new(1).unwrap());
+            v.push(CpuBackend::new(3).unwrap());
         }
         v
     }

@@ -9,6 +9,7 @@ use kiln_core::{GgmlType, SharedBytes};
 
 use crate::kernels::{self, SimdLevel};
 use crate::kv::CpuKv;
+use crate::options::CpuOptions;
 use crate::sgemm::PackedWeight;
 
 /// A row-major `[rows, cols]` f32 tensor in host memory.
@@ -81,7 +82,7 @@ pub struct CpuWeight {
     pub(crate) gptq: Option<Arc<GptqMatrix>>,
     /// The matrix in an interleaved layout (`kernels::interleave`), which every product and
     /// embedding lookup then reads instead of `bytes`, whose pages were handed back (see
-    /// [`CpuBackend::set_interleave`]).
+    /// [`CpuOptions::interleave`]).
     pub(crate) interleaved: Option<Arc<Interleaved>>,
 }
 
@@ -183,7 +184,7 @@ impl CpuWeight {
     }
 
     /// Whether this weight is held in an interleaved layout (see
-    /// [`CpuBackend::set_interleave`]).
+    /// [`CpuOptions::interleave`]).
     pub fn is_interleaved(&self) -> bool {
         self.interleaved.is_some()
     }
@@ -202,11 +203,11 @@ pub struct CpuBackend {
     pub(crate) team: crate::team::Team,
     pub(crate) threads: usize,
     pub(crate) simd: SimdLevel,
-    /// See [`CpuBackend::set_batch_invariant`].
+    /// See [`CpuOptions::batch_invariant`].
     pub(crate) batch_invariant: bool,
-    /// See [`CpuBackend::set_kv_dtype`].
+    /// See [`CpuOptions::kv_dtype`].
     pub(crate) kv_dtype: KvDtype,
-    /// The weight types to interleave (see [`CpuBackend::set_interleave`]); empty: none.
+    /// The weight types to interleave (see [`CpuOptions::interleave`]); empty: none.
     pub(crate) interleave: Vec<GgmlType>,
     /// Where interleaved weights live.
     pub(crate) arena: Arena,
@@ -215,30 +216,14 @@ pub struct CpuBackend {
 }
 
 impl CpuBackend {
-    /// A backend using `threads` threads (0 = one per available core) and the best SIMD level
-    /// this CPU supports, or the lower one that the environment variable `KILN_SIMD` names
-    /// (`scalar`, `avx2`, `avx512vnni`: to compare kernels on one machine; a level above the
-    /// CPU's gives the CPU's). An unknown `KILN_SIMD` is an error.
+    /// A backend with the default [`CpuOptions`] and `threads` threads (0 = one per core).
     pub fn new(threads: usize) -> Result<Self> {
-        let level = match std::env::var("KILN_SIMD") {
-            Ok(name) => kernels::SimdLevel::parse(&name).ok_or_else(|| BackendError::Device {
-                backend: "cpu",
-                detail: format!(
-                    "KILN_SIMD={name:?} is not a SIMD level (scalar, avx2, avx512vnni)"
-                ),
-            })?,
-            Err(_) => kernels::simd_level(),
-        };
-        Self::with_simd(threads, level.min(kernels::simd_level()))
+        Self::with_options(&CpuOptions::threads(threads))
     }
 
-    /// As [`CpuBackend::new`] at a given SIMD level (tests pin `Scalar` to compare paths).
-    pub fn with_simd(threads: usize, simd: SimdLevel) -> Result<Self> {
-        let threads = if threads == 0 {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
-        } else {
-            threads
-        };
+    /// A backend as `options` say; its team of threads is started here.
+    pub fn with_options(options: &CpuOptions) -> Result<Self> {
+        let threads = options.resolved_threads();
         let team =
             crate::team::Team::new(threads, "kiln-team").map_err(|e| BackendError::Device {
                 backend: "cpu",
@@ -247,33 +232,27 @@ impl CpuBackend {
         Ok(CpuBackend {
             team,
             threads,
-            simd,
-            batch_invariant: false,
-            kv_dtype: KvDtype::default(),
-            interleave: interleave_types(std::env::var("KILN_INTERLEAVE").ok().as_deref()),
+            simd: options.simd_level(),
+            batch_invariant: options.batch_invariant,
+            kv_dtype: options.kv_dtype,
+            interleave: options.interleave.clone(),
             arena: Arena::default(),
             rope_tables: Default::default(),
         })
     }
 
-    /// Whether weights uploaded from now on may be stored in a layout of this backend's own
-    /// (on by default): at the AVX-512 VNNI level, a 2-D Q8_0, Q5_0, Q4_K or Q6_K matrix of a
-    /// multiple of 16 rows is copied into the interleaved layout of `kernels::interleave` (same
-    /// size, in the backend's huge-page arena), whose products do far less arithmetic per block
-    /// (one-row products 1.7x (Q8_0), 2.6x (Q5_0), 3.6x (Q4_K) and 1.7x (Q6_K) faster in cache;
-    /// Gemma 3 270M's decode +5% at one sequence and +12-18% at eight in `kiln bench`, same run,
-    /// with Q8_0 and Q5_0). Every product, embedding lookup and the fused decode jobs then read
-    /// the copy. Its source pages are handed back as they are copied
-    /// (`SharedBytes::release_pages`), so the resident size stays that of one copy.
-    ///
-    /// The environment variable `KILN_INTERLEAVE` sets the default, for A/B runs: `0` none, `1`
-    /// (or unset) every type, or a comma-separated list of the types to interleave (`q8_0,q5_0`;
-    /// other names are ignored).
-    pub fn set_interleave(&mut self, on: bool) {
-        self.interleave = interleave_types(Some(if on { "1" } else { "0" }));
+    /// The options this backend runs with (threads and SIMD level resolved).
+    pub fn options(&self) -> CpuOptions {
+        CpuOptions {
+            threads: self.threads,
+            simd_cap: Some(self.simd),
+            interleave: self.interleave.clone(),
+            batch_invariant: self.batch_invariant,
+            kv_dtype: self.kv_dtype,
+        }
     }
 
-    /// `data`'s matrix in the interleaved layout, when [`CpuBackend::set_interleave`] says so
+    /// `data`'s matrix in the interleaved layout, when [`CpuOptions::interleave`] says so
     /// and the matrix is one it takes.
     fn interleave(
         &self,
@@ -320,24 +299,7 @@ impl CpuBackend {
         })))
     }
 
-    /// Batch-invariant mode: every row of an op's result is computed by the same operations
-    /// whatever the other rows of the call are, so a sequence gets bit-identical results alone
-    /// or batched with others (what a server promises for greedy outputs). Quantized products
-    /// then run the tile kernels at any number of rows (no row-dot path for one row, nor the
-    /// fused decode products), float products run the packed GEMM at any number of rows, and
-    /// attention computes each query row on its own, as a decode step would. The cost is in
-    /// single-sequence decode (measured in `kiln bench --batch-invariant`).
-    /// The element type of the KV caches made from now on (`Backend::kv_zeros`): f16 by
-    /// default (half the memory, and half the bytes decode attention reads), f32 for exactly the
-    /// keys and values the model computed.
-    pub fn set_kv_dtype(&mut self, dtype: KvDtype) {
-        self.kv_dtype = dtype;
-    }
-
-    pub fn set_batch_invariant(&mut self, on: bool) {
-        self.batch_invariant = on;
-    }
-
+    /// See [`CpuOptions::batch_invariant`].
     pub fn batch_invariant(&self) -> bool {
         self.batch_invariant
     }
@@ -803,41 +765,9 @@ impl Backend for CpuBackend {
     }
 }
 
-/// The weight types `KILN_INTERLEAVE`'s value `v` asks to interleave (see
-/// [`CpuBackend::set_interleave`]).
-fn interleave_types(v: Option<&str>) -> Vec<GgmlType> {
-    const ALL: [GgmlType; 4] = [
-        GgmlType::Q8_0,
-        GgmlType::Q5_0,
-        GgmlType::Q4_K,
-        GgmlType::Q6_K,
-    ];
-    match v.map(str::trim) {
-        None | Some("1") => ALL.to_vec(),
-        Some("0") => Vec::new(),
-        Some(list) => ALL
-            .into_iter()
-            .filter(|ty| {
-                list.split(',')
-                    .any(|name| name.trim().eq_ignore_ascii_case(ty.name()))
-            })
-            .collect(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn kiln_interleave_names_the_types() {
-        use GgmlType::*;
-        assert_eq!(interleave_types(None), [Q8_0, Q5_0, Q4_K, Q6_K]);
-        assert_eq!(interleave_types(Some("1")), [Q8_0, Q5_0, Q4_K, Q6_K]);
-        assert!(interleave_types(Some("0")).is_empty());
-        assert_eq!(interleave_types(Some("q6_k, Q8_0")), [Q8_0, Q6_K]);
-        assert!(interleave_types(Some("q4_0,nonsense")).is_empty());
-    }
 
     #[test]
     fn arena_regions_are_aligned_disjoint_and_large_ones_stand_alone() {

@@ -1,6 +1,6 @@
 //! The CPU backend's KV cache (`Backend::Kv`): one layer's keys or values, `[rows, cols]`
 //! row-major, stored as f32 or as IEEE half precision ([`KvDtype`], chosen per backend with
-//! `CpuBackend::set_kv_dtype`; f16 by default).
+//! `CpuOptions::kv_dtype`; f16 by default).
 //!
 //! Invariants:
 //!

@@ -24,6 +24,7 @@ mod kv;
 mod math;
 mod matmul;
 mod ops;
+mod options;
 mod packed_attention;
 mod probe;
 mod sgemm;
@@ -31,6 +32,7 @@ mod team;
 
 pub use backend::{CpuBackend, CpuTensor, CpuWeight};
 pub use kv::CpuKv;
+pub use options::{CpuOptions, INTERLEAVE_TYPES};
 pub use probe::{
     memory_bandwidth, memory_bandwidth_quick, memory_bandwidth_with, Bandwidth, Pages,
 };

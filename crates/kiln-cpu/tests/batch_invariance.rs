@@ -1,4 +1,4 @@
-//! Batch-invariant mode (`CpuBackend::set_batch_invariant`): a row's results are bit-identical
+//! Batch-invariant mode (`CpuOptions::batch_invariant`): a row's results are bit-identical
 //! whatever the other rows of the call are — every weight type's product at 1 to 70 rows
 //! against each row alone, and attention (causal, GQA, sliding window, soft cap) over a prefill
 //! against each query row alone, paged and contiguous. Without the mode these differ in the
@@ -10,16 +10,18 @@ use std::sync::Arc;
 use kiln_backend::{AttentionJob, AttentionParams, Backend, KvPages, Linear};
 use kiln_core::GgmlType;
 use kiln_cpu::kernels::{simd_level, SimdLevel};
-use kiln_cpu::{CpuBackend, CpuKv};
+use kiln_cpu::{CpuBackend, CpuKv, CpuOptions};
 
 mod common;
 use common::quant::WEIGHT_TYPES;
 use common::{upload, values};
 
 fn invariant(threads: usize) -> CpuBackend {
-    let mut b = CpuBackend::new(threads).unwrap();
-    b.set_batch_invariant(true);
-    b
+    CpuBackend::with_options(&CpuOptions {
+        batch_invariant: true,
+        ..CpuOptions::threads(threads)
+    })
+    .unwrap()
 }
 
 fn linear(b: &CpuBackend, ty: GgmlType, n: usize, k: usize, seed: u64) -> Linear<CpuBackend> {

@@ -7,7 +7,8 @@ use kiln_backend::{
     Activation, AttentionParams, Backend, KvDtype, Linear, RopeParams, RopeStyle, WeightData,
 };
 use kiln_core::{GgmlType, SharedBytes};
-use kiln_cpu::{CpuBackend, CpuKv, CpuTensor};
+use kiln_cpu::kernels::{simd_level, SimdLevel};
+use kiln_cpu::{CpuBackend, CpuKv, CpuOptions, CpuTensor};
 
 mod common;
 use common::{backends, values};
@@ -469,24 +470,25 @@ fn interleaved_weights_give_the_file_layout_s_results() {
     // interleaved: its embedding rows must be the file's, its products those of the file layout
     // up to the order of the f32 additions, and each row's product the same bits alone or
     // batched.
-    let Some(mut plain) = backends()
-        .into_iter()
-        .find(|b| b.name().contains("Avx512Vnni"))
-    else {
+    if simd_level() != SimdLevel::Avx512Vnni {
         eprintln!("skipped: this CPU has no AVX-512 VNNI");
         return;
-    };
+    }
+    let interleaving = CpuBackend::new(1).unwrap();
+    let plain = CpuBackend::with_options(&CpuOptions {
+        interleave: Vec::new(),
+        ..CpuOptions::threads(1)
+    })
+    .unwrap();
     let rows = 48;
     for (ty, k) in [
         (GgmlType::Q8_0, 128),
         (GgmlType::Q5_0, 160),
         (GgmlType::Q4_K, 512),
     ] {
-        plain.set_interleave(true);
         let w = values(rows * k, 16);
-        let lin = quantized_weight(&plain, ty, &w, rows, k);
+        let lin = quantized_weight(&interleaving, ty, &w, rows, k);
         assert!(lin.weight.is_interleaved(), "{ty}");
-        plain.set_interleave(false);
         let file = quantized_weight(&plain, ty, &w, rows, k);
         assert!(!file.weight.is_interleaved(), "{ty}");
         let b = &plain;
@@ -571,8 +573,11 @@ fn elementwise_ops_and_embedding() {
         vec![3.0, 4.0, 5.0, 6.0]
     );
     for dtype in [KvDtype::F32, KvDtype::F16] {
-        let mut b = CpuBackend::new(1).unwrap();
-        b.set_kv_dtype(dtype);
+        let b = CpuBackend::with_options(&CpuOptions {
+            kv_dtype: dtype,
+            ..CpuOptions::threads(1)
+        })
+        .unwrap();
         let mut dst = b.kv_zeros(4, 2).unwrap();
         assert_eq!((b.kv_dtype(), b.kv_shape(&dst)), (dtype, (4, 2)));
         b.write_kv_rows(&mut dst, 2, &b.rows(&t, 0..2).unwrap())

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use kiln_backend::{Backend, Linear};
 use kiln_core::GgmlType;
 use kiln_cpu::kernels::{simd_level, SimdLevel};
-use kiln_cpu::CpuBackend;
+use kiln_cpu::{CpuBackend, CpuOptions};
 
 mod common;
 use common::{encode, upload, values};
@@ -67,9 +67,13 @@ fn check(
 }
 
 fn backends() -> Vec<CpuBackend> {
-    let mut v = vec![CpuBackend::with_simd(1, SimdLevel::Scalar).unwrap()];
+    let mut v = vec![
+        CpuBackend::with_options(&CpuOptions::threads(1).simd_cap(SimdLevel::Scalar)).unwrap(),
+    ];
     if simd_level().has_avx2() {
-        v.push(CpuBackend::with_simd(2, SimdLevel::Avx2).unwrap());
+        v.push(
+            CpuBackend::with_options(&CpuOptions::threads(2).simd_cap(SimdLevel::Avx2)).unwrap(),
+        );
     }
     v
 }
@@ -132,8 +136,9 @@ fn avx2_is_within_1e5_of_scalar() {
         eprintln!("skipped: this CPU has no AVX2+FMA");
         return;
     }
-    let scalar = CpuBackend::with_simd(1, SimdLevel::Scalar).unwrap();
-    let avx2 = CpuBackend::with_simd(2, SimdLevel::Avx2).unwrap();
+    let scalar =
+        CpuBackend::with_options(&CpuOptions::threads(1).simd_cap(SimdLevel::Scalar)).unwrap();
+    let avx2 = CpuBackend::with_options(&CpuOptions::threads(2).simd_cap(SimdLevel::Avx2)).unwrap();
     for &(m, n, k) in &[
         (8, 16, 384),
         (100, 384, 384),

@@ -260,6 +260,41 @@ fn typed_getters_convert_or_name_the_problem() {
 }
 
 #[test]
+fn a_mapped_file_is_read_into_memory_later_from_the_same_handle() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let path = dir.join("kiln-formats-hold-test.gguf");
+    let w = sample_writer();
+    std::fs::write(&path, w.to_bytes()).unwrap();
+    let mut file = GgufFile::open_with(&path, LoadMode::Map).unwrap();
+    assert_eq!(file.load_mode(), Some(LoadMode::Map));
+    let before = file.tensor_data(file.tensor("b").unwrap());
+    // The path is gone: what follows reads the handle the file was opened with.
+    let moved = dir.join("kiln-formats-hold-test-moved.gguf");
+    std::fs::rename(&path, &moved).unwrap();
+    file.hold_as(LoadMode::Read).unwrap();
+    assert_eq!(file.load_mode(), Some(LoadMode::Read));
+    let after = file.tensor_data(file.tensor("b").unwrap());
+    assert_eq!(&*after, filler(34, 2).as_slice());
+    assert_eq!(&*before, &*after, "views taken before keep their bytes");
+    file.hold_as(LoadMode::Read).unwrap(); // already so: nothing to do
+
+    // A file rewritten while open (another header, same length) is refused, and kept as it was.
+    let mut again = GgufFile::open_with(&moved, LoadMode::Map).unwrap();
+    let mut bytes = w.to_bytes();
+    bytes[4] ^= 0xff; // the version field
+    std::fs::write(&moved, &bytes).unwrap();
+    match again.hold_as(LoadMode::Read) {
+        Err(e @ GgufError::Io { .. }) => assert!(e.to_string().contains("changed"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(again.load_mode(), Some(LoadMode::Map));
+    // Parsed from bytes: no file to read again.
+    let mut in_memory = parse(w.to_bytes()).unwrap();
+    assert_eq!(in_memory.load_mode(), None);
+    in_memory.hold_as(LoadMode::Read).unwrap();
+}
+
+#[test]
 fn open_maps_or_reads_the_file_and_reports_io_errors() {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
     let path = dir.join("kiln-formats-open-test.gguf");

@@ -19,7 +19,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use kiln_backend::{Backend, KvDtype};
-use kiln_cpu::CpuBackend;
+use kiln_cpu::{CpuBackend, CpuOptions};
 use kiln_formats::{GgufFile, LoadMode};
 use kiln_models::{KvCache, Trace};
 
@@ -75,8 +75,11 @@ fn main() {
         KvDtype::parse(&a).expect("the KV cache type is f16 or f32")
     });
     let file = GgufFile::open_with(path.as_ref(), LoadMode::Read).expect("open");
-    let mut b = CpuBackend::new(threads).expect("backend");
-    b.set_kv_dtype(kv);
+    let b = CpuBackend::with_options(&CpuOptions {
+        kv_dtype: kv,
+        ..CpuOptions::threads(threads)
+    })
+    .expect("backend");
     let model = kiln_models::load_gguf_decoder(&b, &file).expect("load");
     let mut caches: Vec<_> = (0..batch)
         .map(|_| model.new_cache(&b, steps + 1).expect("cache"))

@@ -1,5 +1,5 @@
 //! Decode with and without the CPU backend's interleaved Q8_0 layout
-//! (`CpuBackend::set_interleave`), in one process, alternating: the same GGUF loaded twice on
+//! (`CpuOptions::interleave`), in one process, alternating: the same GGUF loaded twice on
 //! one backend (once interleaved, once as the file has it), then rounds of STEPS batched decode
 //! steps with each in turn, so that both see the same state of a noisy host. Prints each
 //! round's tok/s and the medians.
@@ -11,7 +11,7 @@ mod common;
 use std::time::Instant;
 
 use kiln_backend::Backend;
-use kiln_cpu::CpuBackend;
+use kiln_cpu::{CpuBackend, CpuOptions};
 use kiln_formats::{GgufFile, LoadMode};
 use kiln_models::{Decoder, KvCache, NoTrace};
 
@@ -56,10 +56,15 @@ fn main() {
     // the file's small pages again), which must not slow down the other model's weights.
     let open = || GgufFile::open_with(path.as_ref(), LoadMode::Read).expect("open");
     let (file, again) = (open(), open());
-    let mut b = CpuBackend::new(threads).expect("backend");
-    b.set_interleave(false);
-    let plain = kiln_models::load_gguf_decoder(&b, &file).expect("load");
-    b.set_interleave(true);
+    // Both models run on `b`; the plain one is uploaded by a backend that interleaves nothing
+    // (a weight carries its own layout and kernel, whichever backend runs it).
+    let b = CpuBackend::new(threads).expect("backend");
+    let no_interleave = CpuBackend::with_options(&CpuOptions {
+        interleave: Vec::new(),
+        ..CpuOptions::threads(1)
+    })
+    .expect("backend");
+    let plain = kiln_models::load_gguf_decoder(&no_interleave, &file).expect("load");
     let interleaved = kiln_models::load_gguf_decoder(&b, &again).expect("load");
     let mut caches: Vec<_> = (0..batch)
         .map(|_| plain.new_cache(&b, steps + 1).expect("cache"))

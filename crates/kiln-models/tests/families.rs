@@ -22,7 +22,7 @@ use std::sync::Mutex;
 
 use kiln_backend::{Backend, KvDtype};
 use kiln_core::SharedBytes;
-use kiln_cpu::CpuBackend;
+use kiln_cpu::{CpuBackend, CpuOptions};
 use kiln_formats::{GgufFile, GgufWriter};
 use kiln_models::{load_gguf_decoder, load_hf_decoder, Decoder, Route, Trace};
 use serde_json::Value;
@@ -126,8 +126,11 @@ fn argmax(row: &[f32]) -> u32 {
 fn check_family(family: &str, format: Format) {
     let r = reference(family);
     let label = format.label();
-    let mut b = CpuBackend::new(2).unwrap();
-    b.set_kv_dtype(KvDtype::F32);
+    let b = CpuBackend::with_options(&CpuOptions {
+        kv_dtype: KvDtype::F32,
+        ..CpuOptions::threads(2)
+    })
+    .unwrap();
     let model = load(family, format, &b);
     // The same model's passes with the default f16 cache.
     let b16 = CpuBackend::new(2).unwrap();

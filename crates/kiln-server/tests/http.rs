@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kiln_cpu::CpuBackend;
+use kiln_cpu::{CpuBackend, CpuOptions};
 use kiln_engine::{
     generate, EmbeddingModel, GenerateOptions, SamplingParams, SchedulerConfig, TextTokenizer,
 };
@@ -47,9 +47,12 @@ fn start(cfg: SchedulerConfig) -> Server {
     let mut decoders = Vec::new();
     for (name, with_template) in [("tiny", true), ("base", false)] {
         let file = GgufFile::open(&llama_path()).unwrap();
-        let mut backend = CpuBackend::new(1).unwrap();
         // As `kiln serve` runs it.
-        backend.set_batch_invariant(true);
+        let backend = CpuBackend::with_options(&CpuOptions {
+            batch_invariant: true,
+            ..CpuOptions::threads(1)
+        })
+        .unwrap();
         let model = kiln_models::load_gguf_decoder(&backend, &file).unwrap();
         let tokenizer = TextTokenizer::Gguf(Box::new(Tokenizer::from_gguf(&file).unwrap()));
         let end_ids = (0..model.config.vocab_size as u32)

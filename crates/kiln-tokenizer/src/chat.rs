@@ -293,6 +293,25 @@ impl ChatTemplate {
             .map_err(|e| ChatTemplateError::source(&name, e.to_string()))?;
         let config: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| ChatTemplateError::source(&name, e.to_string()))?;
+        let sibling = path.with_file_name("chat_template.jinja");
+        let jinja = if sibling.is_file() {
+            Some(std::fs::read_to_string(&sibling).map_err(|e| {
+                ChatTemplateError::source(sibling.display().to_string(), e.to_string())
+            })?)
+        } else {
+            None
+        };
+        ChatTemplate::from_tokenizer_config_value(&name, &config, jinja.as_deref())
+    }
+
+    /// [`ChatTemplate::from_tokenizer_config`] of a `tokenizer_config.json` already parsed
+    /// (`name` names it in errors), with the text of the `chat_template.jinja` beside it when
+    /// there is one (which then takes precedence).
+    pub fn from_tokenizer_config_value(
+        name: &str,
+        config: &serde_json::Value,
+        jinja: Option<&str>,
+    ) -> Result<Option<ChatTemplate>, ChatTemplateError> {
         let token = |key: &str| -> Result<String, ChatTemplateError> {
             match config.get(key) {
                 None | Some(serde_json::Value::Null) => Ok(String::new()),
@@ -300,12 +319,12 @@ impl ChatTemplate {
                 Some(obj @ serde_json::Value::Object(_)) => match obj.get("content") {
                     Some(serde_json::Value::String(s)) => Ok(s.clone()),
                     _ => Err(ChatTemplateError::source(
-                        &name,
+                        name,
                         format!("`{key}` has no string `content`"),
                     )),
                 },
                 Some(_) => Err(ChatTemplateError::source(
-                    &name,
+                    name,
                     format!("`{key}` is neither a string nor an object"),
                 )),
             }
@@ -314,12 +333,8 @@ impl ChatTemplate {
             bos: token("bos_token")?,
             eos: token("eos_token")?,
         };
-        let sibling = path.with_file_name("chat_template.jinja");
-        if sibling.is_file() {
-            let source = std::fs::read_to_string(&sibling).map_err(|e| {
-                ChatTemplateError::source(sibling.display().to_string(), e.to_string())
-            })?;
-            return ChatTemplate::new(&source, tokens).map(Some);
+        if let Some(source) = jinja {
+            return ChatTemplate::new(source, tokens).map(Some);
         }
         let source = match config.get("chat_template") {
             None | Some(serde_json::Value::Null) => return Ok(None),
@@ -330,7 +345,7 @@ impl ChatTemplate {
                 });
                 let Some(default) = default else {
                     return Err(ChatTemplateError::source(
-                        &name,
+                        name,
                         "`chat_template` lists named templates but none named `default`",
                     ));
                 };
@@ -339,14 +354,14 @@ impl ChatTemplate {
                     .and_then(serde_json::Value::as_str)
                     .ok_or_else(|| {
                         ChatTemplateError::source(
-                            &name,
+                            name,
                             "the `default` chat template has no string `template`",
                         )
                     })?
             }
             Some(_) => {
                 return Err(ChatTemplateError::source(
-                    &name,
+                    name,
                     "`chat_template` is neither a string nor a list",
                 ))
             }

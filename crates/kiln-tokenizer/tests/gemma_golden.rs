@@ -1,5 +1,5 @@
 //! Gemma 3 270M (SentencePiece, 262,144 tokens) against llama.cpp's own tokenization
-//! (`shared/golden/gemma3-270m/public/tokenize*.jsonl`): identical ids for every case, decode
+//! (`tests/golden/gemma3-270m/public/tokenize*.jsonl`): identical ids for every case, decode
 //! round trips, and streaming decode equal to whole decode.
 
 mod support;

@@ -304,8 +304,8 @@ pub fn run(a: DecodeBenchArgs) -> Result<()> {
     let mut rows = Vec::new();
     let mut side_peak = None;
     for &t in &threads {
-        let mut m = load(&a.model.model, &a.mmap, t)?;
-        m.backend.set_batch_invariant(a.batch_invariant);
+        let options = crate::backends::cpu_options(t, a.mmap.kv.kv_type, a.batch_invariant)?;
+        let m = load(&a.model.model, &a.mmap, &options)?;
         eprintln!(
             "[bench] {} loaded in {:.0} ms on {}",
             info.desc,

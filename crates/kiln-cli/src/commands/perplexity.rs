@@ -27,7 +27,11 @@ pub struct PerplexityArgs {
 pub fn run(a: PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&a.file)
         .with_context(|| format!("reading {}", a.file.display()))?;
-    let m = load(&a.model.model, &a.mmap, a.threads.threads)?;
+    let m = load(
+        &a.model.model,
+        &a.mmap,
+        &crate::backends::cpu_options(a.threads.threads, a.mmap.kv.kv_type, false)?,
+    )?;
     let ids = m.tokenizer.encode(&text, true, false)?;
     eprintln!(
         "{} tokens, {} chunks of {}",

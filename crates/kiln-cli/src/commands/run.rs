@@ -94,7 +94,11 @@ pub fn run(a: RunArgs) -> Result<()> {
     };
     let chosen = choose(&a.model.model, &a.placement, a.threads.threads, work)?;
     eprintln!("[run] {}", describe(&chosen));
-    let m = load(&a.model.model, &a.mmap, a.threads.threads)?;
+    let m = load(
+        &a.model.model,
+        &a.mmap,
+        &crate::backends::cpu_options(a.threads.threads, a.mmap.kv.kv_type, false)?,
+    )?;
     let tok = &m.tokenizer;
     let prompt_ids = tok.encode(&a.prompt, true, true)?;
     let opts = GenerateOptions {

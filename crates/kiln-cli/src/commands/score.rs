@@ -26,7 +26,11 @@ fn round6(v: f64) -> f64 {
 }
 
 pub fn run(a: ScoreArgs) -> Result<()> {
-    let m = load(&a.model.model, &a.mmap, a.threads.threads)?;
+    let m = load(
+        &a.model.model,
+        &a.mmap,
+        &crate::backends::cpu_options(a.threads.threads, a.mmap.kv.kv_type, false)?,
+    )?;
     let vocab = m.model.config.vocab_size;
     for_each_jsonl(|line_no, obj, out| {
         let ids: Vec<u32> = match (obj.get("ids"), obj.get("text")) {

@@ -187,10 +187,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
             embedders.push(EmbedEntry { name, engine });
             continue;
         }
-        let mut m = load(model, &a.mmap, a.threads.threads)?;
         // A request gets the same tokens whatever it is batched with (see
-        // `CpuBackend::set_batch_invariant`).
-        m.backend.set_batch_invariant(true);
+        // `CpuOptions::batch_invariant`).
+        let options = crate::backends::cpu_options(a.threads.threads, a.mmap.kv.kv_type, true)?;
+        let m = load(model, &a.mmap, &options)?;
         let cfg = &m.model.config;
         let end_ids: Vec<u32> = (0..cfg.vocab_size as u32)
             .filter(|&id| m.tokenizer.is_end_of_generation(id))

@@ -7,7 +7,7 @@ Run by crates/kiln-cli/tests/serve_openai.rs, which starts the servers:
     test_kiln_serve.py URL PID GOLDEN_DIR [--busy-url URL]
 
 URL serves `gemma3-270m` (with the Gemma 3 chat template), `base` (the same GGUF without a
-template) and `minilm`; PID is its process (for VmRSS); GOLDEN_DIR is ../shared/golden;
+template) and `minilm`; PID is its process (for VmRSS); GOLDEN_DIR is tests/golden;
 --busy-url is a second server started with `--max-running 1 --max-waiting 1` (the 429 check).
 
 Plain asserts, one function per check, no pytest: each check prints its name and PASS or FAIL
@@ -855,7 +855,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("url", help="the server, e.g. http://127.0.0.1:8080")
     ap.add_argument("pid", type=int, help="the server's process id (for VmRSS)")
-    ap.add_argument("golden", help="the golden data folder (../shared/golden)")
+    ap.add_argument("golden", help="the golden data folder (tests/golden)")
     ap.add_argument("--busy-url", help="a server started with --max-running 1 --max-waiting 1")
     ap.add_argument("-k", dest="only", help="run the checks whose name contains this")
     ARGS = ap.parse_args()

@@ -1,5 +1,22 @@
 //! Helpers shared by the benchmark examples (not an example itself).
 
+#![allow(dead_code)] // each example uses a different part
+
+use kiln_cpu::{CpuBackend, CpuOptions};
+
+/// A CPU backend of `threads` threads, with the SIMD cap and interleaving that the environment
+/// variables `KILN_SIMD` and `KILN_INTERLEAVE` name, as the `kiln` binary takes them (for A/B runs
+/// of kernel paths on one machine).
+pub fn backend(threads: usize) -> CpuBackend {
+    let options = CpuOptions::threads(threads)
+        .with_settings(
+            std::env::var("KILN_SIMD").ok().as_deref(),
+            std::env::var("KILN_INTERLEAVE").ok().as_deref(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    CpuBackend::with_options(&options).expect("the CPU backend")
+}
+
 /// Fills `bytes` with xorshift bytes from `seed` (advanced, so that successive calls differ),
 /// then gives every block of `block` bytes a small finite f16 scale in its first two bytes. The
 /// formats timed here (Q8_0, Q5_0, Q4_0, ...) store their scale first; for the K-quants, whose

@@ -6,7 +6,7 @@ pub mod quant;
 use kiln_backend::{Backend, WeightData};
 use kiln_core::{GgmlType, SharedBytes};
 use kiln_cpu::kernels::{simd_level, SimdLevel};
-use kiln_cpu::{CpuBackend, CpuWeight};
+use kiln_cpu::{CpuBackend, CpuOptions, CpuWeight};
 
 /// Deterministic pseudo-random values in [-1, 1) (xorshift64).
 pub fn values(len: usize, seed: u64) -> Vec<f32> {
@@ -25,12 +25,12 @@ pub fn values(len: usize, seed: u64) -> Vec<f32> {
 /// threads, and the CPU's SIMD level on one, two and three.
 pub fn backends() -> Vec<CpuBackend> {
     let mut v = vec![
-        CpuBackend::with_simd(1, SimdLevel::Scalar).unwrap(),
-        CpuBackend::with_simd(3, SimdLevel::Scalar).unwrap(),
+        CpuBackend::with_options(&CpuOptions::threads(1).simd_cap(SimdLevel::Scalar)).unwrap(),
+        CpuBackend::with_options(&CpuOptions::threads(3).simd_cap(SimdLevel::Scalar)).unwrap(),
     ];
     if simd_level() != SimdLevel::Scalar {
         for threads in 1..=3 {
-            v.push(CpuBackend::with_simd(threads, simd_level()).unwrap());
+            v.push(CpuBackend::new(threads).unwrap());
         }
     }
     v

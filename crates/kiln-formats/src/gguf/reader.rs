@@ -94,6 +94,68 @@ pub struct GgufFile {
     metadata_index: HashMap<String, usize>,
     tensors: Vec<TensorInfo>,
     tensor_index: HashMap<String, usize>,
+    /// The file the bytes came from, when opened from a path.
+    origin: Option<Origin>,
+}
+
+/// Where a [`GgufFile`] opened from a path came from, and how its bytes are held.
+#[derive(Clone)]
+struct Origin {
+    path: std::path::PathBuf,
+    /// The handle it was opened with: [`GgufFile::hold_as`] reads it again without an open.
+    file: Arc<std::fs::File>,
+    mode: LoadMode,
+}
+
+/// The `len` bytes of `file` held as `mode` says.
+fn hold(file: &std::fs::File, len: u64, mode: LoadMode) -> std::io::Result<SharedBytes> {
+    let map = match mode {
+        // SAFETY: the map is read-only and we never hand out mutable access. Soundness needs
+        // the file not to be truncated or rewritten by another process while mapped; like
+        // every mmap-based model loader we take model files to be immutable while in use.
+        LoadMode::Map => unsafe { memmap2::Mmap::map(file) }?,
+        LoadMode::Read => {
+            let len = usize::try_from(len).map_err(|_| {
+                std::io::Error::other(format!(
+                    "{len} bytes do not fit this machine's address space"
+                ))
+            })?;
+            let mut anon = memmap2::MmapOptions::new().len(len).map_anon()?;
+            // A hint: without transparent huge pages the copy still works, on small pages.
+            #[cfg(target_os = "linux")]
+            let _ = anon.advise(memmap2::Advice::HugePage);
+            // From offset 0 whatever the handle's position; a file that shrank since it was
+            // opened fails here (unexpected end of file).
+            read_exact_at(file, &mut anon[..])?;
+            anon.make_read_only()?
+        }
+    };
+    let map = Arc::new(map);
+    let held = map.clone();
+    let release: kiln_core::Release = match mode {
+        LoadMode::Map => Arc::new(move |range| pages::drop_mapped(&held, range)),
+        LoadMode::Read => {
+            // A second handle on the same open file (dup), not a second open.
+            let reopen = file.try_clone()?;
+            Arc::new(move |range| pages::remap_from_file(&held, &reopen, range))
+        }
+    };
+    Ok(SharedBytes::with_release(map, release))
+}
+
+/// Fills `buf` from the start of `file`.
+#[cfg(unix)]
+fn read_exact_at(file: &std::fs::File, buf: &mut [u8]) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(file, buf, 0)
+}
+
+/// Fills `buf` from the start of `file`.
+#[cfg(not(unix))]
+fn read_exact_at(file: &std::fs::File, buf: &mut [u8]) -> std::io::Result<()> {
+    use std::io::{Read, Seek};
+    let mut f = file;
+    f.seek(std::io::SeekFrom::Start(0))?;
+    f.read_exact(buf)
 }
 
 impl fmt::Debug for GgufFile {
@@ -142,43 +204,64 @@ impl GgufFile {
             path: path.to_owned(),
             source,
         };
-        let mut file = std::fs::File::open(path).map_err(io_error)?;
-        let reopen = file.try_clone().map_err(io_error)?;
+        let file = std::fs::File::open(path).map_err(io_error)?;
         let len = file.metadata().map_err(io_error)?.len();
         if len == 0 {
             // Some platforms refuse to map an empty file; parsing reports the truncation.
             return GgufFile::from_bytes(SharedBytes::from_vec(Vec::new()));
         }
-        let map = match mode {
-            // SAFETY: the map is read-only and we never hand out mutable access. Soundness needs
-            // the file not to be truncated or rewritten by another process while mapped; like
-            // every mmap-based model loader we take model files to be immutable while in use.
-            LoadMode::Map => unsafe { memmap2::Mmap::map(&file) }.map_err(io_error)?,
-            LoadMode::Read => {
-                let len = usize::try_from(len).map_err(|_| {
-                    io_error(std::io::Error::other(format!(
-                        "{len} bytes do not fit this machine's address space"
-                    )))
-                })?;
-                let mut anon = memmap2::MmapOptions::new()
-                    .len(len)
-                    .map_anon()
-                    .map_err(io_error)?;
-                // A hint: without transparent huge pages the copy still works, on small pages.
-                #[cfg(target_os = "linux")]
-                let _ = anon.advise(memmap2::Advice::HugePage);
-                // A file that shrank since `metadata` fails here (unexpected end of file).
-                std::io::Read::read_exact(&mut file, &mut anon[..]).map_err(io_error)?;
-                anon.make_read_only().map_err(io_error)?
-            }
+        let bytes = hold(&file, len, mode).map_err(io_error)?;
+        let mut parsed = GgufFile::from_bytes(bytes)?;
+        parsed.origin = Some(Origin {
+            path: path.to_owned(),
+            file: Arc::new(file),
+            mode,
+        });
+        Ok(parsed)
+    }
+
+    /// Holds this file's bytes as `mode` says from now on, read from the file handle it was
+    /// opened with (the file is not opened again): a file opened as [`LoadMode::Map`] to read its
+    /// header cheaply (a planner deciding whether it fits) is then copied into private memory
+    /// with [`LoadMode::Read`] before its weights are used. [`SharedBytes`] taken before keep
+    /// the old bytes alive. Nothing to do for a file parsed from bytes, or one held so already.
+    /// If the file changed since it was opened (another length, another header), this is an
+    /// error and nothing changes.
+    pub fn hold_as(&mut self, mode: LoadMode) -> Result<(), GgufError> {
+        let Some(origin) = &self.origin else {
+            return Ok(());
         };
-        let map = Arc::new(map);
-        let held = map.clone();
-        let release: kiln_core::Release = match mode {
-            LoadMode::Map => Arc::new(move |range| pages::drop_mapped(&held, range)),
-            LoadMode::Read => Arc::new(move |range| pages::remap_from_file(&held, &reopen, range)),
+        if origin.mode == mode {
+            return Ok(());
+        }
+        let io_error = |source| GgufError::Io {
+            path: origin.path.clone(),
+            source,
         };
-        GgufFile::from_bytes(SharedBytes::with_release(map, release))
+        let bytes = hold(&origin.file, self.bytes.len() as u64, mode).map_err(io_error)?;
+        // A map shows later writes to the file, so compare with what was parsed at open.
+        let changed = match parse(&bytes) {
+            Ok(p) => (p.data_offset != self.data_offset
+                || p.metadata != self.metadata
+                || p.tensors != self.tensors)
+                .then(|| "another header".to_string()),
+            Err(e) => Some(e.to_string()),
+        };
+        if let Some(detail) = changed {
+            return Err(io_error(std::io::Error::other(format!(
+                "the file changed on disk while it was open ({detail})"
+            ))));
+        }
+        self.bytes = bytes;
+        if let Some(origin) = &mut self.origin {
+            origin.mode = mode;
+        }
+        Ok(())
+    }
+
+    /// How this file's bytes are held (`None`: parsed from bytes given by the caller).
+    pub fn load_mode(&self) -> Option<LoadMode> {
+        self.origin.as_ref().map(|o| o.mode)
     }
 
     /// Parses a whole GGUF file held in `bytes`.
@@ -193,6 +276,7 @@ impl GgufFile {
             metadata_index: parsed.metadata_index,
             tensors: parsed.tensors,
             tensor_index: parsed.tensor_index,
+            origin: None,
         })
     }
 

@@ -34,7 +34,7 @@ pub fn kiln_home() -> PathBuf {
 pub fn golden_dir(model: &str) -> PathBuf {
     Path::new(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/golden"
+        "/../../tests/golden"
     ))
     .join(model)
 }
