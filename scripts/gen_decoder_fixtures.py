@@ -12,6 +12,8 @@ reference outputs of HF transformers in float32 on the stored (rounded) weights:
     qwen3/           Qwen3ForCausalLM, QK-norm, head_dim 32 != hidden/heads        BF16  + model-bf16.gguf
     phi3/            Phi3ForCausalLM, fused qkv/gate_up, longrope, sliding 12      F32   + model-f32.gguf
     qwen3moe/        Qwen3MoeForCausalLM, 4 experts top-2, norm_topk_prob false    F32   + model-f32.gguf
+    qwen3moe-tf5/    Qwen3MoeForCausalLM as transformers 5 saves it (config.json    BF16  (no GGUF)
+                     says num_local_experts), norm_topk_prob true
     mixtral/         MixtralForCausalLM, 4 experts top-2 (renormalized)            BF16  + model-bf16.gguf
     llama-kq/        Llama shaped for k-quants (hidden 256, ffn 512): GGUF only    BF16  model-bf16.gguf
     llama-gptq-g32/  GPTQ v1 4-bit, group 32, act-order (desc_act) + HF reference  (no GGUF committed)
@@ -23,11 +25,20 @@ result:
 
     python3 -m venv /tmp/vdec
     /tmp/vdec/bin/pip install torch==2.15.0 transformers==5.23.0 tokenizers==0.23.3 \\
-        safetensors==0.8.0 sentencepiece==0.2.3 numpy==2.4.6
+        safetensors==0.8.0 sentencepiece==0.2.3 numpy==2.4.6 protobuf
     pip download --no-deps --no-binary llama-cpp-python llama-cpp-python==0.3.36 -d /tmp/lcp
     tar -xzf /tmp/lcp/llama_cpp_python-0.3.36.tar.gz -C /tmp/lcp
     /tmp/vdec/bin/python scripts/gen_decoder_fixtures.py \\
         --llama-cpp /tmp/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp
+
+(protobuf, unpinned: transformers 5 needs it to convert the sentencepiece `tokenizer.model` to
+tokenizer.json; 7.36.2 gave the committed mistral/phi3 tokenizer.json byte for byte.)
+
+`--only NAME...` regenerates only the named folders (the others are left as they are; README.md is
+rewritten from every folder's reference.json). `--llama-cpp` is needed only for folders with a GGUF
+(and GPTQ), so qwen3moe-tf5 alone is regenerated without it:
+
+    /tmp/vdec/bin/python scripts/gen_decoder_fixtures.py --only qwen3moe-tf5
 
 Versions used for the committed fixtures: Python 3.11.7, torch 2.15.0, transformers 5.23.0,
 tokenizers 0.23.3, safetensors 0.8.0, sentencepiece 0.2.3, numpy 2.4.6, llama.cpp as vendored in
@@ -65,10 +76,14 @@ How each folder is made:
   3. Saved with save_pretrained in the storage dtype; MoE experts land in the published per-expert
      layout (transformers 5 converts its fused experts back on save). config.json is then written
      with the key names of published checkpoints (rope_theta + rope_scaling, torch_dtype, Qwen3-MoE
-     num_experts) and checked to load back into an identical transformers config.
-  4. The GGUF is made by the converter from that folder (`--outtype` = storage dtype). Checks: gguf-py
-     reads it; the multiset of all its tensor values equals that of the safetensors (so nothing was
-     rounded differently; generated rope tensors excluded); the architecture is as expected.
+     num_experts) and checked to load back into an identical transformers config. Exception:
+     qwen3moe-tf5 keeps the config.json that save_pretrained wrote (SAVED_CONFIG below): transformers
+     5 stores Qwen3MoeConfig's expert count as `num_local_experts` (`num_experts` is an
+     `attribute_map` alias of it) and writes that spelling, with `rope_parameters` and `dtype`.
+  4. The GGUF (not for NO_GGUF folders) is made by the converter from that folder (`--outtype` =
+     storage dtype). Checks: gguf-py reads it; the multiset of all its tensor values equals that of
+     the safetensors (so nothing was rounded differently; generated rope tensors excluded); the
+     architecture is as expected.
   5. References: the folder is loaded back with from_pretrained in float32, eager attention, eager
      experts; per prompt: prompt logits, HF generate(do_sample=False, max_new_tokens=8) with EOS
      disabled, the top-1 - top-2 logit margin of every greedy step, and (MoE) the router's top-k
@@ -232,6 +247,8 @@ PROMPTS_GENERAL = [
     ("code", "def mean(values):\n    return sum(values) / len(values)"),
     ("long", "The ferry waited in the harbour while the storm broke two windows of the lighthouse."),
 ]
+# qwen3moe-tf5 (a second Qwen3-MoE, there for its config.json) takes two of them, to stay small.
+PROMPTS_TF5 = PROMPTS_GENERAL[:2]
 PROMPTS_PHI3 = [
     ("short", "The keeper wrote the weather in a thick book."),
     ("long", "The ferry waited in the harbour while the storm broke two windows of the lighthouse."),
@@ -584,9 +601,16 @@ TORCH_DTYPE = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat1
 
 
 def save_checkpoint(
-    folder: Path, legacy_config: dict, dtype: str, seed: int, shards: int = 1, gain: float = 1.3
+    folder: Path,
+    legacy_config: dict,
+    dtype: str,
+    seed: int,
+    shards: int = 1,
+    gain: float = 1.3,
+    keep_saved_config: bool = False,
 ) -> None:
-    """Build the model from legacy_config, randomize, save in dtype, and write legacy config.json."""
+    """Build the model from legacy_config, randomize, save in dtype, and write legacy config.json
+    (unless keep_saved_config: then config.json stays as save_pretrained wrote it)."""
     config = AutoConfig.for_model(**{k: v for k, v in legacy_config.items() if k != "architectures"})
     config.architectures = legacy_config["architectures"]
     torch.manual_seed(seed)
@@ -604,6 +628,8 @@ def save_checkpoint(
             break
     else:
         raise SystemExit(f"{folder.name}: could not split the weights into {shards} safetensors files")
+    if keep_saved_config:
+        return
     expected = AutoConfig.from_pretrained(folder).to_dict()
     write_json(folder / "config.json", legacy_config)
     reloaded = AutoConfig.from_pretrained(folder).to_dict()
@@ -1054,6 +1080,16 @@ def family_configs(
         "transformers_version": version,
         "vocab_size": vocab["spm"],
     }
+    # Qwen3-MoE as a transformers 5 user builds it: the keyword names of Qwen3MoeConfig (its
+    # documented `num_experts`, `rope_parameters`), no legacy spellings. save_pretrained turns
+    # `num_experts` into `num_local_experts` (see SAVED_CONFIG).
+    qwen3moe_tf5 = {
+        k: v
+        for k, v in qwen3moe.items()
+        if k not in ("rope_scaling", "rope_theta", "torch_dtype", "transformers_version")
+    }
+    qwen3moe_tf5["norm_topk_prob"] = True  # as Qwen3-30B-A3B; qwen3moe/ covers false
+    qwen3moe_tf5["rope_parameters"] = {"rope_type": "default", "rope_theta": 1000000.0}
     llama_kq = {
         **llama,
         "head_dim": 64,
@@ -1080,6 +1116,7 @@ def family_configs(
         "qwen3": qwen3,
         "phi3": phi3,
         "qwen3moe": qwen3moe,
+        "qwen3moe-tf5": qwen3moe_tf5,
         "mixtral": mixtral,
         "llama-kq": llama_kq,
         "llama-gptq": llama_gptq,
@@ -1087,9 +1124,9 @@ def family_configs(
 
 
 # name -> (storage dtype, tokenizer kind, converter pre-tokenizer name, safetensors shards, seed offset).
-# The seed offsets of phi3, qwen3moe and mixtral were picked (by trying a few) so that no greedy step
-# of any reference variant is within 0.05 of a tie and no router choice within 0.01; the others
-# passed with their first seed. README.md reports the margins reached.
+# The seed offsets of phi3, qwen3moe, qwen3moe-tf5 and mixtral were picked (by trying a few) so that
+# no greedy step of any reference variant is within 0.05 of a tie and no router choice within 0.01;
+# the others passed with their first seed. README.md reports the margins reached.
 FAMILIES: dict[str, tuple[str, str, str | None, int, int]] = {
     "llama": ("F32", "llama3", "llama-bpe", 1, 1),
     "mistral": ("BF16", "spm", None, 1, 2),
@@ -1097,9 +1134,15 @@ FAMILIES: dict[str, tuple[str, str, str | None, int, int]] = {
     "qwen3": ("BF16", "qwen", "qwen2", 1, 4),
     "phi3": ("F32", "phi3", None, 1, 53),
     "qwen3moe": ("F32", "qwen", "qwen2", 1, 23),
+    "qwen3moe-tf5": ("BF16", "qwen", None, 1, 67),
     "mixtral": ("BF16", "spm", None, 1, 38),
     "llama-kq": ("BF16", "llama3", "llama-bpe", 1, 8),
 }
+# Folders without a GGUF (their references apply to the safetensors only).
+NO_GGUF = {"qwen3moe-tf5"}
+# Folders whose config.json is left exactly as transformers' save_pretrained wrote it, and the keys
+# it must (True) or must not (False) contain: the transformers 5 spelling of the expert count.
+SAVED_CONFIG = {"qwen3moe-tf5": {"num_local_experts": True, "num_experts": False}}
 # Layer-matrix gain (std · √fan_in). llama-kq is quantized to 4 bits in kiln's test: with the
 # default 1.3 the random network amplifies weight noise about 6-fold, so no greedy step would be
 # confident enough to survive Q4_K's 5 % weight error; a gentler gain keeps it closer to a
@@ -1144,6 +1187,7 @@ VARIANTS: dict[str, list[tuple[str, list[str], dict, str]]] = {
             ),
         ),
     ],
+    "qwen3moe-tf5": [("", ["safetensors"], {}, "HF with norm_topk_prob true (config.json)")],
     "qwen3moe": [
         ("", ["safetensors"], {}, "HF with norm_topk_prob false (config.json)"),
         (
@@ -1162,28 +1206,57 @@ def make_family(
     folder: Path,
     config: dict,
     tok_src: Path,
-    lc: LlamaCpp,
+    lc: LlamaCpp | None,
     work: Path,
     spm_proto: bytes,
     versions: dict,
 ) -> dict:
     dtype, tok_kind, tokpre, shards, seed_offset = FAMILIES[name]
     gguf_only = name == "llama-kq"
+    has_gguf = name not in NO_GGUF
     model_dir = work / name if gguf_only else folder
     model_dir.mkdir(parents=True, exist_ok=True)
     copy_tokenizer(tok_src, model_dir)
-    save_checkpoint(model_dir, config, dtype, SEED + seed_offset, shards, MATRIX_GAIN.get(name, 1.3))
-    gguf_name = f"model-{dtype.lower()}.gguf"
-    gguf_path = folder / gguf_name
-    lc.convert(model_dir, gguf_path, dtype.lower(), tokpre)
-    summary = gguf_summary(lc, gguf_path)
-    if summary["architecture"] != EXPECTED_ARCH[name]:
-        raise SystemExit(f"{name}: GGUF architecture {summary['architecture']}")
-    n_values = check_same_weights(lc, model_dir, gguf_path)
+    save_checkpoint(
+        model_dir,
+        config,
+        dtype,
+        SEED + seed_offset,
+        shards,
+        MATRIX_GAIN.get(name, 1.3),
+        keep_saved_config=name in SAVED_CONFIG,
+    )
+    if name in SAVED_CONFIG:
+        saved = json.loads((model_dir / "config.json").read_text())
+        for key, present in SAVED_CONFIG[name].items():
+            if (key in saved) != present:
+                raise SystemExit(f"{name}: save_pretrained {'did not write' if present else 'wrote'} {key}")
+        built = AutoConfig.for_model(**{k: v for k, v in config.items() if k != "architectures"}).to_dict()
+        reloaded = AutoConfig.from_pretrained(model_dir).to_dict()
+        diffs = {
+            k: (built.get(k), reloaded.get(k))
+            for k in set(built) | set(reloaded)
+            if k not in ("transformers_version", "dtype", "architectures", "_name_or_path")
+            and built.get(k) != reloaded.get(k)
+        }
+        if diffs:
+            raise SystemExit(f"{name}: the saved config.json loads differently: {diffs}")
+    if has_gguf:
+        assert lc is not None
+        gguf_name: str | None = f"model-{dtype.lower()}.gguf"
+        gguf_path = folder / gguf_name
+        lc.convert(model_dir, gguf_path, dtype.lower(), tokpre)
+        summary = gguf_summary(lc, gguf_path)
+        if summary["architecture"] != EXPECTED_ARCH[name]:
+            raise SystemExit(f"{name}: GGUF architecture {summary['architecture']}")
+        n_values = check_same_weights(lc, model_dir, gguf_path)
+    else:
+        gguf_name = None
+        versions = {k: v for k, v in versions.items() if k != "llama.cpp"}
 
-    prompts = PROMPTS_PHI3 if name == "phi3" else PROMPTS_GENERAL
+    prompts = {"phi3": PROMPTS_PHI3, "qwen3moe-tf5": PROMPTS_TF5}.get(name, PROMPTS_GENERAL)
     hf_tok = check_tokenizer(model_dir, [text for _, text in prompts])
-    moe = name in ("qwen3moe", "mixtral")
+    moe = name in ("qwen3moe", "qwen3moe-tf5", "mixtral")
     cases = []
     variant_labels = {}
     for suffix, applies_to, overrides, label in VARIANTS.get(name, DEFAULT_VARIANTS):
@@ -1201,7 +1274,7 @@ def make_family(
             extra: dict[str, Any] = {}
             if name in ("mistral", "phi3"):
                 extra["sliding_window"] = model.config.sliding_window
-            if name == "qwen3moe":
+            if name in ("qwen3moe", "qwen3moe-tf5"):
                 extra["norm_topk_prob"] = model.config.norm_topk_prob
             cases.append(run_case(model, folder, case_name + suffix, text, ids, applies_to, moe, extra))
     if name == "mistral":
@@ -1231,11 +1304,14 @@ def make_family(
         "variants": variant_labels,
         "cases": cases,
         "tokenizer": tokenizer_reference(hf_tok, spm_proto if tok_kind in ("spm", "phi3") else None),
-        "gguf_architecture": summary["architecture"],
-        "gguf_metadata": summary["metadata"],
-        "gguf_tensors": summary["tensors"],
-        "checks": {"gguf_equals_safetensors_values": n_values},
     }
+    if has_gguf:
+        reference["gguf_architecture"] = summary["architecture"]
+        reference["gguf_metadata"] = summary["metadata"]
+        reference["gguf_tensors"] = summary["tensors"]
+        reference["checks"] = {"gguf_equals_safetensors_values": n_values}
+    else:
+        reference["checks"] = {}
     if moe:
         reference["checks"]["router_min_gap"] = min(c["router_min_gap_kth_vs_next_logit"] for c in cases)
     if name == "phi3":
@@ -1454,7 +1530,14 @@ Generated by `scripts/gen_decoder_fixtures.py` (its docstring has the full recip
 
     /tmp/vdec/bin/python scripts/gen_decoder_fixtures.py --llama-cpp <llama.cpp source tree>
 
-(the venv and the llama.cpp tree as in the docstring). Deterministic: rerunning gives identical files.
+(the venv and the llama.cpp tree as in the docstring). Deterministic: rerunning gives identical files
+on the same machine (another CPU may round the float32 references differently in the last bits:
+regenerating qwen3moe/ and mixtral/ elsewhere gave the same weights, GGUF, tokenizers, ids, greedy
+tokens and routing, and logits within 1.5e-5).
+One folder alone: `--only <folder>...` (the others stay as they are); `qwen3moe-tf5/`, which has no
+GGUF, needs no llama.cpp tree:
+
+    /tmp/vdec/bin/python scripts/gen_decoder_fixtures.py --only qwen3moe-tf5
 
 Versions: {versions}.
 llama.cpp's converter (`convert_hf_to_gguf.py` of that tree) made every GGUF from the safetensors
@@ -1466,11 +1549,12 @@ is monkeypatched to return "llama-bpe" for the Llama 3 tokenizer and "qwen2" for
 
 - `config.json` with the key names of published checkpoints (`rope_theta`, `rope_scaling`,
   `torch_dtype`, Qwen3-MoE `num_experts`); checked to load into the same transformers 5 config as
-  the one the model was built from.
+  the one the model was built from. Except `qwen3moe-tf5/`: its config.json is what transformers 5
+  `save_pretrained` wrote, untouched (`num_local_experts`, `rope_parameters`, `dtype`).
 - `*.safetensors` (+ `model.safetensors.index.json` for qwen2), `generation_config.json` (none for
   llama-kq, which is GGUF only; GPTQ folders hold the GPTQ tensors).
 - `tokenizer.json`, `tokenizer_config.json` (+ `tokenizer.model` for sentencepiece families).
-- `model-<dtype>.gguf` (not for GPTQ): converter output with `--outtype <dtype>`; norms, biases and the MoE router
+- `model-<dtype>.gguf` (not for GPTQ, nor `qwen3moe-tf5`): converter output with `--outtype <dtype>`; norms, biases and the MoE router
   (`ffn_gate_inp`) are F32 in it, as the converter always does; their values are the same (checked:
   the sorted multiset of every element of the GGUF, generated rope tensors excluded, equals that of
   the safetensors).
@@ -1481,7 +1565,7 @@ is monkeypatched to return "llama-bpe" for the Llama 3 tokenizer and "qwen2" for
 ## reference.json
 
 - `family`, `hf_class`, `weights_dtype`, `safetensors` (list) / `gguf` (file name or null),
-  `versions`, `variants` (what each case-name suffix means).
+  `versions` (no `llama.cpp` where there is no GGUF), `variants` (what each case-name suffix means).
 - `cases[]`: `name`, `applies_to` (which files the case is the reference for: "safetensors", "gguf";
   "llama.cpp" marks a case that shows what llama.cpp itself computes when that differs from what the
   GGUF says), `text`, `ids` (= `tokenizer(text)["input_ids"]`, BOS included where the tokenizer adds
@@ -1492,13 +1576,13 @@ is monkeypatched to return "llama-bpe" for the Llama 3 tokenizer and "qwen2" for
   `sliding_window`. mistral: `sliding_window`. MoE: `routing` `[layer][token][k]` expert ids in
   descending router weight, `routing_weights` (same shape, the weights applied to the expert outputs),
   `router_min_gap_kth_vs_next_logit` (smallest gap between the k-th and (k+1)-th router logit: no
-  expert choice is near a tie), qwen3moe `norm_topk_prob`.
+  expert choice is near a tie), qwen3moe and qwen3moe-tf5 `norm_topk_prob`.
 - `tokenizer`: `strings` (the hard strings of the script) and `ids` = the HF (transformers 5)
   tokenizer with `add_special_tokens=False`; sentencepiece families also `sentencepiece_ids` =
   `SentencePieceProcessor.encode(s)` of tokenizer.model (what the GGUF vocabulary encodes; no
   special-token parsing).
 - `gguf_architecture`, `gguf_metadata` (every key; arrays longer than 16 shown as `[n x type]`),
-  `gguf_tensors` (name, type, GGUF shape ne0..), `checks`.
+  `gguf_tensors` (name, type, GGUF shape ne0..) where there is a GGUF; `checks`.
 
 Greedy is checked against the argmax of one full forward over prompt + continuation; the prompt ids
 of sentencepiece families are checked equal to sentencepiece's own (with `<s>` where added).
@@ -1582,6 +1666,21 @@ qwen3moe graph always renormalizes the top-k weights; so `-renorm` cases (`appli
 ran HF with `norm_topk_prob=True` (what the GGUF means to llama.cpp), the unsuffixed cases
 (`["safetensors"]`) ran as configured. safetensors: per-expert `mlp.experts.<e>.{{gate,up,down}}_proj`
 and `mlp.gate` (router); GGUF: `ffn_gate_inp` (F32) and 3-D `ffn_{{gate,up,down}}_exps`.""",
+    "qwen3moe-tf5": """\
+### `qwen3moe-tf5/` — Qwen3MoeForCausalLM as transformers 5 saves it, BF16 (no GGUF)
+The shape of `qwen3moe/` (hidden 64, 2 layers, all sparse, 4 experts, top-2, moe_intermediate_size
+32, head_dim 32 with 4/2 heads, QK-norm, untied, vocab {vocab}) with its own random weights, stored
+BF16, and **`norm_topk_prob: true`** (as Qwen3-30B-A3B: the top-2 weights are renormalized to sum
+to 1). Its config.json is exactly what `save_pretrained` of transformers {tf_version} wrote; the
+script does not rewrite it. transformers 5's `Qwen3MoeConfig` keeps the expert count in the
+attribute `num_local_experts` and maps `num_experts` to it (`attribute_map`), so a config built the
+way a transformers 5 user builds it, with the documented keyword `num_experts=4`, is saved as
+**`num_local_experts: 4`**; no keyword makes transformers 5 write `num_experts`. The file also has
+transformers 5's `rope_parameters` (`rope_theta` inside) and `dtype`. `qwen3moe/`, by contrast, has its
+config.json rewritten with the spelling of Qwen's published checkpoints (`num_experts`, written by
+transformers 4). One reference (`applies_to: ["safetensors"]`, HF as configured); no GGUF (the
+converter output says nothing about the spelling); two prompts (`sentence`, `code`), to stay small.
+Tokenizer: qwen2's.""",
     "mixtral": """\
 ### `mixtral/` — MixtralForCausalLM, BF16
 hidden 64, 2 layers, 4/2 heads, 4 experts of ffn 64, top-2 **renormalized over the top-k** (softmax,
@@ -1641,12 +1740,19 @@ def main() -> int:
     parser.add_argument(
         "--llama-cpp",
         type=Path,
-        required=True,
-        help="llama.cpp source tree (convert_hf_to_gguf.py, gguf-py/)",
+        help="llama.cpp source tree (convert_hf_to_gguf.py, gguf-py/); needed unless every folder "
+        "regenerated is in NO_GGUF",
     )
     parser.add_argument("--work", type=Path, help="keep intermediate files (converter logs, GPTQ GGUFs) here")
     parser.add_argument("--only", nargs="*", help="regenerate only these folders (README lists what exists)")
     args = parser.parse_args()
+    everything = list(FAMILIES) + list(GPTQ_VARIANTS)
+    wanted = args.only or everything
+    unknown = sorted(set(wanted) - set(everything))
+    if unknown:
+        parser.error(f"unknown folders {unknown} (known: {', '.join(everything)})")
+    if args.llama_cpp is None and not set(wanted) <= NO_GGUF:
+        parser.error(f"--llama-cpp is needed for {', '.join(n for n in wanted if n not in NO_GGUF)}")
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
@@ -1656,7 +1762,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work.resolve() if args.work else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        lc = LlamaCpp(args.llama_cpp, work)
+        lc = LlamaCpp(args.llama_cpp, work) if args.llama_cpp else None
         versions = {
             "python": sys.version.split()[0],
             "torch": torch.__version__,
@@ -1665,8 +1771,9 @@ def main() -> int:
             "sentencepiece": spm.__version__,
             "safetensors": safetensors.__version__,
             "numpy": np.__version__,
-            "llama.cpp": lc.version,
         }
+        if lc is not None:
+            versions["llama.cpp"] = lc.version
 
         # Tokenizers (trained once, copied into each folder that uses them).
         tok_dirs = {k: work / f"tokenizer-{k}" for k in ("llama3", "qwen", "spm", "phi3")}
@@ -1696,9 +1803,8 @@ def main() -> int:
         configs = family_configs(tok_ids, vocab, transformers.__version__)
 
         OUT.mkdir(parents=True, exist_ok=True)
-        wanted = args.only or list(FAMILIES) + list(GPTQ_VARIANTS)
         refs: dict[str, dict] = {}
-        for name in list(FAMILIES) + list(GPTQ_VARIANTS):
+        for name in everything:
             folder = OUT / name
             if name not in wanted:
                 if (folder / "reference.json").exists():
@@ -1709,6 +1815,7 @@ def main() -> int:
             folder.mkdir(parents=True)
             print(f"== {name}", flush=True)
             if name in GPTQ_VARIANTS:
+                assert lc is not None
                 refs[name] = make_gptq(
                     name, folder, configs["llama-gptq"], tok_dirs["llama3"], lc, work, versions
                 )
@@ -1733,6 +1840,8 @@ def main() -> int:
             }
             if name == "llama":
                 fmt["rope_freqs"] = "[" + ", ".join(f"{v:.4g}" for v in ref["rope_freqs_gguf"]) + "]"
+            if name == "qwen3moe-tf5":
+                fmt["tf_version"] = ref["versions"]["transformers"]
             if name == "phi3":
                 fmt["attn_scaling"] = f"{ref['rope_attention_scaling']:.6f}"
                 fmt["short_len"] = len(next(c for c in ref["cases"] if c["name"] == "short")["ids"])

@@ -1,16 +1,25 @@
-//! The backends kiln can build, and their options from the command line and the environment.
+//! From a plan to running backends: the one place that names concrete backends and reads the
+//! environment variables that tune them.
 //!
-//! This is the one place that reads the environment variables that tune a backend, so that a
-//! backend's behaviour is fixed by the options struct it is built with:
+//! A command opens its model once ([`kiln_engine::ModelFile`]), plans it, then hands the plan's
+//! placement to [`place_decoder`] or [`place_embedding`], which build the backends of the devices
+//! it names, load the weights onto them and return the model with the backends' types erased
+//! (the engine boundary, see `kiln_engine::DecoderRunner`).
 //!
+//! Environment (read here only; a backend takes typed options):
 //! - `KILN_SIMD=scalar|avx2|avx512vnni` caps the CPU kernels' SIMD level (to compare kernel paths
 //!   on one machine; a level above the CPU's gives the CPU's);
 //! - `KILN_INTERLEAVE=1|0|q8_0,q6_k,...` says which weight types the CPU backend stores in its
 //!   interleaved layout (all by default).
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use kiln_backend::KvDtype;
-use kiln_cpu::CpuOptions;
+use kiln_cpu::{CpuBackend, CpuOptions};
+use kiln_engine::plan::Placement;
+use kiln_engine::{
+    decoder_on, embedding_on, split_decoder_on, DecoderRunner, DecoderUse, EmbeddingRunner,
+    ModelFile,
+};
 
 /// The CPU backend's options: `threads` (0 = one per core), the KV cache type, batch-invariant
 /// mode, and what `KILN_SIMD` and `KILN_INTERLEAVE` say (an unknown value of either is an error
@@ -26,4 +35,105 @@ pub fn cpu_options(threads: usize, kv_dtype: KvDtype, batch_invariant: bool) -> 
         std::env::var("KILN_INTERLEAVE").ok().as_deref(),
     )
     .map_err(|e| anyhow!(e))
+}
+
+/// How to build the backend of one device.
+#[derive(Clone, Debug)]
+pub enum DeviceOptions {
+    Cpu(CpuOptions),
+}
+
+/// The devices a plan may place a model on: the CPU, and the GPUs by the index a plan names.
+#[derive(Clone, Debug)]
+pub struct Devices {
+    pub cpu: CpuOptions,
+    /// This kiln has no GPU backend, so the binary lists none (and the planner, seeing no GPU,
+    /// never places a layer on one). The split path is exercised by standing a CPU backend in
+    /// for a GPU.
+    pub gpus: Vec<DeviceOptions>,
+}
+
+impl Devices {
+    /// The CPU alone.
+    pub fn cpu(options: CpuOptions) -> Devices {
+        Devices {
+            cpu: options,
+            gpus: Vec::new(),
+        }
+    }
+
+    fn gpu(&self, index: usize) -> Result<&DeviceOptions> {
+        self.gpus
+            .get(index)
+            .ok_or_else(|| anyhow!("the plan names GPU {index}, and this kiln has no GPU backend"))
+    }
+}
+
+/// Builds the devices of `placement`, loads the decoder of `file` onto them, and returns it
+/// erased; refuses, before loading, a placement that cannot serve `usage`.
+pub fn place_decoder(
+    file: &mut ModelFile,
+    placement: &Placement,
+    devices: &Devices,
+    usage: DecoderUse,
+) -> Result<Box<dyn DecoderRunner>> {
+    let placed = match placement {
+        Placement::Cpu => {
+            let backend = CpuBackend::with_options(&devices.cpu)?;
+            let model = file.load_decoder(&backend)?;
+            decoder_on(backend, model)
+        }
+        Placement::Cuda { gpu } => match devices.gpu(*gpu)? {
+            DeviceOptions::Cpu(options) => {
+                let backend = CpuBackend::with_options(options)?;
+                let model = file.load_decoder(&backend)?;
+                decoder_on(backend, model)
+            }
+        },
+        Placement::Split { gpu, gpu_layers } => {
+            if usage != DecoderUse::Generate {
+                // As the runner's own check says, but before the weights are loaded.
+                bail!(
+                    "plan {}: a split model only generates (no scoring or serving yet); run it \
+                     on one device (--backend cpu)",
+                    placement.name()
+                );
+            }
+            let back = CpuBackend::with_options(&devices.cpu)?;
+            match devices.gpu(*gpu)? {
+                DeviceOptions::Cpu(options) => {
+                    let front = CpuBackend::with_options(options)?;
+                    let model = file.load_decoder_split(&front, &back, *gpu_layers)?;
+                    split_decoder_on(front, back, model)
+                }
+            }
+        }
+    };
+    placed.check(usage)?;
+    Ok(placed)
+}
+
+/// Builds the device of `placement`, loads the embedding model of `file` onto it (`truncate` as
+/// `kiln embed --no-truncate` says), and returns it erased.
+pub fn place_embedding(
+    file: &ModelFile,
+    placement: &Placement,
+    devices: &Devices,
+    truncate: bool,
+) -> Result<Box<dyn EmbeddingRunner>> {
+    let options = match placement {
+        Placement::Cpu => &devices.cpu,
+        Placement::Cuda { gpu } => match devices.gpu(*gpu)? {
+            DeviceOptions::Cpu(options) => options,
+        },
+        Placement::Split { .. } => bail!(
+            "plan {}: an embedding model runs on one device",
+            placement.name()
+        ),
+    };
+    let backend = CpuBackend::with_options(options)?;
+    let model = file
+        .load_embedding(&backend, truncate)
+        .with_context(|| format!("loading the embedding model in {}", file.path().display()))?;
+    Ok(embedding_on(backend, model))
 }

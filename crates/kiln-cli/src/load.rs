@@ -1,16 +1,20 @@
-//! Resolving a model name and loading it onto the CPU backend.
+//! The way every command takes to its model: arguments → path → [`ModelFile`] (opened once) →
+//! plan → the planned backends (`kiln_cli::backends`) → the model, its backends' types erased.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use kiln_backend::KvDtype;
-use kiln_cpu::CpuBackend;
-use kiln_engine::{EmbeddingModel, TextTokenizer};
-use kiln_formats::{GgufFile, LoadMode};
+use kiln_cli::backends::{place_decoder, place_embedding, Devices};
+use kiln_cpu::CpuOptions;
+use kiln_engine::{
+    DecoderRunner, DecoderUse, EmbeddingRunner, ModelFile, ModelKind, TextTokenizer,
+};
+use kiln_formats::LoadMode;
 use kiln_hub::Hub;
-use kiln_models::Decoder;
-use kiln_tokenizer::Tokenizer;
+
+use crate::plan::{choose, describe, PlanArgs, Workload};
 
 /// The model every command uses when `-m` is not given.
 pub const DEFAULT_MODEL: &str = "gemma3-270m";
@@ -51,7 +55,7 @@ fn parse_kv_type(s: &str) -> std::result::Result<KvDtype, String> {
 }
 
 impl LoadArgs {
-    /// How a GGUF file is opened for running.
+    /// How a GGUF file's bytes are held once its model is loaded.
     pub fn load_mode(&self) -> LoadMode {
         if self.mmap {
             LoadMode::Map
@@ -60,11 +64,11 @@ impl LoadArgs {
         }
     }
 
-    /// The pages a model's weights sit in when loaded from `path` with this option: huge pages
-    /// asked for (the private copy of [`LoadMode::Read`]) for a GGUF file read into memory,
-    /// else the system's small pages (a map, or a Hugging Face folder's safetensors).
-    pub fn weight_pages(&self, path: &std::path::Path) -> kiln_cpu::Pages {
-        if self.mmap || path.is_dir() {
+    /// The pages a model's weights sit in when loaded with this option: huge pages asked for
+    /// (the private copy of [`LoadMode::Read`]) for a GGUF file read into memory, else the
+    /// system's small pages (a map, or a Hugging Face folder's safetensors).
+    pub fn weight_pages(&self, kind: ModelKind) -> kiln_cpu::Pages {
+        if self.mmap || kind != ModelKind::GgufDecoder {
             kiln_cpu::Pages::Small
         } else {
             kiln_cpu::Pages::Huge
@@ -80,107 +84,139 @@ pub struct ThreadsArg {
     pub threads: usize,
 }
 
+/// The path of `model`: a file or folder as given, or a known alias (fetched and verified on
+/// first use).
 pub fn resolve(model: &str) -> Result<PathBuf> {
     Ok(Hub::from_env().resolve(model)?)
 }
 
-pub fn open_gguf(model: &str) -> Result<GgufFile> {
+/// Resolves `model` and opens it, once (see [`ModelFile`]); a GGUF file's bytes are held as
+/// `mode` says once its model is loaded.
+pub fn open(model: &str, mode: LoadMode) -> Result<ModelFile> {
     let path = resolve(model)?;
-    open_path(&path)
+    ModelFile::open(&path, mode).with_context(|| format!("reading {}", path.display()))
 }
 
-fn open_path(path: &std::path::Path) -> Result<GgufFile> {
-    open_path_with(path, LoadMode::Map)
-}
-
-fn open_path_with(path: &std::path::Path, mode: LoadMode) -> Result<GgufFile> {
-    GgufFile::open_with(path, mode).with_context(|| format!("reading {}", path.display()))
-}
-
-pub fn tokenizer(file: &GgufFile) -> Result<Tokenizer> {
-    Tokenizer::from_gguf(file).context("building the tokenizer from the GGUF metadata")
-}
-
-/// A model ready to run.
-pub struct Loaded {
-    pub backend: CpuBackend,
-    pub model: Decoder<CpuBackend>,
+/// A decoder opened, planned and placed: what the commands that run one hold.
+pub struct PlacedDecoder {
+    pub file: ModelFile,
+    pub model: Box<dyn DecoderRunner>,
     pub tokenizer: TextTokenizer,
+    /// Milliseconds from the plan to a loaded model (the fetch of an alias not counted).
     pub load_ms: f64,
 }
 
-/// Load `model` (fetching it first when it is a known alias not yet cached; the fetch is not
-/// counted in `load_ms`): a GGUF file, opened as `--mmap` says, or a Hugging Face decoder folder
-/// (`config.json`, safetensors, `tokenizer.json`; always mapped).
-pub fn load(model: &str, mmap: &LoadArgs, options: &kiln_cpu::CpuOptions) -> Result<Loaded> {
-    let path = resolve(model)?;
-    let t0 = Instant::now();
-    let backend = CpuBackend::with_options(options)?;
-    if path.is_dir() {
-        if !kiln_engine::is_hf_decoder_dir(&path) {
-            let support = kiln_models::check_hf_dir(&path);
-            anyhow::bail!(
-                "{}: not a decoder kiln runs ({} model type {}){}",
-                path.display(),
-                support.kind,
-                support.architecture,
-                match support.verdict {
-                    Err(e) => format!(": {e}"),
-                    Ok(_) => "; use `kiln embed` for encoders".into(),
-                }
-            );
-        }
-        let model = kiln_models::load_hf_decoder(&backend, &path)
-            .with_context(|| format!("loading the model in {}", path.display()))?;
-        let tokenizer = TextTokenizer::from_hf_dir(&path)?;
-        return Ok(Loaded {
-            backend,
-            model,
-            tokenizer,
-            load_ms: t0.elapsed().as_secs_f64() * 1e3,
-        });
+/// Opens `model` once, plans it for `work` (logging the plan as `[tag] plan: ...`, or through
+/// `tracing` when `tag` is `None`), builds the planned backends with `cpu` options and loads the
+/// model onto them, for `usage`.
+pub fn decoder(
+    model: &str,
+    load: &LoadArgs,
+    placement: &PlanArgs,
+    cpu: CpuOptions,
+    work: Workload,
+    usage: DecoderUse,
+    tag: Option<&str>,
+) -> Result<PlacedDecoder> {
+    let file = open(model, load.load_mode())?;
+    decoder_from(file, placement, cpu, work, usage, tag)
+}
+
+/// [`decoder`] of a model already opened.
+pub fn decoder_from(
+    mut file: ModelFile,
+    placement: &PlanArgs,
+    cpu: CpuOptions,
+    work: Workload,
+    usage: DecoderUse,
+    tag: Option<&str>,
+) -> Result<PlacedDecoder> {
+    if !file.kind().is_decoder() {
+        bail!(
+            "{}: not a decoder kiln runs ({}, model type {}); use `kiln embed` for encoders",
+            file.path().display(),
+            file.kind().describe(),
+            file.architecture()
+        );
     }
-    let file = open_path_with(&path, mmap.load_mode())?;
-    // The model first: an architecture kiln does not run is the error worth reporting.
-    let model = kiln_models::load_gguf_decoder(&backend, &file).context("loading the model")?;
-    let tokenizer = TextTokenizer::Gguf(Box::new(tokenizer(&file)?));
-    Ok(Loaded {
-        backend,
+    let chosen = choose(&file, placement, &cpu, work)?;
+    match tag {
+        Some(tag) => eprintln!("[{tag}] {}", describe(&chosen)),
+        None => tracing::info!("{}: {}", file.path().display(), describe(&chosen)),
+    }
+    let t0 = Instant::now();
+    let devices = Devices::cpu(cpu);
+    let model = place_decoder(&mut file, &chosen.placement, &devices, usage)
+        .with_context(|| format!("loading the model in {}", file.path().display()))?;
+    let tokenizer = file.tokenizer()?;
+    Ok(PlacedDecoder {
+        file,
         model,
         tokenizer,
         load_ms: t0.elapsed().as_secs_f64() * 1e3,
     })
 }
 
-/// The folder of the embedding model `model` (an alias, fetched on first use, or a folder).
-pub fn embedding_dir(model: &str) -> Result<PathBuf> {
-    let path = resolve(model)?;
-    if !path.is_dir() {
-        anyhow::bail!(
-            "{}: an embedding model is a folder (config.json, model.safetensors, tokenizer.json)",
-            path.display()
-        );
-    }
-    Ok(path)
-}
-
-/// An embedding model ready to run.
-pub struct LoadedEmbedding {
-    pub backend: CpuBackend,
-    pub model: EmbeddingModel<CpuBackend>,
+/// An embedding model opened, planned and placed.
+pub struct PlacedEmbedding {
+    pub model: Box<dyn EmbeddingRunner>,
     pub load_ms: f64,
 }
 
-/// Load the embedding model `model` (an alias, fetched on first use, or a folder); `truncate`
-/// as `kiln embed --no-truncate` says.
-pub fn load_embedding(model: &str, threads: usize, truncate: bool) -> Result<LoadedEmbedding> {
-    let path = embedding_dir(model)?;
+/// Opens the embedding model `model` once, plans it for `batch` texts per pass (logged as
+/// `[tag] plan: ...`, or through `tracing` when `tag` is `None`), and loads it onto the planned
+/// backend; `truncate` as `kiln embed --no-truncate` says.
+pub fn embedding(
+    model: &str,
+    placement: &PlanArgs,
+    cpu: CpuOptions,
+    batch: usize,
+    truncate: bool,
+    tag: Option<&str>,
+) -> Result<PlacedEmbedding> {
+    let path = resolve(model)?;
+    let file = ModelFile::open(&path, LoadMode::Map).with_context(|| {
+        let what = if path.is_dir() {
+            ""
+        } else {
+            " (an embedding model is a folder: config.json, model.safetensors, tokenizer.json)"
+        };
+        format!("reading {}{what}", path.display())
+    })?;
+    embedding_from(file, placement, cpu, batch, truncate, tag)
+}
+
+/// [`embedding`] of a model already opened.
+pub fn embedding_from(
+    file: ModelFile,
+    placement: &PlanArgs,
+    cpu: CpuOptions,
+    batch: usize,
+    truncate: bool,
+    tag: Option<&str>,
+) -> Result<PlacedEmbedding> {
+    if file.kind() != ModelKind::HfEncoder {
+        bail!(
+            "{}: not an embedding model ({}); an embedding model is a folder (config.json, \
+             model.safetensors, tokenizer.json)",
+            file.path().display(),
+            file.kind().describe()
+        );
+    }
+    let work = Workload {
+        ctx: usize::MAX,
+        batch,
+        kv_budget: None,
+        kv_dtype: KvDtype::default(),
+    };
+    let chosen = choose(&file, placement, &cpu, work)?;
+    match tag {
+        Some(tag) => eprintln!("[{tag}] {}", describe(&chosen)),
+        None => tracing::info!("{}: {}", file.path().display(), describe(&chosen)),
+    }
     let t0 = Instant::now();
-    let backend = CpuBackend::new(threads)?;
-    let model = EmbeddingModel::load(&backend, &path, truncate)
-        .with_context(|| format!("loading the embedding model in {}", path.display()))?;
-    Ok(LoadedEmbedding {
-        backend,
+    let model = place_embedding(&file, &chosen.placement, &Devices::cpu(cpu), truncate)?;
+    Ok(PlacedEmbedding {
         model,
         load_ms: t0.elapsed().as_secs_f64() * 1e3,
     })
@@ -192,8 +228,6 @@ mod tests {
 
     #[test]
     fn the_probe_streams_the_pages_the_weights_will_sit_in() {
-        let dir = std::env::temp_dir();
-        let file = dir.join("model.gguf");
         let read = LoadArgs {
             mmap: false,
             kv: KvTypeArg {
@@ -207,9 +241,18 @@ mod tests {
             },
         };
         // A GGUF file read into memory: the private copy asks for huge pages.
-        assert_eq!(read.weight_pages(&file), kiln_cpu::Pages::Huge);
+        assert_eq!(
+            read.weight_pages(ModelKind::GgufDecoder),
+            kiln_cpu::Pages::Huge
+        );
         // A map of the file, or a Hugging Face folder (its safetensors are mapped): small ones.
-        assert_eq!(map.weight_pages(&file), kiln_cpu::Pages::Small);
-        assert_eq!(read.weight_pages(&dir), kiln_cpu::Pages::Small);
+        assert_eq!(
+            map.weight_pages(ModelKind::GgufDecoder),
+            kiln_cpu::Pages::Small
+        );
+        assert_eq!(
+            read.weight_pages(ModelKind::HfDecoder),
+            kiln_cpu::Pages::Small
+        );
     }
 }

@@ -4,7 +4,6 @@
 //! This is the edge of the program: arguments are parsed and validated here, errors get their
 //! context here (anyhow), and this is the only crate that names a concrete backend.
 
-mod backends;
 mod commands;
 mod load;
 mod plan;

@@ -3,18 +3,16 @@
 //! `$KILN_HOME/probe/`), a model's costs read from its file, and the plan every command logs
 //! before it loads anything. A model that fits on no device is refused here, with the numbers.
 
-use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use kiln_backend::{Activation, KvDtype};
-use kiln_cpu::CpuBackend;
+use kiln_cpu::{CpuBackend, CpuOptions};
 use kiln_engine::plan::{
     self, probe, BackendChoice, Candidate, Device, DeviceKind, Hardware, ModelCost, ModelShape,
     PlanRequest, ProductShape, ProfileCache, Rates, PROBE_ROWS, PROBE_STREAM_BYTES,
 };
-use kiln_formats::{GgufFile, LoadMode, SafetensorsModel};
+use kiln_engine::ModelFile;
 use kiln_hub::Hub;
-use kiln_models::hf::HfConfig;
 
 /// Seconds per timed window of a throughput probe.
 const PROBE_WINDOW_SECS: f64 = 0.15;
@@ -56,38 +54,6 @@ impl PlanArgs {
     }
 }
 
-/// A model file's costs, read without loading a weight.
-pub fn model_cost(path: &Path) -> Result<ModelCost> {
-    if path.is_dir() {
-        let hf = HfConfig::read(&path.join("config.json"))?;
-        let st = SafetensorsModel::open(path)
-            .with_context(|| format!("reading the safetensors in {}", path.display()))?;
-        if kiln_engine::is_hf_decoder_dir(path) {
-            let config = kiln_models::arch::hf_decoder_shape(&hf)?;
-            let tied =
-                hf.bool_or("tie_word_embeddings", false)? && st.tensor("lm_head.weight").is_none();
-            return Ok(ModelCost::from_safetensors(
-                &st,
-                ModelShape::Decoder(config),
-                tied,
-            ));
-        }
-        let config = kiln_models::arch::encoder_config(&hf)?;
-        return Ok(ModelCost::from_safetensors(
-            &st,
-            ModelShape::Encoder(config),
-            false,
-        ));
-    }
-    let file = GgufFile::open_with(path, LoadMode::Map)
-        .with_context(|| format!("reading {}", path.display()))?;
-    let arch = file
-        .architecture()
-        .context("the GGUF file has no general.architecture")?;
-    let config = kiln_models::arch::decoder_config(arch, &file)?;
-    Ok(ModelCost::from_gguf(&file, config))
-}
-
 /// How much measuring the machine may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Probe {
@@ -99,22 +65,22 @@ pub enum Probe {
     Again,
 }
 
-fn simd_name(b: &CpuBackend) -> String {
-    format!("{:?}", b.simd()).to_uppercase()
+fn simd_name(cpu: &CpuOptions) -> String {
+    format!("{:?}", cpu.simd_level()).to_uppercase()
 }
 
-/// The machine: the CPU with `threads` threads (rates cached or measured as `probe` says, for
-/// what `cost` needs: its weight types and attention shape), RAM available (capped by
-/// `--cpu-memory`), and no GPU (this kiln has no CUDA backend).
+/// The machine: the CPU as `cpu` will run it (rates cached or measured as `probe` says, for
+/// what `cost` needs: its weight types and attention shape; a CPU backend is built only to
+/// measure), RAM available (capped by `--cpu-memory`), and no GPU (this kiln has no GPU
+/// backend).
 pub fn hardware(
     args: &PlanArgs,
-    threads: usize,
+    cpu: &CpuOptions,
     cost: &ModelCost,
     probe: Probe,
 ) -> Result<Hardware> {
-    let backend = CpuBackend::new(threads)?;
-    let threads = backend.threads();
-    let simd = simd_name(&backend);
+    let threads = cpu.resolved_threads();
+    let simd = simd_name(cpu);
     let cpu_model = plan::hardware::cpu_model();
     let (total, available) = plan::hardware::meminfo().unwrap_or((0, 0));
     let cap = args.cpu_memory.map(|m| m << 20);
@@ -134,6 +100,7 @@ pub fn hardware(
         let shape = cost.attention_shape();
         let attention = (!rates.attention.contains_key(&shape.key())).then_some(shape);
         if !rates.measured() || !missing.is_empty() || attention.is_some() {
+            let backend = CpuBackend::with_options(cpu)?;
             measure(&backend, &mut rates, &missing, attention)?;
             match cache.store(&key, &rates) {
                 Ok(p) => eprintln!("[plan] measured rates cached in {}", p.display()),
@@ -267,18 +234,22 @@ pub struct Workload {
     pub kv_dtype: KvDtype,
 }
 
-/// Plans the model `model` for a command: reads its costs, profiles the machine (cached rates
-/// only: a command does not stop to measure), and returns the chosen plan, or refuses with the
-/// numbers. Nothing is loaded.
-pub fn choose(model: &str, args: &PlanArgs, threads: usize, work: Workload) -> Result<Candidate> {
-    let path = crate::load::resolve(model)?;
-    let mut cost = model_cost(&path)?;
+/// Plans the model in `file` for a command: reads its costs, profiles the machine as `cpu` will
+/// run it (cached rates only: a command does not stop to measure), and returns the chosen plan,
+/// or refuses with the numbers. Nothing is loaded.
+pub fn choose(
+    file: &ModelFile,
+    args: &PlanArgs,
+    cpu: &CpuOptions,
+    work: Workload,
+) -> Result<Candidate> {
+    let mut cost = file.cost()?;
     cost.kv_dtype = work.kv_dtype;
     let ctx = match &cost.shape {
         ModelShape::Decoder(c) => work.ctx.min(c.context_length),
         ModelShape::Encoder(c) => work.ctx.min(c.max_positions),
     };
-    let hw = hardware(args, threads, &cost, Probe::CachedOnly)?;
+    let hw = hardware(args, cpu, &cost, Probe::CachedOnly)?;
     let req = PlanRequest {
         ctx,
         batch: work.batch.max(1),
@@ -291,34 +262,7 @@ pub fn choose(model: &str, args: &PlanArgs, threads: usize, work: Workload) -> R
     let chosen = p
         .require()
         .map_err(|e| anyhow::anyhow!("{e}\n(the model was not loaded; see `kiln plan`)"))?;
-    if chosen.placement != plan::Placement::Cpu {
-        bail!(
-            "plan {}: this kiln has no CUDA backend",
-            chosen.placement.name()
-        );
-    }
     Ok(chosen.clone())
-}
-
-/// [`choose`] for an embedding model (a folder) embedding `batch` texts per pass, logged as
-/// `[tag] plan: ...`.
-pub fn choose_embedding(
-    model: &str,
-    args: &PlanArgs,
-    threads: usize,
-    batch: usize,
-    tag: &str,
-) -> Result<()> {
-    crate::load::embedding_dir(model)?;
-    let work = Workload {
-        ctx: usize::MAX,
-        batch,
-        kv_budget: None,
-        kv_dtype: KvDtype::default(),
-    };
-    let chosen = choose(model, args, threads, work)?;
-    eprintln!("[{tag}] {}", describe(&chosen));
-    Ok(())
 }
 
 /// One line for logs: the placement, the memory it needs, the prediction when rates are known.

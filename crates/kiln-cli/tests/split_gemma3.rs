@@ -1,5 +1,6 @@
-//! A split model on the real Gemma 3 270M (GGUF Q4_K_M): the first half of its layers on one CPU
-//! backend, the rest on another, generates through the engine's `generate` exactly the greedy
+//! A split model on the real Gemma 3 270M (GGUF Q4_K_M), placed by the CLI's own path
+//! (`kiln_cli::backends::place_decoder`): the first half of its layers on one CPU backend (standing
+//! in for a GPU), the rest on another, generates through the engine's `generate` exactly the greedy
 //! tokens of the whole model on a single backend, for every golden prompt
 //! (`tests/golden/gemma3-270m/public/greedy.jsonl`: short and chat prompts, and prompts of
 //! 355, 736 and 927 tokens that cross the 512-token sliding window and the 512-token prefill
@@ -18,11 +19,12 @@
 
 use std::path::PathBuf;
 
-use kiln_cpu::CpuBackend;
-use kiln_engine::{generate, GenerateOptions, SamplingParams};
-use kiln_formats::GgufFile;
+use kiln_cli::backends::{place_decoder, DeviceOptions, Devices};
+use kiln_cpu::CpuOptions;
+use kiln_engine::plan::Placement;
+use kiln_engine::{DecoderRunner, DecoderUse, GenerateOptions, ModelFile, SamplingParams};
+use kiln_formats::LoadMode;
 use kiln_hub::Hub;
-use kiln_models::{load_gguf_decoder, load_gguf_decoder_split, CausalLm};
 use serde_json::Value;
 
 const TOKENS: usize = 8;
@@ -46,13 +48,14 @@ fn golden_prompts() -> Vec<Vec<u32>> {
         .collect()
 }
 
-fn greedy(model: &impl CausalLm, prompt: &[u32]) -> Vec<u32> {
+fn greedy(model: &dyn DecoderRunner, prompt: &[u32]) -> Vec<u32> {
     let opts = GenerateOptions {
         max_tokens: TOKENS,
         sampling: SamplingParams::greedy(),
         ignore_eos: true,
     };
-    generate(model, prompt, &opts, |_| false, |_| true)
+    model
+        .generate(prompt, &opts, &|_| false, &mut |_| true)
         .unwrap()
         .ids
 }
@@ -62,29 +65,57 @@ fn split_gemma3_generates_the_tokens_of_the_whole_model() {
     let path = Hub::from_env()
         .resolve("gemma3-270m")
         .unwrap_or_else(|e| panic!("fetching gemma3-270m: {e}"));
-    let file = GgufFile::open(&path).unwrap();
-    let single = CpuBackend::new(2).unwrap();
-    let (front, back) = (CpuBackend::new(1).unwrap(), CpuBackend::new(2).unwrap());
-    let model = load_gguf_decoder(&single, &file).unwrap();
-    let n = model.config.n_layers / 2;
-    let split = load_gguf_decoder_split(&front, &back, &file, n).unwrap();
-    assert_eq!(
-        (split.front.len(), split.back.len()),
-        (n, model.config.n_layers - n)
+    // One file, placed twice by the CLI's own path: whole on the CPU, then split with a second
+    // CPU backend standing in for the GPU of the plan.
+    let mut file = ModelFile::open(&path, LoadMode::Map).unwrap();
+    let devices = Devices {
+        cpu: CpuOptions::threads(2),
+        gpus: vec![DeviceOptions::Cpu(CpuOptions::threads(1))],
+    };
+    let single = place_decoder(&mut file, &Placement::Cpu, &devices, DecoderUse::Generate).unwrap();
+    let n = single.config().n_layers / 2;
+    let plan = Placement::Split {
+        gpu: 0,
+        gpu_layers: n,
+    };
+    let split = place_decoder(&mut file, &plan, &devices, DecoderUse::Generate).unwrap();
+    assert!(
+        split
+            .placement()
+            .starts_with(&format!("split: layers 0..{n} on cpu")),
+        "{}",
+        split.placement()
     );
+    // What a split cannot do yet is refused before anything is loaded.
+    for usage in [DecoderUse::Score, DecoderUse::Serve] {
+        let e = place_decoder(&mut file, &plan, &devices, usage)
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("only generates"), "{e}");
+    }
+    // A plan naming a GPU that is not there.
+    let e = place_decoder(
+        &mut file,
+        &plan,
+        &Devices::cpu(CpuOptions::threads(1)),
+        DecoderUse::Generate,
+    )
+    .err()
+    .unwrap();
+    assert!(e.to_string().contains("no GPU backend"), "{e}");
 
     let prompts = golden_prompts();
     assert_eq!(prompts.len(), 20, "the golden greedy prompts");
+    let n_layers = single.config().n_layers;
     for (i, prompt) in prompts.iter().enumerate() {
-        let want = greedy(&model.on(&single), prompt);
-        let got = greedy(&split.on(&front, &back), prompt);
+        let want = greedy(single.as_ref(), prompt);
+        let got = greedy(split.as_ref(), prompt);
         assert_eq!(want.len(), TOKENS);
         assert_eq!(
             got,
             want,
-            "prompt {i} ({} tokens), split after layer {n} of {}",
+            "prompt {i} ({} tokens), split after layer {n} of {n_layers}",
             prompt.len(),
-            model.config.n_layers
         );
     }
 }

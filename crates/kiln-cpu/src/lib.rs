@@ -1,13 +1,11 @@
 //! kiln-cpu: the CPU backend.
 //!
-//! `kernels` holds the SIMD inner loops (AVX2+FMA chosen at run time, the scalar reference of
-//! kiln-quant otherwise); the rest of the crate implements `kiln_backend::Backend` on top of them
-//! and splits work across a persistent team of threads (`team`: one per backend instance, built
-//! once; no thread is spawned per op). The thread that calls an op takes part in it: there is
-//! no hand-off to a pool thread and back. (`Backend::run` used to move each forward pass onto a
-//! rayon pool beside the team: two hand-offs per decode step, 30-60 µs, and idle pool threads
-//! that woke and yielded beside the team's. Gemma 3 270M Q4_K_M, 2 threads, tg128 in `kiln
-//! bench`, five alternated runs each: median 107.5 → 119.3 tok/s without it.)
+//! `kernels` holds the SIMD inner loops (AVX2+FMA or AVX-512 VNNI, chosen at run time; the scalar
+//! reference of kiln-quant otherwise); the rest of the crate implements `kiln_backend::Backend`
+//! on top of them and splits work across a persistent team of threads (`team`: one per backend
+//! instance, built once; no thread is spawned per op). The thread that calls an op takes part in
+//! it: there is no hand-off to a pool thread and back, because a hand-off per forward pass cost
+//! more than it saved (docs/BENCHMARKS.md).
 //!
 //! Memory: tensors of 1 MiB and more recycle their storage through a process-wide pool
 //! (`buffers`), as ONNX Runtime's arena does, instead of a fresh memory map (and a page fault per

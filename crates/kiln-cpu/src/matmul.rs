@@ -12,7 +12,7 @@
 //! batch-invariant mode the tile-exact one (`kernels::rows_exact_fn`), else the loop over the row
 //! dot; [`gemv_many`] runs the one-row products that share an input (Q/K/V, gate/up) as one job,
 //! and [`tiled_many`] those of a few rows (batched decode). A weight the backend holds in an
-//! interleaved layout (`CpuBackend::set_interleave`) goes through its kernel at every number of
+//! interleaved layout (`CpuOptions::interleave`) goes through its kernel at every number of
 //! rows instead (a [`TiledJob`] of whole 16-row groups, whose values do not depend on the number
 //! of rows: batch-invariant as it stands).
 //!
@@ -38,7 +38,7 @@ const DENSE_MIN_ROWS: usize = 8;
 /// Activation rows from which quantized weights go through the tile kernels ([`tiled`]). A
 /// one-row product (decode) streams its weights from memory once and is bound by that: there the
 /// row dots, which read each block straight into registers, beat the tile kernels, which unpack
-/// 8-row panels into a scratch buffer first (measured 69 vs 42 tok/s on Gemma 3 270M decode).
+/// 8-row panels into a scratch buffer first (measured on Gemma 3 270M decode: docs/BENCHMARKS.md).
 const TILED_MIN_ROWS: usize = 2;
 
 /// Activation rows per tile-kernel call: a block of quantized rows that stays in L1/L2.
@@ -64,9 +64,8 @@ const MIN_STREAM_BYTES: usize = 256 << 10;
 /// from where it ended pays the memory latency again before the hardware prefetcher catches up
 /// (tasks are claimed in turn, so with several per thread they interleave). So its tasks are at
 /// least [`MIN_STREAM_BYTES`] of weights (`row_bytes` a row), while every thread still gets one:
-/// Gemma 3 270M's 112 KB K projection as one task per thread took 4.7-5.5 µs against 8.7 with
-/// 8 per thread, its 368 KB output projection 13-15 against 18 (`examples/gemv_bench`, 2
-/// threads); the 178 MB tied output projection keeps 8 tasks per thread, to balance.
+/// a small matrix as one long stream per thread beats several short ones (docs/BENCHMARKS.md),
+/// and a large one still gets 8 tasks per thread, to balance.
 fn rows_per_task(n: usize, m: usize, threads: usize, row_bytes: usize) -> usize {
     let target_tasks = threads * 8;
     let mut by_balance = n.div_ceil(target_tasks);

@@ -12,10 +12,10 @@
 //! - The parts live in pages of the kind the weights will: [`Pages::Huge`] asks Linux for
 //!   transparent huge pages (`MADV_HUGEPAGE`), as the GGUF loader does for the private copy it
 //!   decodes from by default; [`Pages::Small`] leaves 4 KiB pages, as a memory-mapped model has.
-//!   The kind matters as much as the thread count: on the 2-core AMD EPYC guest we develop on,
-//!   one thread streams 34 GB/s from huge pages against 23-27 from small ones, two threads about
-//!   62 against 43 (`cargo run --release -p kiln-cpu --example probe_bench`). A probe on small
-//!   pages would understate the bound decode runs against.
+//!   The kind matters as much as the thread count: huge pages stream markedly faster on the
+//!   machines measured (`cargo run --release -p kiln-cpu --example probe_bench`;
+//!   docs/BENCHMARKS.md), so a probe on small pages would understate the bound decode runs
+//!   against.
 //! - The whole buffer is far larger than the last-level cache (8× the sum of the L3 caches that
 //!   sysfs lists, at least 256 MiB and at most 1 GiB), so a pass cannot be served from cache.
 //! - Passes start together (a barrier releases every thread at once); a pass lasts from the
@@ -95,10 +95,10 @@ pub fn memory_bandwidth(threads: usize, pages: Pages) -> Result<Bandwidth> {
 
 /// A short probe, for taking the bandwidth beside each of a benchmark's runs: 4× the
 /// last-level cache (64 MiB to 256 MiB) and [`QUICK_PASSES`] passes, tens of milliseconds. On a
-/// shared host the memory speed moves from one tenth of a second to the next (the 2-core guest
-/// we develop on: 30-36 GB/s most of the time, 45-57 in bursts of 0.1-1 s, about one sample in
-/// seven over a minute, the same for old and fresh buffers), so a run is only compared fairly
-/// with what the machine gave around it, on average (`sustained_bytes_per_s`), not at its best.
+/// shared host the memory speed moves from one tenth of a second to the next, in bursts that a
+/// best pass catches and a whole run does not (docs/BENCHMARKS.md), so a run is only compared
+/// fairly with what the machine gave around it, on average (`sustained_bytes_per_s`), not at its
+/// best.
 pub fn memory_bandwidth_quick(threads: usize, pages: Pages) -> Result<Bandwidth> {
     let bytes = (4 * last_level_cache_bytes()).clamp(QUICK_MIN_BUFFER, MIN_BUFFER);
     memory_bandwidth_with(threads, bytes, QUICK_PASSES, pages)

@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 
 use kiln_backend::Backend;
 use kiln_formats::SafetensorsModel;
-use kiln_models::hf::{HfConfig, SentenceConfig};
+use kiln_core::config::EncoderConfig;
+use kiln_models::hf::SentenceConfig;
 use kiln_models::{load_encoder, Encoder};
 use kiln_tokenizer::{HfTokenizer, Truncation};
 
@@ -43,32 +44,40 @@ fn missing(dir: &Path, file: &str) -> EngineError {
 }
 
 impl<B: Backend> EmbeddingModel<B> {
-    /// Loads the folder `dir` onto `backend`. With `truncate` false, over-long texts are
-    /// refused by [`EmbeddingModel::tokenize`] instead of cut.
+    /// Loads the folder `dir` onto `backend` (opened as a [`ModelFile`](crate::ModelFile)).
+    /// With `truncate` false, over-long texts are refused by [`EmbeddingModel::tokenize`]
+    /// instead of cut.
     pub fn load(backend: &B, dir: &Path, truncate: bool) -> Result<Self, EngineError> {
-        let config_path = dir.join("config.json");
-        if !config_path.is_file() {
+        if !dir.join("config.json").is_file() {
             return Err(missing(dir, "config.json"));
         }
-        let config = kiln_models::arch::encoder_config(&HfConfig::read(&config_path)?)?;
+        crate::ModelFile::open(dir, kiln_formats::LoadMode::Map)?.load_embedding(backend, truncate)
+    }
+
+    /// The encoder of the folder `dir` from its parts already read: its configuration, its
+    /// checkpoint, and the bytes of its `tokenizer.json`. The folder's sentence-transformers
+    /// files (pooling, normalization, `max_seq_length`) are read here.
+    pub fn from_parts(
+        backend: &B,
+        dir: &Path,
+        config: EncoderConfig,
+        checkpoint: &SafetensorsModel,
+        tokenizer_json: &[u8],
+        truncate: bool,
+    ) -> Result<Self, EngineError> {
         let sentence = SentenceConfig::read(dir)?;
         let max_seq_length = sentence
             .max_seq_length
             .unwrap_or(config.max_positions)
             .min(config.max_positions);
-        let tok_path = dir.join("tokenizer.json");
-        if !tok_path.is_file() {
-            return Err(missing(dir, "tokenizer.json"));
-        }
         let truncation = if truncate {
             Truncation::To(max_seq_length)
         } else {
             Truncation::None
         };
-        let tokenizer = HfTokenizer::from_file(&tok_path, truncation)
-            .map_err(|e| EngineError::Input(e.to_string()))?;
-        let st = SafetensorsModel::open(dir).map_err(|e| EngineError::Input(e.to_string()))?;
-        let encoder = load_encoder(backend, &st, config)?;
+        let tokenizer = HfTokenizer::from_bytes(tokenizer_json, truncation)
+            .map_err(|e| EngineError::Input(format!("{}: {e}", dir.display())))?;
+        let encoder = load_encoder(backend, checkpoint, config)?;
         Ok(EmbeddingModel {
             encoder,
             tokenizer,

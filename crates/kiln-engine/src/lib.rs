@@ -7,9 +7,11 @@ pub mod blocks;
 mod embed;
 mod error;
 mod generate;
+mod model_file;
 mod perplexity;
 pub mod plan;
 mod rng;
+mod runner;
 mod sampler;
 mod scheduler;
 mod score;
@@ -22,15 +24,20 @@ pub use blocks::{
 pub use embed::{Embedding, EmbeddingModel};
 pub use error::EngineError;
 pub use generate::{generate, GenerateOptions, Generation, StopReason};
+pub use model_file::{ModelFile, ModelKind};
 pub use perplexity::{perplexity, Perplexity};
 pub use rng::Rng;
+pub use runner::{
+    decoder_on, embedding_on, split_decoder_on, Batcher, DecoderRunner, DecoderUse,
+    EmbeddingRunner,
+};
 pub use sampler::{argmax, Sampler, SamplingParams};
 pub use scheduler::{
     Event, FinishReason, Request, RequestId, Scheduler, SchedulerConfig, SubmitError, TokenLogprob,
 };
 pub use score::{log_softmax, score, PositionScore};
 pub use stop::{Released, StopMatcher};
-pub use text::{is_hf_decoder_dir, HfText, TextStream, TextTokenizer};
+pub use text::{HfText, TextStream, TextTokenizer};
 
 /// Prompt tokens evaluated per forward call (as llama.cpp's default `n_batch`/`n_ubatch` of 512).
 pub const PREFILL_CHUNK: usize = 512;

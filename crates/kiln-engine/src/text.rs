@@ -10,7 +10,6 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use kiln_models::hf::HfConfig;
 use kiln_tokenizer::{HfTokenizer, StreamDecoder, Tokenizer, Truncation};
 use serde_json::Value;
 
@@ -42,7 +41,7 @@ fn token_text(v: Option<&Value>) -> Option<&str> {
     }
 }
 
-fn read_json(path: &Path) -> Result<Option<Value>, EngineError> {
+pub(crate) fn read_json(path: &Path) -> Result<Option<Value>, EngineError> {
     if !path.is_file() {
         return Ok(None);
     }
@@ -59,23 +58,40 @@ impl HfText {
     pub fn from_dir(dir: &Path) -> Result<HfText, EngineError> {
         let path = dir.join("tokenizer.json");
         if !path.is_file() {
-            return Err(EngineError::Input(format!(
-                "{}: no tokenizer.json (a Hugging Face decoder folder needs config.json, \
-                 safetensors and tokenizer.json)",
-                dir.display()
-            )));
+            return Err(no_tokenizer_json(dir));
         }
-        let tokenizer = HfTokenizer::from_file(&path, Truncation::None)
-            .map_err(|e| EngineError::Input(e.to_string()))?;
+        let json = std::fs::read(&path)
+            .map_err(|e| EngineError::Input(format!("{}: {e}", path.display())))?;
         let tok_config = read_json(&dir.join("tokenizer_config.json"))?;
+        let generation = read_json(&dir.join("generation_config.json"))?;
+        let config = read_json(&dir.join("config.json"))?;
+        HfText::from_parts(
+            dir,
+            &json,
+            tok_config.as_ref(),
+            [&generation, &config].map(|c| c.as_ref().and_then(|c| c.get("eos_token_id"))),
+        )
+    }
+
+    /// The tokenizer of the folder `dir` (named in messages) from its files already read: the
+    /// bytes of `tokenizer.json`, `tokenizer_config.json` when there is one, and the
+    /// `eos_token_id` of `generation_config.json` and of `config.json` (a number or a list: the
+    /// ids that end generation, with the tokenizer config's `eos_token`).
+    pub fn from_parts(
+        dir: &Path,
+        tokenizer_json: &[u8],
+        tok_config: Option<&Value>,
+        eos_token_ids: [Option<&Value>; 2],
+    ) -> Result<HfText, EngineError> {
+        let tokenizer = HfTokenizer::from_bytes(tokenizer_json, Truncation::None)
+            .map_err(|e| EngineError::Input(format!("{}: {e}", dir.display())))?;
         let lookup = |key: &str| {
-            token_text(tok_config.as_ref().and_then(|c| c.get(key)))
-                .and_then(|t| tokenizer.token_to_id(t))
+            token_text(tok_config.and_then(|c| c.get(key))).and_then(|t| tokenizer.token_to_id(t))
         };
         let mut end_of_generation = BTreeSet::new();
         end_of_generation.extend(lookup("eos_token"));
-        for file in ["generation_config.json", "config.json"] {
-            match read_json(&dir.join(file))?.and_then(|c| c.get("eos_token_id").cloned()) {
+        for ids in eos_token_ids {
+            match ids {
                 Some(Value::Number(n)) => end_of_generation.extend(n.as_u64().map(|n| n as u32)),
                 Some(Value::Array(list)) => end_of_generation
                     .extend(list.iter().filter_map(Value::as_u64).map(|n| n as u32)),
@@ -94,6 +110,15 @@ impl HfText {
             end_of_generation,
         })
     }
+}
+
+/// The error for a decoder folder without `tokenizer.json`.
+pub(crate) fn no_tokenizer_json(dir: &Path) -> EngineError {
+    EngineError::Input(format!(
+        "{}: no tokenizer.json (a Hugging Face decoder folder needs config.json, safetensors \
+         and tokenizer.json)",
+        dir.display()
+    ))
 }
 
 impl TextTokenizer {
@@ -245,12 +270,4 @@ fn is_byte_token(tokenizer: &HfTokenizer, id: u32) -> bool {
             && t.get(3..5)
                 .is_some_and(|h| h.chars().all(|c| c.is_ascii_hexdigit()))
     })
-}
-
-/// Whether `dir` holds a Hugging Face decoder (its `config.json` names a decoder family).
-pub fn is_hf_decoder_dir(dir: &Path) -> bool {
-    HfConfig::read(&dir.join("config.json"))
-        .ok()
-        .and_then(|c| c.model_type().ok().map(str::to_string))
-        .is_some_and(|t| kiln_models::arch::SUPPORTED_HF_DECODERS.contains(&t.as_str()))
 }

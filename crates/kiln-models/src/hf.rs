@@ -112,6 +112,34 @@ impl HfConfig {
         self.usize(key)
     }
 
+    /// [`usize`](Self::usize) of a key that transformers accepts under several spellings (its
+    /// config classes' `attribute_map` aliases, e.g. `num_experts` / `num_local_experts`): the
+    /// value of whichever spellings are present. Two spellings with different values are refused
+    /// (transformers itself would keep one or the other depending on the key order); none is an
+    /// error that names every accepted spelling.
+    pub fn usize_any(&self, keys: &[&str]) -> Result<usize, ModelError> {
+        let mut found: Option<(&str, usize)> = None;
+        for &key in keys.iter().filter(|k| self.has(k)) {
+            let v = self.usize(key)?;
+            match found {
+                Some((first, w)) if w != v => {
+                    return Err(self.error(
+                        key,
+                        format!("{v} disagrees with {first} = {w} (two spellings of one setting)"),
+                    ))
+                }
+                Some(_) => {}
+                None => found = Some((key, v)),
+            }
+        }
+        found.map(|(_, v)| v).ok_or_else(|| {
+            self.error(
+                keys.first().copied().unwrap_or(""),
+                format!("missing (accepted spellings: {})", keys.join(", ")),
+            )
+        })
+    }
+
     /// A non-negative integer (ids such as `pad_token_id`).
     pub fn u32_or(&self, key: &str, default: u32) -> Result<u32, ModelError> {
         match self.json.get(key) {
@@ -264,5 +292,49 @@ mod tests {
         assert!(c.str("hidden_size").is_err());
         assert!(HfConfig::parse("config.json", "[1]").is_err());
         assert!(HfConfig::parse("config.json", "{").is_err());
+    }
+
+    #[test]
+    fn usize_any_takes_whichever_spelling_is_present() {
+        let keys = ["num_experts", "num_local_experts"];
+        let parse = |text: &str| HfConfig::parse("config.json", text).unwrap();
+        assert_eq!(parse(r#"{"num_experts": 4}"#).usize_any(&keys).unwrap(), 4);
+        assert_eq!(
+            parse(r#"{"num_local_experts": 8}"#)
+                .usize_any(&keys)
+                .unwrap(),
+            8
+        );
+        // Both spellings, agreeing; a null one counts as absent.
+        let both = parse(r#"{"num_experts": 4, "num_local_experts": 4}"#);
+        assert_eq!(both.usize_any(&keys).unwrap(), 4);
+        let null = parse(r#"{"num_experts": null, "num_local_experts": 8}"#);
+        assert_eq!(null.usize_any(&keys).unwrap(), 8);
+
+        let e = parse(r#"{"hidden_size": 64}"#)
+            .usize_any(&keys)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("config.json") && e.contains("num_experts, num_local_experts"),
+            "{e}"
+        );
+        let e = parse(r#"{"num_experts": 4, "num_local_experts": 8}"#)
+            .usize_any(&keys)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("num_local_experts") && e.contains("num_experts = 4"),
+            "{e}"
+        );
+        // A present spelling with a bad value is reported as such, not skipped.
+        let e = parse(r#"{"num_experts": 0, "num_local_experts": 8}"#)
+            .usize_any(&keys)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"num_experts\"") && e.contains("positive integer"),
+            "{e}"
+        );
     }
 }

@@ -397,6 +397,109 @@ family_tests! {
     mixtral: "mixtral",
 }
 
+/// Qwen3-MoE as transformers 5 saves it: `config.json` untouched from `save_pretrained`, so the
+/// expert count is spelled `num_local_experts` (and the rope base sits in `rope_parameters`,
+/// the dtype in `dtype`). No GGUF: the safetensors against HF, alone, batched and paged.
+mod qwen3moe_tf5 {
+    use super::*;
+
+    const FAMILY: &str = "qwen3moe-tf5";
+
+    #[test]
+    fn safetensors() {
+        check_family(FAMILY, Format::Safetensors);
+    }
+
+    #[test]
+    fn batch() {
+        check_batch(FAMILY, Format::Safetensors);
+    }
+
+    #[test]
+    fn paged() {
+        check_paged(FAMILY, Format::Safetensors);
+    }
+}
+
+/// transformers 5's `Qwen3MoeConfig` and `MixtralConfig` both store the expert count as
+/// `num_local_experts` and alias `num_experts` to it (`attribute_map`), so either spelling is the
+/// same setting for both families: the configuration kiln reads does not depend on which one a
+/// `config.json` uses, two disagreeing spellings are refused, and a missing count is reported
+/// under every accepted spelling.
+#[test]
+fn expert_count_reads_under_both_spellings() {
+    use kiln_models::arch::hf_decoder_shape;
+    use kiln_models::hf::HfConfig;
+    let shape =
+        |c: &Value| hf_decoder_shape(&HfConfig::parse("config.json", &c.to_string()).unwrap());
+    let read = |family: &str| -> Value {
+        let text = std::fs::read_to_string(fixture(family).join("config.json")).unwrap();
+        serde_json::from_str(&text).unwrap()
+    };
+
+    // The transformers 5 file really has the transformers 5 spellings.
+    let tf5 = read("qwen3moe-tf5");
+    assert_eq!(tf5["num_local_experts"], 4);
+    assert!(tf5.get("num_experts").is_none());
+    assert!(tf5.get("rope_theta").is_none());
+    assert_eq!(tf5["rope_parameters"]["rope_theta"], 1e6);
+    let tf5_config = shape(&tf5).unwrap();
+    let moe = tf5_config.moe.as_ref().unwrap();
+    assert_eq!(
+        (
+            moe.n_experts,
+            moe.top_k,
+            moe.expert_ffn_dim,
+            moe.normalize_top_k
+        ),
+        (4, 2, 32, true)
+    );
+    // The published spelling's fixture (same shape, norm_topk_prob false) reads alike.
+    let mut published = shape(&read("qwen3moe")).unwrap();
+    published.moe.as_mut().unwrap().normalize_top_k = true;
+    assert_eq!(published, tf5_config);
+
+    for (family, spelled, other) in [
+        ("qwen3moe-tf5", "num_local_experts", "num_experts"),
+        ("qwen3moe", "num_experts", "num_local_experts"),
+        ("mixtral", "num_local_experts", "num_experts"),
+    ] {
+        let config = read(family);
+        let want = shape(&config).unwrap();
+        let n = config[spelled].clone();
+        let edit = |f: &dyn Fn(&mut serde_json::Map<String, Value>)| {
+            let mut c = config.clone();
+            f(c.as_object_mut().unwrap());
+            c
+        };
+        let respelled = edit(&|c| {
+            c.remove(spelled);
+            c.insert(other.into(), n.clone());
+        });
+        assert_eq!(shape(&respelled).unwrap(), want, "{family}: {other}");
+        let both = edit(&|c| {
+            c.insert(other.into(), n.clone());
+        });
+        assert_eq!(shape(&both).unwrap(), want, "{family}: both spellings");
+        let disagree = edit(&|c| {
+            c.insert(other.into(), 3.into());
+        });
+        let e = shape(&disagree).unwrap_err().to_string();
+        assert!(
+            e.contains("num_experts") && e.contains("num_local_experts"),
+            "{family}: {e}"
+        );
+        let missing = edit(&|c| {
+            c.remove(spelled);
+        });
+        let e = shape(&missing).unwrap_err().to_string();
+        assert!(
+            e.contains("missing") && e.contains("num_experts, num_local_experts"),
+            "{family}: {e}"
+        );
+    }
+}
+
 /// A copy of `file` in which the rows of the stacked expert tensors that `poison(layer, expert)`
 /// selects are NaN (the F32 Qwen3-MoE fixture).
 fn poisoned(file: &GgufFile, poison: impl Fn(usize, usize) -> bool) -> GgufFile {

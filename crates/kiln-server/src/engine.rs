@@ -1,5 +1,6 @@
 //! Model threads: each served model runs on its own OS thread, which owns the backend, the
-//! weights and (for a decoder) the [`Scheduler`] with its paged KV cache. HTTP handlers talk to
+//! weights and (for a decoder) the scheduler with its paged KV cache (a
+//! [`Batcher`]: the model's backend type is erased before it gets here). HTTP handlers talk to
 //! it through channels only, so a slow or vanished client never blocks a forward pass.
 //!
 //! - A decoder thread blocks while idle; otherwise it takes every queued command, then runs one
@@ -22,12 +23,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 
-use kiln_backend::Backend;
 use kiln_engine::{
-    score, EmbeddingModel, Event, FinishReason, PositionScore, Request, RequestId, Scheduler,
-    SchedulerConfig, SubmitError, TokenLogprob,
+    Batcher, DecoderRunner, EmbeddingRunner, Event, FinishReason, PositionScore, Request,
+    RequestId, SchedulerConfig, SubmitError, TokenLogprob,
 };
-use kiln_models::Decoder;
 use tokio::sync::{mpsc, oneshot};
 
 /// What a decoder thread reports about one request.
@@ -79,7 +78,7 @@ pub struct DecoderStats {
 }
 
 impl DecoderStats {
-    fn update<B: Backend>(&self, s: &Scheduler<B>) {
+    fn update(&self, s: &dyn Batcher) {
         let pool = s.pool();
         self.running.store(s.running() as u64, Ordering::Relaxed);
         self.waiting.store(s.waiting() as u64, Ordering::Relaxed);
@@ -159,20 +158,15 @@ pub enum EngineCallError {
 }
 
 impl DecoderEngine {
-    /// Starts the thread that serves `model` on `backend` with a scheduler sized by `cfg`.
-    pub fn spawn<B>(
+    /// Starts the thread that serves `model` with a scheduler sized by `cfg`.
+    pub fn spawn(
         name: &str,
-        backend: B,
-        model: Decoder<B>,
+        model: Box<dyn DecoderRunner>,
         cfg: SchedulerConfig,
-    ) -> Result<DecoderEngine, String>
-    where
-        B: Backend + Send + 'static,
-        Decoder<B>: Send,
-    {
-        let scheduler = Scheduler::new(&backend, &model, cfg.clone()).map_err(|e| e.to_string())?;
+    ) -> Result<DecoderEngine, String> {
+        let scheduler = model.into_batcher(cfg).map_err(|e| e.to_string())?;
         let stats = Arc::new(DecoderStats::default());
-        stats.update(&scheduler);
+        stats.update(scheduler.as_ref());
         stats.alive.store(true, Ordering::Relaxed);
         let (tx, rx) = std_mpsc::channel();
         let thread_stats = stats.clone();
@@ -180,7 +174,7 @@ impl DecoderEngine {
             .name(format!("kiln-decoder-{name}"))
             .spawn(move || {
                 let _alive = Alive(&thread_stats.alive);
-                decoder_loop(&backend, &model, scheduler, &cfg, &rx, &thread_stats);
+                decoder_loop(scheduler, &rx, &thread_stats);
             })
             .map_err(|e| format!("starting the engine thread: {e}"))?;
         Ok(DecoderEngine { tx, stats })
@@ -237,28 +231,21 @@ impl Drop for Alive<'_> {
     }
 }
 
-fn decoder_loop<B: Backend>(
-    b: &B,
-    model: &Decoder<B>,
-    mut s: Scheduler<B>,
-    cfg: &SchedulerConfig,
-    rx: &std_mpsc::Receiver<Command>,
-    stats: &DecoderStats,
-) {
+fn decoder_loop(mut s: Box<dyn Batcher>, rx: &std_mpsc::Receiver<Command>, stats: &DecoderStats) {
     // Request id → (tag, channel).
     let mut routes: std::collections::HashMap<RequestId, (usize, Events)> = Default::default();
     loop {
         if s.is_idle() {
             match rx.recv() {
-                Ok(cmd) => handle(b, model, &mut s, &mut routes, cmd),
+                Ok(cmd) => handle(s.as_mut(), &mut routes, cmd),
                 Err(_) => return, // every handle is gone: the server stopped
             }
         }
         while let Ok(cmd) = rx.try_recv() {
-            handle(b, model, &mut s, &mut routes, cmd);
+            handle(s.as_mut(), &mut routes, cmd);
         }
         if !s.is_idle() {
-            let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.step(b, model)));
+            let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.step()));
             let step = match step {
                 Ok(step) => step,
                 Err(panic) => {
@@ -274,14 +261,11 @@ fn decoder_loop<B: Backend>(
                         let _ =
                             tx.send((tag, Out::Failed("the model failed (internal error)".into())));
                     }
-                    match Scheduler::new(b, model, cfg.clone()) {
-                        Ok(fresh) => s = fresh,
-                        Err(e) => {
-                            tracing::error!("restarting the scheduler failed: {e}");
-                            return;
-                        }
+                    if let Err(e) = s.restart() {
+                        tracing::error!("restarting the scheduler failed: {e}");
+                        return;
                     }
-                    stats.update(&s);
+                    stats.update(s.as_ref());
                     continue;
                 }
             };
@@ -289,9 +273,9 @@ fn decoder_loop<B: Backend>(
                 Ok(events) => {
                     // Before the events go out: a client that sees its request end and then
                     // reads /metrics finds its blocks already counted free.
-                    stats.update(&s);
+                    stats.update(s.as_ref());
                     for e in events {
-                        route(&mut s, &mut routes, e);
+                        route(s.as_mut(), &mut routes, e);
                     }
                 }
                 Err(e) => {
@@ -305,14 +289,12 @@ fn decoder_loop<B: Backend>(
                 }
             }
         }
-        stats.update(&s);
+        stats.update(s.as_ref());
     }
 }
 
-fn handle<B: Backend>(
-    b: &B,
-    model: &Decoder<B>,
-    s: &mut Scheduler<B>,
+fn handle(
+    s: &mut dyn Batcher,
     routes: &mut std::collections::HashMap<RequestId, (usize, Events)>,
     cmd: Command,
 ) {
@@ -338,13 +320,13 @@ fn handle<B: Backend>(
             routes.remove(&id);
         }
         Command::Score { ids, top, reply } => {
-            let _ = reply.send(score(b, model, &ids, top).map_err(|e| e.to_string()));
+            let _ = reply.send(s.score(&ids, top).map_err(|e| e.to_string()));
         }
     }
 }
 
-fn route<B: Backend>(
-    s: &mut Scheduler<B>,
+fn route(
+    s: &mut dyn Batcher,
     routes: &mut std::collections::HashMap<RequestId, (usize, Events)>,
     e: Event,
 ) {
@@ -388,16 +370,11 @@ pub struct EmbedEngine {
 impl EmbedEngine {
     /// Starts the thread that serves `model`, embedding at most `max_batch` sequences per
     /// forward pass.
-    pub fn spawn<B>(
+    pub fn spawn(
         name: &str,
-        backend: B,
-        model: EmbeddingModel<B>,
+        model: Box<dyn EmbeddingRunner>,
         max_batch: usize,
-    ) -> Result<EmbedEngine, String>
-    where
-        B: Backend + Send + 'static,
-        EmbeddingModel<B>: Send,
-    {
+    ) -> Result<EmbedEngine, String> {
         let (tx, rx) = std_mpsc::channel::<EmbedJob>();
         let alive = Arc::new(AtomicBool::new(true));
         let thread_alive = alive.clone();
@@ -407,7 +384,7 @@ impl EmbedEngine {
             .spawn(move || {
                 let _alive = Alive(&thread_alive);
                 while let Ok(job) = rx.recv() {
-                    embed_job(&backend, &model, job, max_batch);
+                    embed_job(model.as_ref(), job, max_batch);
                 }
             })
             .map_err(|e| format!("starting the embedding thread: {e}"))?;
@@ -430,13 +407,13 @@ impl EmbedEngine {
 /// never packed together: the dense kernels pick their path by the number of rows, so packing
 /// requests together would change the last bits of a request's vectors with whatever else was
 /// queued (measured: up to 1.4e-7), and the server promises the vectors a request gets alone.
-fn embed_job<B: Backend>(b: &B, model: &EmbeddingModel<B>, job: EmbedJob, max_batch: usize) {
+fn embed_job(model: &dyn EmbeddingRunner, job: EmbedJob, max_batch: usize) {
     if job.reply.is_closed() {
         return;
     }
     // A panic (a bug) fails this request only; the thread keeps serving.
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        embed_one(b, model, job.input, max_batch)
+        embed_one(model, job.input, max_batch)
     }))
     .unwrap_or_else(|_| {
         tracing::error!("embedding panicked");
@@ -447,9 +424,8 @@ fn embed_job<B: Backend>(b: &B, model: &EmbeddingModel<B>, job: EmbedJob, max_ba
     let _ = job.reply.send(result);
 }
 
-fn embed_one<B: Backend>(
-    b: &B,
-    model: &EmbeddingModel<B>,
+fn embed_one(
+    model: &dyn EmbeddingRunner,
     input: EmbedInput,
     max_batch: usize,
 ) -> EmbedResult {
@@ -465,7 +441,7 @@ fn embed_one<B: Backend>(
     let mut out = Vec::with_capacity(seqs.len());
     for chunk in seqs.chunks(max_batch) {
         let refs: Vec<&[u32]> = chunk.iter().map(Vec::as_slice).collect();
-        let vectors = model.embed_ids(b, &refs).map_err(|e| {
+        let vectors = model.embed_ids(&refs).map_err(|e| {
             tracing::error!("embedding failed: {e}");
             EngineCallError::Failed(format!("the model failed: {e}"))
         })?;
@@ -475,20 +451,18 @@ fn embed_one<B: Backend>(
 }
 
 /// Token-id inputs must be non-empty, inside the vocabulary and no longer than the model reads.
-fn check_ids<B: Backend>(
-    model: &EmbeddingModel<B>,
-    ids: Vec<Vec<u32>>,
-) -> Result<Vec<Vec<u32>>, String> {
-    let vocab = model.encoder.config.vocab_size;
+fn check_ids(model: &dyn EmbeddingRunner, ids: Vec<Vec<u32>>) -> Result<Vec<Vec<u32>>, String> {
+    let vocab = model.vocab_size();
+    let max_seq_length = model.max_seq_length();
     for (i, seq) in ids.iter().enumerate() {
         if seq.is_empty() {
             return Err(format!("input[{i}] is empty"));
         }
-        if seq.len() > model.max_seq_length {
+        if seq.len() > max_seq_length {
             return Err(format!(
                 "input[{i}] has {} tokens; the model reads at most {}",
                 seq.len(),
-                model.max_seq_length
+                max_seq_length
             ));
         }
         if let Some(&bad) = seq.iter().find(|&&t| t as usize >= vocab) {

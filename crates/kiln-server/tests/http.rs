@@ -66,7 +66,7 @@ fn start(cfg: SchedulerConfig) -> Server {
         };
         decoders.push(DecoderEntry {
             name: name.into(),
-            engine: DecoderEngine::spawn(name, backend, model, cfg.clone()).unwrap(),
+            engine: DecoderEngine::spawn(name, kiln_engine::decoder_on(backend, model), cfg.clone()).unwrap(),
             tokenizer: Arc::new(tokenizer),
             chat_template,
             context,
@@ -82,7 +82,7 @@ fn start(cfg: SchedulerConfig) -> Server {
     .unwrap();
     let embedders = vec![EmbedEntry {
         name: "embed".into(),
-        engine: EmbedEngine::spawn("embed", backend, model, 64).unwrap(),
+        engine: EmbedEngine::spawn("embed", kiln_engine::embedding_on(backend, model), 64).unwrap(),
     }];
     let state = Arc::new(ServerState::new(decoders, embedders));
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -12,8 +12,10 @@ use serde_json::json;
 
 use super::bench_decode::DecodeBenchArgs;
 use super::embed::EmbedModelArg;
-use crate::load::{load_embedding, ThreadsArg};
-use crate::plan::{choose_embedding, PlanArgs};
+use kiln_cli::backends::cpu_options;
+
+use crate::load::{embedding, ThreadsArg};
+use crate::plan::PlanArgs;
 
 #[derive(clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -66,20 +68,22 @@ fn embed(a: BenchEmbedArgs) -> Result<()> {
     if lines.is_empty() {
         bail!("{}: no texts (one per line)", a.file.display());
     }
-    choose_embedding(
+    let cpu = cpu_options(a.threads.threads, Default::default(), false)?;
+    let threads = cpu.resolved_threads();
+    let loaded = embedding(
         &a.model.model,
         &a.placement,
-        a.threads.threads,
+        cpu,
         a.batch_size as usize,
-        "bench",
+        true,
+        Some("bench"),
     )?;
-    let loaded = load_embedding(&a.model.model, a.threads.threads, true)?;
     let model = &loaded.model;
     let batch = a.batch_size as usize;
     let pass = || -> Result<(f64, usize)> {
         let t0 = Instant::now();
         let mut tokens = 0;
-        model.embed_texts(&loaded.backend, &lines, batch, |_, out| -> Result<()> {
+        model.embed_texts(&lines, batch, &mut |_, out| {
             tokens += out.iter().map(|e| e.ids.len()).sum::<usize>();
             Ok(())
         })?;
@@ -102,7 +106,7 @@ fn embed(a: BenchEmbedArgs) -> Result<()> {
                 "tokens_per_s": tps,
                 "texts": lines.len(),
                 "tokens": tokens,
-                "threads": loaded.backend.threads(),
+                "threads": threads,
                 "batch_size": batch,
                 "best_s": best,
                 "mean_s": mean,
@@ -118,7 +122,7 @@ fn embed(a: BenchEmbedArgs) -> Result<()> {
             lines.len(),
             tokens,
             tokens as f64 / lines.len() as f64,
-            loaded.backend.threads(),
+            threads,
             batch
         );
         println!(

@@ -56,11 +56,40 @@ use anyhow::{bail, Context, Result};
 use kiln_backend::{Backend, KvDtype};
 use kiln_core::config::DecoderConfig;
 use kiln_cpu::{Bandwidth, CpuBackend, CpuTensor, Pages};
+use kiln_cli::backends::cpu_options;
+use kiln_engine::plan::Placement;
+use kiln_engine::{ModelFile, TextTokenizer};
 use kiln_models::{Decoder, KvCache, NoTrace};
 use serde_json::{json, Value};
 
-use crate::load::{load, LoadArgs, Loaded, ModelArg};
+use crate::load::{open, LoadArgs, ModelArg};
 use crate::plan::{choose, describe, PlanArgs, Workload};
+
+/// The model on the CPU backend of one thread count. `kiln bench` measures the CPU backend's
+/// own passes (its timing loops run the generic model on it, not the erased engine), so it
+/// refuses a plan that places the model elsewhere.
+struct Loaded {
+    backend: CpuBackend,
+    model: Decoder<CpuBackend>,
+    tokenizer: TextTokenizer,
+    load_ms: f64,
+}
+
+impl Loaded {
+    fn new(file: &mut ModelFile, options: &kiln_cpu::CpuOptions) -> Result<Loaded> {
+        let t0 = Instant::now();
+        let backend = CpuBackend::with_options(options)?;
+        let model = file
+            .load_decoder(&backend)
+            .with_context(|| format!("loading the model in {}", file.path().display()))?;
+        Ok(Loaded {
+            backend,
+            model,
+            tokenizer: file.tokenizer()?,
+            load_ms: t0.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+}
 
 /// Most concurrent sequences `-b` accepts.
 const MAX_BATCH: u32 = 1024;
@@ -252,15 +281,15 @@ impl SideProbes {
 
 pub fn run(a: DecodeBenchArgs) -> Result<()> {
     let tests = plan(&a)?;
-    let info = super::bench_report::ModelInfo::read(&a.model.model)?;
+    let mut file = open(&a.model.model, a.mmap.load_mode())?;
+    let info = super::bench_report::ModelInfo::of(&file);
     let threads: Vec<usize> = a.threads.iter().map(|&t| resolve_threads(t)).collect();
 
     // The probe first, then its buffer is gone and the peak mark reset: the reported peak RSS
     // is the model's.
     let mut bandwidths = Vec::new();
-    let path = crate::load::resolve(&a.model.model)?;
     // From the pages the weights will sit in: their bound, not another kind's.
-    let pages = a.mmap.weight_pages(&path);
+    let pages = a.mmap.weight_pages(file.kind());
     if tests.iter().any(|t| matches!(t, Test::Gen { .. })) {
         for &t in &threads {
             if bandwidths.iter().any(|b: &Bandwidth| b.threads == t) {
@@ -294,18 +323,26 @@ pub fn run(a: DecodeBenchArgs) -> Result<()> {
         kv_budget: None,
         kv_dtype: a.mmap.kv.kv_type,
     };
+    let mut options = Vec::new();
     for &t in &threads {
-        let chosen = choose(&a.model.model, &a.placement, t, work)?;
+        let cpu = cpu_options(t, a.mmap.kv.kv_type, a.batch_invariant)?;
+        let chosen = choose(&file, &a.placement, &cpu, work)?;
         eprintln!("[bench] {t} threads: {}", describe(&chosen));
+        if chosen.placement != Placement::Cpu {
+            bail!(
+                "plan {}: kiln bench measures the CPU backend (use --backend cpu)",
+                chosen.placement.name()
+            );
+        }
+        options.push(cpu);
     }
     // The roofline's bytes per step, from the file as the planner counts them.
-    let mut cost = crate::plan::model_cost(&path)?;
+    let mut cost = file.cost()?;
     cost.kv_dtype = a.mmap.kv.kv_type;
     let mut rows = Vec::new();
     let mut side_peak = None;
-    for &t in &threads {
-        let options = crate::backends::cpu_options(t, a.mmap.kv.kv_type, a.batch_invariant)?;
-        let m = load(&a.model.model, &a.mmap, &options)?;
+    for (&t, options) in threads.iter().zip(&options) {
+        let m = Loaded::new(&mut file, options)?;
         eprintln!(
             "[bench] {} loaded in {:.0} ms on {}",
             info.desc,

@@ -5,11 +5,8 @@
 
 use std::fmt;
 
-use anyhow::{Context, Result};
-use kiln_formats::SafetensorsModel;
+use kiln_engine::ModelFile;
 use kiln_quant::QuantMix;
-
-use crate::load::{open_gguf, resolve};
 
 /// GGUF `tokenizer.ggml.token_type` of an ordinary token (llama.cpp's `LLAMA_TOKEN_TYPE_NORMAL`).
 const TOKEN_TYPE_NORMAL: i64 = 1;
@@ -27,12 +24,9 @@ pub struct ModelInfo {
 }
 
 impl ModelInfo {
-    /// Reads the tensor table of `model` (alias, GGUF file or Hugging Face folder).
-    pub fn read(model: &str) -> Result<ModelInfo> {
-        let path = resolve(model)?;
-        if path.is_dir() {
-            let st = SafetensorsModel::open(&path)
-                .with_context(|| format!("reading the safetensors in {}", path.display()))?;
+    /// From the tensor table of `model` (a GGUF file or a Hugging Face folder).
+    pub fn of(model: &ModelFile) -> ModelInfo {
+        if let Some(st) = model.checkpoint() {
             let tensors = st.tensors();
             let bytes = tensors.iter().map(|t| t.bytes.len() as u64).sum();
             let params = tensors.iter().map(|t| t.n_elements() as u64).sum();
@@ -41,18 +35,23 @@ impl ModelInfo {
                     .iter()
                     .map(|t| (format!("{:?}", t.dtype), t.bytes.len() as u64)),
             );
-            let arch = kiln_models::hf::HfConfig::read(&path.join("config.json"))
-                .ok()
-                .and_then(|c| c.model_type().ok().map(str::to_string))
-                .unwrap_or_else(|| "(unknown)".into());
-            return Ok(ModelInfo {
+            let arch = model.architecture();
+            return ModelInfo {
                 desc: format!("{arch} {} {ty}", size_label(params)),
                 bytes,
                 params,
                 normal_ids: None,
-            });
+            };
         }
-        let file = open_gguf(model)?;
+        let Some(file) = model.gguf() else {
+            // A model is a folder or a GGUF file; nothing to count otherwise.
+            return ModelInfo {
+                desc: model.architecture().to_string(),
+                bytes: 0,
+                params: 0,
+                normal_ids: None,
+            };
+        };
         let tensors = file.tensors();
         let bytes = tensors.iter().map(|t| t.n_bytes).sum();
         let params = tensors.iter().map(|t| t.n_elements()).sum();
@@ -80,7 +79,7 @@ impl ModelInfo {
                     .map(|(i, _)| i as u32)
                     .collect()
             });
-        Ok(ModelInfo {
+        ModelInfo {
             desc: format!(
                 "{} {} {ty}",
                 file.architecture().unwrap_or("(unknown)"),
@@ -89,7 +88,7 @@ impl ModelInfo {
             bytes,
             params,
             normal_ids,
-        })
+        }
     }
 }
 

@@ -7,8 +7,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::load::{load_embedding, ThreadsArg};
-use crate::plan::{choose_embedding, PlanArgs};
+use kiln_cli::backends::cpu_options;
+
+use crate::load::{embedding, ThreadsArg};
+use crate::plan::PlanArgs;
 
 /// The embedding model commands use when `-m` is not given.
 pub const DEFAULT_EMBEDDING_MODEL: &str = "minilm";
@@ -91,14 +93,15 @@ pub fn run(a: EmbedArgs) -> Result<()> {
         }
         a.texts.clone()
     };
-    choose_embedding(
+    let cpu = cpu_options(a.threads.threads, Default::default(), false)?;
+    let loaded = embedding(
         &a.model.model,
         &a.placement,
-        a.threads.threads,
+        cpu,
         a.batch_size as usize,
-        "embed",
+        !a.no_truncate,
+        Some("embed"),
     )?;
-    let loaded = load_embedding(&a.model.model, a.threads.threads, !a.no_truncate)?;
     let model = &loaded.model;
 
     let bar = if texts.len() >= PROGRESS_MIN_TEXTS {
@@ -114,25 +117,25 @@ pub fn run(a: EmbedArgs) -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-    model.embed_texts(
-        &loaded.backend,
-        &refs,
-        a.batch_size as usize,
-        |first, batch| -> Result<()> {
-            for (text, e) in refs[first..].iter().zip(&batch) {
-                let line = OutLine {
-                    text,
-                    input_ids: a.ids.then_some(e.ids.as_slice()),
-                    embedding: &e.vector,
-                };
-                serde_json::to_writer(&mut out, &line)?;
-                out.write_all(b"\n")?;
-            }
-            out.flush()?;
-            bar.inc(batch.len() as u64);
-            Ok(())
-        },
-    )?;
+    let written = model.embed_texts(&refs, a.batch_size as usize, &mut |first, batch| {
+        for (text, e) in refs[first..].iter().zip(&batch) {
+            let line = OutLine {
+                text,
+                input_ids: a.ids.then_some(e.ids.as_slice()),
+                embedding: &e.vector,
+            };
+            serde_json::to_writer(&mut out, &line).map_err(std::io::Error::from)?;
+            out.write_all(b"\n")?;
+        }
+        out.flush()?;
+        bar.inc(batch.len() as u64);
+        Ok(())
+    });
+    match written {
+        // A closed pipe (`kiln embed ... | head`) is not an error.
+        Err(kiln_engine::EngineError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        r => r?,
+    }
     bar.finish_and_clear();
     Ok(())
 }

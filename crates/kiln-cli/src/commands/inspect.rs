@@ -1,10 +1,10 @@
 use std::io::Write;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use kiln_formats::{write_dump, DumpOptions};
 use kiln_models::Support;
 
-use crate::load::{open_gguf, resolve};
+use crate::load::resolve;
 
 #[derive(clap::Args)]
 pub struct InspectArgs {
@@ -38,11 +38,13 @@ fn verdict(out: &mut impl Write, s: &Support) -> std::io::Result<()> {
 pub fn run(a: InspectArgs) -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
+    // Not a `ModelFile`: inspect reports on files kiln does not run too, and why.
     let path = resolve(&a.model)?;
     let written = if path.is_dir() {
         verdict(&mut out, &kiln_models::check_hf_dir(&path))
     } else {
-        let file = open_gguf(&a.model)?;
+        let file = kiln_formats::GgufFile::open(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
         let opts = DumpOptions {
             max_array_items: a.max_array_items,
             show_tensors: !a.no_tensors,

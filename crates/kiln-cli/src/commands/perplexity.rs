@@ -3,7 +3,11 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use serde_json::json;
 
-use crate::load::{load, LoadArgs, ModelArg, ThreadsArg};
+use kiln_cli::backends::cpu_options;
+use kiln_engine::DecoderUse;
+
+use crate::load::{decoder, LoadArgs, ModelArg, ThreadsArg};
+use crate::plan::{PlanArgs, Workload};
 
 #[derive(clap::Args)]
 pub struct PerplexityArgs {
@@ -13,6 +17,8 @@ pub struct PerplexityArgs {
     mmap: LoadArgs,
     #[command(flatten)]
     threads: ThreadsArg,
+    #[command(flatten)]
+    placement: PlanArgs,
     /// The text file to score.
     #[arg(short = 'f', long)]
     file: PathBuf,
@@ -27,10 +33,21 @@ pub struct PerplexityArgs {
 pub fn run(a: PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&a.file)
         .with_context(|| format!("reading {}", a.file.display()))?;
-    let m = load(
+    let work = Workload {
+        ctx: a.ctx,
+        batch: 1,
+        kv_budget: None,
+        kv_dtype: a.mmap.kv.kv_type,
+    };
+    let cpu = cpu_options(a.threads.threads, a.mmap.kv.kv_type, false)?;
+    let m = decoder(
         &a.model.model,
         &a.mmap,
-        &crate::backends::cpu_options(a.threads.threads, a.mmap.kv.kv_type, false)?,
+        &a.placement,
+        cpu,
+        work,
+        DecoderUse::Score,
+        Some("perplexity"),
     )?;
     let ids = m.tokenizer.encode(&text, true, false)?;
     eprintln!(
@@ -39,16 +56,11 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
         ids.len() / a.ctx.max(1),
         a.ctx
     );
-    let result = kiln_engine::perplexity(
-        &m.backend,
-        &m.model,
-        &ids,
-        m.tokenizer.bos(),
-        a.ctx,
-        |i, n, ppl| {
+    let result = m
+        .model
+        .perplexity(&ids, m.tokenizer.bos(), a.ctx, &mut |i, n, ppl| {
             eprintln!("[{i}/{n}] running ppl {ppl:.4}");
-        },
-    )?;
+        })?;
     if a.json {
         println!(
             "{}",

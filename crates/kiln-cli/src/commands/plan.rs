@@ -5,8 +5,11 @@ use anyhow::{Context, Result};
 use kiln_engine::plan::{self, Candidate, ModelCost, Place, PlanRequest};
 use serde_json::json;
 
-use crate::load::{resolve, KvTypeArg, ModelArg, ThreadsArg};
-use crate::plan::{hardware, model_cost, PlanArgs, Probe};
+use kiln_cli::backends::cpu_options;
+use kiln_formats::LoadMode;
+
+use crate::load::{open, KvTypeArg, ModelArg, ThreadsArg};
+use crate::plan::{hardware, PlanArgs, Probe};
 
 #[derive(clap::Args)]
 pub struct PlanCmdArgs {
@@ -44,15 +47,19 @@ pub fn run(a: PlanCmdArgs) -> Result<()> {
     if a.batch == 0 || a.ctx == 0 || a.prompt == 0 {
         anyhow::bail!("--ctx, --batch and --prompt must be at least 1");
     }
-    let path = resolve(&a.model.model)?;
-    let mut cost = model_cost(&path).with_context(|| format!("reading {}", path.display()))?;
+    let file = open(&a.model.model, LoadMode::Map)?;
+    let path = file.path().to_owned();
+    let mut cost = file
+        .cost()
+        .with_context(|| format!("reading {}", path.display()))?;
     cost.kv_dtype = a.kv.kv_type;
     let probe = if a.reprobe {
         Probe::Again
     } else {
         Probe::Missing
     };
-    let hw = hardware(&a.placement, a.threads.threads, &cost, probe)?;
+    let cpu = cpu_options(a.threads.threads, a.kv.kv_type, false)?;
+    let hw = hardware(&a.placement, &cpu, &cost, probe)?;
     let ctx = cost
         .decoder()
         .map_or(a.ctx, |c| a.ctx.min(c.context_length));

@@ -1,11 +1,13 @@
 use std::io::Write;
 
 use anyhow::{Context, Result};
-use kiln_engine::{generate, GenerateOptions, SamplingParams, StopReason};
+use kiln_engine::{DecoderUse, GenerateOptions, SamplingParams, StopReason};
 use serde_json::json;
 
-use crate::load::{load, LoadArgs, ModelArg, ThreadsArg};
-use crate::plan::{choose, describe, PlanArgs, Workload};
+use kiln_cli::backends::cpu_options;
+
+use crate::load::{decoder, LoadArgs, ModelArg, ThreadsArg};
+use crate::plan::{PlanArgs, Workload};
 
 #[derive(clap::Args)]
 pub struct RunArgs {
@@ -92,12 +94,15 @@ pub fn run(a: RunArgs) -> Result<()> {
         kv_budget: None,
         kv_dtype: a.mmap.kv.kv_type,
     };
-    let chosen = choose(&a.model.model, &a.placement, a.threads.threads, work)?;
-    eprintln!("[run] {}", describe(&chosen));
-    let m = load(
+    let cpu = cpu_options(a.threads.threads, a.mmap.kv.kv_type, false)?;
+    let m = decoder(
         &a.model.model,
         &a.mmap,
-        &crate::backends::cpu_options(a.threads.threads, a.mmap.kv.kv_type, false)?,
+        &a.placement,
+        cpu,
+        work,
+        DecoderUse::Generate,
+        Some("run"),
     )?;
     let tok = &m.tokenizer;
     let prompt_ids = tok.encode(&a.prompt, true, true)?;
@@ -112,12 +117,13 @@ pub fn run(a: RunArgs) -> Result<()> {
     let mut stream = tok.stream();
     let streaming = !a.json;
     let mut write_failed = None;
-    let generation = generate(
-        &m.model.on(&m.backend),
+    let generation = m
+        .model
+        .generate(
         &prompt_ids,
         &opts,
-        |id| tok.is_end_of_generation(id),
-        |id| {
+        &|id| tok.is_end_of_generation(id),
+        &mut |id| {
             if streaming && (a.ignore_eos || !tok.is_end_of_generation(id)) {
                 let piece = stream.push(id);
                 if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
@@ -156,7 +162,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         writeln!(out)?;
         eprintln!(
             "\n[{}] load {:.0} ms | prompt {} tokens, {:.1} tok/s | generation {} tokens, {:.1} tok/s | {}",
-            m.model.config.arch,
+            m.model.config().arch,
             m.load_ms,
             prompt_ids.len(),
             prompt_tps,

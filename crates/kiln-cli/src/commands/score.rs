@@ -1,8 +1,12 @@
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
+use kiln_cli::backends::cpu_options;
+use kiln_engine::DecoderUse;
+
 use super::for_each_jsonl;
-use crate::load::{load, LoadArgs, ModelArg, ThreadsArg};
+use crate::load::{decoder, LoadArgs, ModelArg, ThreadsArg};
+use crate::plan::{PlanArgs, Workload};
 
 #[derive(clap::Args)]
 pub struct ScoreArgs {
@@ -12,6 +16,8 @@ pub struct ScoreArgs {
     mmap: LoadArgs,
     #[command(flatten)]
     threads: ThreadsArg,
+    #[command(flatten)]
+    placement: PlanArgs,
     /// Most likely tokens to report at each position.
     #[arg(long, default_value_t = 10)]
     top_k: usize,
@@ -26,12 +32,24 @@ fn round6(v: f64) -> f64 {
 }
 
 pub fn run(a: ScoreArgs) -> Result<()> {
-    let m = load(
+    // A line may be as long as the model's context.
+    let work = Workload {
+        ctx: usize::MAX,
+        batch: 1,
+        kv_budget: None,
+        kv_dtype: a.mmap.kv.kv_type,
+    };
+    let cpu = cpu_options(a.threads.threads, a.mmap.kv.kv_type, false)?;
+    let m = decoder(
         &a.model.model,
         &a.mmap,
-        &crate::backends::cpu_options(a.threads.threads, a.mmap.kv.kv_type, false)?,
+        &a.placement,
+        cpu,
+        work,
+        DecoderUse::Score,
+        Some("score"),
     )?;
-    let vocab = m.model.config.vocab_size;
+    let vocab = m.model.config().vocab_size;
     for_each_jsonl(|line_no, obj, out| {
         let ids: Vec<u32> = match (obj.get("ids"), obj.get("text")) {
             (Some(Value::Array(items)), _) => items
@@ -48,7 +66,7 @@ pub fn run(a: ScoreArgs) -> Result<()> {
             (None, Some(Value::String(text))) => m.tokenizer.encode(text, true, true)?,
             _ => bail!("stdin line {line_no}: expected {{\"text\": string}} or {{\"ids\": [ids]}}"),
         };
-        let scores = kiln_engine::score(&m.backend, &m.model, &ids, a.top_k)?;
+        let scores = m.model.score(&ids, a.top_k)?;
         let positions: Vec<Value> = scores
             .iter()
             .map(|s| json!({ "top": s.top.iter().map(|&(id, lp)| json!([id, round6(lp)])).collect::<Vec<_>>() }))

@@ -1,17 +1,17 @@
 //! `kiln serve`: the OpenAI-compatible HTTP server.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use kiln_engine::SchedulerConfig;
-use kiln_models::PagedKvCache;
+use kiln_cli::backends::cpu_options;
+use kiln_engine::{DecoderUse, ModelFile, ModelKind, SchedulerConfig};
 use kiln_server::{DecoderEngine, DecoderEntry, EmbedEngine, EmbedEntry, ServerState};
 use kiln_tokenizer::{ChatTemplate, SpecialTokens};
 
-use crate::load::{load, load_embedding, resolve, LoadArgs, ThreadsArg, DEFAULT_MODEL};
-use crate::plan::{choose, describe, PlanArgs, Workload};
+use crate::load::{decoder_from, embedding_from, open, LoadArgs, ThreadsArg, DEFAULT_MODEL};
+use crate::plan::{PlanArgs, Workload};
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -73,14 +73,14 @@ fn split_named(spec: &str) -> (Option<&str>, &str) {
 }
 
 /// The name a model is served under when none is given.
-fn default_name(model: &str, path: &Path) -> String {
+fn default_name(model: &str, file: &ModelFile) -> String {
     if !Path::new(model).exists() {
         return model.to_string(); // an alias
     }
-    let stem = if path.is_dir() {
-        path.file_name()
-    } else {
-        path.file_stem()
+    let path = file.path();
+    let stem = match file.kind() {
+        ModelKind::GgufDecoder => path.file_stem(),
+        ModelKind::HfDecoder | ModelKind::HfEncoder => path.file_name(),
     };
     stem.map_or_else(|| model.to_string(), |s| s.to_string_lossy().into_owned())
 }
@@ -91,45 +91,22 @@ fn read_template(file: &str, tokens: SpecialTokens) -> Result<ChatTemplate> {
     ChatTemplate::new(&source, tokens).with_context(|| format!("the chat template {file}"))
 }
 
-/// The model's own chat template: a GGUF's `tokenizer.chat_template`, or a folder's
-/// `tokenizer_config.json`; `--chat-template FILE` replaces it (with the model's special tokens).
+/// The model's own chat template, or `--chat-template FILE` in its place (with the model's
+/// special tokens), and where it came from.
 fn chat_template(
-    path: &Path,
+    model: &ModelFile,
     file: Option<&str>,
     tokenizer: &kiln_engine::TextTokenizer,
     end_ids: &[u32],
 ) -> Result<(Option<ChatTemplate>, String)> {
-    if path.is_dir() {
-        let config = path.join("tokenizer_config.json");
-        if let Some(file) = file {
-            let piece = |id: Option<u32>| id.map(|i| tokenizer.piece(i)).unwrap_or_default();
-            let tokens = SpecialTokens {
-                bos: piece(tokenizer.bos()),
-                eos: piece(end_ids.first().copied()),
-            };
-            return Ok((Some(read_template(file, tokens)?), format!("from {file}")));
-        }
-        if !config.is_file() {
-            return Ok((None, "none".into()));
-        }
-        let t = ChatTemplate::from_tokenizer_config(&config)
-            .with_context(|| format!("the chat template of {}", config.display()))?;
-        let from = format!("from {}", config.display());
-        return Ok((t, from));
-    }
-    let gguf = kiln_formats::GgufFile::open(path)
-        .with_context(|| format!("reading {}", path.display()))?;
     if let Some(file) = file {
-        let tokens = SpecialTokens::from_gguf(&gguf)?;
+        let tokens = model.special_tokens(tokenizer, end_ids)?;
         return Ok((Some(read_template(file, tokens)?), format!("from {file}")));
     }
-    let t = ChatTemplate::from_gguf(&gguf).context("the GGUF's chat template")?;
-    let from = if t.is_some() {
-        "from the GGUF".to_string()
-    } else {
-        "none".to_string()
-    };
-    Ok((t, from))
+    Ok(match model.chat_template()? {
+        Some((t, from)) => (Some(t), from),
+        None => (None, "none".into()),
+    })
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
@@ -148,50 +125,38 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let mut names = std::collections::BTreeSet::new();
     for spec in &a.models {
         let (name, model) = split_named(spec);
-        let path: PathBuf = resolve(model)?;
-        let name = name.map_or_else(|| default_name(model, &path), str::to_string);
+        let file = open(model, a.mmap.load_mode())?;
+        let name = name.map_or_else(|| default_name(model, &file), str::to_string);
         if !names.insert(name.clone()) {
             bail!("two models are named '{name}'; name them with --model NAME=MODEL");
         }
-        let is_embedding = path.is_dir() && !kiln_engine::is_hf_decoder_dir(&path);
-        let work = if is_embedding {
-            Workload {
-                ctx: usize::MAX,
-                batch: a.embed_batch,
-                kv_budget: None,
-                kv_dtype: a.mmap.kv.kv_type,
-            }
-        } else {
-            Workload {
-                ctx: usize::MAX,
-                batch: a.max_running,
-                kv_budget: Some((a.kv_memory_mib as u64) << 20),
-                kv_dtype: a.mmap.kv.kv_type,
-            }
-        };
-        let chosen = choose(model, &a.placement, a.threads.threads, work)?;
-        tracing::info!("'{name}': {}", describe(&chosen));
-        if is_embedding {
-            let m = load_embedding(model, a.threads.threads, false)?;
+        let path = file.path().display().to_string();
+        // A request gets the same tokens whatever it is batched with (see
+        // `CpuOptions::batch_invariant`).
+        let cpu = cpu_options(a.threads.threads, a.mmap.kv.kv_type, true)?;
+        if file.kind() == ModelKind::HfEncoder {
+            let m = embedding_from(file, &a.placement, cpu, a.embed_batch, false, None)?;
             tracing::info!(
-                "loaded '{name}' ({}): embedding model, {} dimensions, up to {} tokens per input, \
-                 on the CPU backend ({} threads) in {:.0} ms",
-                path.display(),
+                "loaded '{name}' ({path}): embedding model, {} dimensions, up to {} tokens per \
+                 input, on {} in {:.0} ms",
                 m.model.dim(),
-                m.model.max_seq_length,
-                m.backend.threads(),
+                m.model.max_seq_length(),
+                m.model.placement(),
                 m.load_ms
             );
-            let engine = EmbedEngine::spawn(&name, m.backend, m.model, a.embed_batch)
+            let engine = EmbedEngine::spawn(&name, m.model, a.embed_batch)
                 .map_err(anyhow::Error::msg)?;
             embedders.push(EmbedEntry { name, engine });
             continue;
         }
-        // A request gets the same tokens whatever it is batched with (see
-        // `CpuOptions::batch_invariant`).
-        let options = crate::backends::cpu_options(a.threads.threads, a.mmap.kv.kv_type, true)?;
-        let m = load(model, &a.mmap, &options)?;
-        let cfg = &m.model.config;
+        let work = Workload {
+            ctx: usize::MAX,
+            batch: a.max_running,
+            kv_budget: Some((a.kv_memory_mib as u64) << 20),
+            kv_dtype: a.mmap.kv.kv_type,
+        };
+        let m = decoder_from(file, &a.placement, cpu, work, DecoderUse::Serve, None)?;
+        let cfg = m.model.config().clone();
         let end_ids: Vec<u32> = (0..cfg.vocab_size as u32)
             .filter(|&id| m.tokenizer.is_end_of_generation(id))
             .collect();
@@ -205,12 +170,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
             })
             .map(|i| templates.remove(i).1);
         let (template, template_from) =
-            chat_template(&path, template_file.as_deref(), &m.tokenizer, &end_ids)?;
-        let bytes_per_block = PagedKvCache::<kiln_cpu::CpuBackend>::bytes_per_block(
-            cfg,
-            a.block_size,
-            a.mmap.kv.kv_type,
-        );
+            chat_template(&m.file, template_file.as_deref(), &m.tokenizer, &end_ids)?;
+        let bytes_per_block = m.model.kv_bytes_per_block(a.block_size);
         let n_blocks = (a.kv_memory_mib << 20) / bytes_per_block.max(1);
         if n_blocks == 0 {
             bail!(
@@ -222,13 +183,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
         }
         let positions = n_blocks * a.block_size;
         tracing::info!(
-            "loaded '{name}' ({}): {} decoder, {} layers, context {} tokens, on the CPU backend \
-             ({} threads) in {:.0} ms; chat template: {template_from}",
-            path.display(),
+            "loaded '{name}' ({path}): {} decoder, {} layers, context {} tokens, on {} in {:.0} \
+             ms; chat template: {template_from}",
             cfg.arch,
             cfg.n_layers,
             cfg.context_length,
-            m.backend.threads(),
+            m.model.placement(),
             m.load_ms,
         );
         tracing::info!(
@@ -236,7 +196,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
              {:.0} MiB of {}; up to {} sequences decoded together, {} waiting",
             a.block_size,
             (n_blocks * bytes_per_block) as f64 / (1 << 20) as f64,
-            a.mmap.kv.kv_type,
+            m.model.kv_dtype(),
             a.max_running,
             a.max_waiting
         );
@@ -255,8 +215,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             max_running: a.max_running,
             max_waiting: a.max_waiting,
         };
-        let engine =
-            DecoderEngine::spawn(&name, m.backend, m.model, sched).map_err(anyhow::Error::msg)?;
+        let engine = DecoderEngine::spawn(&name, m.model, sched).map_err(anyhow::Error::msg)?;
         decoders.push(DecoderEntry {
             name,
             engine,

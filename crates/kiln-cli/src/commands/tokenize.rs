@@ -2,8 +2,9 @@ use anyhow::{bail, Result};
 use serde_json::json;
 
 use super::{for_each_jsonl, text_field};
-use crate::load::{open_gguf, resolve, tokenizer, ModelArg};
-use kiln_engine::TextTokenizer;
+use kiln_formats::LoadMode;
+
+use crate::load::{open, ModelArg};
 
 #[derive(clap::Args)]
 pub struct TokenizeArgs {
@@ -24,12 +25,7 @@ pub struct TokenizeArgs {
 }
 
 pub fn run(a: TokenizeArgs) -> Result<()> {
-    let path = resolve(&a.model.model)?;
-    let tok = if path.is_dir() {
-        TextTokenizer::from_hf_dir(&path)?
-    } else {
-        TextTokenizer::Gguf(Box::new(tokenizer(&open_gguf(&a.model.model)?)?))
-    };
+    let tok = open(&a.model.model, LoadMode::Map)?.tokenizer()?;
     if a.jsonl {
         return for_each_jsonl(|line_no, obj, out| {
             let text = text_field(line_no, obj)?;

@@ -45,6 +45,12 @@ pub(crate) const HF_TYPES: &[&str] = &[
     "phi3",
 ];
 
+/// The expert count of `qwen3_moe` and `mixtral` configs. Both transformers 5 config classes
+/// (`Qwen3MoeConfig`, `MixtralConfig`) store it as `num_local_experts` and alias `num_experts` to
+/// it (`attribute_map`), so either spelling loads into either class: transformers 5 writes
+/// `num_local_experts`, Qwen's published Qwen3-MoE checkpoints (transformers 4) `num_experts`.
+const EXPERT_COUNT: &[&str] = &["num_experts", "num_local_experts"];
+
 /// Shape fields every family has, before the family's particulars are applied.
 struct Common {
     arch: String,
@@ -289,7 +295,7 @@ pub(crate) fn hf_config(c: &HfConfig) -> Result<(DecoderConfig, HfNames), ModelE
                 ));
             }
             let moe = MoeConfig {
-                n_experts: c.usize("num_experts")?,
+                n_experts: c.usize_any(EXPERT_COUNT)?,
                 top_k: c.usize("num_experts_per_tok")?,
                 normalize_top_k: c.bool_or("norm_topk_prob", false)?,
                 expert_ffn_dim: c.usize("moe_intermediate_size")?,
@@ -298,7 +304,7 @@ pub(crate) fn hf_config(c: &HfConfig) -> Result<(DecoderConfig, HfNames), ModelE
         }
         "mixtral" => {
             let moe = MoeConfig {
-                n_experts: c.usize("num_local_experts")?,
+                n_experts: c.usize_any(EXPERT_COUNT)?,
                 top_k: c.usize("num_experts_per_tok")?,
                 normalize_top_k: true,
                 expert_ffn_dim: c.usize("intermediate_size")?,

@@ -1,0 +1,3 @@
+//! The `kiln` binary's library part: what its integration tests reach besides the binary itself.
+
+pub mod backends;

@@ -1,0 +1,201 @@
+//! Each command opens each file of its model once: `kiln` runs under `strace`, and every
+//! `open`/`openat` of a path inside the model (a GGUF file, or a folder's config, tokenizer and
+//! safetensors) is counted. The plan reads the model's costs from the same open file the weights
+//! are then loaded from (a GGUF file read into memory is copied from the handle it was mapped
+//! with), so a second open anywhere on the way from the arguments to the engine fails here.
+//!
+//! `strace` is a Debian package (`.ci/run` installs it and sets `KILN_REQUIRE_STRACE=1`, so the
+//! test cannot skip in CI); elsewhere the test skips, saying so, when it is missing.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+fn fixture(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../kiln-models/tests/fixtures/decoders")
+        .join(rel)
+}
+
+fn strace_available() -> bool {
+    let found = Command::new("strace")
+        .arg("-V")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found && std::env::var_os("KILN_REQUIRE_STRACE").is_some() {
+        panic!("strace is missing and KILN_REQUIRE_STRACE is set (apt-get install strace)");
+    }
+    found
+}
+
+/// Runs `kiln ARGS` under strace and counts the successful opens of each path under `model`.
+fn opens(args: &[&str], model: &Path) -> BTreeMap<String, usize> {
+    let log = tempfile_path(&format!("strace-{}.log", args.join("-").replace('/', "_")));
+    let out = Command::new("strace")
+        .args(["-f", "-qq", "-e", "trace=open,openat", "-o"])
+        .arg(&log)
+        .arg(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running strace");
+    assert!(
+        out.status.success(),
+        "kiln {args:?} failed under strace:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let trace = std::fs::read_to_string(&log).unwrap();
+    let _ = std::fs::remove_file(&log);
+    let model = model.canonicalize().unwrap();
+    let mut counts = BTreeMap::new();
+    for line in trace.lines().filter(|l| !l.contains("= -1")) {
+        let Some(path) = line.split('"').nth(1) else {
+            continue;
+        };
+        let Ok(path) = Path::new(path).canonicalize() else {
+            continue;
+        };
+        if path.starts_with(&model) {
+            *counts.entry(path.display().to_string()).or_default() += 1;
+        }
+    }
+    counts
+}
+
+fn tempfile_path(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join(name)
+}
+
+/// `kiln ARGS` opened each of `files` (paths relative to `model`, or `model` itself for "")
+/// exactly once, and nothing else inside it more than once.
+fn assert_once(args: &[&str], model: &Path, files: &[&str]) {
+    let counts = opens(args, model);
+    let model = model.canonicalize().unwrap();
+    for file in files {
+        let path = if file.is_empty() {
+            model.clone()
+        } else {
+            model.join(file)
+        };
+        let n = counts
+            .get(&path.display().to_string())
+            .copied()
+            .unwrap_or(0);
+        assert_eq!(n, 1, "kiln {args:?} opened {} {n} times", path.display());
+    }
+    for (path, n) in &counts {
+        assert_eq!(*n, 1, "kiln {args:?} opened {path} {n} times");
+    }
+}
+
+fn kiln_home_model(alias: &str) -> PathBuf {
+    let home = std::env::var_os("KILN_HOME").map_or_else(
+        || PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/kiln"),
+        PathBuf::from,
+    );
+    home.join("models").join(alias)
+}
+
+#[test]
+fn run_opens_the_default_gguf_once() {
+    if !strace_available() {
+        eprintln!("SKIPPED: strace is not installed");
+        return;
+    }
+    // The default model (fetched on first use), read into memory as by default.
+    let args = [
+        "run",
+        "-p",
+        "The capital of France is",
+        "-n",
+        "1",
+        "--temp",
+        "0",
+    ];
+    // Fetch it first (not under strace), so that the fetch's own reads are not counted.
+    common_fetch(&args);
+    let gguf = kiln_home_model("gemma3-270m").join("gemma-3-270m-q4_k_m.gguf");
+    assert_once(&args, &gguf, &[""]);
+    // Mapped instead: once as well.
+    assert_once(
+        &["run", "-p", "Hi", "-n", "1", "--temp", "0", "--mmap"],
+        &gguf,
+        &[""],
+    );
+}
+
+/// Runs `kiln ARGS` once without strace (fetching an alias on first use).
+fn common_fetch(args: &[&str]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn decoder_commands_open_a_folder_s_files_once() {
+    if !strace_available() {
+        eprintln!("SKIPPED: strace is not installed");
+        return;
+    }
+    let dir = fixture("llama");
+    let d = dir.to_str().unwrap();
+    let files = [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ];
+    assert_once(
+        &["run", "-m", d, "-p", "Hi", "-n", "1", "--temp", "0"],
+        &dir,
+        &files,
+    );
+    assert_once(&["tokenize", "-m", d, "Hi there"], &dir, &files);
+    // The GGUF llama.cpp's converter made of the same folder.
+    let gguf = dir.join("model-f32.gguf");
+    let g = gguf.to_str().unwrap();
+    assert_once(
+        &["run", "-m", g, "-p", "Hi", "-n", "1", "--temp", "0"],
+        &gguf,
+        &[""],
+    );
+    assert_once(
+        &[
+            "bench", "-m", g, "-p", "8", "-n", "4", "-r", "1", "-t", "1,2",
+        ],
+        &gguf,
+        &[""],
+    );
+    assert_once(&["score", "-m", g, "--jsonl"], &gguf, &[""]);
+    assert_once(&["plan", "-m", g], &gguf, &[""]);
+}
+
+#[test]
+fn embed_opens_the_folder_s_files_once() {
+    if !strace_available() {
+        eprintln!("SKIPPED: strace is not installed");
+        return;
+    }
+    common_fetch(&["embed", "hello"]);
+    let dir = kiln_home_model("minilm");
+    assert_once(
+        &["embed", "hello", "world"],
+        &dir,
+        &[
+            "config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "modules.json",
+        ],
+    );
+}
