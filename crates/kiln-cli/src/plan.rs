@@ -3,7 +3,6 @@
 //! `$KILN_HOME/probe/`), a model's costs read from its file, and the plan every command logs
 //! before it loads anything. A model that fits on no device is refused here, with the numbers.
 
-
 use anyhow::{Context, Result};
 use kiln_backend::{Activation, KvDtype};
 use kiln_cpu::{CpuBackend, CpuOptions};

@@ -9,8 +9,8 @@
 use std::path::{Path, PathBuf};
 
 use kiln_backend::Backend;
-use kiln_formats::SafetensorsModel;
 use kiln_core::config::EncoderConfig;
+use kiln_formats::SafetensorsModel;
 use kiln_models::hf::SentenceConfig;
 use kiln_models::{load_encoder, Encoder};
 use kiln_tokenizer::{HfTokenizer, Truncation};

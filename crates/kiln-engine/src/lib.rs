@@ -28,8 +28,7 @@ pub use model_file::{ModelFile, ModelKind};
 pub use perplexity::{perplexity, Perplexity};
 pub use rng::Rng;
 pub use runner::{
-    decoder_on, embedding_on, split_decoder_on, Batcher, DecoderRunner, DecoderUse,
-    EmbeddingRunner,
+    decoder_on, embedding_on, split_decoder_on, Batcher, DecoderRunner, DecoderUse, EmbeddingRunner,
 };
 pub use sampler::{argmax, Sampler, SamplingParams};
 pub use scheduler::{

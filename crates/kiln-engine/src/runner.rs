@@ -14,9 +14,8 @@ use kiln_models::{Decoder, PagedKvCache, SplitDecoder};
 
 use crate::{
     generate, perplexity, score, BlockPool, Embedding, EmbeddingModel, EngineError, Event,
-    GenerateOptions,
-    Generation, Perplexity, PositionScore, PrefixStats, Request, RequestId, Scheduler,
-    SchedulerConfig, SubmitError,
+    GenerateOptions, Generation, Perplexity, PositionScore, PrefixStats, Request, RequestId,
+    Scheduler, SchedulerConfig, SubmitError,
 };
 
 /// What a command asks of a decoder placement.
@@ -68,7 +67,8 @@ pub trait DecoderRunner: Send {
     fn kv_bytes_per_block(&self, block_size: usize) -> usize;
 
     /// A continuous-batching scheduler that owns this model (the server's engine thread).
-    fn into_batcher(self: Box<Self>, cfg: SchedulerConfig) -> Result<Box<dyn Batcher>, EngineError>;
+    fn into_batcher(self: Box<Self>, cfg: SchedulerConfig)
+        -> Result<Box<dyn Batcher>, EngineError>;
 }
 
 /// A [`Scheduler`] with the model it runs, the backend's type erased (see [`Scheduler`] for
@@ -102,7 +102,11 @@ where
 }
 
 /// `model` split over `front` and `back`, erased.
-pub fn split_decoder_on<F, R>(front: F, back: R, model: SplitDecoder<F, R>) -> Box<dyn DecoderRunner>
+pub fn split_decoder_on<F, R>(
+    front: F,
+    back: R,
+    model: SplitDecoder<F, R>,
+) -> Box<dyn DecoderRunner>
 where
     F: Backend + Send + 'static,
     R: Backend + Send + 'static,
@@ -148,7 +152,13 @@ where
         is_end: &dyn Fn(u32) -> bool,
         on_token: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Generation, EngineError> {
-        generate(&self.model.on(&self.backend), prompt, opts, is_end, on_token)
+        generate(
+            &self.model.on(&self.backend),
+            prompt,
+            opts,
+            is_end,
+            on_token,
+        )
     }
 
     fn score(&self, ids: &[u32], top: usize) -> Result<Vec<PositionScore>, EngineError> {
@@ -165,7 +175,10 @@ where
         perplexity(&self.backend, &self.model, ids, bos, n_ctx, on_chunk)
     }
 
-    fn into_batcher(self: Box<Self>, cfg: SchedulerConfig) -> Result<Box<dyn Batcher>, EngineError> {
+    fn into_batcher(
+        self: Box<Self>,
+        cfg: SchedulerConfig,
+    ) -> Result<Box<dyn Batcher>, EngineError> {
         let scheduler = Scheduler::new(&self.backend, &self.model, cfg.clone())?;
         Ok(Box::new(Batched {
             backend: self.backend,
@@ -311,7 +324,10 @@ where
         Err(self.unsupported("perplexity"))
     }
 
-    fn into_batcher(self: Box<Self>, _cfg: SchedulerConfig) -> Result<Box<dyn Batcher>, EngineError> {
+    fn into_batcher(
+        self: Box<Self>,
+        _cfg: SchedulerConfig,
+    ) -> Result<Box<dyn Batcher>, EngineError> {
         Err(self.unsupported("serving"))
     }
 }

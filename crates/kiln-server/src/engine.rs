@@ -424,11 +424,7 @@ fn embed_job(model: &dyn EmbeddingRunner, job: EmbedJob, max_batch: usize) {
     let _ = job.reply.send(result);
 }
 
-fn embed_one(
-    model: &dyn EmbeddingRunner,
-    input: EmbedInput,
-    max_batch: usize,
-) -> EmbedResult {
+fn embed_one(model: &dyn EmbeddingRunner, input: EmbedInput, max_batch: usize) -> EmbedResult {
     let seqs = match input {
         EmbedInput::Ids(ids) => check_ids(model, ids),
         EmbedInput::Texts(texts) => texts

@@ -66,7 +66,12 @@ fn start(cfg: SchedulerConfig) -> Server {
         };
         decoders.push(DecoderEntry {
             name: name.into(),
-            engine: DecoderEngine::spawn(name, kiln_engine::decoder_on(backend, model), cfg.clone()).unwrap(),
+            engine: DecoderEngine::spawn(
+                name,
+                kiln_engine::decoder_on(backend, model),
+                cfg.clone(),
+            )
+            .unwrap(),
             tokenizer: Arc::new(tokenizer),
             chat_template,
             context,

@@ -54,9 +54,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use kiln_backend::{Backend, KvDtype};
+use kiln_cli::backends::cpu_options;
 use kiln_core::config::DecoderConfig;
 use kiln_cpu::{Bandwidth, CpuBackend, CpuTensor, Pages};
-use kiln_cli::backends::cpu_options;
 use kiln_engine::plan::Placement;
 use kiln_engine::{ModelFile, TextTokenizer};
 use kiln_models::{Decoder, KvCache, NoTrace};

@@ -120,21 +120,21 @@ pub fn run(a: RunArgs) -> Result<()> {
     let generation = m
         .model
         .generate(
-        &prompt_ids,
-        &opts,
-        &|id| tok.is_end_of_generation(id),
-        &mut |id| {
-            if streaming && (a.ignore_eos || !tok.is_end_of_generation(id)) {
-                let piece = stream.push(id);
-                if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
-                    write_failed = Some(e);
-                    return false;
+            &prompt_ids,
+            &opts,
+            &|id| tok.is_end_of_generation(id),
+            &mut |id| {
+                if streaming && (a.ignore_eos || !tok.is_end_of_generation(id)) {
+                    let piece = stream.push(id);
+                    if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
+                        write_failed = Some(e);
+                        return false;
+                    }
                 }
-            }
-            true
-        },
-    )
-    .context("generating")?;
+                true
+            },
+        )
+        .context("generating")?;
     if let Some(e) = write_failed {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             return Ok(());

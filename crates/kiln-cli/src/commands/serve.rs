@@ -144,8 +144,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 m.model.placement(),
                 m.load_ms
             );
-            let engine = EmbedEngine::spawn(&name, m.model, a.embed_batch)
-                .map_err(anyhow::Error::msg)?;
+            let engine =
+                EmbedEngine::spawn(&name, m.model, a.embed_batch).map_err(anyhow::Error::msg)?;
             embedders.push(EmbedEntry { name, engine });
             continue;
         }

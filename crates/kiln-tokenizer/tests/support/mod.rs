@@ -32,11 +32,7 @@ pub fn kiln_home() -> PathBuf {
 
 /// The golden data of a model, e.g. `golden_dir("gemma3-270m")`.
 pub fn golden_dir(model: &str) -> PathBuf {
-    Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../tests/golden"
-    ))
-    .join(model)
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/golden")).join(model)
 }
 
 /// The Gemma 3 270M GGUF, which `kiln pull gemma3-270m` puts in place.
