@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Generate the tiny random decoder checkpoints of kiln-models, with HF float32 reference outputs.
 
-One folder per decoder family under crates/kiln-models/tests/fixtures/decoders/, each a Hugging Face
+One folder per decoder family under tests/fixtures/decoders/, each a Hugging Face
 checkpoint (config.json, safetensors, tokenizer files) plus, where the family has one, the GGUF that
 llama.cpp's own converter (convert_hf_to_gguf.py) makes from exactly those safetensors, and the
 reference outputs of HF transformers in float32 on the stored (rounded) weights:
@@ -150,7 +150,7 @@ from transformers import (  # noqa: E402
 )
 
 REPO = Path(__file__).resolve().parent.parent
-OUT = REPO / "crates" / "kiln-models" / "tests" / "fixtures" / "decoders"
+OUT = REPO / "tests" / "fixtures" / "decoders"
 SEED = 20250301
 
 # ------------------------------------------------------------------------------------------ text

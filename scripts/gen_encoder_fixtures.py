@@ -5,8 +5,8 @@ Two folders in Hugging Face + sentence-transformers layout, so that kiln's whole
 (config.json, safetensors, tokenizer.json, modules.json, pooling, normalization) is tested on
 architectures that have no real checkpoint on this machine:
 
-    crates/kiln-models/tests/fixtures/encoders/modernbert-tiny/   ModernBertModel, F16, CLS pooling
-    crates/kiln-models/tests/fixtures/encoders/xlm-roberta-tiny/  XLMRobertaModel, BF16, 2+ shards,
+    tests/fixtures/encoders/modernbert-tiny/   ModernBertModel, F16, CLS pooling
+    tests/fixtures/encoders/xlm-roberta-tiny/  XLMRobertaModel, BF16, 2+ shards,
                                                                   mean pooling, no Normalize
 
 Run once from the repository root (CPU only, ~15 s), and commit the result:
@@ -107,7 +107,7 @@ from transformers import (  # noqa: E402
 )
 
 REPO = Path(__file__).resolve().parent.parent
-OUT = REPO / "crates" / "kiln-models" / "tests" / "fixtures" / "encoders"
+OUT = REPO / "tests" / "fixtures" / "encoders"
 SEED = 20240611
 
 VERSIONS = (

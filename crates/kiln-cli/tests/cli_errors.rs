@@ -145,7 +145,7 @@ fn embedding_folders_with_missing_or_broken_files_are_named() {
     let home = temp_dir("embed");
     // A tiny real checkpoint committed with kiln-models' tests.
     let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../kiln-models/tests/fixtures/encoders/xlm-roberta-tiny");
+        .join("../../tests/fixtures/encoders/xlm-roberta-tiny");
     let run = |dir: &std::path::Path, extra: &[&str]| {
         let mut args = vec!["embed", "-m", dir.to_str().unwrap()];
         args.extend_from_slice(extra);
@@ -228,8 +228,7 @@ fn embedding_folders_with_missing_or_broken_files_are_named() {
 #[test]
 fn inspect_names_the_architecture_and_says_whether_kiln_runs_it() {
     let home = temp_dir("inspect");
-    let fixtures =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kiln-models/tests/fixtures");
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
     let verdict = |target: &std::path::Path| {
         let out = kiln(&["inspect", target.to_str().unwrap()], "", &home);
         assert!(out.status.success(), "{out:?}");
@@ -288,7 +287,7 @@ fn inspect_names_the_architecture_and_says_whether_kiln_runs_it() {
 fn serve_refuses_bad_setups_before_listening() {
     let home = temp_dir("serve");
     let tiny = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../kiln-models/tests/fixtures/decoders/llama/model-f32.gguf");
+        .join("../../tests/fixtures/decoders/llama/model-f32.gguf");
     let tiny = tiny.to_str().unwrap();
     let missing = home.join("no-such-template.jinja");
     let broken = home.join("broken.jinja");

@@ -1,5 +1,5 @@
-//! `kiln run` on the decoder fixtures of kiln-models, from a Hugging Face folder and from the
-//! GGUF llama.cpp's converter made of it: the prompt tokenizes to transformers' ids and greedy
+//! `kiln run` on the decoder fixtures (`tests/fixtures/decoders`), from a Hugging Face folder
+//! and from the GGUF llama.cpp's converter made of it: the prompt tokenizes to transformers' ids and greedy
 //! decoding reproduces transformers' continuation.
 
 use std::path::{Path, PathBuf};
@@ -10,7 +10,7 @@ mod common;
 
 fn fixture(family: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../kiln-models/tests/fixtures/decoders")
+        .join("../../tests/fixtures/decoders")
         .join(family)
 }
 

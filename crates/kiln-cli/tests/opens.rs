@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 
 fn fixture(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../kiln-models/tests/fixtures/decoders")
+        .join("../../tests/fixtures/decoders")
         .join(rel)
 }
 

@@ -1,5 +1,5 @@
 //! ModernBERT and XLM-RoBERTa against HF transformers float32, on the tiny random checkpoints of
-//! `kiln-models/tests/fixtures/encoders/` (F16 single file / BF16 sharded, HF + sentence-
+//! `tests/fixtures/encoders/` (F16 single file / BF16 sharded, HF + sentence-
 //! transformers layout, trained tokenizers; see its README for how they were made).
 //!
 //! Tolerance: max |Δ| ≤ 1e-4 on every hidden state and embedding component. The weights are
@@ -19,7 +19,7 @@ const TOL: f64 = 1e-4;
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../kiln-models/tests/fixtures/encoders")
+        .join("../../tests/fixtures/encoders")
         .join(name)
 }
 

@@ -15,7 +15,7 @@ use kiln_models::Decoder;
 
 fn model(b: &CpuBackend) -> Decoder<CpuBackend> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../kiln-models/tests/fixtures/decoders/llama/model-f32.gguf");
+        .join("../../tests/fixtures/decoders/llama/model-f32.gguf");
     let file = GgufFile::open(&path).unwrap();
     kiln_models::load_gguf_decoder(b, &file).unwrap()
 }

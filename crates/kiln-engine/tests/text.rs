@@ -1,5 +1,5 @@
 //! The tokenizer front of decoders from Hugging Face folders (`tokenizer.json` and friends),
-//! on the decoder fixtures of kiln-models: ids equal transformers' (recorded in the fixtures),
+//! on the decoder fixtures (`tests/fixtures/decoders`): ids equal transformers' (recorded in the fixtures),
 //! end-of-generation ids come from the folder's files, and streaming reproduces `decode`.
 
 use std::path::{Path, PathBuf};
@@ -9,7 +9,7 @@ use serde_json::Value;
 
 fn fixture(family: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../kiln-models/tests/fixtures/decoders")
+        .join("../../tests/fixtures/decoders")
         .join(family)
 }
 

@@ -1,6 +1,6 @@
 //! Every decoder family against Hugging Face transformers in float32, from both file formats.
 //!
-//! The fixtures (`tests/fixtures/decoders/<family>/`, made by `scripts/gen_decoder_fixtures.py`)
+//! The fixtures (`tests/fixtures/decoders/<family>/` at the repository root, made by `scripts/gen_decoder_fixtures.py`)
 //! are tiny random checkpoints saved by transformers, converted to GGUF by llama.cpp's own
 //! `convert_hf_to_gguf.py` at the same dtype, with HF's float32 logits for every position of
 //! each prompt, its greedy continuation, and for MoE models the router's choices.
@@ -32,7 +32,7 @@ const F16_KV_TOL: f32 = 3e-3;
 
 fn fixture(family: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/decoders")
+        .join("../../tests/fixtures/decoders")
         .join(family)
 }
 

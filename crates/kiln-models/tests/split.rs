@@ -1,5 +1,5 @@
 //! A [`SplitDecoder`] over two CPU backends against the single-backend [`Decoder`], on every
-//! family fixture (`tests/fixtures/decoders`, see its README), both file formats, at every split
+//! family fixture (`tests/fixtures/decoders` at the repository root, see its README), both file formats, at every split
 //! point `n` in `0..=L`.
 //!
 //! Tolerance: none. The CPU backend computes every output element with the same instruction
@@ -30,7 +30,7 @@ type Cpu = CpuBackend;
 
 fn fixture(family: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/decoders")
+        .join("../../tests/fixtures/decoders")
         .join(family)
 }
 

@@ -19,7 +19,7 @@ use kiln_tokenizer::{ChatTemplate, Tokenizer};
 use serde_json::{json, Value};
 
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../kiln-models/tests/fixtures")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
 }
 
 fn llama_path() -> PathBuf {
