@@ -6,8 +6,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use kiln_backend::KvDtype;
-use kiln_cli::backends::{place_decoder, place_embedding, Devices};
+use kiln_cli::backends::{cpu_options, place_decoder, place_embedding, Devices};
 use kiln_cpu::CpuOptions;
+use kiln_engine::plan::Candidate;
 use kiln_engine::{
     DecoderRunner, DecoderUse, EmbeddingRunner, ModelFile, ModelKind, TextTokenizer,
 };
@@ -106,27 +107,28 @@ pub struct PlacedDecoder {
     pub load_ms: f64,
 }
 
-/// Opens `model` once, plans it for `work` (logging the plan as `[tag] plan: ...`, or through
-/// `tracing` when `tag` is `None`), builds the planned backends with `cpu` options and loads the
-/// model onto them, for `usage`.
+/// Opens `model` once and places it: see [`decoder_from`].
 pub fn decoder(
     model: &str,
     load: &LoadArgs,
+    threads: usize,
     placement: &PlanArgs,
-    cpu: CpuOptions,
     work: Workload,
     usage: DecoderUse,
     tag: Option<&str>,
 ) -> Result<PlacedDecoder> {
     let file = open(model, load.load_mode())?;
-    decoder_from(file, placement, cpu, work, usage, tag)
+    decoder_from(file, threads, placement, work, usage, tag)
 }
 
-/// [`decoder`] of a model already opened.
+/// Plans the decoder in `file` for `work` (the plan logged as `[tag] plan: ...`, or through
+/// `tracing` when `tag` is `None`), builds the planned backends (`threads` threads, the KV cache
+/// as `work` says, batch-invariant kernels when it is to serve) and loads the model onto them,
+/// for `usage`.
 pub fn decoder_from(
     mut file: ModelFile,
+    threads: usize,
     placement: &PlanArgs,
-    cpu: CpuOptions,
     work: Workload,
     usage: DecoderUse,
     tag: Option<&str>,
@@ -139,14 +141,12 @@ pub fn decoder_from(
             file.architecture()
         );
     }
-    let chosen = choose(&file, placement, &cpu, work)?;
-    match tag {
-        Some(tag) => eprintln!("[{tag}] {}", describe(&chosen)),
-        None => tracing::info!("{}: {}", file.path().display(), describe(&chosen)),
-    }
+    // A served request gets the same tokens whatever it is batched with (see
+    // `CpuOptions::batch_invariant`).
+    let cpu = cpu_options(threads, work.kv_dtype, usage == DecoderUse::Serve)?;
+    let chosen = plan_for(&file, placement, &cpu, work, tag)?;
     let t0 = Instant::now();
-    let devices = Devices::cpu(cpu);
-    let model = place_decoder(&mut file, &chosen.placement, &devices, usage)
+    let model = place_decoder(&mut file, &chosen.placement, &Devices::cpu(cpu), usage)
         .with_context(|| format!("loading the model in {}", file.path().display()))?;
     let tokenizer = file.tokenizer()?;
     Ok(PlacedDecoder {
@@ -157,19 +157,33 @@ pub fn decoder_from(
     })
 }
 
+/// The plan of `file` for `work`, logged as `[tag] plan: ...` (through `tracing` without a tag).
+fn plan_for(
+    file: &ModelFile,
+    placement: &PlanArgs,
+    cpu: &CpuOptions,
+    work: Workload,
+    tag: Option<&str>,
+) -> Result<Candidate> {
+    let chosen = choose(file, placement, cpu, work)?;
+    match tag {
+        Some(tag) => eprintln!("[{tag}] {}", describe(&chosen)),
+        None => tracing::info!("{}: {}", file.path().display(), describe(&chosen)),
+    }
+    Ok(chosen)
+}
+
 /// An embedding model opened, planned and placed.
 pub struct PlacedEmbedding {
     pub model: Box<dyn EmbeddingRunner>,
     pub load_ms: f64,
 }
 
-/// Opens the embedding model `model` once, plans it for `batch` texts per pass (logged as
-/// `[tag] plan: ...`, or through `tracing` when `tag` is `None`), and loads it onto the planned
-/// backend; `truncate` as `kiln embed --no-truncate` says.
+/// Opens the embedding model `model` once and places it: see [`embedding_from`].
 pub fn embedding(
     model: &str,
+    threads: usize,
     placement: &PlanArgs,
-    cpu: CpuOptions,
     batch: usize,
     truncate: bool,
     tag: Option<&str>,
@@ -183,14 +197,16 @@ pub fn embedding(
         };
         format!("reading {}{what}", path.display())
     })?;
-    embedding_from(file, placement, cpu, batch, truncate, tag)
+    embedding_from(file, threads, placement, batch, truncate, tag)
 }
 
-/// [`embedding`] of a model already opened.
+/// Plans the embedding model in `file` for `batch` texts per pass (logged as [`decoder_from`]
+/// logs), and loads it onto the planned backend (`threads` threads); `truncate` as `kiln embed
+/// --no-truncate` says.
 pub fn embedding_from(
     file: ModelFile,
+    threads: usize,
     placement: &PlanArgs,
-    cpu: CpuOptions,
     batch: usize,
     truncate: bool,
     tag: Option<&str>,
@@ -203,17 +219,14 @@ pub fn embedding_from(
             file.kind().describe()
         );
     }
+    let cpu = cpu_options(threads, KvDtype::default(), false)?;
     let work = Workload {
         ctx: usize::MAX,
         batch,
         kv_budget: None,
         kv_dtype: KvDtype::default(),
     };
-    let chosen = choose(&file, placement, &cpu, work)?;
-    match tag {
-        Some(tag) => eprintln!("[{tag}] {}", describe(&chosen)),
-        None => tracing::info!("{}: {}", file.path().display(), describe(&chosen)),
-    }
+    let chosen = plan_for(&file, placement, &cpu, work, tag)?;
     let t0 = Instant::now();
     let model = place_embedding(&file, &chosen.placement, &Devices::cpu(cpu), truncate)?;
     Ok(PlacedEmbedding {

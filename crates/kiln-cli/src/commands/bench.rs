@@ -12,8 +12,6 @@ use serde_json::json;
 
 use super::bench_decode::DecodeBenchArgs;
 use super::embed::EmbedModelArg;
-use kiln_cli::backends::cpu_options;
-
 use crate::load::{embedding, ThreadsArg};
 use crate::plan::PlanArgs;
 
@@ -68,12 +66,11 @@ fn embed(a: BenchEmbedArgs) -> Result<()> {
     if lines.is_empty() {
         bail!("{}: no texts (one per line)", a.file.display());
     }
-    let cpu = cpu_options(a.threads.threads, Default::default(), false)?;
-    let threads = cpu.resolved_threads();
+    let threads = kiln_cpu::CpuOptions::threads(a.threads.threads).resolved_threads();
     let loaded = embedding(
         &a.model.model,
+        a.threads.threads,
         &a.placement,
-        cpu,
         a.batch_size as usize,
         true,
         Some("bench"),

@@ -7,8 +7,6 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use serde_json::Value;
 
-use kiln_cli::backends::cpu_options;
-
 use crate::load::{embedding, ThreadsArg};
 use crate::plan::PlanArgs;
 
@@ -93,11 +91,10 @@ pub fn run(a: EmbedArgs) -> Result<()> {
         }
         a.texts.clone()
     };
-    let cpu = cpu_options(a.threads.threads, Default::default(), false)?;
     let loaded = embedding(
         &a.model.model,
+        a.threads.threads,
         &a.placement,
-        cpu,
         a.batch_size as usize,
         !a.no_truncate,
         Some("embed"),

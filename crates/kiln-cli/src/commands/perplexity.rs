@@ -3,7 +3,6 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use serde_json::json;
 
-use kiln_cli::backends::cpu_options;
 use kiln_engine::DecoderUse;
 
 use crate::load::{decoder, LoadArgs, ModelArg, ThreadsArg};
@@ -39,12 +38,11 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
         kv_budget: None,
         kv_dtype: a.mmap.kv.kv_type,
     };
-    let cpu = cpu_options(a.threads.threads, a.mmap.kv.kv_type, false)?;
     let m = decoder(
         &a.model.model,
         &a.mmap,
+        a.threads.threads,
         &a.placement,
-        cpu,
         work,
         DecoderUse::Score,
         Some("perplexity"),

@@ -4,8 +4,6 @@ use anyhow::{Context, Result};
 use kiln_engine::{DecoderUse, GenerateOptions, SamplingParams, StopReason};
 use serde_json::json;
 
-use kiln_cli::backends::cpu_options;
-
 use crate::load::{decoder, LoadArgs, ModelArg, ThreadsArg};
 use crate::plan::{PlanArgs, Workload};
 
@@ -94,12 +92,11 @@ pub fn run(a: RunArgs) -> Result<()> {
         kv_budget: None,
         kv_dtype: a.mmap.kv.kv_type,
     };
-    let cpu = cpu_options(a.threads.threads, a.mmap.kv.kv_type, false)?;
     let m = decoder(
         &a.model.model,
         &a.mmap,
+        a.threads.threads,
         &a.placement,
-        cpu,
         work,
         DecoderUse::Generate,
         Some("run"),

@@ -1,7 +1,6 @@
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
-use kiln_cli::backends::cpu_options;
 use kiln_engine::DecoderUse;
 
 use super::for_each_jsonl;
@@ -39,12 +38,11 @@ pub fn run(a: ScoreArgs) -> Result<()> {
         kv_budget: None,
         kv_dtype: a.mmap.kv.kv_type,
     };
-    let cpu = cpu_options(a.threads.threads, a.mmap.kv.kv_type, false)?;
     let m = decoder(
         &a.model.model,
         &a.mmap,
+        a.threads.threads,
         &a.placement,
-        cpu,
         work,
         DecoderUse::Score,
         Some("score"),

@@ -5,7 +5,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use kiln_cli::backends::cpu_options;
 use kiln_engine::{DecoderUse, ModelFile, ModelKind, SchedulerConfig};
 use kiln_server::{DecoderEngine, DecoderEntry, EmbedEngine, EmbedEntry, ServerState};
 use kiln_tokenizer::{ChatTemplate, SpecialTokens};
@@ -131,11 +130,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
             bail!("two models are named '{name}'; name them with --model NAME=MODEL");
         }
         let path = file.path().display().to_string();
-        // A request gets the same tokens whatever it is batched with (see
-        // `CpuOptions::batch_invariant`).
-        let cpu = cpu_options(a.threads.threads, a.mmap.kv.kv_type, true)?;
+        let threads = a.threads.threads;
         if file.kind() == ModelKind::HfEncoder {
-            let m = embedding_from(file, &a.placement, cpu, a.embed_batch, false, None)?;
+            let m = embedding_from(file, threads, &a.placement, a.embed_batch, false, None)?;
             tracing::info!(
                 "loaded '{name}' ({path}): embedding model, {} dimensions, up to {} tokens per \
                  input, on {} in {:.0} ms",
@@ -155,7 +152,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             kv_budget: Some((a.kv_memory_mib as u64) << 20),
             kv_dtype: a.mmap.kv.kv_type,
         };
-        let m = decoder_from(file, &a.placement, cpu, work, DecoderUse::Serve, None)?;
+        let m = decoder_from(file, threads, &a.placement, work, DecoderUse::Serve, None)?;
         let cfg = m.model.config().clone();
         let end_ids: Vec<u32> = (0..cfg.vocab_size as u32)
             .filter(|&id| m.tokenizer.is_end_of_generation(id))
