@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use kiln_core::config::RopeConfig;
+use kiln_core::config::{FfnActivation, RopeConfig, RopeKind};
 
 /// Element-wise activation functions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,6 +25,17 @@ impl Activation {
             }
             Activation::Gelu => 0.5 * x * (1.0 + erf(x / std::f32::consts::SQRT_2)),
             Activation::Silu => x / (1.0 + (-x).exp()),
+        }
+    }
+}
+
+/// The activation a model configuration names: the one mapping from the configuration's enum.
+impl From<FfnActivation> for Activation {
+    fn from(a: FfnActivation) -> Self {
+        match a {
+            FfnActivation::GeluTanh => Activation::GeluTanh,
+            FfnActivation::Gelu => Activation::Gelu,
+            FfnActivation::Silu => Activation::Silu,
         }
     }
 }
@@ -55,6 +66,16 @@ pub enum RopeStyle {
     Normal,
     /// Halves `(x[i], x[i + d/2])` (GPT-NeoX layout; Gemma, Qwen, Phi-3).
     Neox,
+}
+
+/// The rotary layout a model configuration names: the one mapping from the configuration's enum.
+impl From<RopeKind> for RopeStyle {
+    fn from(k: RopeKind) -> Self {
+        match k {
+            RopeKind::Normal => RopeStyle::Normal,
+            RopeKind::Neox => RopeStyle::Neox,
+        }
+    }
 }
 
 /// Rotary embedding of each head: pair `i` of `rope_dim / 2` turns by

@@ -8,8 +8,10 @@
 //! test cannot skip in CI); elsewhere the test skips, saying so, when it is missing.
 
 use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 fn fixture(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -30,24 +32,38 @@ fn strace_available() -> bool {
     found
 }
 
-/// Runs `kiln ARGS` under strace and counts the successful opens of each path under `model`.
-fn opens(args: &[&str], model: &Path) -> BTreeMap<String, usize> {
-    let log = tempfile_path(&format!("strace-{}.log", args.join("-").replace('/', "_")));
-    let out = Command::new("strace")
-        .args(["-f", "-qq", "-e", "trace=open,openat", "-o"])
-        .arg(&log)
+/// `strace` of `kiln ARGS`, its opens written to `log`.
+fn traced(args: &[&str], log: &Path) -> Command {
+    let mut cmd = Command::new("strace");
+    cmd.args(["-f", "-qq", "-e", "trace=open,openat", "-o"])
+        .arg(log)
         .arg(env!("CARGO_BIN_EXE_kiln"))
         .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("running strace");
+        .stdin(Stdio::null());
+    cmd
+}
+
+fn log_path(args: &[&str]) -> PathBuf {
+    let name = format!("strace-{}.log", args.join("-").replace('/', "_"));
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join(&name[..name.len().min(200)])
+}
+
+/// Runs `kiln ARGS` under strace and counts the successful opens of each path under `model`.
+fn opens(args: &[&str], model: &Path) -> BTreeMap<String, usize> {
+    let log = log_path(args);
+    let out = traced(args, &log).output().expect("running strace");
     assert!(
         out.status.success(),
         "kiln {args:?} failed under strace:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let trace = std::fs::read_to_string(&log).unwrap();
-    let _ = std::fs::remove_file(&log);
+    count_opens(&log, model)
+}
+
+/// The successful opens of each path under `model` in the strace log `log` (then removed).
+fn count_opens(log: &Path, model: &Path) -> BTreeMap<String, usize> {
+    let trace = std::fs::read_to_string(log).unwrap();
+    let _ = std::fs::remove_file(log);
     let model = model.canonicalize().unwrap();
     let mut counts = BTreeMap::new();
     for line in trace.lines().filter(|l| !l.contains("= -1")) {
@@ -64,14 +80,13 @@ fn opens(args: &[&str], model: &Path) -> BTreeMap<String, usize> {
     counts
 }
 
-fn tempfile_path(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_TARGET_TMPDIR")).join(name)
-}
-
 /// `kiln ARGS` opened each of `files` (paths relative to `model`, or `model` itself for "")
 /// exactly once, and nothing else inside it more than once.
 fn assert_once(args: &[&str], model: &Path, files: &[&str]) {
-    let counts = opens(args, model);
+    check_once(args, &opens(args, model), model, files);
+}
+
+fn check_once(args: &[&str], counts: &BTreeMap<String, usize>, model: &Path, files: &[&str]) {
     let model = model.canonicalize().unwrap();
     for file in files {
         let path = if file.is_empty() {
@@ -85,7 +100,7 @@ fn assert_once(args: &[&str], model: &Path, files: &[&str]) {
             .unwrap_or(0);
         assert_eq!(n, 1, "kiln {args:?} opened {} {n} times", path.display());
     }
-    for (path, n) in &counts {
+    for (path, n) in counts {
         assert_eq!(*n, 1, "kiln {args:?} opened {path} {n} times");
     }
 }
@@ -197,5 +212,74 @@ fn embed_opens_the_folder_s_files_once() {
             "tokenizer.json",
             "modules.json",
         ],
+    );
+}
+
+#[test]
+fn serve_opens_each_model_once() {
+    if !strace_available() {
+        eprintln!("SKIPPED: strace is not installed");
+        return;
+    }
+    common_fetch(&["embed", "hello"]);
+    let gguf = fixture("llama").join("model-f32.gguf");
+    let encoder = kiln_home_model("minilm");
+    let args = [
+        "serve",
+        "-m",
+        gguf.to_str().unwrap(),
+        "-m",
+        "minilm",
+        "--port",
+        "0",
+        "--kv-memory",
+        "16",
+    ];
+    let log = log_path(&args);
+    let mut strace = traced(&args, &log)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running strace");
+    // Wait for the server to listen (both models loaded), then stop it as a user would.
+    let stderr = strace.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("listening on http://") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    let started = Instant::now();
+    let listening = rx.recv_timeout(Duration::from_secs(120));
+    // kiln is strace's child: signal it (strace then exits with it).
+    let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", strace.id()))
+        .unwrap_or_default();
+    for pid in children.split_whitespace() {
+        let _ = Command::new("kill").args(["-TERM", pid]).status();
+    }
+    let status = strace.wait().unwrap();
+    assert!(
+        listening.is_ok(),
+        "kiln serve did not listen within {:?}",
+        started.elapsed()
+    );
+    assert!(status.success(), "kiln serve under strace: {status}");
+    let counts = count_opens(&log, Path::new("/"));
+    let under = |root: &Path| -> BTreeMap<String, usize> {
+        let root = root.canonicalize().unwrap();
+        counts
+            .iter()
+            .filter(|(p, _)| Path::new(p).starts_with(&root))
+            .map(|(p, n)| (p.clone(), *n))
+            .collect()
+    };
+    check_once(&args, &under(&gguf), &gguf, &[""]);
+    check_once(
+        &args,
+        &under(&encoder),
+        &encoder,
+        &["config.json", "model.safetensors", "tokenizer.json"],
     );
 }

@@ -1,3 +1,6 @@
+//! [`CpuBackend`]: the backend struct and its `kiln_backend::Backend` implementation, which
+//! checks operands and hands each op to the module that implements it.
+
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
@@ -7,204 +10,17 @@ use kiln_backend::{
 };
 use kiln_core::{GgmlType, SharedBytes};
 
+use crate::context::{for_each_chunk, Context, PARALLEL_MIN_ELEMENTS};
 use crate::kernels::{self, SimdLevel};
 use crate::kv::CpuKv;
 use crate::options::CpuOptions;
-use crate::sgemm::PackedWeight;
-
-/// A row-major `[rows, cols]` f32 tensor in host memory.
-#[derive(Clone, Debug, PartialEq)]
-pub struct CpuTensor {
-    pub(crate) data: Vec<f32>,
-    pub(crate) rows: usize,
-    pub(crate) cols: usize,
-}
-
-impl CpuTensor {
-    pub fn new(data: Vec<f32>, rows: usize, cols: usize) -> Result<Self> {
-        if data.len() != rows * cols {
-            return Err(shape_err(
-                "tensor",
-                format!("{} values for [{rows}, {cols}]", data.len()),
-            ));
-        }
-        Ok(CpuTensor { data, rows, cols })
-    }
-    pub fn data(&self) -> &[f32] {
-        &self.data
-    }
-    pub(crate) fn row(&self, i: usize) -> &[f32] {
-        &self.data[i * self.cols..(i + 1) * self.cols]
-    }
-}
-
-/// Large tensors give their storage back for reuse (see `buffers`).
-impl Drop for CpuTensor {
-    fn drop(&mut self) {
-        crate::buffers::give(std::mem::take(&mut self.data));
-    }
-}
-
-/// Checks that `src`'s rows fit at row `dst_row` of a `[rows, cols]` destination (same width).
-pub(crate) fn check_rows_fit(
-    op: &'static str,
-    src: &CpuTensor,
-    dst_row: usize,
-    (rows, cols): (usize, usize),
-) -> Result<()> {
-    let end = dst_row.checked_add(src.rows);
-    if src.cols != cols || end.is_none_or(|end| end > rows) {
-        return Err(shape_err(
-            op,
-            format!(
-                "[{}, {}] at row {dst_row} into [{rows}, {cols}]",
-                src.rows, src.cols
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// A weight on the CPU: a zero-copy view of the file's bytes (quantized blocks stay quantized).
-/// One-dimensional f32 weights (norms, biases) are also decoded once into `values`.
-#[derive(Clone, Debug)]
-pub struct CpuWeight {
-    pub(crate) ty: GgmlType,
-    pub(crate) row_len: usize,
-    pub(crate) n_rows: usize,
-    pub(crate) row_bytes: usize,
-    pub(crate) bytes: SharedBytes,
-    pub(crate) values: Option<Vec<f32>>,
-    /// A float matrix packed for the dense GEMM (`sgemm`), made on first dense use (F16 and
-    /// BF16 converted while packing); the error is kept so every later call reports it.
-    pub(crate) packed: OnceLock<std::result::Result<PackedWeight, String>>,
-    /// A GPTQ 4-bit matrix (then `ty` is I32, the checkpoint's word type, and `bytes` empty).
-    pub(crate) gptq: Option<Arc<GptqMatrix>>,
-    /// The matrix in an interleaved layout (`kernels::interleave`), which every product and
-    /// embedding lookup then reads instead of `bytes`, whose pages were handed back (see
-    /// [`CpuOptions::interleave`]).
-    pub(crate) interleaved: Option<Arc<Interleaved>>,
-}
-
-/// A matrix in an interleaved layout (`kernels::interleave`), in memory of the backend's own
-/// (see [`Arena`]).
-#[derive(Debug)]
-pub(crate) struct Interleaved {
-    chunk: Arc<Chunk>,
-    offset: usize,
-    len: usize,
-    /// The layout's product (`kernels::interleaved_gemm_fn` of the weight's type and the
-    /// backend's level, which the backend checked before interleaving).
-    pub(crate) gemm: kernels::InterleavedGemmFn,
-}
-
-impl Interleaved {
-    pub(crate) fn bytes(&self) -> &[u8] {
-        // SAFETY: the region lies inside the chunk (`Arena::alloc`), was written before this
-        // value existed, and is never written again.
-        unsafe { std::slice::from_raw_parts(self.chunk.base.add(self.offset), self.len) }
-    }
-}
-
-/// One anonymous map of the [`Arena`], advised to transparent huge pages.
-#[derive(Debug)]
-struct Chunk {
-    /// The map's first byte: regions are written through it, each once, before any reader
-    /// holds them.
-    base: *mut u8,
-    _map: memmap2::MmapMut,
-}
-
-// SAFETY: `base` points into `_map`, owned here; every region is written once by its allocator
-// before it is shared, and only read after (see `Arena::alloc`).
-unsafe impl Send for Chunk {}
-unsafe impl Sync for Chunk {}
-
-/// Memory for the interleaved weights: matrices smaller than a chunk are cut (64-byte aligned)
-/// from anonymous maps of [`Arena::CHUNK`] bytes advised to huge pages, so that small matrices
-/// also sit on 2 MiB pages (a map of its own per matrix of a few hundred KB gets 4 KiB pages,
-/// and Gemma 3 270M's Q/K/V and gate/up products ran 20-25% slower on them than in the GGUF
-/// loader's copy); larger matrices get a map of their own.
-#[derive(Debug, Default)]
-pub(crate) struct Arena {
-    /// The chunk being filled and its first free byte.
-    current: std::sync::Mutex<Option<(Arc<Chunk>, usize)>>,
-}
-
-impl Arena {
-    const CHUNK: usize = 32 << 20;
-
-    /// A fresh region of `len` bytes, 64-byte aligned, and where to write it (once, before
-    /// the region is read).
-    fn alloc(&self, len: usize) -> std::io::Result<(Arc<Chunk>, usize)> {
-        let new_chunk = |size: usize| -> std::io::Result<Arc<Chunk>> {
-            let mut map = memmap2::MmapOptions::new().len(size.max(1)).map_anon()?;
-            #[cfg(target_os = "linux")]
-            let _ = map.advise(memmap2::Advice::HugePage);
-            Ok(Arc::new(Chunk {
-                base: map.as_mut_ptr(),
-                _map: map,
-            }))
-        };
-        if len > Self::CHUNK / 2 {
-            return Ok((new_chunk(len)?, 0));
-        }
-        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        let fits = |(_, used): &(Arc<Chunk>, usize)| used.next_multiple_of(64) + len <= Self::CHUNK;
-        if !current.as_ref().is_some_and(fits) {
-            *current = Some((new_chunk(Self::CHUNK)?, 0));
-        }
-        let (chunk, used) = current.as_mut().expect("a chunk with room");
-        let offset = used.next_multiple_of(64);
-        *used = offset + len;
-        Ok((chunk.clone(), offset))
-    }
-}
-
-impl CpuWeight {
-    pub(crate) fn row_bytes_of(&self, r: usize) -> &[u8] {
-        &self.bytes[r * self.row_bytes..(r + 1) * self.row_bytes]
-    }
-    /// The weight packed for the dense GEMM, for float types: packed on first use (on `team`),
-    /// then shared by every call.
-    pub(crate) fn dense_packed(&self, team: &crate::team::Team) -> Result<&PackedWeight> {
-        self.packed
-            .get_or_init(|| {
-                PackedWeight::pack(
-                    team,
-                    self.ty,
-                    &self.bytes,
-                    self.n_rows,
-                    self.row_len,
-                    self.row_bytes,
-                )
-            })
-            .as_ref()
-            .map_err(|e| shape_err("dense matmul", e.clone()))
-    }
-
-    /// Whether this weight is held in an interleaved layout (see
-    /// [`CpuOptions::interleave`]).
-    pub fn is_interleaved(&self) -> bool {
-        self.interleaved.is_some()
-    }
-
-    /// f32 values of a small vector weight.
-    pub(crate) fn vector(&self, op: &'static str) -> Result<&[f32]> {
-        self.values
-            .as_deref()
-            .ok_or_else(|| shape_err(op, "expected a one-dimensional weight"))
-    }
-}
+use crate::tensor::{check_rows_fit, CpuTensor};
+use crate::weight::{Arena, CpuWeight, Interleaved};
 
 /// The CPU backend: kernels chosen once for this machine, a private team of threads.
 pub struct CpuBackend {
-    /// The fork-join team every parallel op runs on, the calling thread included (see `team`).
-    pub(crate) team: crate::team::Team,
-    pub(crate) threads: usize,
-    pub(crate) simd: SimdLevel,
-    /// See [`CpuOptions::batch_invariant`].
-    pub(crate) batch_invariant: bool,
+    /// The team, the SIMD level and the mode the ops run with.
+    pub(crate) cx: Context,
     /// See [`CpuOptions::kv_dtype`].
     pub(crate) kv_dtype: KvDtype,
     /// The weight types to interleave (see [`CpuOptions::interleave`]); empty: none.
@@ -230,10 +46,12 @@ impl CpuBackend {
                 detail: format!("worker threads: {e}"),
             })?;
         Ok(CpuBackend {
-            team,
-            threads,
-            simd: options.simd_level(),
-            batch_invariant: options.batch_invariant,
+            cx: Context {
+                team,
+                threads,
+                simd: options.simd_level(),
+                batch_invariant: options.batch_invariant,
+            },
             kv_dtype: options.kv_dtype,
             interleave: options.interleave.clone(),
             arena: Arena::default(),
@@ -244,10 +62,10 @@ impl CpuBackend {
     /// The options this backend runs with (threads and SIMD level resolved).
     pub fn options(&self) -> CpuOptions {
         CpuOptions {
-            threads: self.threads,
-            simd_cap: Some(self.simd),
+            threads: self.cx.threads,
+            simd_cap: Some(self.cx.simd),
             interleave: self.interleave.clone(),
-            batch_invariant: self.batch_invariant,
+            batch_invariant: self.cx.batch_invariant,
             kv_dtype: self.kv_dtype,
         }
     }
@@ -260,61 +78,40 @@ impl CpuBackend {
         n_rows: usize,
         row_bytes: usize,
     ) -> std::io::Result<Option<Arc<Interleaved>>> {
-        let rows = kernels::INTERLEAVE_ROWS;
         if !self.interleave.contains(&data.ty)
             || data.dims.len() != 2
             || n_rows == 0
-            || !n_rows.is_multiple_of(rows)
+            || !n_rows.is_multiple_of(kernels::INTERLEAVE_ROWS)
         {
             return Ok(None);
         }
-        let Some(gemm) = kernels::interleaved_gemm_fn(data.ty, self.simd) else {
+        let Some(gemm) = kernels::interleaved_gemm_fn(data.ty, self.cx.simd) else {
             return Ok(None);
         };
-        let len = n_rows * row_bytes;
-        let (chunk, offset) = self.arena.alloc(len)?;
-        // SAFETY: the region is this call's alone (fresh from the arena) and inside the chunk;
-        // nothing reads it before it is filled below.
-        let dst = unsafe { std::slice::from_raw_parts_mut(chunk.base.add(offset), len) };
-        // Pieces of whole groups, at most about 2 MiB and at least one per thread, in parallel;
-        // each piece's source pages are released once it is copied (so that a large matrix is
-        // never resident twice), and the whole matrix's at the end (the pages that straddle
-        // two pieces).
-        let group = rows * row_bytes;
-        let piece = (len / self.threads).clamp(group, (2 << 20).max(group)) / group * group;
-        let k = data.row_len();
-        self.team.for_each_chunk(dst, piece, |i, dst| {
-            let src = &data.bytes[i * piece..i * piece + dst.len()];
-            kernels::interleave(data.ty, k, src, dst);
-            if let Some(done) = data.bytes.slice(i * piece..i * piece + dst.len()) {
-                done.release_pages();
-            }
-        });
-        data.bytes.release_pages();
-        Ok(Some(Arc::new(Interleaved {
-            chunk,
-            offset,
-            len,
+        let cx = &self.cx;
+        Interleaved::new(
+            &self.arena,
+            &cx.team,
+            cx.threads,
+            data,
+            n_rows,
+            row_bytes,
             gemm,
-        })))
+        )
+        .map(|il| Some(Arc::new(il)))
     }
 
     /// See [`CpuOptions::batch_invariant`].
     pub fn batch_invariant(&self) -> bool {
-        self.batch_invariant
+        self.cx.batch_invariant
     }
 
     pub fn threads(&self) -> usize {
-        self.threads
+        self.cx.threads
     }
 
     pub fn simd(&self) -> SimdLevel {
-        self.simd
-    }
-
-    /// Whether AVX2 builds of the math loops may run (chosen level and CPU both allow it).
-    pub(crate) fn avx2(&self) -> bool {
-        self.simd.has_avx2() && kernels::simd_level().has_avx2()
+        self.cx.simd
     }
 
     /// Layer norm of `x`, or of `residual + x`, with the weights as vectors.
@@ -327,7 +124,7 @@ impl CpuBackend {
         residual: Option<&CpuTensor>,
     ) -> Result<CpuTensor> {
         let b = bias.map(|b| b.vector("layer_norm bias")).transpose()?;
-        crate::ops::layer_norm(self, x, weight.vector("layer_norm")?, b, eps, residual)
+        crate::ops::layer_norm(&self.cx, x, weight.vector("layer_norm")?, b, eps, residual)
     }
 
     fn check_same(op: &'static str, a: &CpuTensor, b: &CpuTensor) -> Result<()> {
@@ -362,8 +159,8 @@ impl CpuBackend {
         Self::check_same(op, a, b)?;
         let mut out = crate::buffers::take(a.data.len());
         const CHUNK: usize = 4096;
-        let parallel = out.len() >= crate::PARALLEL_MIN_ELEMENTS;
-        crate::for_each_chunk(self, &mut out, CHUNK, parallel, |i, o| {
+        let parallel = out.len() >= PARALLEL_MIN_ELEMENTS;
+        for_each_chunk(&self.cx, &mut out, CHUNK, parallel, |i, o| {
             let (x, y) = (&a.data[i * CHUNK..], &b.data[i * CHUNK..]);
             for ((o, &x), &y) in o.iter_mut().zip(x).zip(y) {
                 *o = f(x, y);
@@ -383,7 +180,7 @@ impl Backend for CpuBackend {
     type Kv = CpuKv;
 
     fn name(&self) -> String {
-        format!("cpu ({} threads, {:?})", self.threads, self.simd)
+        format!("cpu ({} threads, {:?})", self.cx.threads, self.cx.simd)
     }
 
     fn upload_weight(&self, data: &WeightData) -> Result<CpuWeight> {
@@ -592,14 +389,14 @@ impl Backend for CpuBackend {
     }
 
     fn matmul(&self, x: &CpuTensor, w: &Linear<Self>) -> Result<CpuTensor> {
-        crate::matmul::matmul(self, x, w, false)
+        crate::matmul::matmul(&self.cx, x, w, false)
     }
 
     fn matmul_many(&self, x: &CpuTensor, ws: &[&Linear<Self>]) -> Result<Vec<CpuTensor>> {
-        if let Some(ys) = crate::matmul::gemv_many(self, x, ws)? {
+        if let Some(ys) = crate::matmul::gemv_many(&self.cx, x, ws)? {
             return Ok(ys);
         }
-        match crate::matmul::tiled_many(self, x, ws)? {
+        match crate::matmul::tiled_many(&self.cx, x, ws)? {
             Some(ys) => Ok(ys),
             None => ws.iter().map(|w| self.matmul(x, w)).collect(),
         }
@@ -613,14 +410,14 @@ impl Backend for CpuBackend {
         w: &Linear<Self>,
         act: Activation,
     ) -> Result<CpuTensor> {
-        if act == Activation::Gelu && crate::matmul::is_dense(self, x, w) {
-            return crate::matmul::matmul(self, x, w, true);
+        if act == Activation::Gelu && crate::matmul::is_dense(&self.cx, x, w) {
+            return crate::matmul::matmul(&self.cx, x, w, true);
         }
         self.activation(&self.matmul(x, w)?, act)
     }
 
     fn rms_norm(&self, x: &CpuTensor, weight: &CpuWeight, eps: f32) -> Result<CpuTensor> {
-        crate::ops::rms_norm(self, x, weight.vector("rms_norm")?, eps, None)
+        crate::ops::rms_norm(&self.cx, x, weight.vector("rms_norm")?, eps, None)
     }
 
     fn layer_norm(
@@ -652,11 +449,11 @@ impl Backend for CpuBackend {
         seq_lens: &[usize],
         params: &PackedAttentionParams,
     ) -> Result<CpuTensor> {
-        crate::packed_attention::packed_attention(self, q, k, v, seq_lens, params)
+        crate::packed_attention::packed_attention(&self.cx, q, k, v, seq_lens, params)
     }
 
     fn rope(&self, x: &CpuTensor, positions: &[u32], params: &RopeParams) -> Result<CpuTensor> {
-        crate::ops::rope(self, x, positions, params)
+        crate::ops::rope(&self.cx, &self.rope_tables, x, positions, params)
     }
 
     fn attention(
@@ -668,7 +465,7 @@ impl Backend for CpuBackend {
         n_kv: usize,
         params: &AttentionParams,
     ) -> Result<CpuTensor> {
-        crate::attention::attention(self, q, k_cache, v_cache, q_pos, n_kv, params)
+        crate::attention::attention(&self.cx, q, k_cache, v_cache, q_pos, n_kv, params)
     }
 
     fn paged_attention(
@@ -681,7 +478,7 @@ impl Backend for CpuBackend {
         n_kv: usize,
         params: &AttentionParams,
     ) -> Result<CpuTensor> {
-        crate::attention::paged_attention(self, q, k_pool, v_pool, pages, q_pos, n_kv, params)
+        crate::attention::paged_attention(&self.cx, q, k_pool, v_pool, pages, q_pos, n_kv, params)
     }
 
     /// The jobs as team tasks, one per sequence: a decode step's attention of one short sequence
@@ -693,11 +490,11 @@ impl Backend for CpuBackend {
         jobs: &[AttentionJob<'_, CpuTensor, CpuKv>],
         params: &AttentionParams,
     ) -> Result<Vec<CpuTensor>> {
-        if jobs.len() < 2 || self.threads < 2 {
+        if jobs.len() < 2 || self.cx.threads < 2 {
             return jobs.iter().map(|j| j.run(self, params)).collect();
         }
         let mut slots: Vec<Option<Result<CpuTensor>>> = (0..jobs.len()).map(|_| None).collect();
-        self.team.for_each_chunk(&mut slots, 1, |i, slot| {
+        self.cx.team.for_each_chunk(&mut slots, 1, |i, slot| {
             slot[0] = Some(jobs[i].run(self, params))
         });
         slots
@@ -709,10 +506,10 @@ impl Backend for CpuBackend {
     fn activation(&self, x: &CpuTensor, act: Activation) -> Result<CpuTensor> {
         if act == Activation::Gelu {
             let mut out = crate::buffers::take(x.data.len());
-            let avx2 = self.avx2();
+            let avx2 = self.cx.avx2();
             const CHUNK: usize = 8192;
-            let parallel = out.len() >= crate::PARALLEL_MIN_ELEMENTS;
-            crate::for_each_chunk(self, &mut out, CHUNK, parallel, |i, o| {
+            let parallel = out.len() >= PARALLEL_MIN_ELEMENTS;
+            for_each_chunk(&self.cx, &mut out, CHUNK, parallel, |i, o| {
                 crate::math::gelu_into(avx2, &x.data[i * CHUNK..i * CHUNK + o.len()], o)
             });
             return CpuTensor::new(out, x.rows, x.cols);
@@ -740,13 +537,13 @@ impl Backend for CpuBackend {
     ) -> Result<CpuTensor> {
         Self::check_same("gated_activation", gate, up)?;
         let mut out = crate::buffers::take(gate.data.len());
-        let avx2 = self.avx2();
+        let avx2 = self.cx.avx2();
         // The activation costs about 0.8 ns an element (an `exp` and a division), eight times a
         // norm's: split from two chunks of 4096 (Gemma 3 270M's 8 × 2048 at 8 sequences took
         // 13 µs a layer on one thread), where a norm waits for 32k elements.
         const CHUNK: usize = 4096;
         let parallel = out.len() >= 2 * CHUNK;
-        crate::for_each_chunk(self, &mut out, CHUNK, parallel, |i, o| {
+        for_each_chunk(&self.cx, &mut out, CHUNK, parallel, |i, o| {
             let r = i * CHUNK..i * CHUNK + o.len();
             crate::math::gated_into(avx2, act, &gate.data[r.clone()], &up.data[r], o)
         });
@@ -761,48 +558,12 @@ impl Backend for CpuBackend {
         eps: f32,
     ) -> Result<CpuTensor> {
         Self::check_same("add_rms_norm", residual, x)?;
-        crate::ops::rms_norm(self, x, weight.vector("add_rms_norm")?, eps, Some(residual))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn arena_regions_are_aligned_disjoint_and_large_ones_stand_alone() {
-        let arena = Arena::default();
-        let mut regions: Vec<(Arc<Chunk>, usize, usize)> = Vec::new();
-        for len in [
-            100,
-            64,
-            1,
-            5000,
-            Arena::CHUNK / 3,
-            Arena::CHUNK / 3,
-            Arena::CHUNK / 3,
-            77,
-        ] {
-            let (chunk, offset) = arena.alloc(len).unwrap();
-            assert_eq!(offset % 64, 0, "{len}");
-            assert!(offset + len <= Arena::CHUNK);
-            for (other, o, l) in &regions {
-                if Arc::ptr_eq(other, &chunk) {
-                    assert!(offset >= o + l || offset + len <= *o, "{len} overlaps");
-                }
-            }
-            regions.push((chunk, offset, len));
-        }
-        // Three thirds of a chunk and what came before do not all fit in one chunk; the small
-        // region after the third comes from the same (new) chunk.
-        assert!(Arc::ptr_eq(&regions[0].0, &regions[5].0));
-        assert!(!Arc::ptr_eq(&regions[0].0, &regions[6].0));
-        assert!(Arc::ptr_eq(&regions[6].0, &regions[7].0));
-        let (big, offset) = arena.alloc(Arena::CHUNK).unwrap();
-        assert_eq!(offset, 0);
-        assert!(regions.iter().all(|(c, _, _)| !Arc::ptr_eq(c, &big)));
-        // The next small region still comes from the current shared chunk.
-        let (next, _) = arena.alloc(10).unwrap();
-        assert!(Arc::ptr_eq(&next, &regions[7].0));
+        crate::ops::rms_norm(
+            &self.cx,
+            x,
+            weight.vector("add_rms_norm")?,
+            eps,
+            Some(residual),
+        )
     }
 }

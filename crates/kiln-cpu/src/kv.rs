@@ -7,7 +7,8 @@
 //! - The storage holds exactly `rows * cols` elements, of one type for the cache's lifetime.
 //! - Rows are only ever written by [`write_rows`], which rounds f32 to f16 to the nearest (ties
 //!   to even: F16C's `vcvtps2ph` and `half`'s portable code give the same bits), and read by
-//!   attention, which widens each element exactly ([`KvElem`]). So the AVX2 kernels and the
+//!   attention, which widens each element exactly
+//!   ([`KvElem`](crate::kernels::KvElem)). So the AVX2 kernels and the
 //!   portable code see the same f32 values, and results stay bit-identical across SIMD levels
 //!   and thread counts, as with an f32 cache.
 //! - A finite value too large for f16 (65520 and up) is refused with `BackendError::Range`
@@ -21,7 +22,7 @@ use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
 use kiln_backend::{shape_err, BackendError, KvDtype, Result};
 
-use crate::CpuTensor;
+use crate::tensor::{check_rows_fit, CpuTensor};
 
 /// See the module docs.
 pub struct CpuKv {
@@ -87,7 +88,7 @@ impl CpuKv {
 
 /// Rows `dst_row..dst_row + src.rows` of `dst` become `src`'s, rounded to `dst`'s type.
 pub(crate) fn write_rows(dst: &mut CpuKv, dst_row: usize, src: &CpuTensor) -> Result<()> {
-    crate::backend::check_rows_fit("write_kv_rows", src, dst_row, dst.shape())?;
+    check_rows_fit("write_kv_rows", src, dst_row, dst.shape())?;
     let range = dst_row * dst.cols..(dst_row + src.rows) * dst.cols;
     match &mut dst.data {
         KvData::F32(d) => d[range].copy_from_slice(&src.data),
@@ -117,67 +118,6 @@ fn f16_overflow(x: &[f32]) -> Option<f32> {
     x.chunks(256)
         .find(|c| over(c))
         .and_then(|c| c.iter().copied().find(|&v| overflows(v)))
-}
-
-/// An element type a KV cache is stored in, as attention reads it: widened to f32 exactly, one
-/// at a time or eight at a time.
-pub(crate) trait KvElem: Copy + Send + Sync + 'static {
-    /// Elements per 64-byte cache line.
-    const PER_LINE: usize;
-    /// The value, exactly, as f32.
-    fn get(self) -> f32;
-    /// The stored bits (for a read whose value does not matter).
-    fn bits(self) -> u32;
-    /// Elements `p[0..8]`, widened to f32.
-    ///
-    /// # Safety
-    /// The CPU has AVX2 and F16C and `p` addresses eight readable elements. Only called
-    /// (inlined) from functions built with those features.
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
-}
-
-impl KvElem for f32 {
-    const PER_LINE: usize = 16;
-
-    #[inline(always)]
-    fn get(self) -> f32 {
-        self
-    }
-
-    #[inline(always)]
-    fn bits(self) -> u32 {
-        self.to_bits()
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
-        // SAFETY: the caller's contract.
-        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
-    }
-}
-
-impl KvElem for f16 {
-    const PER_LINE: usize = 32;
-
-    #[inline(always)]
-    fn get(self) -> f32 {
-        self.to_f32()
-    }
-
-    #[inline(always)]
-    fn bits(self) -> u32 {
-        self.to_bits() as u32
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn load8(p: *const f16) -> std::arch::x86_64::__m256 {
-        use std::arch::x86_64::*;
-        // SAFETY: the caller's contract (16 readable bytes, F16C).
-        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
-    }
 }
 
 #[cfg(test)]
@@ -254,29 +194,5 @@ mod tests {
         assert!(write_rows(&mut kv, 0, &wide).is_err());
         assert!(kv.to_f32().iter().all(|&x| x == 0.0));
         assert!(CpuKv::zeros(usize::MAX, 2, KvDtype::F32).is_err());
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[test]
-    fn the_vector_load_widens_as_the_scalar_one() {
-        if !crate::kernels::simd_level().has_avx2() {
-            return;
-        }
-        let vals: Vec<f16> = (0..8)
-            .map(|i| f16::from_f32(i as f32 * 0.37 - 1.1))
-            .collect();
-        // SAFETY: the CPU has AVX2 and F16C (the level check); 8 readable elements.
-        let got: [f32; 8] = unsafe { load8_f16c(vals.as_ptr()) };
-        let want: Vec<f32> = vals.iter().map(|x| x.get()).collect();
-        assert_eq!(got[..], want[..]);
-    }
-
-    /// # Safety
-    /// As [`KvElem::load8`].
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,f16c")]
-    unsafe fn load8_f16c(p: *const f16) -> [f32; 8] {
-        // SAFETY: the caller's contract; the transmute is between two 32-byte plain values.
-        unsafe { std::mem::transmute(<f16 as KvElem>::load8(p)) }
     }
 }

@@ -17,6 +17,7 @@
 mod attention;
 mod backend;
 mod buffers;
+mod context;
 pub mod kernels;
 mod kv;
 mod math;
@@ -27,33 +28,14 @@ mod packed_attention;
 mod probe;
 mod sgemm;
 mod team;
+mod tensor;
+mod weight;
 
-pub use backend::{CpuBackend, CpuTensor, CpuWeight};
+pub use backend::CpuBackend;
 pub use kv::CpuKv;
 pub use options::{CpuOptions, INTERLEAVE_TYPES};
 pub use probe::{
     memory_bandwidth, memory_bandwidth_quick, memory_bandwidth_with, Bandwidth, Pages,
 };
-
-/// Elements below which a row-wise op runs on the calling thread: handing a few microseconds of
-/// work to the pool costs more than it saves (decode steps are made of such ops).
-pub(crate) const PARALLEL_MIN_ELEMENTS: usize = 32 * 1024;
-
-/// `f(index, chunk)` over `chunk`-sized pieces of `data`, on the pool when `parallel`, inline
-/// otherwise. The split is the same either way, so results do not depend on the choice.
-pub(crate) fn for_each_chunk<T: Send>(
-    cpu: &CpuBackend,
-    data: &mut [T],
-    chunk: usize,
-    parallel: bool,
-    f: impl Fn(usize, &mut [T]) + Sync + Send,
-) {
-    let chunk = chunk.max(1);
-    if parallel {
-        cpu.team.for_each_chunk(data, chunk, f);
-    } else {
-        data.chunks_mut(chunk)
-            .enumerate()
-            .for_each(|(i, c)| f(i, c));
-    }
-}
+pub use tensor::CpuTensor;
+pub use weight::CpuWeight;

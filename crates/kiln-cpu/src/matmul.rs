@@ -25,11 +25,13 @@ use kiln_backend::{shape_err, GptqMatrix, Linear, Result};
 
 use kiln_core::GgmlType;
 
+use crate::backend::CpuBackend;
+use crate::context::Context;
 use crate::kernels;
 use crate::math;
 use crate::sgemm::{self, Exec, Isa};
 use crate::team::Disjoint;
-use crate::{CpuBackend, CpuTensor};
+use crate::tensor::CpuTensor;
 
 /// Activation rows from which float weights go through the dense GEMM (packed panels, register
 /// blocking); below it each weight row is dotted with the few activation rows directly.
@@ -79,14 +81,14 @@ fn rows_per_task(n: usize, m: usize, threads: usize, row_bytes: usize) -> usize 
 }
 
 /// Whether `x · Wᵀ` goes through the dense GEMM (float weight, enough rows).
-pub(crate) fn is_dense(cpu: &CpuBackend, x: &CpuTensor, lin: &Linear<CpuBackend>) -> bool {
+pub(crate) fn is_dense(cpu: &Context, x: &CpuTensor, lin: &Linear<CpuBackend>) -> bool {
     is_float(lin.weight.ty) && (x.rows >= DENSE_MIN_ROWS || cpu.batch_invariant)
 }
 
 /// `x · Wᵀ (+ bias)`; with `gelu` (dense products only, see [`is_dense`]) the exact GELU of
 /// each result, applied in the GEMM's last store.
 pub(crate) fn matmul(
-    cpu: &CpuBackend,
+    cpu: &Context,
     x: &CpuTensor,
     lin: &Linear<CpuBackend>,
     gelu: bool,
@@ -132,7 +134,7 @@ pub(crate) fn matmul(
     let quantize = kernels::quantize_fn(act_ty, cpu.simd).map_err(qerr)?;
 
     let mut acts = vec![0u8; m * act_bytes];
-    crate::for_each_chunk(cpu, &mut acts, act_bytes, m >= 4, |t, a| {
+    crate::context::for_each_chunk(cpu, &mut acts, act_bytes, m >= 4, |t, a| {
         quantize(x.row(t), a)
     });
     let wbytes: &[u8] = &w.bytes;
@@ -242,7 +244,7 @@ struct Activations {
 }
 
 impl Activations {
-    fn new(cpu: &CpuBackend, x: &CpuTensor, lins: &[&Linear<CpuBackend>]) -> Result<Self> {
+    fn new(cpu: &Context, x: &CpuTensor, lins: &[&Linear<CpuBackend>]) -> Result<Self> {
         let qerr = |e: kiln_quant::QuantError| shape_err("matmul", e.to_string());
         let mut acts = Activations {
             formats: Vec::new(),
@@ -290,7 +292,7 @@ impl Activations {
 /// [`matmul`] computes it (same kernel, same row). `None` when the case is not one of these
 /// (several rows, float or GPTQ weights): the caller then runs the products one by one.
 pub(crate) fn gemv_many(
-    cpu: &CpuBackend,
+    cpu: &Context,
     x: &CpuTensor,
     lins: &[&Linear<CpuBackend>],
 ) -> Result<Option<Vec<CpuTensor>>> {
@@ -365,7 +367,7 @@ pub(crate) fn gemv_many(
 /// the row dot: in batch-invariant mode the tile-exact one (`kernels::rows_exact_fn`: the tile
 /// kernels' arithmetic without their packing), else the fast one of the SIMD level
 /// (`kernels::gemv_fn`).
-fn one_row_fn(cpu: &CpuBackend, ty: GgmlType) -> Option<kernels::RowsFn> {
+fn one_row_fn(cpu: &Context, ty: GgmlType) -> Option<kernels::RowsFn> {
     if cpu.batch_invariant {
         kernels::rows_exact_fn(ty, cpu.simd)
     } else {
@@ -382,7 +384,7 @@ fn one_row_fn(cpu: &CpuBackend, ty: GgmlType) -> Option<kernels::RowsFn> {
 /// projection at 8 sequences).
 #[allow(clippy::too_many_arguments)]
 fn tiled(
-    cpu: &CpuBackend,
+    cpu: &Context,
     wbytes: &[u8],
     row_bytes: usize,
     acts: &[u8],
@@ -439,7 +441,7 @@ struct TiledJob<'a> {
 impl<'a> TiledJob<'a> {
     #[allow(clippy::too_many_arguments)]
     fn new(
-        cpu: &CpuBackend,
+        cpu: &Context,
         wbytes: &'a [u8],
         row_bytes: usize,
         acts: &'a [u8],
@@ -552,7 +554,7 @@ impl<'a> TiledJob<'a> {
 /// batch-invariant mode, or for float or GPTQ weights: the caller then runs the products one by
 /// one.
 pub(crate) fn tiled_many(
-    cpu: &CpuBackend,
+    cpu: &Context,
     x: &CpuTensor,
     lins: &[&Linear<CpuBackend>],
 ) -> Result<Option<Vec<CpuTensor>>> {
@@ -622,7 +624,7 @@ pub(crate) fn tiled_many(
 /// `x · Wᵀ` for a GPTQ matrix, on its 4-bit codes: the activations are gathered once in the
 /// matrix's packed input order; each task unpacks one weight row's `q − zero` to f32 and dots it
 /// group by group with every activation row, scaling each group's sum by its scale.
-fn gptq_matmul(cpu: &CpuBackend, x: &CpuTensor, g: &GptqMatrix) -> Vec<f32> {
+fn gptq_matmul(cpu: &Context, x: &CpuTensor, g: &GptqMatrix) -> Vec<f32> {
     let (m, k, n) = (x.rows, g.in_features, g.out_features);
     let permuted;
     let xp: &[f32] = match &g.perm {
@@ -666,7 +668,7 @@ fn gptq_matmul(cpu: &CpuBackend, x: &CpuTensor, g: &GptqMatrix) -> Vec<f32> {
 /// row `j` (`scratch` is a buffer of the task's own, reused across its rows); a weight row is
 /// about `row_bytes` bytes.
 fn by_weight_rows(
-    cpu: &CpuBackend,
+    cpu: &Context,
     n: usize,
     m: usize,
     row_bytes: usize,

@@ -4,7 +4,8 @@ use std::sync::{Arc, Mutex};
 
 use kiln_backend::{shape_err, Result, RopeParams, RopeStyle};
 
-use crate::{CpuBackend, CpuTensor};
+use crate::context::{for_each_chunk, Context, PARALLEL_MIN_ELEMENTS};
+use crate::tensor::CpuTensor;
 
 /// The sines and cosines of the rope calls of the current step: a decode step ropes the same
 /// positions with the same parameters in every layer (twice: queries and keys), and the
@@ -116,15 +117,15 @@ const ROWS_PER_TASK: usize = 16;
 /// A new tensor of `x`'s shape whose row `i` is written by `f(i, x.row(i), out_row)`, with
 /// [`ROWS_PER_TASK`] rows per pool task when the tensor is large enough to split.
 fn map_rows(
-    cpu: &CpuBackend,
+    cpu: &Context,
     x: &CpuTensor,
     f: impl Fn(usize, &[f32], &mut [f32]) + Sync + Send,
 ) -> CpuTensor {
     // `f` writes every element of its row.
     let mut out = crate::buffers::take(x.data.len());
     let cols = x.cols.max(1);
-    let parallel = x.data.len() >= crate::PARALLEL_MIN_ELEMENTS;
-    crate::for_each_chunk(
+    let parallel = x.data.len() >= PARALLEL_MIN_ELEMENTS;
+    for_each_chunk(
         cpu,
         &mut out,
         cols * ROWS_PER_TASK,
@@ -148,7 +149,7 @@ fn map_rows(
 /// order (`math::sum_squares_f64`), so the result is the same bits in every build and at any
 /// thread count.
 pub(crate) fn rms_norm(
-    cpu: &CpuBackend,
+    cpu: &Context,
     x: &CpuTensor,
     w: &[f32],
     eps: f32,
@@ -170,7 +171,8 @@ pub(crate) fn rms_norm(
 /// Rotary embedding; angles are computed in f64 and rounded once, so they are as exact as f32
 /// allows at any position.
 pub(crate) fn rope(
-    cpu: &CpuBackend,
+    cpu: &Context,
+    tables: &RopeTables,
     x: &CpuTensor,
     positions: &[u32],
     p: &RopeParams,
@@ -196,13 +198,13 @@ pub(crate) fn rope(
             ),
         ));
     }
-    let table = cpu.rope_tables.get(p, positions);
+    let table = tables.get(p, positions);
     let mut out = crate::buffers::take(x.data.len());
     out.copy_from_slice(&x.data);
     let cols = x.cols.max(1);
-    let parallel = x.data.len() >= crate::PARALLEL_MIN_ELEMENTS;
+    let parallel = x.data.len() >= PARALLEL_MIN_ELEMENTS;
     let (avx2, neox) = (cpu.avx2(), p.style == RopeStyle::Neox);
-    crate::for_each_chunk(cpu, &mut out, cols, parallel, |r, row| {
+    for_each_chunk(cpu, &mut out, cols, parallel, |r, row| {
         let (sin, cos) = table.row(r);
         crate::math::rope_into(avx2, row, p.head_dim, neox, sin, cos)
     });
@@ -218,7 +220,7 @@ pub(crate) fn rope(
 /// tensor). Mean and biased variance are accumulated in f64 (two passes), so the result does not
 /// depend on summation order.
 pub(crate) fn layer_norm(
-    cpu: &CpuBackend,
+    cpu: &Context,
     x: &CpuTensor,
     w: &[f32],
     b: Option<&[f32]>,

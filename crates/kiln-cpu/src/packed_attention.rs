@@ -27,12 +27,13 @@
 
 use kiln_backend::{shape_err, PackedAttentionParams, Result};
 
+use crate::context::Context;
 use crate::sgemm::{fma_tile, pack_rows, Isa, PanelRow, MR, NR};
 use crate::team::Disjoint;
-use crate::{CpuBackend, CpuTensor};
+use crate::tensor::CpuTensor;
 
 pub(crate) fn packed_attention(
-    cpu: &CpuBackend,
+    cpu: &Context,
     q: &CpuTensor,
     k: &CpuTensor,
     v: &CpuTensor,

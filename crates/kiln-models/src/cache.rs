@@ -217,6 +217,22 @@ pub struct PagedSeq<'a> {
     pub len: usize,
 }
 
+/// The layers of each side of a split after layer `front_layers`: `0..front_layers` and
+/// `front_layers..n_layers`, or [`ModelError::SplitPoint`] past the model's layer count.
+pub(crate) fn split_layers(
+    config: &DecoderConfig,
+    front_layers: usize,
+) -> Result<(Range<usize>, Range<usize>), ModelError> {
+    let n_layers = config.n_layers;
+    if front_layers > n_layers {
+        return Err(ModelError::SplitPoint {
+            front_layers,
+            n_layers,
+        });
+    }
+    Ok((0..front_layers, front_layers..n_layers))
+}
+
 /// The contiguous KV cache of a [`crate::SplitDecoder`]: the front backend's layers
 /// `0..front_layers` in one [`KvCache`], the back backend's `front_layers..n_layers` in another.
 ///
@@ -236,7 +252,7 @@ impl<F: Backend, R: Backend> SplitKvCache<F, R> {
         front_layers: usize,
         capacity: usize,
     ) -> Result<Self, ModelError> {
-        let (front_range, back_range) = crate::split::split_layers(config, front_layers)?;
+        let (front_range, back_range) = split_layers(config, front_layers)?;
         Ok(SplitKvCache {
             front: KvCache::for_layers(front, config, front_range, capacity)?,
             back: KvCache::for_layers(back, config, back_range, capacity)?,
@@ -299,7 +315,7 @@ impl<F: Backend, R: Backend> SplitPagedKvCache<F, R> {
         block_size: usize,
         max_positions: usize,
     ) -> Result<Self, ModelError> {
-        let (front_range, back_range) = crate::split::split_layers(config, front_layers)?;
+        let (front_range, back_range) = split_layers(config, front_layers)?;
         let (blocks, size, max) = (n_blocks, block_size, max_positions);
         Ok(SplitPagedKvCache {
             front: PagedKvCache::for_layers(front, config, front_range, blocks, size, max)?,

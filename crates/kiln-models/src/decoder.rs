@@ -15,7 +15,7 @@ use std::sync::Arc;
 use kiln_backend::{
     Activation, AttentionJob, AttentionParams, Backend, KvPages, Linear, RopeParams, RopeStyle,
 };
-use kiln_core::config::{DecoderConfig, FfnActivation, LayerAttention, RopeKind};
+use kiln_core::config::{DecoderConfig, LayerAttention};
 
 use crate::{KvCache, ModelError, PagedKvCache, PagedSeq};
 
@@ -456,15 +456,8 @@ impl<B: Backend> LayerRun<'_, B> {
         caches.check_layers(&(first..first + self.layers.len()))?;
         let (spans, positions) = (&batch.spans, &batch.positions);
         let single = spans.len() == 1;
-        let act = match c.activation {
-            FfnActivation::GeluTanh => Activation::GeluTanh,
-            FfnActivation::Gelu => Activation::Gelu,
-            FfnActivation::Silu => Activation::Silu,
-        };
-        let style = match c.rope_kind {
-            RopeKind::Normal => RopeStyle::Normal,
-            RopeKind::Neox => RopeStyle::Neox,
-        };
+        let act = Activation::from(c.activation);
+        let style = RopeStyle::from(c.rope_kind);
         for (local, layer) in self.layers.iter().enumerate() {
             let il = first + local;
             let attention = c.layer_attention[il];

@@ -1,10 +1,8 @@
 //! Sentence embeddings from token states: pooling and L2 normalization, as sentence-transformers'
 //! `Pooling` and `Normalize` modules compute them for one (unpadded) sequence.
 //!
-//! Sums run in f64, so a pooled vector does not depend on how its tokens were batched.
-
-use crate::hf::HfConfig;
-use crate::ModelError;
+//! Sums run in f64, so a pooled vector does not depend on how its tokens were batched. Which
+//! pooling a folder asks for is read with its other sentence-transformers files (`hf.rs`).
 
 /// How token states become one vector.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,52 +20,6 @@ pub enum Pooling {
 }
 
 impl Pooling {
-    /// From a sentence-transformers pooling `config.json` (exactly one mode may be set).
-    pub fn from_st_config(c: &HfConfig) -> Result<Self, ModelError> {
-        const MODES: [(&str, Option<Pooling>); 6] = [
-            ("pooling_mode_mean_tokens", Some(Pooling::Mean)),
-            ("pooling_mode_cls_token", Some(Pooling::Cls)),
-            ("pooling_mode_lasttoken", Some(Pooling::LastToken)),
-            ("pooling_mode_max_tokens", Some(Pooling::Max)),
-            (
-                "pooling_mode_mean_sqrt_len_tokens",
-                Some(Pooling::MeanSqrtLen),
-            ),
-            ("pooling_mode_weightedmean_tokens", None),
-        ];
-        let mut chosen = Vec::new();
-        for (key, mode) in MODES {
-            if c.bool_or(key, false)? {
-                chosen.push((key, mode));
-            }
-        }
-        if !c.bool_or("include_prompt", true)? {
-            return Err(ModelError::Config {
-                file: "pooling config".into(),
-                key: "include_prompt".into(),
-                detail: "false (instruction-excluding pooling) is not supported".into(),
-            });
-        }
-        match chosen.as_slice() {
-            [(_, Some(mode))] => Ok(*mode),
-            [(key, None)] => Err(ModelError::Config {
-                file: "pooling config".into(),
-                key: (*key).into(),
-                detail: "weighted-mean pooling is not supported".into(),
-            }),
-            [] => Err(ModelError::Config {
-                file: "pooling config".into(),
-                key: "pooling_mode_*".into(),
-                detail: "no pooling mode is set".into(),
-            }),
-            many => Err(ModelError::Config {
-                file: "pooling config".into(),
-                key: many.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", "),
-                detail: "several pooling modes at once (concatenated) are not supported".into(),
-            }),
-        }
-    }
-
     pub fn name(self) -> &'static str {
         match self {
             Pooling::Mean => "mean",
@@ -162,34 +114,5 @@ mod tests {
         let mut z = vec![0.0f32; 3];
         l2_normalize(&mut z);
         assert_eq!(z, vec![0.0; 3]);
-    }
-
-    fn mode(json: &str) -> Result<Pooling, ModelError> {
-        Pooling::from_st_config(&HfConfig::parse("1_Pooling/config.json", json).unwrap())
-    }
-
-    #[test]
-    fn sentence_transformers_pooling_configs() {
-        assert_eq!(
-            mode(r#"{"word_embedding_dimension": 384, "pooling_mode_cls_token": false, "pooling_mode_mean_tokens": true}"#).unwrap(),
-            Pooling::Mean
-        );
-        assert_eq!(
-            mode(r#"{"pooling_mode_cls_token": true}"#).unwrap(),
-            Pooling::Cls
-        );
-        assert_eq!(
-            mode(r#"{"pooling_mode_lasttoken": true}"#).unwrap(),
-            Pooling::LastToken
-        );
-        assert!(mode("{}")
-            .unwrap_err()
-            .to_string()
-            .contains("no pooling mode"));
-        let e = mode(r#"{"pooling_mode_cls_token": true, "pooling_mode_max_tokens": true}"#)
-            .unwrap_err();
-        assert!(e.to_string().contains("several"), "{e}");
-        assert!(mode(r#"{"pooling_mode_weightedmean_tokens": true}"#).is_err());
-        assert!(mode(r#"{"pooling_mode_mean_tokens": "yes"}"#).is_err());
     }
 }

@@ -26,18 +26,13 @@
 //!
 //! [`Decoder`]: crate::Decoder
 
-use std::ops::Range;
 use std::sync::Arc;
 
 use kiln_backend::{Backend, Linear};
 use kiln_core::config::DecoderConfig;
-use kiln_formats::{GgufFile, SafetensorsModel};
 
 use crate::decoder::{embed, Batch, Caches, LayerRun};
-use crate::{
-    hf, weights, DecoderLayer, ModelError, NoTrace, PagedSeq, SplitKvCache, SplitPagedKvCache,
-    Trace,
-};
+use crate::{DecoderLayer, ModelError, NoTrace, PagedSeq, SplitKvCache, SplitPagedKvCache, Trace};
 
 /// A decoder-only language model split over two backends: layers `0..front.len()` on `F`, the
 /// rest on `R` (see the module documentation for the invariants).
@@ -219,57 +214,4 @@ impl<F: Backend, R: Backend> SplitDecoder<F, R> {
             max_positions,
         )
     }
-}
-
-/// Load a decoder model from a parsed GGUF file, split after layer `front_layers`: the embedding
-/// and layers `0..front_layers` onto `front`, the other layers and the head onto `back`. A split
-/// point beyond the model's layer count is [`ModelError::SplitPoint`].
-pub fn load_gguf_decoder_split<F: Backend, R: Backend>(
-    front: &F,
-    back: &R,
-    file: &GgufFile,
-    front_layers: usize,
-) -> Result<SplitDecoder<F, R>, ModelError> {
-    let config = crate::gguf_decoder_config(file)?;
-    let source = weights::GgufSource(file);
-    weights::load_split(front, back, &source, config, front_layers)
-}
-
-/// [`load_gguf_decoder_split`] from a Hugging Face folder (as [`crate::load_hf_decoder`]).
-pub fn load_hf_decoder_split<F: Backend, R: Backend>(
-    front: &F,
-    back: &R,
-    dir: &std::path::Path,
-    front_layers: usize,
-) -> Result<SplitDecoder<F, R>, ModelError> {
-    let (hf, st) = crate::open_hf_dir(dir)?;
-    load_hf_decoder_split_from(front, back, &hf, &st, front_layers)
-}
-
-/// [`load_hf_decoder_split`] from an already parsed configuration and checkpoint.
-pub fn load_hf_decoder_split_from<F: Backend, R: Backend>(
-    front: &F,
-    back: &R,
-    hf: &hf::HfConfig,
-    st: &SafetensorsModel,
-    front_layers: usize,
-) -> Result<SplitDecoder<F, R>, ModelError> {
-    let (config, source) = crate::hf_decoder_source(hf, st)?;
-    weights::load_split(front, back, &source, config, front_layers)
-}
-
-/// The layers of each side of a split after layer `front_layers`: `0..front_layers` and
-/// `front_layers..n_layers`, or [`ModelError::SplitPoint`] past the model's layer count.
-pub(crate) fn split_layers(
-    config: &DecoderConfig,
-    front_layers: usize,
-) -> Result<(Range<usize>, Range<usize>), ModelError> {
-    let n_layers = config.n_layers;
-    if front_layers > n_layers {
-        return Err(ModelError::SplitPoint {
-            front_layers,
-            n_layers,
-        });
-    }
-    Ok((0..front_layers, front_layers..n_layers))
 }

@@ -1,54 +1,46 @@
-//! Tensor lookup by role, with type and shape checks, and upload to the backend.
+//! The one weight loader: tensors by role, from a GGUF file or a Hugging Face safetensors
+//! checkpoint, checked and uploaded to a backend. Decoders and encoders load through it.
 //!
-//! Model code names every tensor as llama.cpp's GGUF files do (`blk.3.attn_q.weight`, the
-//! `LLM_TENSOR_*` table), whatever file it comes from: a [`TensorSource`] answers those names,
-//! from a GGUF directly ([`GgufSource`]) or from a Hugging Face safetensors checkpoint through the
-//! family's name map ([`HfSource`]). One loader then serves every family and both formats.
+//! A [`Source`] is a file seen through its family's [`NameTable`]: it answers a [`Role`] (of a
+//! layer, of an expert) with the file's tensor. A [`Loader`] fetches from a source what a model
+//! needs (vectors, layer norms, linear layers, fused matrices cut into their parts, experts) and
+//! uploads it with `Backend::upload_weight`.
 //!
 //! Invariants:
-//! - every tensor's dims are checked against the config before it is uploaded; a wrong shape, a
-//!   missing tensor or a type kiln cannot compute is a typed error naming the tensor as the file
+//! - dims are GGUF-ordered (`dims[0]` contiguous; a PyTorch `[out, in]` matrix is `[in, out]`),
+//!   and every tensor's type and dims are checked before it is uploaded; a missing tensor, a
+//!   wrong shape or a type kiln cannot compute is a typed error naming the tensor as the file
 //!   names it;
-//! - fused matrices (Phi-3's `attn_qkv` and gate/up `ffn_up`) and stacked experts (GGUF's 3-D
-//!   `ffn_*_exps`) are split into zero-copy row views ([`WeightData::slice_rows`]), so every
-//!   expert is a weight of its own that is only touched when the router selects it.
+//! - a role the table marks optional may be absent (the loader answers `None`); any other role
+//!   a model asks for must be there;
+//! - fused matrices (`attn_qkv`, gate/up) and stacked experts (GGUF's 3-D `ffn_*_exps`) are cut
+//!   into zero-copy row views ([`WeightData::slice_rows`]), so every part is a weight of its own
+//!   and an expert is only touched when the router selects it.
 
-use std::ops::Range;
 use std::sync::Arc;
 
-use kiln_backend::{Backend, GptqMatrix, GptqTensors, Linear, WeightData};
-use kiln_core::config::DecoderConfig;
-use kiln_formats::safetensors::Dtype;
+use kiln_backend::{Backend, GptqMatrix, Linear, WeightData};
 use kiln_formats::{GgufFile, SafetensorsModel};
-use serde_json::Value;
 
-use crate::decoder::{Ffn, MoeFfn};
-use crate::hf::HfConfig;
-use crate::{Decoder, DecoderLayer, ModelError, SplitDecoder};
+use crate::gptq::GptqConfig;
+use crate::names::{NameTable, Role};
+use crate::ModelError;
 
-/// Tensors by GGUF name, with GGUF-order dims (`dims[0]` contiguous).
-pub(crate) trait TensorSource {
-    /// The tensor named `name`, or `None` when the file has none.
-    fn tensor(&self, name: &str) -> Result<Option<WeightData>, ModelError>;
+/// The file behind a [`Source`].
+enum File<'a> {
+    Gguf(&'a GgufFile),
+    /// A safetensors checkpoint; its names start with `prefix` (a task head's `bert.`, ...).
+    Checkpoint {
+        st: &'a SafetensorsModel,
+        prefix: &'static str,
+        gptq: Option<GptqConfig>,
+    },
+}
 
-    /// Expert `e` of `n_experts` of the stacked expert matrix `name` (`blk.N.ffn_up_exps.weight`):
-    /// a 2-D weight of `[in, out]`.
-    fn expert(
-        &self,
-        name: &str,
-        e: usize,
-        n_experts: usize,
-    ) -> Result<Option<WeightData>, ModelError>;
-
-    /// The linear layer `prefix` (`blk.N.attn_q`) as a GPTQ matrix, when the file stores it so.
-    fn gptq(
-        &self,
-        _prefix: &str,
-        _in_features: usize,
-        _out_features: usize,
-    ) -> Result<Option<GptqMatrix>, ModelError> {
-        Ok(None)
-    }
+/// A model file seen through its family's name table.
+pub(crate) struct Source<'a> {
+    file: File<'a>,
+    names: &'static NameTable,
 }
 
 /// `dims` as `usize`, or a shape error naming the tensor.
@@ -63,34 +55,184 @@ fn usize_dims(name: &str, dims: &[u64]) -> Result<Vec<usize>, ModelError> {
         })
 }
 
-/// A GGUF file: names as they are.
-pub(crate) struct GgufSource<'a>(pub &'a GgufFile);
+impl<'a> Source<'a> {
+    /// A GGUF file.
+    pub(crate) fn gguf(file: &'a GgufFile, names: &'static NameTable) -> Self {
+        Source {
+            file: File::Gguf(file),
+            names,
+        }
+    }
 
-impl TensorSource for GgufSource<'_> {
-    fn tensor(&self, name: &str) -> Result<Option<WeightData>, ModelError> {
-        let Some(info) = self.0.tensor(name) else {
-            return Ok(None);
-        };
-        Ok(Some(WeightData {
-            name: name.to_string(),
-            ty: info.ty,
-            dims: usize_dims(name, &info.dims)?,
-            bytes: self.0.tensor_data(info),
+    /// A Hugging Face checkpoint, GPTQ-quantized when `gptq` is given.
+    pub(crate) fn checkpoint(
+        st: &'a SafetensorsModel,
+        names: &'static NameTable,
+        gptq: Option<GptqConfig>,
+    ) -> Self {
+        Source {
+            file: File::Checkpoint {
+                st,
+                prefix: "",
+                gptq,
+            },
+            names,
+        }
+    }
+
+    /// A Hugging Face checkpoint whose names start with whichever of `prefixes` makes its token
+    /// embedding table's name.
+    pub(crate) fn checkpoint_with_prefix(
+        st: &'a SafetensorsModel,
+        names: &'static NameTable,
+        prefixes: &[&'static str],
+    ) -> Result<Self, ModelError> {
+        let probe = format!(
+            "{}.weight",
+            names
+                .entry(Role::TokenEmbd)
+                .and_then(|e| e.hf)
+                .unwrap_or("embeddings")
+        );
+        let prefix = prefixes
+            .iter()
+            .copied()
+            .find(|p| st.tensor(&format!("{p}{probe}")).is_some())
+            .ok_or(ModelError::MissingTensor(probe))?;
+        Ok(Source {
+            file: File::Checkpoint {
+                st,
+                prefix,
+                gptq: None,
+            },
+            names,
+        })
+    }
+
+    /// The name pattern of `role` in this file's format.
+    fn pattern(&self, role: Role) -> Option<&'static str> {
+        let e = self.names.entry(role)?;
+        match self.file {
+            File::Gguf(_) => e.gguf,
+            File::Checkpoint { .. } => e.hf,
+        }
+    }
+
+    /// Whether a model may lack `role`: the table marks it optional, or the family's files of
+    /// this format have no such tensor.
+    fn may_lack(&self, role: Role) -> bool {
+        self.names.entry(role).is_none_or(|e| e.optional) || self.pattern(role).is_none()
+    }
+
+    /// The file's name of `role`'s `suffix` (`weight`, `bias`, ...) in layer `layer`, expert
+    /// `expert`.
+    pub(crate) fn name(
+        &self,
+        role: Role,
+        layer: usize,
+        expert: usize,
+        suffix: &str,
+    ) -> Option<String> {
+        let p = self
+            .pattern(role)?
+            .replace("{i}", &layer.to_string())
+            .replace("{e}", &expert.to_string());
+        Some(match self.file {
+            File::Gguf(_) => format!("{p}.{suffix}"),
+            File::Checkpoint { prefix, .. } => format!("{prefix}{p}.{suffix}"),
+        })
+    }
+
+    /// The error for a required tensor the file does not have.
+    fn missing(&self, role: Role, layer: usize, suffix: &str) -> ModelError {
+        ModelError::MissingTensor(self.name(role, layer, 0, suffix).unwrap_or_else(|| {
+            format!(
+                "{role:?} {suffix} of layer {layer} (no name in the {} table for this format)",
+                self.names.family
+            )
         }))
     }
 
+    /// Whether the file has the weight of `role` in layer `layer`.
+    pub(crate) fn has(&self, role: Role, layer: usize) -> bool {
+        self.name(role, layer, 0, "weight")
+            .is_some_and(|n| self.has_name(&n))
+    }
+
+    /// Whether the file has a tensor named `name`.
+    fn has_name(&self, name: &str) -> bool {
+        match &self.file {
+            File::Gguf(f) => f.tensor(name).is_some(),
+            File::Checkpoint { st, .. } => st.tensor(name).is_some(),
+        }
+    }
+
+    /// The tensor named `name`, `None` when the file has none.
+    fn by_name(&self, name: &str) -> Result<Option<WeightData>, ModelError> {
+        match &self.file {
+            File::Gguf(f) => {
+                let Some(info) = f.tensor(name) else {
+                    return Ok(None);
+                };
+                Ok(Some(WeightData {
+                    name: name.to_string(),
+                    ty: info.ty,
+                    dims: usize_dims(name, &info.dims)?,
+                    bytes: f.tensor_data(info),
+                }))
+            }
+            File::Checkpoint { st, .. } => {
+                let Some(t) = st.tensor(name) else {
+                    return Ok(None);
+                };
+                let ty = t.ggml_type().ok_or_else(|| ModelError::UnsupportedDtype {
+                    name: name.into(),
+                    dtype: format!("{:?}", t.dtype),
+                })?;
+                Ok(Some(WeightData {
+                    name: name.into(),
+                    ty,
+                    dims: t.ggml_dims(),
+                    bytes: t.bytes.clone(),
+                }))
+            }
+        }
+    }
+
+    /// `role`'s `suffix` of layer `layer` (unchecked), `None` when the file has none.
+    pub(crate) fn tensor(
+        &self,
+        role: Role,
+        layer: usize,
+        suffix: &str,
+    ) -> Result<Option<WeightData>, ModelError> {
+        match self.name(role, layer, 0, suffix) {
+            Some(name) => self.by_name(&name),
+            None => Ok(None),
+        }
+    }
+
+    /// Expert `e` of `n_experts` of the expert role `role` (`FfnUpExps`, ...) of layer `layer`:
+    /// a 2-D weight of `[in, out]`, cut from GGUF's stacked tensor or a checkpoint's own.
     fn expert(
         &self,
-        name: &str,
+        role: Role,
+        layer: usize,
         e: usize,
         n_experts: usize,
     ) -> Result<Option<WeightData>, ModelError> {
-        let Some(all) = self.tensor(name)? else {
+        let Some(name) = self.name(role, layer, e, "weight") else {
             return Ok(None);
         };
+        let Some(all) = self.by_name(&name)? else {
+            return Ok(None);
+        };
+        if let File::Checkpoint { .. } = self.file {
+            return Ok(Some(all));
+        }
         if all.dims.len() != 3 || all.dims[2] != n_experts {
             return Err(ModelError::Shape {
-                name: name.into(),
+                name,
                 expected: vec![
                     all.row_len(),
                     all.dims.get(1).copied().unwrap_or(0),
@@ -102,231 +244,64 @@ impl TensorSource for GgufSource<'_> {
         let rows = all.dims[1];
         Ok(all.slice_rows(e * rows..(e + 1) * rows, format!("{name}[expert {e}]")))
     }
-}
 
-/// How a Hugging Face family names its tensors (the `model.layers.N.` part is common to all).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum HfNames {
-    /// Llama, Mistral, Qwen2, Qwen3, Phi-3 (`qkv_proj`, `gate_up_proj`) and Qwen3-MoE
-    /// (`mlp.gate`, `mlp.experts.E.{gate,up,down}_proj`).
-    Llama,
-    /// Mixtral: `block_sparse_moe.gate` and `block_sparse_moe.experts.E.{w1,w3,w2}`.
-    Mixtral,
-}
-
-/// `quantization_config` of a GPTQ checkpoint.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct GptqConfig {
-    /// Inputs per group; `None`: one group over all inputs (`group_size: -1`).
-    pub group_size: Option<usize>,
-    /// Zero points stored minus one (`checkpoint_format: "gptq"`, not `"gptq_v2"`).
-    pub v1_zeros: bool,
-}
-
-impl GptqConfig {
-    /// The GPTQ settings of `config.json`; `None` for an unquantized checkpoint, an error for
-    /// any quantization kiln does not run.
-    pub(crate) fn read(hf: &HfConfig) -> Result<Option<GptqConfig>, ModelError> {
-        let Some(q) = hf.raw("quantization_config") else {
-            return Ok(None);
-        };
-        let key = "quantization_config";
-        let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("?");
-        if method != "gptq" {
-            return Err(hf.error(
-                key,
-                format!("{method} quantization is not supported (kiln runs GPTQ 4-bit)"),
-            ));
-        }
-        let bits = q.get("bits").and_then(Value::as_u64).unwrap_or(0);
-        if bits != 4 {
-            return Err(hf.error(key, format!("GPTQ with {bits} bits: kiln runs 4-bit only")));
-        }
-        let group_size = match q.get("group_size").and_then(Value::as_i64) {
-            Some(-1) => None,
-            Some(g) if g > 0 => Some(g as usize),
-            other => return Err(hf.error(key, format!("group_size {other:?}: expected -1 or > 0"))),
-        };
-        let v1_zeros = match q.get("checkpoint_format").and_then(Value::as_str) {
-            None | Some("gptq") => true,
-            Some("gptq_v2") => false,
-            Some(other) => return Err(hf.error(key, format!("GPTQ checkpoint format \"{other}\""))),
-        };
-        Ok(Some(GptqConfig {
-            group_size,
-            v1_zeros,
-        }))
-    }
-}
-
-/// `blk.N.role.suffix` as `(N, role, suffix)` (`suffix`: `weight`, `bias`, ...).
-fn layer_role(name: &str) -> Option<(&str, &str, &str)> {
-    let (layer, rest) = name.strip_prefix("blk.")?.split_once('.')?;
-    let (role, suffix) = rest.rsplit_once('.')?;
-    Some((layer, role, suffix))
-}
-
-/// A safetensors checkpoint seen through its family's name map.
-pub(crate) struct HfSource<'a> {
-    pub st: &'a SafetensorsModel,
-    pub names: HfNames,
-    pub gptq: Option<GptqConfig>,
-}
-
-impl HfSource<'_> {
-    /// The HF name of the GGUF tensor `name`, `None` for names the family does not have.
-    fn hf_name(&self, name: &str) -> Option<String> {
-        let fixed = match name {
-            "token_embd.weight" => Some("model.embed_tokens.weight"),
-            "output_norm.weight" => Some("model.norm.weight"),
-            "output.weight" => Some("lm_head.weight"),
-            _ => None,
-        };
-        if let Some(f) = fixed {
-            return Some(f.to_string());
-        }
-        let (layer, role, suffix) = layer_role(name)?;
-        let hf_role = match (role, self.names) {
-            ("attn_norm", _) => "input_layernorm",
-            ("attn_q", _) => "self_attn.q_proj",
-            ("attn_k", _) => "self_attn.k_proj",
-            ("attn_v", _) => "self_attn.v_proj",
-            ("attn_qkv", _) => "self_attn.qkv_proj",
-            ("attn_q_norm", _) => "self_attn.q_norm",
-            ("attn_k_norm", _) => "self_attn.k_norm",
-            ("attn_output", _) => "self_attn.o_proj",
-            ("ffn_norm", _) => "post_attention_layernorm",
-            ("ffn_gate", _) => "mlp.gate_proj",
-            ("ffn_up", _) => "mlp.up_proj",
-            ("ffn_gate_up", _) => "mlp.gate_up_proj",
-            ("ffn_down", _) => "mlp.down_proj",
-            ("ffn_gate_inp", HfNames::Llama) => "mlp.gate",
-            ("ffn_gate_inp", HfNames::Mixtral) => "block_sparse_moe.gate",
-            _ => return None,
-        };
-        Some(format!("model.layers.{layer}.{hf_role}.{suffix}"))
-    }
-
-    fn data(&self, hf: &str) -> Result<Option<WeightData>, ModelError> {
-        let Some(t) = self.st.tensor(hf) else {
-            return Ok(None);
-        };
-        let ty = t.ggml_type().ok_or_else(|| ModelError::UnsupportedDtype {
-            name: hf.into(),
-            dtype: format!("{:?}", t.dtype),
-        })?;
-        Ok(Some(WeightData {
-            name: hf.into(),
-            ty,
-            dims: t.ggml_dims(),
-            bytes: t.bytes.clone(),
-        }))
-    }
-}
-
-impl TensorSource for HfSource<'_> {
-    fn tensor(&self, name: &str) -> Result<Option<WeightData>, ModelError> {
-        match self.hf_name(name) {
-            Some(hf) => self.data(&hf),
-            None => Ok(None),
-        }
-    }
-
-    fn expert(
-        &self,
-        name: &str,
-        e: usize,
-        _n_experts: usize,
-    ) -> Result<Option<WeightData>, ModelError> {
-        let Some((layer, role, "weight")) = layer_role(name) else {
-            return Ok(None);
-        };
-        let role = match (role, self.names) {
-            ("ffn_gate_exps", HfNames::Llama) => "mlp.experts.{e}.gate_proj",
-            ("ffn_up_exps", HfNames::Llama) => "mlp.experts.{e}.up_proj",
-            ("ffn_down_exps", HfNames::Llama) => "mlp.experts.{e}.down_proj",
-            ("ffn_gate_exps", HfNames::Mixtral) => "block_sparse_moe.experts.{e}.w1",
-            ("ffn_up_exps", HfNames::Mixtral) => "block_sparse_moe.experts.{e}.w3",
-            ("ffn_down_exps", HfNames::Mixtral) => "block_sparse_moe.experts.{e}.w2",
-            _ => return Ok(None),
-        };
-        let role = role.replace("{e}", &e.to_string());
-        self.data(&format!("model.layers.{layer}.{role}.weight"))
-    }
-
+    /// The linear `role` of layer `layer` as a GPTQ matrix, when the file stores it so.
     fn gptq(
         &self,
-        prefix: &str,
+        role: Role,
+        layer: usize,
         in_features: usize,
         out_features: usize,
     ) -> Result<Option<GptqMatrix>, ModelError> {
-        let Some(cfg) = self.gptq else {
+        let File::Checkpoint {
+            st,
+            gptq: Some(cfg),
+            ..
+        } = &self.file
+        else {
             return Ok(None);
         };
-        let Some(hf) = self.hf_name(&format!("{prefix}.weight")) else {
+        let Some(name) = self.name(role, layer, 0, "weight") else {
             return Ok(None);
         };
-        let p = hf.trim_end_matches(".weight");
-        let Some(qweight) = self.st.tensor(&format!("{p}.qweight")) else {
-            return Ok(None);
-        };
-        let group_size = cfg.group_size.unwrap_or(in_features);
-        let groups = in_features / group_size.max(1);
-        let get = |suffix: &str, dtype: Dtype, shape: &[usize]| {
-            let name = format!("{p}.{suffix}");
-            let t = self
-                .st
-                .tensor(&name)
-                .ok_or_else(|| ModelError::MissingTensor(name.clone()))?;
-            if t.dtype != dtype || t.shape != shape {
-                return Err(ModelError::File {
-                    file: name,
-                    detail: format!(
-                        "{:?} {:?}, expected {dtype:?} {shape:?} for a {out_features}×\
-                         {in_features} GPTQ layer in groups of {group_size}",
-                        t.dtype, t.shape
-                    ),
-                });
-            }
-            Ok(t)
-        };
-        let qweight =
-            get("qweight", Dtype::I32, &[in_features / 8, out_features]).map(|_| qweight)?;
-        let qzeros = get("qzeros", Dtype::I32, &[groups, out_features / 8])?;
-        let scales = get("scales", Dtype::F16, &[groups, out_features])?;
-        let g_idx = match self.st.tensor(&format!("{p}.g_idx")) {
-            Some(_) => Some(get("g_idx", Dtype::I32, &[in_features])?),
-            None => None,
-        };
-        let tensors = GptqTensors {
-            qweight: &qweight.bytes,
-            qzeros: &qzeros.bytes,
-            scales: &scales.bytes,
-            g_idx: g_idx.map(|t| &t.bytes[..]),
-        };
-        GptqMatrix::from_checkpoint(
-            p,
-            &tensors,
+        cfg.matrix(
+            st,
+            name.trim_end_matches(".weight"),
             in_features,
             out_features,
-            group_size,
-            cfg.v1_zeros,
         )
-        .map(Some)
-        .map_err(|e| ModelError::File {
-            file: p.to_string(),
-            detail: e.detail,
-        })
     }
 }
 
-/// Fetches tensors from a source and uploads them, checking every shape against the config.
-struct Loader<'a, B: Backend> {
-    backend: &'a B,
-    source: &'a dyn TensorSource,
+/// Where a linear layer's bias comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Bias {
+    /// Whenever the file has one (the decoder families: Qwen2's QKV biases).
+    IfPresent,
+    /// Always (the configuration says the layer has one).
+    Required,
+    /// Never.
+    Absent,
 }
 
-impl<'a, B: Backend> Loader<'a, B> {
+impl Bias {
+    /// [`Bias::Required`] when `has`, else [`Bias::Absent`].
+    pub(crate) fn when(has: bool) -> Bias {
+        if has {
+            Bias::Required
+        } else {
+            Bias::Absent
+        }
+    }
+}
+
+/// Fetches tensors from a source and uploads them to a backend, checking every shape.
+pub(crate) struct Loader<'a, B: Backend> {
+    pub backend: &'a B,
+    pub source: &'a Source<'a>,
+}
+
+impl<B: Backend> Loader<'_, B> {
     /// `data` if its type is computable and its dims are `expected`.
     fn checked(&self, data: WeightData, expected: &[usize]) -> Result<WeightData, ModelError> {
         if !data.ty.is_supported() {
@@ -345,34 +320,105 @@ impl<'a, B: Backend> Loader<'a, B> {
         Ok(data)
     }
 
-    /// A tensor that may be absent, with GGUF dims `expected` (`[row_len, rows]`, 1-D as `[n]`).
-    fn optional(&self, name: &str, expected: &[usize]) -> Result<Option<WeightData>, ModelError> {
+    /// The weight of `role` in layer `layer`, unchecked (to see which tensors a file has).
+    pub(crate) fn peek(&self, role: Role, layer: usize) -> Result<Option<WeightData>, ModelError> {
+        self.source.tensor(role, layer, "weight")
+    }
+
+    /// `role`'s `suffix` with dims `expected`, `None` when the file has none.
+    fn lookup(
+        &self,
+        role: Role,
+        layer: usize,
+        suffix: &str,
+        expected: &[usize],
+    ) -> Result<Option<WeightData>, ModelError> {
         self.source
-            .tensor(name)?
+            .tensor(role, layer, suffix)?
             .map(|d| self.checked(d, expected))
             .transpose()
     }
 
-    fn required(&self, name: &str, expected: &[usize]) -> Result<WeightData, ModelError> {
-        self.optional(name, expected)?
-            .ok_or_else(|| ModelError::MissingTensor(name.into()))
+    /// `role`'s `suffix` with dims `expected` (`[row_len, rows]`, 1-D as `[n]`).
+    pub(crate) fn required(
+        &self,
+        role: Role,
+        layer: usize,
+        suffix: &str,
+        expected: &[usize],
+    ) -> Result<WeightData, ModelError> {
+        self.lookup(role, layer, suffix, expected)?
+            .ok_or_else(|| self.source.missing(role, layer, suffix))
     }
 
-    fn upload(&self, data: &WeightData) -> Result<B::Weight, ModelError> {
+    /// The weight of `role`, `None` when it is absent and the table says a model may lack it.
+    pub(crate) fn optional(
+        &self,
+        role: Role,
+        layer: usize,
+        expected: &[usize],
+    ) -> Result<Option<WeightData>, ModelError> {
+        match self.lookup(role, layer, "weight", expected)? {
+            Some(d) => Ok(Some(d)),
+            None if self.source.may_lack(role) => Ok(None),
+            None => Err(self.source.missing(role, layer, "weight")),
+        }
+    }
+
+    pub(crate) fn upload(&self, data: &WeightData) -> Result<B::Weight, ModelError> {
         Ok(self.backend.upload_weight(data)?)
     }
 
-    fn vector(&self, name: &str, len: usize) -> Result<B::Weight, ModelError> {
-        self.upload(&self.required(name, &[len])?)
+    /// The 1-D weight of `role` in layer `layer`, of `len` elements.
+    pub(crate) fn vector(
+        &self,
+        role: Role,
+        layer: usize,
+        len: usize,
+    ) -> Result<B::Weight, ModelError> {
+        self.upload(&self.required(role, layer, "weight", &[len])?)
     }
 
-    fn optional_vector(&self, name: &str, len: usize) -> Result<Option<B::Weight>, ModelError> {
-        self.optional(name, &[len])?
+    /// [`Loader::vector`] of an optional role.
+    pub(crate) fn optional_vector(
+        &self,
+        role: Role,
+        layer: usize,
+        len: usize,
+    ) -> Result<Option<B::Weight>, ModelError> {
+        self.optional(role, layer, &[len])?
             .map(|d| self.upload(&d))
             .transpose()
     }
 
-    fn make_linear(
+    /// The layer norm `role` of `d` elements: its weight, and its bias when `bias`. Older BERT
+    /// exports name them `gamma` and `beta`.
+    pub(crate) fn layer_norm(
+        &self,
+        role: Role,
+        layer: usize,
+        d: usize,
+        bias: bool,
+    ) -> Result<(B::Weight, Option<B::Weight>), ModelError> {
+        let gamma = self
+            .source
+            .name(role, layer, 0, "gamma")
+            .is_some_and(|n| self.source.has_name(&n));
+        let (w, b) = if gamma {
+            ("gamma", "beta")
+        } else {
+            ("weight", "bias")
+        };
+        let weight = self.upload(&self.required(role, layer, w, &[d])?)?;
+        let bias = if bias {
+            Some(self.upload(&self.required(role, layer, b, &[d])?)?)
+        } else {
+            None
+        };
+        Ok((weight, bias))
+    }
+
+    pub(crate) fn make_linear(
         &self,
         weight: &WeightData,
         bias: Option<&WeightData>,
@@ -386,43 +432,69 @@ impl<'a, B: Backend> Loader<'a, B> {
         })
     }
 
-    /// A linear layer `out_features × in_features` (a float or GGUF-quantized `<prefix>.weight`,
-    /// or a GPTQ matrix), with an optional bias `<prefix>.bias`.
-    fn linear(
+    /// The linear layer `role` of layer `layer`, `out_features × in_features`: a float or
+    /// GGUF-quantized weight, or a GPTQ matrix, with its bias as `bias` says.
+    pub(crate) fn linear(
         &self,
-        prefix: &str,
+        role: Role,
+        layer: usize,
         in_features: usize,
         out_features: usize,
+        bias: Bias,
     ) -> Result<Linear<B>, ModelError> {
-        let name = format!("{prefix}.weight");
-        let b = self.optional(&format!("{prefix}.bias"), &[out_features])?;
-        if let Some(w) = self.optional(&name, &[in_features, out_features])? {
-            return self.make_linear(&w, b.as_ref());
+        let early = match bias {
+            Bias::IfPresent => self.lookup(role, layer, "bias", &[out_features])?,
+            Bias::Required | Bias::Absent => None,
+        };
+        let w = self.lookup(role, layer, "weight", &[in_features, out_features])?;
+        let matrix = match w {
+            Some(_) => None,
+            None => Some(
+                self.source
+                    .gptq(role, layer, in_features, out_features)?
+                    .ok_or_else(|| self.source.missing(role, layer, "weight"))?,
+            ),
+        };
+        let b = match bias {
+            Bias::Required => Some(self.required(role, layer, "bias", &[out_features])?),
+            Bias::IfPresent | Bias::Absent => early,
+        };
+        match (w, matrix) {
+            (Some(w), _) => self.make_linear(&w, b.as_ref()),
+            (None, Some(matrix)) => {
+                let name = self
+                    .source
+                    .name(role, layer, 0, "weight")
+                    .unwrap_or_default();
+                Ok(Linear {
+                    weight: Arc::new(self.backend.upload_gptq(&name, Arc::new(matrix))?),
+                    bias: b.map(|b| self.upload(&b)).transpose()?,
+                    in_features,
+                    out_features,
+                    ty: kiln_core::GgmlType::I32,
+                })
+            }
+            (None, None) => Err(self.source.missing(role, layer, "weight")),
         }
-        let matrix = self
-            .source
-            .gptq(prefix, in_features, out_features)?
-            .ok_or(ModelError::MissingTensor(name.clone()))?;
-        Ok(Linear {
-            weight: Arc::new(self.backend.upload_gptq(&name, Arc::new(matrix))?),
-            bias: b.map(|b| self.upload(&b)).transpose()?,
-            in_features,
-            out_features,
-            ty: kiln_core::GgmlType::I32,
-        })
     }
 
-    /// Consecutive row blocks of `outs` rows each of the fused linear `<prefix>` (weight and
-    /// optional bias), as separate layers.
-    fn split_linear(
+    /// Consecutive row blocks of `outs` rows each of the fused linear `role` (weight, and bias
+    /// as `bias` says), as separate layers.
+    pub(crate) fn split_linear(
         &self,
-        prefix: &str,
+        role: Role,
+        layer: usize,
         in_features: usize,
         outs: &[usize],
+        bias: Bias,
     ) -> Result<Vec<Linear<B>>, ModelError> {
         let total: usize = outs.iter().sum();
-        let w = self.required(&format!("{prefix}.weight"), &[in_features, total])?;
-        let b = self.optional(&format!("{prefix}.bias"), &[total])?;
+        let w = self.required(role, layer, "weight", &[in_features, total])?;
+        let b = match bias {
+            Bias::IfPresent => self.lookup(role, layer, "bias", &[total])?,
+            Bias::Required => Some(self.required(role, layer, "bias", &[total])?),
+            Bias::Absent => None,
+        };
         let mut start = 0;
         let mut parts = Vec::with_capacity(outs.len());
         for &n in outs {
@@ -460,201 +532,24 @@ impl<'a, B: Backend> Loader<'a, B> {
         Ok(parts)
     }
 
-    /// Expert `e` of the stacked matrix `name`, `in_features → out_features`.
-    fn expert(
+    /// Expert `e` of `n_experts` of the expert role `role` of layer `layer`,
+    /// `in_features → out_features`.
+    pub(crate) fn expert(
         &self,
-        name: &str,
-        e: usize,
-        n_experts: usize,
+        role: Role,
+        layer: usize,
+        (e, n_experts): (usize, usize),
         in_features: usize,
         out_features: usize,
     ) -> Result<Linear<B>, ModelError> {
         let w = self
             .source
-            .expert(name, e, n_experts)?
-            .ok_or_else(|| ModelError::MissingTensor(format!("{name} (expert {e})")))?;
+            .expert(role, layer, e, n_experts)?
+            .ok_or_else(|| match self.source.name(role, layer, e, "weight") {
+                Some(name) => ModelError::MissingTensor(format!("{name} (expert {e})")),
+                None => self.source.missing(role, layer, "weight"),
+            })?;
         let w = self.checked(w, &[in_features, out_features])?;
         self.make_linear(&w, None)
     }
-}
-
-/// The whole model on `backend`.
-pub(crate) fn load_decoder<B: Backend>(
-    backend: &B,
-    source: &dyn TensorSource,
-    config: DecoderConfig,
-) -> Result<Decoder<B>, ModelError> {
-    let l = Loader { backend, source };
-    let (embd, token_embd) = l.embedding(&config)?;
-    let output = l.output(&config, &embd, Some(&token_embd))?;
-    let layers = load_layers(&l, &config, 0..config.n_layers)?;
-    let output_norm = l.vector("output_norm.weight", config.d_model)?;
-    Ok(Decoder {
-        config,
-        token_embd,
-        layers,
-        output_norm,
-        output,
-    })
-}
-
-/// The model split after layer `front_layers`: the embedding and layers `0..front_layers` on
-/// `front`, layers `front_layers..` and the head on `back` (see [`crate::split`]).
-pub(crate) fn load_split<F: Backend, R: Backend>(
-    front: &F,
-    back: &R,
-    source: &dyn TensorSource,
-    config: DecoderConfig,
-    front_layers: usize,
-) -> Result<SplitDecoder<F, R>, ModelError> {
-    let (front_range, back_range) = crate::split::split_layers(&config, front_layers)?;
-    let f = Loader {
-        backend: front,
-        source,
-    };
-    let r = Loader {
-        backend: back,
-        source,
-    };
-    // In the whole model's order, so that a broken file reports the same first error.
-    let (embd, token_embd) = f.embedding(&config)?;
-    let output = r.output(&config, &embd, None)?;
-    let front_part = load_layers(&f, &config, front_range)?;
-    let back_part = load_layers(&r, &config, back_range)?;
-    let output_norm = r.vector("output_norm.weight", config.d_model)?;
-    Ok(SplitDecoder {
-        config,
-        token_embd,
-        front: front_part,
-        back: back_part,
-        output_norm,
-        output,
-    })
-}
-
-impl<B: Backend> Loader<'_, B> {
-    /// The embedding table's data (checked) and the table on this backend.
-    fn embedding(&self, c: &DecoderConfig) -> Result<(WeightData, Arc<B::Weight>), ModelError> {
-        let embd = self.required("token_embd.weight", &[c.d_model, c.vocab_size])?;
-        let table = Arc::new(self.upload(&embd)?);
-        Ok((embd, table))
-    }
-
-    /// The output matrix: `output.weight`, or when the file has none (tied embeddings) the
-    /// embedding table `embd`, shared with `table` when this backend holds it already, uploaded
-    /// again otherwise.
-    fn output(
-        &self,
-        c: &DecoderConfig,
-        embd: &WeightData,
-        table: Option<&Arc<B::Weight>>,
-    ) -> Result<Linear<B>, ModelError> {
-        let (d, vocab) = (c.d_model, c.vocab_size);
-        Ok(match self.optional("output.weight", &[d, vocab])? {
-            Some(w) => self.make_linear(&w, None)?,
-            None => Linear {
-                weight: match table {
-                    Some(table) => table.clone(),
-                    None => Arc::new(self.upload(embd)?),
-                },
-                bias: None,
-                in_features: d,
-                out_features: vocab,
-                ty: embd.ty,
-            },
-        })
-    }
-}
-
-/// The weights of layers `range` (a range of `0..c.n_layers`) on `l`'s backend.
-fn load_layers<B: Backend>(
-    l: &Loader<'_, B>,
-    c: &DecoderConfig,
-    range: Range<usize>,
-) -> Result<Vec<DecoderLayer<B>>, ModelError> {
-    let (source, d) = (l.source, c.d_model);
-    let mut layers = Vec::with_capacity(range.len());
-    for i in range {
-        let p = |role: &str| format!("blk.{i}.{role}");
-        let (q, k, v) = if source.tensor(&p("attn_qkv.weight"))?.is_some() {
-            let mut qkv = l.split_linear(&p("attn_qkv"), d, &[c.q_dim(), c.kv_dim(), c.v_dim()])?;
-            let v = qkv.pop();
-            let k = qkv.pop();
-            let q = qkv.pop();
-            match (q, k, v) {
-                (Some(q), Some(k), Some(v)) => (q, k, v),
-                _ => return Err(ModelError::MissingTensor(p("attn_qkv.weight"))),
-            }
-        } else {
-            (
-                l.linear(&p("attn_q"), d, c.q_dim())?,
-                l.linear(&p("attn_k"), d, c.kv_dim())?,
-                l.linear(&p("attn_v"), d, c.v_dim())?,
-            )
-        };
-        let ffn = match &c.moe {
-            Some(moe) => {
-                let (n, f) = (moe.n_experts, moe.expert_ffn_dim);
-                let stacked = |role: &str, inp, out| {
-                    (0..n)
-                        .map(|e| l.expert(&p(role), e, n, inp, out))
-                        .collect::<Result<Vec<_>, _>>()
-                };
-                Ffn::Moe(MoeFfn {
-                    router: l.linear(&p("ffn_gate_inp"), d, n)?,
-                    gate: stacked("ffn_gate_exps.weight", d, f)?,
-                    up: stacked("ffn_up_exps.weight", d, f)?,
-                    down: stacked("ffn_down_exps.weight", f, d)?,
-                })
-            }
-            None => {
-                let f = c.ffn_dim;
-                // Phi-3 fuses gate and up into one matrix of 2·ffn rows, gate first: HF
-                // `gate_up_proj`, GGUF `ffn_up` (then without `ffn_gate`).
-                let fused = if source.tensor(&p("ffn_gate_up.weight"))?.is_some() {
-                    Some(p("ffn_gate_up"))
-                } else if source.tensor(&p("ffn_gate.weight"))?.is_none()
-                    && source
-                        .tensor(&p("ffn_up.weight"))?
-                        .is_some_and(|t| t.n_rows() == 2 * f)
-                {
-                    Some(p("ffn_up"))
-                } else {
-                    None
-                };
-                let (gate, up) = match fused {
-                    None => (
-                        l.linear(&p("ffn_gate"), d, f)?,
-                        l.linear(&p("ffn_up"), d, f)?,
-                    ),
-                    Some(fused) => {
-                        let mut gu = l.split_linear(&fused, d, &[f, f])?;
-                        match (gu.pop(), gu.pop()) {
-                            (Some(up), Some(gate)) => (gate, up),
-                            _ => return Err(ModelError::MissingTensor(p("ffn_gate.weight"))),
-                        }
-                    }
-                };
-                Ffn::Dense {
-                    gate,
-                    up,
-                    down: l.linear(&p("ffn_down"), f, d)?,
-                }
-            }
-        };
-        layers.push(DecoderLayer {
-            attn_norm: l.vector(&p("attn_norm.weight"), d)?,
-            q,
-            k,
-            v,
-            q_norm: l.optional_vector(&p("attn_q_norm.weight"), c.head_dim)?,
-            k_norm: l.optional_vector(&p("attn_k_norm.weight"), c.head_dim)?,
-            o: l.linear(&p("attn_output"), c.n_heads * c.head_dim_v, d)?,
-            post_attn_norm: l.optional_vector(&p("post_attention_norm.weight"), d)?,
-            ffn_norm: l.vector(&p("ffn_norm.weight"), d)?,
-            ffn,
-            post_ffn_norm: l.optional_vector(&p("post_ffw_norm.weight"), d)?,
-        });
-    }
-    Ok(layers)
 }

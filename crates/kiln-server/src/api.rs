@@ -13,7 +13,9 @@
 use kiln_engine::SamplingParams;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
+
+use crate::responses::ErrorBody;
 
 /// An OpenAI-style error: HTTP status and the `error` object.
 #[derive(Clone, Debug, PartialEq)]
@@ -63,16 +65,10 @@ impl ApiError {
         }
     }
 
-    /// The JSON body: `{"error": {"message", "type", "param", "code"}}`.
+    /// The JSON body, `{"error": {"message", "type", "param", "code"}}`, as a value (the
+    /// server sends [`ErrorBody`]).
     pub fn body(&self) -> Value {
-        json!({
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.code,
-            }
-        })
+        serde_json::to_value(ErrorBody::from(self)).expect("an error body serializes")
     }
 }
 

@@ -7,6 +7,8 @@
 //!   scheduler over its paged KV cache, an embedding model's thread batches queued requests.
 //! - [`http`]: the axum routes, SSE streaming, admission (429 with `Retry-After`), and
 //!   cancellation of a request whose client disconnects.
+//! - [`responses`]: the bodies the server answers with (completions, chunks, embeddings,
+//!   models, health, errors), as types that serialize to OpenAI's JSON.
 //! - [`metrics`]: `/metrics` in the Prometheus text format.
 //!
 //! The crate is generic over the backend; the CLI picks it.
@@ -15,6 +17,7 @@ pub mod api;
 pub mod engine;
 pub mod http;
 pub mod metrics;
+pub mod responses;
 
 pub use api::{
     parse_body, ApiError, ChatCompletionRequest, CompletionRequest, EmbeddingRequest,

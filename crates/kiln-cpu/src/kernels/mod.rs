@@ -44,13 +44,17 @@ use std::sync::OnceLock;
 use kiln_core::GgmlType;
 use kiln_quant::QuantError;
 
+pub(crate) use attention::{prefetch_rows, read_rows, scores, weighted_values, BLOCK, TILE};
 pub use interleaved::{
     activation_terms, has_interleaved_layout, interleave, interleaved_gemm_fn, interleaved_row,
     ActivationTerms, InterleavedGemmFn, INTERLEAVE_ROWS,
 };
+pub(crate) use kv_elem::KvElem;
 
+mod attention;
 mod gemm;
 mod interleaved;
+mod kv_elem;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;

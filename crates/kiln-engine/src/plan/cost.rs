@@ -13,7 +13,7 @@
 //! window saves reads, not memory).
 
 use kiln_backend::{Activation, KvDtype};
-use kiln_core::config::{DecoderConfig, EncoderConfig, FfnActivation, LayerAttention};
+use kiln_core::config::{DecoderConfig, EncoderConfig, LayerAttention};
 use kiln_core::GgmlType;
 use kiln_formats::{GgufFile, SafetensorsModel};
 
@@ -389,15 +389,11 @@ impl ModelCost {
 
     /// The gated activation the model's FFN runs.
     pub fn activation(&self) -> Activation {
-        let act = match &self.shape {
+        match &self.shape {
             ModelShape::Decoder(c) => c.activation,
             ModelShape::Encoder(c) => c.activation,
-        };
-        match act {
-            FfnActivation::GeluTanh => Activation::GeluTanh,
-            FfnActivation::Gelu => Activation::Gelu,
-            FfnActivation::Silu => Activation::Silu,
         }
+        .into()
     }
 
     /// Elements the element-wise ops of one layer touch per token: norms, residual adds, QK

@@ -12,7 +12,8 @@ use std::io::{self, Write};
 
 use kiln_core::GgmlType;
 
-use super::reader::{GgufFile, TensorInfo};
+use super::reader::GgufFile;
+use super::tensor::TensorInfo;
 use super::value::{MetaArray, MetaType, MetaValue};
 
 /// Characters of a string value shown before it is truncated.

@@ -7,12 +7,14 @@ mod dump;
 mod error;
 mod parse;
 mod reader;
+mod tensor;
 mod value;
 mod writer;
 
 pub use dump::{write_dump, DumpOptions, MAX_STRING_CHARS};
 pub use error::{GgufError, GgufWriteError, ShapeError};
-pub use reader::{GgufFile, LoadMode, TensorInfo};
+pub use reader::{GgufFile, LoadMode};
+pub use tensor::TensorInfo;
 pub use value::{MetaArray, MetaType, MetaValue};
 pub use writer::{put_str, put_value, GgufWriter};
 

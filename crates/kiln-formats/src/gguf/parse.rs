@@ -13,7 +13,7 @@ use std::fmt;
 use kiln_core::GgmlType;
 
 use super::error::{clip, GgufError, ShapeError};
-use super::reader::{tensor_n_bytes, TensorInfo};
+use super::tensor::{tensor_n_bytes, TensorInfo};
 use super::value::{MetaArray, MetaType, MetaValue};
 use super::{ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ARRAY_DEPTH, MAX_DIMS};
 

@@ -9,11 +9,11 @@
 //! - metadata keys and tensor names are unique, valid UTF-8;
 //! - the alignment is a nonzero power of two; the data section starts at the header end rounded
 //!   up to it;
-//! - every tensor has 0 to [`MAX_DIMS`] dims (none: a scalar, one element), no dim is 0, the
-//!   element count fits an i64, the row length `dims[0]` is a whole number of blocks, its offset
-//!   is a multiple of the alignment, and its bytes lie inside the file and overlap no other
-//!   tensor's (llama.cpp does not check overlap; a valid writer never produces it, and an
-//!   overlapping offset is far more likely corruption than intent).
+//! - every tensor obeys the shape rules of `tensor` (at most [`MAX_DIMS`](super::MAX_DIMS)
+//!   dims, none 0, an element count that fits an i64, rows of whole blocks), its offset is a
+//!   multiple of the alignment, and its bytes lie inside the file and overlap no other tensor's
+//!   (llama.cpp does not check overlap; a valid writer never produces it, and an overlapping
+//!   offset is far more likely corruption than intent).
 //!
 //! Hostile input yields a [`GgufError`], never a panic (see `parse` for how).
 
@@ -22,66 +22,12 @@ use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 
-use kiln_core::{GgmlType, SharedBytes};
+use kiln_core::SharedBytes;
 
-use super::error::{GgufError, ShapeError};
+use super::error::GgufError;
 use super::parse::parse;
+use super::tensor::TensorInfo;
 use super::value::{MetaArray, MetaValue};
-use super::MAX_DIMS;
-
-/// One tensor's header entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TensorInfo {
-    pub name: String,
-    /// ggml order: `dims[0]` is the contiguous row length (ne0). Empty for a scalar.
-    pub dims: Vec<u64>,
-    pub ty: GgmlType,
-    /// Relative to the data section, as stored.
-    pub offset: u64,
-    /// Computed from `dims` and `ty`; validated to lie inside the file.
-    pub n_bytes: u64,
-}
-
-impl TensorInfo {
-    /// Product of the dims (1 for a scalar); cannot overflow for a parsed tensor.
-    pub fn n_elements(&self) -> u64 {
-        self.dims
-            .iter()
-            .try_fold(1u64, |n, &d| n.checked_mul(d))
-            .unwrap_or(u64::MAX)
-    }
-}
-
-/// Bytes of a tensor of shape `dims` and type `ty`, checking every rule of the module doc.
-pub(crate) fn tensor_n_bytes(dims: &[u64], ty: GgmlType) -> Result<u64, ShapeError> {
-    if dims.len() > MAX_DIMS {
-        return Err(ShapeError::TooManyDims {
-            n_dims: dims.len() as u64,
-        });
-    }
-    if let Some(axis) = dims.iter().position(|&d| d == 0) {
-        return Err(ShapeError::ZeroDimension { axis });
-    }
-    let n_elements = dims
-        .iter()
-        .try_fold(1u64, |n, &d| n.checked_mul(d))
-        .filter(|&n| n <= i64::MAX as u64)
-        .ok_or(ShapeError::ElementCountOverflow)?;
-    let row_len = dims.first().copied().unwrap_or(1);
-    let block_size = ty.block_size() as u64;
-    if row_len % block_size != 0 {
-        return Err(ShapeError::RowNotBlockMultiple {
-            row_len,
-            ty,
-            block_size,
-        });
-    }
-    let row_bytes = ty.row_bytes(row_len).ok_or(ShapeError::ByteSizeOverflow)?;
-    // row_len >= 1 (no zero dims), so the division is exact and safe.
-    (n_elements / row_len)
-        .checked_mul(row_bytes)
-        .ok_or(ShapeError::ByteSizeOverflow)
-}
 
 /// A parsed GGUF file and the bytes it was parsed from (usually a memory map).
 #[derive(Clone)]
@@ -181,8 +127,8 @@ pub enum LoadMode {
     /// Read the whole file into private anonymous memory that Linux is asked to back with
     /// transparent huge pages (`MADV_HUGEPAGE`). A copy, so opening costs a pass over the file,
     /// but a CPU decode step streams every weight once per token, and with 2 MiB pages instead
-    /// of 4 KiB ones those reads miss the TLB far less: about 15% more tokens/s on Gemma 3 270M
-    /// with 2 threads (`kiln bench`, AMD EPYC). The resident size is the same as a fully
+    /// of 4 KiB ones those reads miss the TLB far less (measure with `kiln bench`). The
+    /// resident size is the same as a fully
     /// touched map's (page cache is not counted in a process's RSS; this copy is). Pages handed
     /// back with `SharedBytes::release_pages` (a backend that keeps a weight in a layout of its
     /// own) become a map of the file again, so the file must not change while in use, as with
@@ -373,37 +319,6 @@ impl GgufFile {
     /// `general.architecture` when present and a string.
     pub fn architecture(&self) -> Option<&str> {
         self.get("general.architecture")?.as_str()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn shape_rules() {
-        assert_eq!(tensor_n_bytes(&[640, 3], GgmlType::Q8_0), Ok(3 * 20 * 34));
-        assert_eq!(tensor_n_bytes(&[], GgmlType::F32), Ok(4));
-        assert_eq!(
-            tensor_n_bytes(&[4, 0], GgmlType::F32),
-            Err(ShapeError::ZeroDimension { axis: 1 })
-        );
-        assert_eq!(
-            tensor_n_bytes(&[1 << 32, 1 << 31], GgmlType::F32),
-            Err(ShapeError::ElementCountOverflow)
-        );
-        assert_eq!(
-            tensor_n_bytes(&[1 << 62], GgmlType::F32),
-            Err(ShapeError::ByteSizeOverflow)
-        );
-        assert!(matches!(
-            tensor_n_bytes(&[640], GgmlType::Q4_K),
-            Err(ShapeError::RowNotBlockMultiple { row_len: 640, .. })
-        ));
-        assert_eq!(
-            tensor_n_bytes(&[1, 1, 1, 1, 1], GgmlType::F32),
-            Err(ShapeError::TooManyDims { n_dims: 5 })
-        );
     }
 }
 

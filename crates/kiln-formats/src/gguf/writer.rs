@@ -12,7 +12,7 @@ use std::io::{self, Write};
 use kiln_core::GgmlType;
 
 use super::error::GgufWriteError;
-use super::reader::tensor_n_bytes;
+use super::tensor::tensor_n_bytes;
 use super::value::MetaValue;
 use super::{ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ARRAY_DEPTH};
 

@@ -28,7 +28,7 @@ use serde_json::Value;
 
 use super::Meta;
 use crate::hf::HfConfig;
-use crate::weights::HfNames;
+use crate::names::{self, NameTable};
 use crate::ModelError;
 
 /// GGUF architectures of this lineage.
@@ -245,7 +245,7 @@ pub(crate) fn gguf_config(arch: &str, file: &GgufFile) -> Result<DecoderConfig, 
 }
 
 /// A Hugging Face decoder of this lineage: its configuration and how its tensors are named.
-pub(crate) fn hf_config(c: &HfConfig) -> Result<(DecoderConfig, HfNames), ModelError> {
+pub(crate) fn hf_config(c: &HfConfig) -> Result<(DecoderConfig, &'static NameTable), ModelError> {
     let model_type = c.model_type()?.to_string();
     let d_model = c.usize("hidden_size")?;
     let n_layers = c.usize("num_hidden_layers")?;
@@ -281,7 +281,7 @@ pub(crate) fn hf_config(c: &HfConfig) -> Result<(DecoderConfig, HfNames), ModelE
 
     let (rope, rope_long) = hf_rope(c, rope_dim, context_length)?;
     let layer_attention = hf_layer_attention(c, &model_type, n_layers)?;
-    let (moe, names) = match model_type.as_str() {
+    let (moe, table) = match model_type.as_str() {
         "qwen3_moe" => {
             let step = c.usize_or("decoder_sparse_step", 1)?;
             let dense_layers = c
@@ -300,7 +300,7 @@ pub(crate) fn hf_config(c: &HfConfig) -> Result<(DecoderConfig, HfNames), ModelE
                 normalize_top_k: c.bool_or("norm_topk_prob", false)?,
                 expert_ffn_dim: c.usize("moe_intermediate_size")?,
             };
-            (Some(moe), HfNames::Llama)
+            (Some(moe), &names::LLAMA)
         }
         "mixtral" => {
             let moe = MoeConfig {
@@ -309,14 +309,14 @@ pub(crate) fn hf_config(c: &HfConfig) -> Result<(DecoderConfig, HfNames), ModelE
                 normalize_top_k: true,
                 expert_ffn_dim: c.usize("intermediate_size")?,
             };
-            (Some(moe), HfNames::Mixtral)
+            (Some(moe), &names::MIXTRAL)
         }
-        _ => (None, HfNames::Llama),
+        _ => (None, &names::LLAMA),
     };
     let config = common
         .build(RopeKind::Neox, rope, rope_long, layer_attention, moe)
         .map_err(|detail| c.error("", detail))?;
-    Ok((config, names))
+    Ok((config, table))
 }
 
 /// The rope scaling dictionary (`rope_parameters` in transformers 5, `rope_scaling` before) and

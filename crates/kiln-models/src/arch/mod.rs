@@ -1,4 +1,5 @@
-//! Per-family metadata readers: GGUF metadata → [`DecoderConfig`].
+//! Per-family metadata readers: GGUF metadata or `config.json` → [`DecoderConfig`] /
+//! [`kiln_core::config::EncoderConfig`], and which name table a family's tensors go by.
 
 mod encoders;
 mod gemma3;
@@ -6,11 +7,11 @@ mod llama;
 
 pub use encoders::{encoder_config, SUPPORTED_ENCODERS};
 
-use kiln_core::config::DecoderConfig;
+use kiln_core::config::{DecoderConfig, EncoderArch};
 use kiln_formats::GgufFile;
 
 use crate::hf::HfConfig;
-use crate::weights::HfNames;
+use crate::names::{self, NameTable};
 use crate::ModelError;
 
 /// GGUF architectures (`general.architecture`) kiln can run as decoders.
@@ -28,8 +29,26 @@ pub fn decoder_config(arch: &str, file: &GgufFile) -> Result<DecoderConfig, Mode
     }
 }
 
-/// The decoder configuration of a Hugging Face `config.json`, and its tensor naming.
-pub(crate) fn hf_decoder_config(c: &HfConfig) -> Result<(DecoderConfig, HfNames), ModelError> {
+/// The tensor names of the GGUF decoder architecture `arch` (one of [`SUPPORTED`]).
+pub(crate) fn gguf_names(arch: &str) -> &'static NameTable {
+    match arch {
+        "gemma3" => &names::GEMMA3,
+        _ => &names::LLAMA,
+    }
+}
+
+/// The tensor names of an encoder family.
+pub(crate) fn encoder_names(arch: EncoderArch) -> &'static NameTable {
+    match arch {
+        EncoderArch::Bert | EncoderArch::XlmRoberta => &names::BERT,
+        EncoderArch::ModernBert => &names::MODERNBERT,
+    }
+}
+
+/// The decoder configuration of a Hugging Face `config.json`, and its tensor names.
+pub(crate) fn hf_decoder_config(
+    c: &HfConfig,
+) -> Result<(DecoderConfig, &'static NameTable), ModelError> {
     let model_type = c.model_type()?;
     if !SUPPORTED_HF_DECODERS.contains(&model_type) {
         return Err(ModelError::UnsupportedHfModel(model_type.to_string()));

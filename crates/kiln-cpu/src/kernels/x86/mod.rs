@@ -5,7 +5,8 @@
 //! - **The CPU has AVX2, FMA and F16C.** The safe wrappers defined here execute those
 //!   instructions; they are private to `kernels` and handed out only by `super::vec_dot_fn`,
 //!   `super::gemm_fn` and `super::quantize_fn`, which check [`cpu_has_avx2_fma_f16c`] (cached)
-//!   first.
+//!   first. The attention kernels (`attention`) are `unsafe` and inlined into their callers:
+//!   `super::attention` runs them only where its caller says the CPU has those features.
 //! - **Every load stays inside its slice.** Each wrapper checks the slice lengths once, exactly as
 //!   the block count requires; the kernels then read through raw pointers with unaligned loads at
 //!   offsets below `blocks * block_bytes`. (Prefetch hints may name addresses past the end: they
@@ -23,6 +24,7 @@ use super::{GemmFn, QuantizeFn, RowsFn, StridedGemmFn, VecDotFn};
 
 pub(super) use interleaved::interleaved_gemm_fn;
 
+pub(super) mod attention;
 mod float;
 mod gemm;
 mod interleaved;
@@ -337,9 +339,9 @@ unsafe fn read_f32(p: *const u8) -> f32 {
 
 /// How far ahead of the block being read the weights are prefetched. A decode pass streams every
 /// weight matrix from memory once per token; a software prefetch about 2 KB ahead keeps more
-/// cache lines in flight than the hardware prefetcher alone: 10-30% more GB/s single-threaded on
-/// 75-180 MB Q8_0/Q5_0/Q4_K/Q6_K matrices (`examples/kernel_bench.rs`), about 1% slower when
-/// the matrix already sits in cache.
+/// cache lines in flight than the hardware prefetcher alone, which raises the bandwidth of a
+/// thread streaming a matrix larger than the caches and costs little when the matrix already
+/// sits in cache (`examples/kernel_bench.rs` measures both).
 const PREFETCH_DISTANCE: usize = 2048;
 
 /// Asks for the `lines` cache lines at `PREFETCH_DISTANCE` bytes past `p`. A hint only: it never

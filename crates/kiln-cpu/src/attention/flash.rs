@@ -1,0 +1,185 @@
+//! The tile loop of one block of query vectors over a range of keys ([`attend_keys`]): per tile
+//! of `TILE` keys, the block's scores, each vector's online-softmax update, and the weighted
+//! value rows. One source, compiled with AVX2+FMA+F16C (where the kernels take their intrinsic
+//! bodies) and without: both perform the same operations in the same order.
+
+use std::ops::Range;
+
+use super::job::{Block, Job, State};
+use crate::kernels::{self, KvElem, BLOCK, TILE};
+use crate::math;
+
+// The fixed pairwise summation tree of `softmax_update` halves the tile down to one sum.
+const _: () = assert!(TILE.is_power_of_two());
+
+/// Tiles whose K/V rows decode reads in one sequential pass before computing them (see
+/// [`attend_keys`]).
+const STAGE: usize = 4;
+/// Tiles ahead at which decode requests its K/V rows (see [`attend_keys`]).
+const AHEAD: usize = 4;
+
+/// Runs block `b` over the positions `keys`, each vector limited to the keys it sees, updating
+/// `st`; with the AVX2+FMA kernels when `avx2` (the caller checked the CPU). `stream`: these K/V
+/// rows are read by this block alone (decode), so they come from memory, not from cache (a
+/// decode step streams every weight between two visits of a layer's cache). Two things then
+/// bring them in:
+///
+/// - **A sequential read of each stage.** Before the tiles of each stage of [`STAGE`] tiles are
+///   computed, one load per cache line walks the stage's key and value rows in order, which the
+///   hardware prefetchers follow at stream speed. The kernels' own order (three key rows at a
+///   time, then the value rows chunk by chunk across the tile) is not a stream they follow, and
+///   with software prefetches alone a cold cache stays several times slower than a warm one.
+/// - **Prefetch requests [`AHEAD`] tiles on** at each tile (the first tiles' at the start), so
+///   that rows that the reads brought into L2 are in L1 when the kernels use them, and the next
+///   stage's rows are on their way.
+///
+/// Together they make a decode step's attention faster than the prefetches alone
+/// (`examples/decode_segments` compares the two). Prefill blocks share their rows through the
+/// cache, so they pass `stream = false`: the extra reads and prefetches only slow them down.
+pub(super) fn attend_keys<E: KvElem>(
+    avx2: bool,
+    job: &Job<'_, E>,
+    b: &Block<'_>,
+    keys: Range<usize>,
+    stream: bool,
+    st: &mut State,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if avx2 {
+        // SAFETY: `avx2` is only true where the CPU reports AVX2, FMA and F16C
+        // (`Context::avx2`).
+        unsafe { attend_keys_avx2(job, b, keys, stream, st) };
+        return;
+    }
+    let _ = avx2;
+    attend_keys_impl::<false, E>(job, b, keys, stream, st)
+}
+
+/// [`attend_keys_impl`] built with AVX2+FMA (and F16C, which widens an f16 cache's rows): its
+/// kernels use the intrinsics, and the loops of the softmax compile to 8-lane code.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn attend_keys_avx2<E: KvElem>(
+    job: &Job<'_, E>,
+    b: &Block<'_>,
+    keys: Range<usize>,
+    stream: bool,
+    st: &mut State,
+) {
+    attend_keys_impl::<true, E>(job, b, keys, stream, st)
+}
+
+/// See [`attend_keys`]. `AVX2` selects the intrinsic kernels: only true when called from
+/// [`attend_keys_avx2`].
+#[inline(always)]
+fn attend_keys_impl<const AVX2: bool, E: KvElem>(
+    job: &Job<'_, E>,
+    b: &Block<'_>,
+    Range {
+        start: from,
+        end: to,
+    }: Range<usize>,
+    stream: bool,
+    st: &mut State,
+) {
+    let (hd, kvh) = (job.hd, b.kvh);
+    let n = b.queries.len();
+    let mut qs: [&[f32]; BLOCK] = [&[]; BLOCK];
+    for (d, x) in qs.iter_mut().zip(&b.queries) {
+        *d = x.q;
+    }
+    let mut s = [[0.0f32; TILE]; BLOCK];
+    let mut t0 = from;
+    while t0 < to {
+        let t1 = (t0 + TILE).min(to);
+        let nk = t1 - t0;
+        let mut keys: [&[E]; TILE] = [&[]; TILE];
+        let mut values: [&[E]; TILE] = [&[]; TILE];
+        for j in 0..nk {
+            keys[j] = job.head_row(job.k, kvh, t0 + j);
+            values[j] = job.head_row(job.v, kvh, t0 + j);
+        }
+        if stream {
+            // A new stage's rows, read in order.
+            if (t0 - from).is_multiple_of(STAGE * TILE) {
+                let rows = (t0..(t0 + STAGE * TILE).min(to))
+                    .flat_map(|j| [job.head_row(job.k, kvh, j), job.head_row(job.v, kvh, j)]);
+                std::hint::black_box(kernels::read_rows(rows));
+            }
+            // The rows AHEAD tiles on (and, at the start, those up to there).
+            let first = if t0 == from { t0 } else { t0 + AHEAD * TILE };
+            for j in first..(t0 + (AHEAD + 1) * TILE).min(to) {
+                kernels::prefetch_rows(&[job.head_row(job.k, kvh, j), job.head_row(job.v, kvh, j)]);
+            }
+        }
+        kernels::scores::<AVX2, E>(&qs[..n], &keys[..nk], &mut s);
+        let mut alpha = [1.0f32; BLOCK];
+        for (m, x) in b.queries.iter().enumerate() {
+            let (a, z) = (x.lo.max(t0), x.hi.min(t1));
+            if a >= z {
+                s[m] = [0.0; TILE];
+            } else {
+                alpha[m] = softmax_update(
+                    job,
+                    &mut s[m],
+                    a - t0,
+                    z - t0,
+                    &mut st.max[m],
+                    &mut st.sum[m],
+                );
+            }
+        }
+        kernels::weighted_values::<AVX2, E>(&mut st.acc[..n * hd], &alpha, &s, &values[..nk], hd);
+        t0 = t1;
+    }
+}
+
+/// Turns one vector's raw scores `s` of a tile into weights, given that it sees tile keys
+/// `[a, z)` (non-empty): scale and soft-cap, raise its running maximum, `s = e^(s − max)` inside
+/// `[a, z)` and 0 outside, and rescale its sum. Returns the factor `e^(old max − new max)` by
+/// which its accumulator must be multiplied.
+#[inline(always)]
+fn softmax_update<E>(
+    job: &Job<'_, E>,
+    s: &mut [f32; TILE],
+    a: usize,
+    z: usize,
+    max: &mut f32,
+    sum: &mut f32,
+) -> f32 {
+    for v in s.iter_mut() {
+        *v *= job.scale;
+    }
+    if let Some(cap) = job.softcap {
+        for v in s.iter_mut() {
+            *v = cap * math::tanh(*v / cap);
+        }
+    }
+    let mut tile_max = f32::NEG_INFINITY;
+    for (j, &v) in s.iter().enumerate() {
+        let inside = j >= a && j < z;
+        tile_max = if inside && v > tile_max { v } else { tile_max };
+    }
+    let new_max = if tile_max > *max { tile_max } else { *max };
+    let alpha = math::exp(*max - new_max);
+    let mut tile_sum = [0.0f32; TILE];
+    for (j, (v, t)) in s.iter_mut().zip(&mut tile_sum).enumerate() {
+        let e = math::exp(*v - new_max);
+        *v = if j >= a && j < z { e } else { 0.0 };
+        *t = *v;
+    }
+    // A fixed pairwise tree over the tile (halves, then quarters, ...).
+    let mut width = TILE;
+    while width > 1 {
+        width /= 2;
+        for j in 0..width {
+            tile_sum[j] += tile_sum[j + width];
+        }
+    }
+    *max = new_max;
+    *sum = sum.mul_add(alpha, tile_sum[0]);
+    alpha
+}

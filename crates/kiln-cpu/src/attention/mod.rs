@@ -1,0 +1,213 @@
+//! Causal attention over a KV cache: tiled, online-softmax ("flash") attention. The cache is
+//! contiguous (row `j` at position `j`) or paged (`paged_attention`: row `j` where the block
+//! table maps it); the kernels see rows only through `Job::head_row`, so both give the same bits.
+//! Its rows hold f32 or f16 values (`crate::kv`); one generic kernel reads both, widening each
+//! element exactly as it loads it (F16C's `vcvtph2ps` eight at a time, `half`'s conversion in the
+//! portable code), so an f16 cache computes the same operations on the values it holds.
+//!
+//! The query vectors that share a KV head (the heads of a GQA group, for one or more query rows)
+//! are taken `BLOCK` at a time; a block walks its keys `TILE` at a time (the tile shape of
+//! `crate::kernels`' attention kernels). Per tile it computes the block's scores (a
+//! `BLOCK × TILE` product in micro-kernels of 4 vectors × 3 keys, so each key row loaded serves
+//! many dot products), masks each vector to the keys it sees (causality and the sliding window
+//! differ per row), raises each vector's running maximum, rescales its running sum and
+//! accumulator by `e^(old max − new max)` (online softmax), and adds the tile's weighted value
+//! rows (micro-kernels of 4 vectors × 16 head dims). Neither the `[n, n_kv]` score matrix nor a
+//! full score row is ever built: a block's state is its maxima, sums and `BLOCK × head_dim`
+//! accumulators.
+//!
+//! Work is split one of two ways, both fixed by the shape alone:
+//!
+//! - **Prefill** (more query rows than one block holds; `prefill`): one task per
+//!   [`rows_per_task`] query rows, computing every head of its rows over each vector's whole key
+//!   range.
+//! - **Decode** (the query rows fit one block; `decode`): one task per (KV head, part of the
+//!   keys), the positions cut on a fixed grid of `decode::PART` (flash-decoding), so a long
+//!   cache is read by all threads at once. Each part keeps its own maxima, sums and
+//!   unnormalized outputs; the parts are combined in key order.
+//!
+//! Invariants:
+//!
+//! - Every output element is produced by one fixed sequence of operations that depends on the
+//!   shape only, never on the thread count or on which thread runs a task: results are
+//!   bit-identical across thread counts.
+//! - The AVX2+FMA kernels (`crate::kernels`' attention kernels, chosen at run time through
+//!   `Context::avx2`) and the portable code perform the same operations in the same order (fused
+//!   multiply-adds as `f32::mul_add`, the same lane reductions), and the rest of the tile loop
+//!   (`flash`) is one source compiled both with and without the features: both give identical
+//!   bits.
+//! - Only rows below `n_kv` are read; a vector whose visible keys miss a tile is left untouched
+//!   by it (no `−inf − −inf`), and a vector that sees no key at all (a window of 0) gets zeros,
+//!   as the empty sum does.
+//!
+//! Files: `job` holds the operands and shape of a call and a block's online-softmax state,
+//! `flash` the tile loop of one block over its keys, `prefill` and `decode` the two splits into
+//! tasks; this module the entry points, which check the operands and pick the split.
+
+use kiln_backend::{shape_err, AttentionParams, KvPages, Result};
+
+use crate::context::{for_each_chunk, Context};
+use crate::kernels::{KvElem, BLOCK};
+use crate::kv::{CpuKv, KvData};
+use crate::tensor::CpuTensor;
+
+use decode::decode;
+use job::{Job, Layout, PARALLEL_MIN_FLOPS};
+use prefill::rows_task;
+
+mod decode;
+mod flash;
+mod job;
+mod prefill;
+#[cfg(test)]
+mod tests;
+
+pub(crate) fn attention(
+    cpu: &Context,
+    q: &CpuTensor,
+    k_cache: &CpuKv,
+    v_cache: &CpuKv,
+    q_pos: usize,
+    n_kv: usize,
+    p: &AttentionParams,
+) -> Result<CpuTensor> {
+    attention_over(cpu, q, k_cache, v_cache, None, q_pos, n_kv, p)
+}
+
+/// [`attention`] over a paged cache: logical row `j` is the row `pages` maps it to in the pools.
+/// Every tile reads the same logical rows in the same order as over a contiguous cache, so the
+/// results are bit-identical to [`attention`] on a contiguous copy.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn paged_attention(
+    cpu: &Context,
+    q: &CpuTensor,
+    k_pool: &CpuKv,
+    v_pool: &CpuKv,
+    pages: &KvPages<'_>,
+    q_pos: usize,
+    n_kv: usize,
+    p: &AttentionParams,
+) -> Result<CpuTensor> {
+    let pool_rows = k_pool.rows.min(v_pool.rows);
+    pages
+        .check(n_kv, pool_rows)
+        .map_err(|e| shape_err("paged_attention", e))?;
+    attention_over(cpu, q, k_pool, v_pool, Some(*pages), q_pos, n_kv, p)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention_over(
+    cpu: &Context,
+    q: &CpuTensor,
+    k_cache: &CpuKv,
+    v_cache: &CpuKv,
+    pages: Option<KvPages<'_>>,
+    q_pos: usize,
+    n_kv: usize,
+    p: &AttentionParams,
+) -> Result<CpuTensor> {
+    let hd = p.head_dim;
+    // Paged: `paged_attention` checked that every logical row below `n_kv` maps into the pools.
+    let rows_ok = pages.is_some() || (n_kv <= k_cache.rows && n_kv <= v_cache.rows);
+    if p.n_kv_heads == 0
+        || !p.n_heads.is_multiple_of(p.n_kv_heads)
+        || q.cols != p.n_heads * hd
+        || k_cache.cols != p.n_kv_heads * hd
+        || v_cache.cols != p.n_kv_heads * hd
+        || !rows_ok
+        || q_pos + q.rows > n_kv
+    {
+        return Err(shape_err(
+            "attention",
+            format!(
+                "q [{}, {}] at {q_pos}, caches [{}, {}]/[{}, {}] with {n_kv} filled, {} heads / {} kv heads of {hd}",
+                q.rows, q.cols, k_cache.rows, k_cache.cols, v_cache.rows, v_cache.cols, p.n_heads, p.n_kv_heads
+            ),
+        ));
+    }
+    let layout = Layout {
+        q_pos,
+        hd,
+        group: p.n_heads / p.n_kv_heads,
+        q_cols: q.cols,
+        kv_cols: k_cache.cols,
+        scale: p.scale,
+        window: p.sliding_window,
+        softcap: p.softcap,
+        pages,
+    };
+    let data = &q.data;
+    match (&k_cache.data, &v_cache.data) {
+        (KvData::F32(k), KvData::F32(v)) => Ok(run(cpu, q, Job::new(data, k, v, layout), p)),
+        (KvData::F16(k), KvData::F16(v)) => Ok(run(cpu, q, Job::new(data, k, v, layout), p)),
+        _ => Err(shape_err(
+            "attention",
+            format!(
+                "keys stored as {}, values as {}",
+                k_cache.dtype(),
+                v_cache.dtype()
+            ),
+        )),
+    }
+}
+
+/// [`attention_over`] once the operands are checked, over a cache of `E`.
+fn run<E: KvElem>(cpu: &Context, q: &CpuTensor, job: Job<'_, E>, p: &AttentionParams) -> CpuTensor {
+    let avx2 = cpu.avx2();
+    // Every element is written below: each (row, head) belongs to exactly one block. (Empty:
+    // no rows, no heads or empty heads, when `group` may be 0.)
+    let mut out = crate::buffers::take(q.rows * q.cols);
+    if out.is_empty() {
+        return CpuTensor {
+            data: out,
+            rows: q.rows,
+            cols: q.cols,
+        };
+    }
+    let rows = rows_per_task(job.group);
+    if cpu.batch_invariant && q.rows > 1 {
+        // Each query row alone, exactly as a one-row (decode) call computes it: its result
+        // does not depend on the other rows of the call (see `CpuOptions::batch_invariant`).
+        let (lo, hi) = (job.visible(0).0, job.visible(q.rows - 1).1);
+        let flops = 4 * q.rows * p.n_heads * (hi - lo) * p.head_dim;
+        for_each_chunk(
+            cpu,
+            &mut out,
+            q.cols,
+            flops >= PARALLEL_MIN_FLOPS,
+            |i, row_out| {
+                let one = Job {
+                    q: &job.q[i * job.q_cols..(i + 1) * job.q_cols],
+                    layout: Layout {
+                        q_pos: job.q_pos + i,
+                        ..job.layout
+                    },
+                    ..job
+                };
+                decode(cpu, avx2, &one, p.n_kv_heads, 1, row_out, false);
+            },
+        );
+    } else if q.rows <= rows {
+        decode(cpu, avx2, &job, p.n_kv_heads, q.rows, &mut out, true);
+    } else {
+        let (lo, hi) = (job.visible(0).0, job.visible(q.rows - 1).1);
+        let flops = 4 * q.rows * p.n_heads * (hi - lo) * p.head_dim;
+        for_each_chunk(
+            cpu,
+            &mut out,
+            rows * q.cols,
+            flops >= PARALLEL_MIN_FLOPS,
+            |t, chunk| rows_task(avx2, &job, p.n_kv_heads, t * rows, chunk),
+        );
+    }
+    CpuTensor {
+        data: out,
+        rows: q.rows,
+        cols: q.cols,
+    }
+}
+
+/// Query rows per prefill task: as many as fill one block with their GQA groups (at least one).
+fn rows_per_task(group: usize) -> usize {
+    (BLOCK / group).max(1)
+}

@@ -1,0 +1,382 @@
+//! The flash kernel against the row-at-a-time reference, on every SIMD level and thread count,
+//! over contiguous and paged caches of both element types.
+
+use kiln_backend::{AttentionParams, KvDtype, KvPages};
+
+use super::{attention, paged_attention};
+use crate::backend::CpuBackend;
+use crate::kernels::{simd_level, SimdLevel};
+use crate::kv::CpuKv;
+use crate::math;
+use crate::options::CpuOptions;
+use crate::tensor::CpuTensor;
+
+/// The row-at-a-time kernel this module replaced, kept as the reference: scores of one query
+/// row and head against all its visible keys, softmax, weighted sum of values.
+fn reference(q: &CpuTensor, k: &CpuKv, v: &CpuKv, q_pos: usize, p: &AttentionParams) -> Vec<f32> {
+    reference_over(q, &k.to_f32(), &v.to_f32(), q_pos, p)
+}
+
+/// [`reference`] over the caches' values as f32.
+fn reference_over(
+    q: &CpuTensor,
+    k: &[f32],
+    v: &[f32],
+    q_pos: usize,
+    p: &AttentionParams,
+) -> Vec<f32> {
+    let hd = p.head_dim;
+    let kv_cols = p.n_kv_heads * hd;
+    let group = p.n_heads / p.n_kv_heads;
+    let mut out = vec![0.0f32; q.rows * q.cols];
+    for (i, out_row) in out.chunks_mut(q.cols).enumerate() {
+        let pos = q_pos + i;
+        let lo = p.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        let hi = pos + 1;
+        let mut scores = vec![0.0f32; hi - lo];
+        for h in 0..p.n_heads {
+            let kvh = h / group;
+            let qh = &q.row(i)[h * hd..(h + 1) * hd];
+            let mut max = f32::NEG_INFINITY;
+            for (s, j) in scores.iter_mut().zip(lo..hi) {
+                let kj = &k[j * kv_cols + kvh * hd..j * kv_cols + (kvh + 1) * hd];
+                let mut v = math::dot(qh, kj) * p.scale;
+                if let Some(cap) = p.softcap {
+                    v = cap * (v / cap).tanh();
+                }
+                *s = v;
+                max = max.max(v);
+            }
+            let mut sum = 0.0f32;
+            for s in scores.iter_mut() {
+                *s = (*s - max).exp();
+                sum += *s;
+            }
+            let inv = 1.0 / sum;
+            let oh = &mut out_row[h * hd..(h + 1) * hd];
+            for (s, j) in scores.iter().zip(lo..hi) {
+                let vj = &v[j * kv_cols + kvh * hd..j * kv_cols + (kvh + 1) * hd];
+                let weight = s * inv;
+                for (o, &v) in oh.iter_mut().zip(vj) {
+                    *o += weight * v;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Deterministic values in [-1, 1) (xorshift64).
+fn values(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+fn tensor(data: Vec<f32>, rows: usize, cols: usize) -> CpuTensor {
+    CpuTensor::new(data, rows, cols).unwrap()
+}
+
+fn cache(data: &[f32], rows: usize, cols: usize, dtype: KvDtype) -> CpuKv {
+    CpuKv::from_f32(data, rows, cols, dtype).unwrap()
+}
+
+const DTYPES: [KvDtype; 2] = [KvDtype::F32, KvDtype::F16];
+
+/// The scalar build on one thread, and the CPU's SIMD level on one and three threads.
+fn backends() -> Vec<CpuBackend> {
+    let mut v = vec![
+        CpuBackend::with_options(&CpuOptions::threads(1).simd_cap(SimdLevel::Scalar)).unwrap(),
+    ];
+    if simd_level() != SimdLevel::Scalar {
+        v.push(CpuBackend::new(1).unwrap());
+        v.push(CpuBackend::new(3).unwrap());
+    }
+    v
+}
+
+/// Runs `rows` query rows at `q_pos` on every backend, over caches of each type, and checks
+/// each against the reference over the cache's (rounded) values: the largest error at most
+/// 1e-5 of the largest output (softmax weights are within a few ulp of the reference's; the
+/// outputs are sums of up to a thousand such products), and all backends bit-identical (the
+/// same operations on any thread count and in both builds).
+fn check(b: &[CpuBackend], p: &AttentionParams, q_pos: usize, rows: usize, seed: u64) {
+    for dtype in DTYPES {
+        check_one(b, p, q_pos, rows, seed, dtype);
+    }
+}
+
+fn check_one(
+    b: &[CpuBackend],
+    p: &AttentionParams,
+    q_pos: usize,
+    rows: usize,
+    seed: u64,
+    dtype: KvDtype,
+) {
+    let hd = p.head_dim;
+    let n_kv = q_pos + rows;
+    // Queries scaled up so that the softmax is far from uniform.
+    let q: Vec<f32> = values(rows * p.n_heads * hd, seed)
+        .iter()
+        .map(|x| x * 3.0)
+        .collect();
+    let q = tensor(q, rows, p.n_heads * hd);
+    // A cache longer than the filled part, with NaN past it: never read.
+    let cap = n_kv + 3;
+    let mut k = values(cap * p.n_kv_heads * hd, seed + 1);
+    let mut v = values(cap * p.n_kv_heads * hd, seed + 2);
+    k[n_kv * p.n_kv_heads * hd..].fill(f32::NAN);
+    v[n_kv * p.n_kv_heads * hd..].fill(f32::NAN);
+    let (k, v) = (
+        cache(&k, cap, p.n_kv_heads * hd, dtype),
+        cache(&v, cap, p.n_kv_heads * hd, dtype),
+    );
+    let want = reference(&q, &k, &v, q_pos, p);
+    let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    let mut first: Option<Vec<f32>> = None;
+    for be in b {
+        let got = attention(&be.cx, &q, &k, &v, q_pos, n_kv, p).unwrap();
+        assert_eq!((got.rows, got.cols), (q.rows, q.cols));
+        let err = got
+            .data
+            .iter()
+            .zip(&want)
+            .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            err <= 1e-5 * scale,
+            "{p:?} q_pos {q_pos} rows {rows} {dtype} on {:?}/{}: error {err:e} of {scale}",
+            be.simd(),
+            be.threads()
+        );
+        match &first {
+            None => first = Some(got.data.clone()),
+            Some(f) => assert!(
+                f.iter()
+                    .zip(&got.data)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{p:?} q_pos {q_pos} rows {rows} {dtype}: {:?}/{} differs from the first backend",
+                be.simd(),
+                be.threads()
+            ),
+        }
+    }
+}
+
+fn params(
+    (n_heads, n_kv_heads): (usize, usize),
+    head_dim: usize,
+    sliding_window: Option<usize>,
+    softcap: Option<f32>,
+) -> AttentionParams {
+    AttentionParams {
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        sliding_window,
+        softcap,
+    }
+}
+
+#[test]
+fn matches_the_reference_on_gqa_windows_and_softcaps() {
+    let b = backends();
+    let mut seed = 0;
+    for heads in [(4, 1), (8, 2), (2, 2)] {
+        for hd in [64, 256] {
+            for window in [None, Some(5), Some(512)] {
+                for softcap in [None, Some(50.0)] {
+                    let p = params(heads, hd, window, softcap);
+                    for q_pos in [0, 37] {
+                        for rows in (1..=13).chain([70]) {
+                            seed += 3;
+                            check(&b, &p, q_pos, rows, seed);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A paged cache gives the bits of the contiguous one, whatever the block size (tiles
+/// crossing blocks included) and the order of the blocks in the pool; rows the table does
+/// not map (NaN here) are never read.
+#[test]
+fn paged_caches_give_the_bits_of_contiguous_ones() {
+    use kiln_backend::Backend;
+    let b = backends();
+    let mut seed = 1000;
+    for (heads, hd, window) in [
+        ((4, 1), 64, None),
+        ((8, 2), 32, Some(40)),
+        ((2, 2), 8, None),
+    ] {
+        let p = params(heads, hd, window, Some(30.0));
+        let kv_cols = p.n_kv_heads * hd;
+        for (block_size, dtype) in [1, 3, 16, 32].into_iter().zip(DTYPES.iter().cycle()) {
+            for (q_pos, rows) in [(0, 5), (37, 1), (300, 1), (250, 20)] {
+                seed += 7;
+                let n_kv = q_pos + rows;
+                let q = tensor(values(rows * p.n_heads * hd, seed), rows, p.n_heads * hd);
+                let (k, v) = (
+                    values(n_kv * kv_cols, seed + 1),
+                    values(n_kv * kv_cols, seed + 2),
+                );
+                let k_cache = cache(&k, n_kv, kv_cols, *dtype);
+                let v_cache = cache(&v, n_kv, kv_cols, *dtype);
+                let (k, v) = (tensor(k, n_kv, kv_cols), tensor(v, n_kv, kv_cols));
+                // The sequence's blocks, scattered through a larger pool in a shuffled order.
+                let blocks = n_kv.div_ceil(block_size);
+                let pool_blocks = 2 * blocks + 3;
+                let mut ids: Vec<u32> = (0..pool_blocks as u32).collect();
+                let mut s = seed;
+                for i in (1..ids.len()).rev() {
+                    s = s
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    ids.swap(i, (s >> 33) as usize % (i + 1));
+                }
+                let table = &ids[..blocks];
+                let pages = KvPages { table, block_size };
+                let nan = vec![f32::NAN; pool_blocks * block_size * kv_cols];
+                for be in &b {
+                    let mut kp = cache(&nan, pool_blocks * block_size, kv_cols, *dtype);
+                    let mut vp = cache(&nan, pool_blocks * block_size, kv_cols, *dtype);
+                    // Written in two appends, the second starting inside a block.
+                    let cut = n_kv / 2;
+                    for (pool, src) in [(&mut kp, &k), (&mut vp, &v)] {
+                        be.write_paged_rows(pool, &pages, 0, &be.rows(src, 0..cut).unwrap())
+                            .unwrap();
+                        be.write_paged_rows(pool, &pages, cut, &be.rows(src, cut..n_kv).unwrap())
+                            .unwrap();
+                    }
+                    let want = attention(&be.cx, &q, &k_cache, &v_cache, q_pos, n_kv, &p).unwrap();
+                    let got =
+                        paged_attention(&be.cx, &q, &kp, &vp, &pages, q_pos, n_kv, &p).unwrap();
+                    assert!(
+                        want.data
+                            .iter()
+                            .zip(&got.data)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{p:?} block {block_size} q_pos {q_pos} rows {rows} {dtype} on {:?}/{}",
+                        be.simd(),
+                        be.threads()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_table_that_does_not_cover_the_rows_is_an_error() {
+    use kiln_backend::Backend;
+    let be = CpuBackend::new(1).unwrap();
+    let p = params((2, 1), 4, None, None);
+    let q = tensor(values(8, 1), 1, 8);
+    let pool = cache(&values(16, 2), 4, 4, KvDtype::F16); // 2 blocks of 2 rows
+    let short = KvPages {
+        table: &[1],
+        block_size: 2,
+    };
+    let err = paged_attention(&be.cx, &q, &pool, &pool, &short, 2, 3, &p).unwrap_err();
+    assert!(err.to_string().contains("need 2 blocks"), "{err}");
+    let outside = KvPages {
+        table: &[0, 2],
+        block_size: 2,
+    };
+    let err = paged_attention(&be.cx, &q, &pool, &pool, &outside, 2, 3, &p).unwrap_err();
+    assert!(err.to_string().contains("block 2"), "{err}");
+    let zero = KvPages {
+        table: &[0, 1],
+        block_size: 0,
+    };
+    assert!(paged_attention(&be.cx, &q, &pool, &pool, &zero, 0, 1, &p).is_err());
+    let mut dst = cache(&values(16, 2), 4, 4, KvDtype::F16);
+    let err = be
+        .write_paged_rows(&mut dst, &outside, 1, &tensor(values(8, 3), 2, 4))
+        .unwrap_err();
+    assert!(err.to_string().contains("block 2"), "{err}");
+    assert_eq!(
+        dst.to_f32(),
+        pool.to_f32(),
+        "a failed write changes nothing"
+    );
+    let f32_pool = cache(&values(16, 2), 4, 4, KvDtype::F32);
+    let err = attention(&be.cx, &q, &pool, &f32_pool, 2, 3, &p).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("keys stored as f16, values as f32"),
+        "{err}"
+    );
+}
+
+/// Long caches: decode splits the keys into parts (and prefill tasks walk many tiles).
+#[test]
+fn long_caches_split_into_parts_match_the_reference() {
+    let b = backends();
+    for heads in [(4, 1), (8, 2), (2, 2)] {
+        for window in [None, Some(5), Some(300)] {
+            for softcap in [None, Some(50.0)] {
+                let p = params(heads, 64, window, softcap);
+                for (q_pos, rows) in [(255, 1), (256, 1), (700, 1), (1000, 2), (600, 9)] {
+                    check(&b, &p, q_pos, rows, (q_pos + rows) as u64);
+                }
+            }
+        }
+    }
+}
+
+/// Head sizes that are not a multiple of the lanes take the tail paths; groups of 3 and 16
+/// heads per KV head make partial and multiple blocks.
+#[test]
+fn odd_head_sizes_and_groups_match_the_reference() {
+    let b = backends();
+    for (heads, hd) in [
+        ((4, 1), 8),
+        ((6, 2), 20),
+        ((3, 1), 72),
+        ((16, 1), 32),
+        ((1, 1), 1),
+    ] {
+        let p = params(heads, hd, None, None);
+        for (q_pos, rows) in [(0, 1), (0, 5), (11, 17), (300, 1)] {
+            check(&b, &p, q_pos, rows, 9);
+        }
+    }
+}
+
+/// No query rows, or no query heads: empty outputs of the right shape, no work.
+#[test]
+fn empty_shapes_give_empty_outputs() {
+    let be = CpuBackend::new(2).unwrap();
+    let kv = cache(&values(4 * 16, 1), 4, 16, KvDtype::F16);
+    let q = tensor(Vec::new(), 0, 64);
+    let got = attention(&be.cx, &q, &kv, &kv, 2, 2, &params((4, 1), 16, None, None)).unwrap();
+    assert_eq!((got.rows, got.cols), (0, 64));
+    let q = tensor(Vec::new(), 3, 0);
+    let got = attention(&be.cx, &q, &kv, &kv, 0, 3, &params((0, 1), 16, None, None)).unwrap();
+    assert_eq!((got.rows, got.cols), (3, 0));
+}
+
+/// A window of 0 leaves every query without keys: zeros, as the reference gives.
+#[test]
+fn an_empty_window_gives_zeros() {
+    let be = CpuBackend::new(2).unwrap();
+    let p = params((4, 1), 16, Some(0), None);
+    for (q_pos, rows) in [(0, 1), (0, 6), (400, 1)] {
+        let n_kv = q_pos + rows;
+        let q = tensor(values(rows * 64, 1), rows, 64);
+        let kv = cache(&values(n_kv * 16, 2), n_kv, 16, KvDtype::F16);
+        let got = attention(&be.cx, &q, &kv, &kv, q_pos, n_kv, &p).unwrap();
+        assert!(got.data.iter().all(|&x| x == 0.0));
+    }
+}

@@ -1,0 +1,168 @@
+//! The attention tile kernels that `crate::attention` runs per key tile: the scores of a block
+//! of query vectors against a tile of keys ([`scores`]), the weighted sum of the tile's value
+//! rows ([`weighted_values`]), and the reads that bring K/V rows into cache ([`read_rows`],
+//! [`prefetch_rows`]). Rows hold any [`KvElem`] (f32 or f16), widened exactly as they load.
+//!
+//! Invariant: each kernel has a portable body and an AVX2+FMA one (`x86::attention`), selected
+//! by its `AVX2` parameter, that perform the same operations in the same order (fused
+//! multiply-adds as `f32::mul_add`, the same lane reductions), so both give identical bits.
+//! `AVX2 = true` only where the caller is built with AVX2, FMA and F16C on a CPU that has them;
+//! the kernels are `#[inline(always)]` so that they compile with the caller's features.
+
+#[cfg(target_arch = "x86_64")]
+use super::x86::attention as x86;
+use super::KvElem;
+
+/// Query vectors processed together against each key tile: each K/V row brought from memory or
+/// L3 serves this many of them (8 query rows of Gemma's 4-head groups).
+pub(crate) const BLOCK: usize = 32;
+/// Keys per tile: a tile's key and value rows (32 KiB at head_dim 256) and the block's scores stay
+/// in L1/L2 while the block passes them. A power of two (the fixed summation tree of
+/// `crate::attention`'s softmax update).
+pub(crate) const TILE: usize = 16;
+
+/// Hints the CPU to bring each cache line of `rows` into L1 (a no-op off x86-64).
+#[inline(always)]
+pub(crate) fn prefetch_rows<E: KvElem>(rows: &[&[E]]) {
+    #[cfg(target_arch = "x86_64")]
+    for row in rows {
+        for line in row.chunks(E::PER_LINE) {
+            // SAFETY: a prefetch is a hint: it never faults and changes no memory (and `line`
+            // is a live slice anyway).
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    line.as_ptr().cast(),
+                )
+            };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = rows;
+}
+
+/// Loads one value of every 64-byte line of `rows`, one row after the other, and returns a value
+/// that depends on all of them (for `black_box`, so that the loads are not optimised away):
+/// brings the rows into the core's caches at the speed of a sequential stream (see
+/// `crate::attention`'s `attend_keys`).
+#[inline(always)]
+pub(crate) fn read_rows<'a, E: KvElem>(rows: impl Iterator<Item = &'a [E]>) -> u32 {
+    let mut acc = 0u32;
+    for row in rows {
+        for x in row.iter().step_by(E::PER_LINE) {
+            acc = acc.wrapping_add(x.bits());
+        }
+    }
+    acc
+}
+
+/// `s[m][j] = q[m] · keys[j]` for the block's vectors and the tile's keys (all rows of one
+/// length). Each dot product is eight lanes of fused multiply-adds over the whole chunks, the
+/// lanes reduced as `((a₀ + a₄) + (a₂ + a₆)) + ((a₁ + a₅) + (a₃ + a₇))`, then the tail one product
+/// at a time: the AVX2 kernel performs exactly the operations of [`dot`].
+#[inline(always)]
+pub(crate) fn scores<const AVX2: bool, E: KvElem>(
+    q: &[&[f32]],
+    keys: &[&[E]],
+    s: &mut [[f32; TILE]; BLOCK],
+) {
+    let len = q.first().map_or(0, |r| r.len());
+    assert!(
+        q.len() <= BLOCK
+            && keys.len() <= TILE
+            && q.iter().all(|r| r.len() == len)
+            && keys.iter().all(|r| r.len() == len),
+        "scores: bad operands"
+    );
+    let n8 = len / 8;
+    #[cfg(target_arch = "x86_64")]
+    if AVX2 {
+        let mut qp = [std::ptr::null(); BLOCK];
+        for (p, r) in qp.iter_mut().zip(q) {
+            *p = r.as_ptr();
+        }
+        let mut kp = [std::ptr::null(); TILE];
+        for (p, r) in kp.iter_mut().zip(keys) {
+            *p = r.as_ptr();
+        }
+        // SAFETY: `AVX2` instances run only inside functions built with AVX2, FMA and F16C on
+        // a CPU that has them (`crate::attention`'s `attend_keys_avx2`); the assert proves
+        // every row holds `len ≥ 8·n8` values.
+        unsafe { x86::scores(&qp[..q.len()], &kp[..keys.len()], n8, s) };
+        if n8 * 8 < len {
+            for (row, qm) in s.iter_mut().zip(q) {
+                for (o, kj) in row.iter_mut().zip(keys) {
+                    for d in n8 * 8..len {
+                        *o = qm[d].mul_add(kj[d].get(), *o);
+                    }
+                }
+            }
+        }
+        return;
+    }
+    for (row, qm) in s.iter_mut().zip(q) {
+        for (o, kj) in row.iter_mut().zip(keys) {
+            *o = dot(qm, kj);
+        }
+    }
+}
+
+/// One dot product in the operation order of [`scores`].
+#[inline(always)]
+fn dot<E: KvElem>(q: &[f32], k: &[E]) -> f32 {
+    let (qc, qt) = q.as_chunks::<8>();
+    let (kc, kt) = k.as_chunks::<8>();
+    let mut acc = [0.0f32; 8];
+    for (qv, kv) in qc.iter().zip(kc) {
+        for l in 0..8 {
+            acc[l] = qv[l].mul_add(kv[l].get(), acc[l]);
+        }
+    }
+    let h: [f32; 4] = std::array::from_fn(|i| acc[i] + acc[i + 4]);
+    let mut sum = (h[0] + h[2]) + (h[1] + h[3]);
+    for (&x, &y) in qt.iter().zip(kt) {
+        sum = x.mul_add(y.get(), sum);
+    }
+    sum
+}
+
+/// `acc[m] = alpha[m] · acc[m] + Σ_j p[m][j] · values[j]` for the block's vectors (`acc` holds
+/// their rows of `hd`), the sum in key order with fused multiply-adds. The AVX2 kernel takes
+/// sixteen head dims of four vectors at a time (the tail of a head one at a time), with the
+/// same operations per element.
+#[inline(always)]
+pub(crate) fn weighted_values<const AVX2: bool, E: KvElem>(
+    acc: &mut [f32],
+    alpha: &[f32; BLOCK],
+    p: &[[f32; TILE]; BLOCK],
+    values: &[&[E]],
+    hd: usize,
+) {
+    let n = acc.len() / hd.max(1);
+    assert!(
+        n <= BLOCK && values.len() <= TILE && values.iter().all(|r| r.len() == hd),
+        "weighted_values: bad operands"
+    );
+    let mut tail = 0;
+    #[cfg(target_arch = "x86_64")]
+    if AVX2 {
+        let mut vp = [std::ptr::null(); TILE];
+        for (p, r) in vp.iter_mut().zip(values) {
+            *p = r.as_ptr();
+        }
+        // SAFETY: `AVX2` instances run only inside functions built with AVX2, FMA and F16C on
+        // a CPU that has them (`crate::attention`'s `attend_keys_avx2`); the assert proves
+        // `acc` holds `n ≤ BLOCK` rows of `hd` and each value row `hd` values, and `p` rows
+        // hold `TILE ≥ values.len()` weights.
+        unsafe { x86::weighted_values(acc.as_mut_ptr(), n, hd, alpha, p, &vp[..values.len()]) };
+        tail = hd / 16 * 16;
+    }
+    for ((row, &alpha), p) in acc.chunks_exact_mut(hd.max(1)).zip(alpha).zip(p) {
+        for (d, o) in row.iter_mut().enumerate().skip(tail) {
+            let mut sum = *o * alpha;
+            for (&w, v) in p.iter().zip(values) {
+                sum = w.mul_add(v[d].get(), sum);
+            }
+            *o = sum;
+        }
+    }
+}
