@@ -244,39 +244,43 @@ pub fn run(a: ServeArgs) -> Result<()> {
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async move {
+        // The handlers first: a signal that arrives once the server says it listens must stop
+        // it gracefully, not kill it with the default action.
+        let shutdown = shutdown_signal()?;
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("listening on {addr}"))?;
         let local = listener.local_addr()?;
         tracing::info!("listening on http://{local} (OpenAI API under /v1; /health, /metrics)");
-        kiln_server::serve(listener, state, shutdown_signal())
+        kiln_server::serve(listener, state, shutdown)
             .await
             .context("serving")
     })
 }
 
-/// Resolves on Ctrl-C (SIGINT) or SIGTERM: the server stops accepting connections and finishes
-/// the requests in flight.
-async fn shutdown_signal() {
-    let interrupt = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// A future that resolves on Ctrl-C (SIGINT) or SIGTERM: the server stops accepting connections
+/// and finishes the requests in flight. The handlers are installed by this call (inside the
+/// runtime), not when the future is first polled.
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
+    let (mut interrupt, mut terminate) = {
+        use tokio::signal::unix::{signal, SignalKind};
+        let install = |kind: SignalKind| signal(kind).context("installing a signal handler");
+        (
+            install(SignalKind::interrupt())?,
+            install(SignalKind::terminate())?,
+        )
     };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = interrupt => {},
-        _ = terminate => {},
-    }
-    tracing::info!("shutting down: finishing the requests in flight");
+    Ok(async move {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = interrupt.recv() => {},
+            _ = terminate.recv() => {},
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutting down: finishing the requests in flight");
+    })
 }
 
 /// Logs to stderr; `RUST_LOG` filters (default `info`).
