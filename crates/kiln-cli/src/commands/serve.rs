@@ -168,6 +168,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
             .map(|i| templates.remove(i).1);
         let (template, template_from) =
             chat_template(&m.file, template_file.as_deref(), &m.tokenizer, &end_ids)?;
+        // The file's parsed header (a large vocabulary's strings) is not needed past here.
+        drop(m.file);
         let bytes_per_block = m.model.kv_bytes_per_block(a.block_size);
         let n_blocks = (a.kv_memory_mib << 20) / bytes_per_block.max(1);
         if n_blocks == 0 {

@@ -51,6 +51,18 @@ struct Origin {
     /// The handle it was opened with: [`GgufFile::hold_as`] reads it again without an open.
     file: Arc<std::fs::File>,
     mode: LoadMode,
+    /// A hash of the header bytes as parsed at open (see [`header_hash`]).
+    header_hash: u64,
+}
+
+/// A hash of `bytes` (a file's header): [`GgufFile::hold_as`] compares the header it reads again
+/// with the one parsed at open without parsing it a second time (a second copy of a large
+/// vocabulary's metadata would raise the peak memory of a load).
+fn header_hash(bytes: &[u8]) -> u64 {
+    use std::hash::Hasher;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    h.write(bytes);
+    h.finish()
 }
 
 /// The `len` bytes of `file` held as `mode` says.
@@ -158,10 +170,12 @@ impl GgufFile {
         }
         let bytes = hold(&file, len, mode).map_err(io_error)?;
         let mut parsed = GgufFile::from_bytes(bytes)?;
+        let header_hash = header_hash(&parsed.bytes[..parsed.data_offset as usize]);
         parsed.origin = Some(Origin {
             path: path.to_owned(),
             file: Arc::new(file),
             mode,
+            header_hash,
         });
         Ok(parsed)
     }
@@ -185,18 +199,12 @@ impl GgufFile {
             source,
         };
         let bytes = hold(&origin.file, self.bytes.len() as u64, mode).map_err(io_error)?;
-        // A map shows later writes to the file, so compare with what was parsed at open.
-        let changed = match parse(&bytes) {
-            Ok(p) => (p.data_offset != self.data_offset
-                || p.metadata != self.metadata
-                || p.tensors != self.tensors)
-                .then(|| "another header".to_string()),
-            Err(e) => Some(e.to_string()),
-        };
-        if let Some(detail) = changed {
-            return Err(io_error(std::io::Error::other(format!(
-                "the file changed on disk while it was open ({detail})"
-            ))));
+        // A map shows later writes to the file, so compare with the header parsed at open.
+        let header = ..self.data_offset as usize;
+        if bytes.len() != self.bytes.len() || header_hash(&bytes[header]) != origin.header_hash {
+            return Err(io_error(std::io::Error::other(
+                "the file changed on disk while it was open (another header)",
+            )));
         }
         self.bytes = bytes;
         if let Some(origin) = &mut self.origin {
