@@ -3,7 +3,7 @@
 //!
 //! Each case (a `pub fn` of [`cases`], generic over `B: Backend`) builds its inputs on the host,
 //! runs one op (or a few) on the backend, and compares the result with the scalar reference of
-//! [`reference`]: plain f64 loops written from the trait's definitions, independent of any
+//! [`reference`](mod@reference): plain f64 loops written from the trait's definitions, independent of any
 //! backend's kernels. The comparison allows, per output element, the rounding error an f32
 //! implementation of the op can make ([`tolerance`] states each bound and where it comes from);
 //! results the trait promises exactly (copies, single IEEE operations, `matmul_many` and

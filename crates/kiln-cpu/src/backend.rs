@@ -538,9 +538,8 @@ impl Backend for CpuBackend {
         Self::check_same("gated_activation", gate, up)?;
         let mut out = crate::buffers::take(gate.data.len());
         let avx2 = self.cx.avx2();
-        // The activation costs about 0.8 ns an element (an `exp` and a division), eight times a
-        // norm's: split from two chunks of 4096 (Gemma 3 270M's 8 × 2048 at 8 sequences took
-        // 13 µs a layer on one thread), where a norm waits for 32k elements.
+        // The activation costs several times a norm's work per element (an `exp` and a
+        // division): split from two chunks of 4096, where a norm waits for 32k elements.
         const CHUNK: usize = 4096;
         let parallel = out.len() >= 2 * CHUNK;
         for_each_chunk(&self.cx, &mut out, CHUNK, parallel, |i, o| {

@@ -94,7 +94,7 @@ pub fn memory_bandwidth(threads: usize, pages: Pages) -> Result<Bandwidth> {
 }
 
 /// A short probe, for taking the bandwidth beside each of a benchmark's runs: 4× the
-/// last-level cache (64 MiB to 256 MiB) and [`QUICK_PASSES`] passes, tens of milliseconds. On a
+/// last-level cache (64 MiB to 256 MiB) and `QUICK_PASSES` passes, tens of milliseconds. On a
 /// shared host the memory speed moves from one tenth of a second to the next, in bursts that a
 /// best pass catches and a whole run does not (docs/BENCHMARKS.md), so a run is only compared
 /// fairly with what the machine gave around it, on average (`sustained_bytes_per_s`), not at its

@@ -50,7 +50,7 @@ const CALLS: [(usize, usize, usize, usize); 7] = [
 ];
 
 /// `attention` over contiguous caches of each KV element type against its definition on the
-/// values the caches hold: every head layout of [`HEADS`], mask of [`MASKS`], call of [`CALLS`].
+/// values the caches hold: every head layout of `HEADS`, mask of `MASKS`, call of `CALLS`.
 pub fn attention<B: Backend>(t: &Target<B>) {
     for (dtype, b) in t.kv_backends() {
         for heads in HEADS {

@@ -262,7 +262,7 @@ pub fn interleaved_row(ty: GgmlType, k: usize, w: &[u8], r: usize, dst: &mut [u8
 /// product by [`activation_terms`] and shared by its tasks. Of Q8_0 rows (for Q8_0 and Q5_0
 /// weights), per block: the sum of its quants (the kernels remove the weights' offset with it)
 /// and its scale as f32, `[c * blocks + b]`. Of Q8_K rows (for Q4_K and Q6_K weights), per
-/// super-block: its scale, `scales[c * blocks + b]`, and [`q4_k::TERMS`] i32 sums at
+/// super-block: its scale, `scales[c * blocks + b]`, and `q4_k::TERMS` i32 sums at
 /// `sums[TERMS * (c * blocks + b)..]`, each a pair of i16: first the sums of its 8 sub-blocks of
 /// 32 in the order of Q4_K's minimums (`q4_k::MIN_PAIRS`), then its 16 group sums in the order of
 /// Q6_K's scale pairs (`q6_k::SCALE_PAIRS`).
@@ -522,14 +522,11 @@ pub(super) mod q4_k {
 /// of the half's 4 quarters. The codes are unsigned (0..64, as `vpdpbusd` takes them); the
 /// kernel removes the offset as `32 * sum(scale * group sum of the activations)`. A unit holds
 /// the lines of 4 groups of 16 codes and is read front to back: with the lines in the file's
-/// order instead (each half's `qh`, then its `ql`), the kernel's reads hopped back and forth
-/// inside each half and the down projections of Gemma 3 270M streamed at 21-22 GB/s against
-/// 28 for the file layout's kernel (`examples/gemv_bench`). With a group starting 64-byte
-/// aligned and `B` even, every line is aligned. One thread, in cache, rows of
-/// 2048 (`examples/interleave_bench`): 9.1 ns per 16 rows x 32 elements for one activation row
-/// against 15.2 for the file layout's row dots, 4.1 against 6.6 per activation row with 8 of
-/// them, 4.4 against 4.0 with 512 (the tile kernel, which shares its unpacking among more rows,
-/// wins there).
+/// order instead (each half's `qh`, then its `ql`), the kernel's reads hop back and forth inside
+/// each half and stream slower than the file layout's kernel. With a group starting 64-byte
+/// aligned and `B` even, every line is aligned. It beats the file layout's row dots at one and a
+/// few activation rows; with hundreds the tile kernel, which shares its unpacking among more
+/// rows, wins (`examples/gemv_bench`, `examples/interleave_bench`; docs/BENCHMARKS.md).
 pub(super) mod q6_k {
     use super::INTERLEAVE_ROWS;
 

@@ -307,12 +307,11 @@ unsafe fn drive<F: Format>(call: &Call, panels: *mut u8, factors: *mut u32) {
     }
     let tile_rows = F::SHAPE.panels() * PANEL_ROWS;
     // With few activation rows (batched decode) the weights come from memory and packing
-    // stalled on them (about half the time of the 262k-row Q8_0 output projection at 8 rows).
-    // So while a tile is packed, the next tile's weight rows (contiguous bytes) are requested a
-    // few lines per block, spread over the packing rather than in one burst that overflows the
-    // core's outstanding misses: 19.6 -> 15.2 ms for that product at 8 rows and 2 threads
-    // (`examples/gemv_bench.rs 2 8`), 236 -> 268 tok/s at `kiln bench -b 8`. With many rows the
-    // weights are reused from cache and the requests would only cost.
+    // stalls on them. So while a tile is packed, the next tile's weight rows (contiguous bytes)
+    // are requested a few lines per block, spread over the packing rather than in one burst that
+    // overflows the core's outstanding misses (measured with `examples/gemv_bench.rs 2 8`; see
+    // docs/BENCHMARKS.md). With many rows the weights are reused from cache and the requests
+    // would only cost.
     let ahead = if call.cols <= PREFETCH_MAX_COLS {
         tile_rows
     } else {

@@ -15,13 +15,10 @@
 //! at each block, the block's worth of bytes `PREFETCH_DISTANCE` (2 KB) further on, as the file
 //! layout's kernels do (`super::prefetch_ahead`). There the kernel spends about 64 `vpdpbusd`
 //! on each 544-byte block, so the out-of-order window reaches only a few blocks ahead and the
-//! hardware prefetcher alone left the stream stalled: batched
-//! decode of Gemma 3 270M at 8 sequences (`decode_segments GGUF 2 32 8`, five alternated runs
-//! each) went from 311-352 to 369-419 tok/s, the 178 MB output projection from 9.9-11.9 to
-//! 8.5-9.5 ms a step and gate/up from 3.3-4.2 to 2.5-3.2 ms. Not at one row (there it slowed
-//! the output projection from 5.7-6.0 to 6.3-7.1 ms: the hardware does better on a stream the
-//! kernel reads at memory speed) and not in the k-quant kernels (Q4_K and Q6_K at 8 rows spend
-//! more arithmetic per byte; their products got 10-25% slower with it).
+//! hardware prefetcher alone leaves the stream stalled. Not at one row (the hardware does better
+//! on a stream the kernel reads at memory speed) and not in the k-quant kernels (they spend more
+//! arithmetic per byte, and the requests only cost there). The measurements behind each choice
+//! are in docs/BENCHMARKS.md.
 
 use std::arch::x86_64::*;
 
