@@ -295,6 +295,27 @@ fn a_mapped_file_is_read_into_memory_later_from_the_same_handle() {
 }
 
 #[test]
+fn a_file_without_tensors_is_read_into_memory_too() {
+    // A vocabulary-only file (llama.cpp's ggml-vocab-*.gguf): its data section starts at the
+    // header's end rounded up to the alignment, past the end of the file.
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let path = dir.join("kiln-formats-no-tensors.gguf");
+    let mut w = GgufWriter::new();
+    w.add_meta("general.name", MetaValue::from("vocab"))
+        .unwrap();
+    let bytes = w.to_bytes();
+    std::fs::write(&path, &bytes).unwrap();
+    let mut file = GgufFile::open_with(&path, LoadMode::Map).unwrap();
+    assert!(
+        file.data_offset() >= bytes.len() as u64,
+        "the case this test is for"
+    );
+    file.hold_as(LoadMode::Read).unwrap();
+    assert_eq!(file.load_mode(), Some(LoadMode::Read));
+    assert_eq!(file.get_str("general.name").unwrap(), "vocab");
+}
+
+#[test]
 fn open_maps_or_reads_the_file_and_reports_io_errors() {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
     let path = dir.join("kiln-formats-open-test.gguf");

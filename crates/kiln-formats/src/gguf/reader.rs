@@ -58,10 +58,13 @@ struct Origin {
 /// A hash of `bytes` (a file's header): [`GgufFile::hold_as`] compares the header it reads again
 /// with the one parsed at open without parsing it a second time (a second copy of a large
 /// vocabulary's metadata would raise the peak memory of a load).
-fn header_hash(bytes: &[u8]) -> u64 {
+/// The header is the bytes before `data_offset`, which a file without tensors may place past its
+/// end (the data section's start is rounded up to the alignment): then the whole file.
+fn header_hash(bytes: &[u8], data_offset: u64) -> u64 {
     use std::hash::Hasher;
+    let end = usize::try_from(data_offset).map_or(bytes.len(), |d| d.min(bytes.len()));
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    h.write(bytes);
+    h.write(&bytes[..end]);
     h.finish()
 }
 
@@ -170,7 +173,7 @@ impl GgufFile {
         }
         let bytes = hold(&file, len, mode).map_err(io_error)?;
         let mut parsed = GgufFile::from_bytes(bytes)?;
-        let header_hash = header_hash(&parsed.bytes[..parsed.data_offset as usize]);
+        let header_hash = header_hash(&parsed.bytes, parsed.data_offset);
         parsed.origin = Some(Origin {
             path: path.to_owned(),
             file: Arc::new(file),
@@ -200,8 +203,9 @@ impl GgufFile {
         };
         let bytes = hold(&origin.file, self.bytes.len() as u64, mode).map_err(io_error)?;
         // A map shows later writes to the file, so compare with the header parsed at open.
-        let header = ..self.data_offset as usize;
-        if bytes.len() != self.bytes.len() || header_hash(&bytes[header]) != origin.header_hash {
+        if bytes.len() != self.bytes.len()
+            || header_hash(&bytes, self.data_offset) != origin.header_hash
+        {
             return Err(io_error(std::io::Error::other(
                 "the file changed on disk while it was open (another header)",
             )));
