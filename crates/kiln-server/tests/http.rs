@@ -5,26 +5,16 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kiln_cpu::{CpuBackend, CpuOptions};
-use kiln_engine::{
-    generate, EmbeddingModel, GenerateOptions, SamplingParams, SchedulerConfig, TextTokenizer,
-};
+use kiln_cpu::CpuBackend;
+use kiln_engine::{generate, GenerateOptions, SamplingParams, SchedulerConfig, TextTokenizer};
 use kiln_formats::GgufFile;
-use kiln_server::{DecoderEngine, DecoderEntry, EmbedEngine, EmbedEntry, ServerState};
-use kiln_tokenizer::{ChatTemplate, Tokenizer};
+use kiln_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
-}
-
-fn llama_path() -> PathBuf {
-    fixtures().join("decoders/llama/model-f32.gguf")
-}
+mod common;
+use common::{decoder_entry, embed_entry, llama_path, serve};
 
 struct Server {
     addr: SocketAddr,
@@ -44,62 +34,11 @@ fn sched(max_running: usize, max_waiting: usize) -> SchedulerConfig {
 /// The fixture decoder as `tiny` (with the GGUF's chat template), a copy without a template as
 /// `base`, and the ModernBERT fixture as `embed`.
 fn start(cfg: SchedulerConfig) -> Server {
-    let mut decoders = Vec::new();
-    for (name, with_template) in [("tiny", true), ("base", false)] {
-        let file = GgufFile::open(&llama_path()).unwrap();
-        // As `kiln serve` runs it.
-        let backend = CpuBackend::with_options(&CpuOptions {
-            batch_invariant: true,
-            ..CpuOptions::threads(1)
-        })
-        .unwrap();
-        let model = kiln_models::load_gguf_decoder(&backend, &file).unwrap();
-        let tokenizer = TextTokenizer::Gguf(Box::new(Tokenizer::from_gguf(&file).unwrap()));
-        let end_ids = (0..model.config.vocab_size as u32)
-            .filter(|&i| tokenizer.is_end_of_generation(i))
-            .collect();
-        let context = model.config.context_length;
-        let chat_template = if with_template {
-            ChatTemplate::from_gguf(&file).unwrap().map(Arc::new)
-        } else {
-            None
-        };
-        decoders.push(DecoderEntry {
-            name: name.into(),
-            engine: DecoderEngine::spawn(
-                name,
-                kiln_engine::decoder_on(backend, model),
-                cfg.clone(),
-            )
-            .unwrap(),
-            tokenizer: Arc::new(tokenizer),
-            chat_template,
-            context,
-            end_ids,
-        });
-    }
-    let backend = CpuBackend::new(1).unwrap();
-    let model = EmbeddingModel::load(
-        &backend,
-        &fixtures().join("encoders/modernbert-tiny"),
-        false,
-    )
-    .unwrap();
-    let embedders = vec![EmbedEntry {
-        name: "embed".into(),
-        engine: EmbedEngine::spawn("embed", kiln_engine::embedding_on(backend, model), 64).unwrap(),
-    }];
-    let state = Arc::new(ServerState::new(decoders, embedders));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    rt.spawn(kiln_server::serve(listener, state, std::future::pending()));
+    let decoders = vec![
+        decoder_entry("tiny", true, cfg.clone()),
+        decoder_entry("base", false, cfg),
+    ];
+    let (addr, rt) = serve(decoders, vec![embed_entry()]);
     Server { addr, _rt: rt }
 }
 

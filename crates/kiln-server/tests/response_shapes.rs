@@ -7,80 +7,29 @@
 use std::fmt;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
-use kiln_cpu::{CpuBackend, CpuOptions};
-use kiln_engine::{EmbeddingModel, SchedulerConfig, TextTokenizer};
-use kiln_formats::GgufFile;
-use kiln_server::{DecoderEngine, DecoderEntry, EmbedEngine, EmbedEntry, ServerState};
-use kiln_tokenizer::{ChatTemplate, Tokenizer};
+use kiln_engine::SchedulerConfig;
 use serde::de::{DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::json;
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
-}
+mod common;
+use common::{decoder_entry, embed_entry, serve};
 
 /// The fixture decoder as `tiny` (with its chat template) and the ModernBERT fixture as
 /// `embed`, served on a local port.
 fn start() -> (SocketAddr, tokio::runtime::Runtime) {
-    let path = fixtures().join("decoders/llama/model-f32.gguf");
-    let file = GgufFile::open(&path).unwrap();
-    let backend = CpuBackend::with_options(&CpuOptions {
-        batch_invariant: true,
-        ..CpuOptions::threads(1)
-    })
-    .unwrap();
-    let model = kiln_models::load_gguf_decoder(&backend, &file).unwrap();
-    let tokenizer = TextTokenizer::Gguf(Box::new(Tokenizer::from_gguf(&file).unwrap()));
-    let end_ids = (0..model.config.vocab_size as u32)
-        .filter(|&i| tokenizer.is_end_of_generation(i))
-        .collect();
-    let context = model.config.context_length;
-    let decoder = DecoderEntry {
-        name: "tiny".into(),
-        engine: DecoderEngine::spawn(
-            "tiny",
-            kiln_engine::decoder_on(backend, model),
-            SchedulerConfig {
-                n_blocks: 256,
-                block_size: 16,
-                max_step_tokens: 256,
-                max_running: 64,
-                max_waiting: 256,
-            },
-        )
-        .unwrap(),
-        tokenizer: Arc::new(tokenizer),
-        chat_template: ChatTemplate::from_gguf(&file).unwrap().map(Arc::new),
-        context,
-        end_ids,
+    let sched = SchedulerConfig {
+        n_blocks: 256,
+        block_size: 16,
+        max_step_tokens: 256,
+        max_running: 64,
+        max_waiting: 256,
     };
-    let backend = CpuBackend::new(1).unwrap();
-    let model = EmbeddingModel::load(
-        &backend,
-        &fixtures().join("encoders/modernbert-tiny"),
-        false,
+    serve(
+        vec![decoder_entry("tiny", true, sched)],
+        vec![embed_entry()],
     )
-    .unwrap();
-    let embedder = EmbedEntry {
-        name: "embed".into(),
-        engine: EmbedEngine::spawn("embed", kiln_engine::embedding_on(backend, model), 64).unwrap(),
-    };
-    let state = Arc::new(ServerState::new(vec![decoder], vec![embedder]));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    rt.spawn(kiln_server::serve(listener, state, std::future::pending()));
-    (addr, rt)
 }
 
 /// Status, content type and body of one request (HTTP/1.1, `Connection: close`).

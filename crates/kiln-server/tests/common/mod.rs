@@ -1,0 +1,81 @@
+//! The fixture server both test files start: the tiny random-weight Llama decoder (GGUF) and the
+//! ModernBERT embedder, each on its own engine thread as `kiln serve` runs them, on a local port.
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kiln_cpu::{CpuBackend, CpuOptions};
+use kiln_engine::{EmbeddingModel, SchedulerConfig, TextTokenizer};
+use kiln_formats::GgufFile;
+use kiln_server::{DecoderEngine, DecoderEntry, EmbedEngine, EmbedEntry, ServerState};
+use kiln_tokenizer::{ChatTemplate, Tokenizer};
+
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
+pub fn llama_path() -> PathBuf {
+    fixtures().join("decoders/llama/model-f32.gguf")
+}
+
+/// The fixture decoder served as `name`, with the GGUF's chat template or without one, on a
+/// batch-invariant CPU backend (as `kiln serve` runs it).
+pub fn decoder_entry(name: &str, with_template: bool, cfg: SchedulerConfig) -> DecoderEntry {
+    let file = GgufFile::open(&llama_path()).unwrap();
+    let backend = CpuBackend::with_options(&CpuOptions {
+        batch_invariant: true,
+        ..CpuOptions::threads(1)
+    })
+    .unwrap();
+    let model = kiln_models::load_gguf_decoder(&backend, &file).unwrap();
+    let tokenizer = TextTokenizer::Gguf(Box::new(Tokenizer::from_gguf(&file).unwrap()));
+    let end_ids = (0..model.config.vocab_size as u32)
+        .filter(|&i| tokenizer.is_end_of_generation(i))
+        .collect();
+    let context = model.config.context_length;
+    let chat_template = if with_template {
+        ChatTemplate::from_gguf(&file).unwrap().map(Arc::new)
+    } else {
+        None
+    };
+    DecoderEntry {
+        name: name.into(),
+        engine: DecoderEngine::spawn(name, kiln_engine::decoder_on(backend, model), cfg).unwrap(),
+        tokenizer: Arc::new(tokenizer),
+        chat_template,
+        context,
+        end_ids,
+    }
+}
+
+/// The ModernBERT fixture served as `embed`.
+pub fn embed_entry() -> EmbedEntry {
+    let backend = CpuBackend::new(1).unwrap();
+    let dir = fixtures().join("encoders/modernbert-tiny");
+    let model = EmbeddingModel::load(&backend, &dir, false).unwrap();
+    EmbedEntry {
+        name: "embed".into(),
+        engine: EmbedEngine::spawn("embed", kiln_engine::embedding_on(backend, model), 64).unwrap(),
+    }
+}
+
+/// Serves `decoders` and `embedders` on a free local port until the runtime is dropped.
+pub fn serve(
+    decoders: Vec<DecoderEntry>,
+    embedders: Vec<EmbedEntry>,
+) -> (SocketAddr, tokio::runtime::Runtime) {
+    let state = Arc::new(ServerState::new(decoders, embedders));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    rt.spawn(kiln_server::serve(listener, state, std::future::pending()));
+    (addr, rt)
+}
