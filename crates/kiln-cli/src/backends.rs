@@ -91,8 +91,8 @@ pub fn place_decoder(
             }
         },
         Placement::Split { gpu, gpu_layers } => {
-            if usage != DecoderUse::Generate {
-                // As the runner's own check says, but before the weights are loaded.
+            if !usage.runs_split() {
+                // Before the weights are loaded (the runner's `check` says the same after).
                 bail!(
                     "plan {}: a split model only generates (no scoring or serving yet); run it \
                      on one device (--backend cpu)",

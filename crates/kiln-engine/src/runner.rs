@@ -29,6 +29,14 @@ pub enum DecoderUse {
     Serve,
 }
 
+impl DecoderUse {
+    /// Whether a decoder split over two backends does this: it generates; scoring and the
+    /// batched scheduler run the single-backend paths only. Known before anything is loaded.
+    pub fn runs_split(self) -> bool {
+        self == DecoderUse::Generate
+    }
+}
+
 /// A decoder placed on its backend(s); see the module docs.
 pub trait DecoderRunner: Send {
     fn config(&self) -> &DecoderConfig;
@@ -288,11 +296,13 @@ where
     }
 
     fn check(&self, usage: DecoderUse) -> Result<(), EngineError> {
-        match usage {
-            DecoderUse::Generate => Ok(()),
-            DecoderUse::Score => Err(self.unsupported("scoring")),
-            DecoderUse::Serve => Err(self.unsupported("serving")),
+        if usage.runs_split() {
+            return Ok(());
         }
+        Err(self.unsupported(match usage {
+            DecoderUse::Serve => "serving",
+            _ => "scoring",
+        }))
     }
 
     fn kv_bytes_per_block(&self, block_size: usize) -> usize {
