@@ -98,16 +98,16 @@ pub fn open(model: &str, mode: LoadMode) -> Result<ModelFile> {
     ModelFile::open(&path, mode).with_context(|| format!("reading {}", path.display()))
 }
 
-/// A decoder opened, planned and placed: what the commands that run one hold.
+/// A decoder planned and placed: what the commands that run one hold.
 pub struct PlacedDecoder {
-    pub file: ModelFile,
     pub model: Box<dyn DecoderRunner>,
     pub tokenizer: TextTokenizer,
     /// Milliseconds from the plan to a loaded model (the fetch of an alias not counted).
     pub load_ms: f64,
 }
 
-/// Opens `model` once and places it: see [`decoder_from`].
+/// Opens `model` once and places it (see [`decoder_from`]); the file is closed once the model is
+/// loaded (its parsed header, a large vocabulary's strings, is not needed past it).
 pub fn decoder(
     model: &str,
     load: &LoadArgs,
@@ -117,8 +117,8 @@ pub fn decoder(
     usage: DecoderUse,
     tag: Option<&str>,
 ) -> Result<PlacedDecoder> {
-    let file = open(model, load.load_mode())?;
-    decoder_from(file, threads, placement, work, usage, tag)
+    let mut file = open(model, load.load_mode())?;
+    decoder_from(&mut file, threads, placement, work, usage, tag)
 }
 
 /// Plans the decoder in `file` for `work` (the plan logged as `[tag] plan: ...`, or through
@@ -126,7 +126,7 @@ pub fn decoder(
 /// as `work` says, batch-invariant kernels when it is to serve) and loads the model onto them,
 /// for `usage`.
 pub fn decoder_from(
-    mut file: ModelFile,
+    file: &mut ModelFile,
     threads: usize,
     placement: &PlanArgs,
     work: Workload,
@@ -144,13 +144,12 @@ pub fn decoder_from(
     // A served request gets the same tokens whatever it is batched with (see
     // `CpuOptions::batch_invariant`).
     let cpu = cpu_options(threads, work.kv_dtype, usage == DecoderUse::Serve)?;
-    let chosen = plan_for(&file, placement, &cpu, work, tag)?;
+    let chosen = plan_for(file, placement, &cpu, work, tag)?;
     let t0 = Instant::now();
-    let model = place_decoder(&mut file, &chosen.placement, &Devices::cpu(cpu), usage)
+    let model = place_decoder(file, &chosen.placement, &Devices::cpu(cpu), usage)
         .with_context(|| format!("loading the model in {}", file.path().display()))?;
     let tokenizer = file.tokenizer()?;
     Ok(PlacedDecoder {
-        file,
         model,
         tokenizer,
         load_ms: t0.elapsed().as_secs_f64() * 1e3,

@@ -47,8 +47,6 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
         DecoderUse::Score,
         Some("perplexity"),
     )?;
-    // The file's parsed header (a large vocabulary's strings) is not needed past the load.
-    drop(m.file);
     let ids = m.tokenizer.encode(&text, true, false)?;
     eprintln!(
         "{} tokens, {} chunks of {}",

@@ -101,8 +101,6 @@ pub fn run(a: RunArgs) -> Result<()> {
         DecoderUse::Generate,
         Some("run"),
     )?;
-    // The file's parsed header (a large vocabulary's strings) is not needed past the load.
-    drop(m.file);
     let tok = &m.tokenizer;
     let prompt_ids = tok.encode(&a.prompt, true, true)?;
     let opts = GenerateOptions {

@@ -47,8 +47,6 @@ pub fn run(a: ScoreArgs) -> Result<()> {
         DecoderUse::Score,
         Some("score"),
     )?;
-    // The file's parsed header (a large vocabulary's strings) is not needed past the load.
-    drop(m.file);
     let vocab = m.model.config().vocab_size;
     for_each_jsonl(|line_no, obj, out| {
         let ids: Vec<u32> = match (obj.get("ids"), obj.get("text")) {

@@ -124,7 +124,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let mut names = std::collections::BTreeSet::new();
     for spec in &a.models {
         let (name, model) = split_named(spec);
-        let file = open(model, a.mmap.load_mode())?;
+        let mut file = open(model, a.mmap.load_mode())?;
         let name = name.map_or_else(|| default_name(model, &file), str::to_string);
         if !names.insert(name.clone()) {
             bail!("two models are named '{name}'; name them with --model NAME=MODEL");
@@ -152,7 +152,14 @@ pub fn run(a: ServeArgs) -> Result<()> {
             kv_budget: Some((a.kv_memory_mib as u64) << 20),
             kv_dtype: a.mmap.kv.kv_type,
         };
-        let m = decoder_from(file, threads, &a.placement, work, DecoderUse::Serve, None)?;
+        let m = decoder_from(
+            &mut file,
+            threads,
+            &a.placement,
+            work,
+            DecoderUse::Serve,
+            None,
+        )?;
         let cfg = m.model.config().clone();
         let end_ids: Vec<u32> = (0..cfg.vocab_size as u32)
             .filter(|&id| m.tokenizer.is_end_of_generation(id))
@@ -167,9 +174,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
             })
             .map(|i| templates.remove(i).1);
         let (template, template_from) =
-            chat_template(&m.file, template_file.as_deref(), &m.tokenizer, &end_ids)?;
+            chat_template(&file, template_file.as_deref(), &m.tokenizer, &end_ids)?;
         // The file's parsed header (a large vocabulary's strings) is not needed past here.
-        drop(m.file);
+        drop(file);
         let bytes_per_block = m.model.kv_bytes_per_block(a.block_size);
         let n_blocks = (a.kv_memory_mib << 20) / bytes_per_block.max(1);
         if n_blocks == 0 {
