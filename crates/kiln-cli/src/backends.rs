@@ -78,17 +78,9 @@ pub fn place_decoder(
     usage: DecoderUse,
 ) -> Result<Box<dyn DecoderRunner>> {
     let placed = match placement {
-        Placement::Cpu => {
-            let backend = CpuBackend::with_options(&devices.cpu)?;
-            let model = file.load_decoder(&backend)?;
-            decoder_on(backend, model)
-        }
+        Placement::Cpu => decoder_on_cpu(file, &devices.cpu)?,
         Placement::Cuda { gpu } => match devices.gpu(*gpu)? {
-            DeviceOptions::Cpu(options) => {
-                let backend = CpuBackend::with_options(options)?;
-                let model = file.load_decoder(&backend)?;
-                decoder_on(backend, model)
-            }
+            DeviceOptions::Cpu(options) => decoder_on_cpu(file, options)?,
         },
         Placement::Split { gpu, gpu_layers } => {
             if !usage.runs_split() {
@@ -111,6 +103,13 @@ pub fn place_decoder(
     };
     placed.check(usage)?;
     Ok(placed)
+}
+
+/// The decoder of `file` on a CPU backend built with `options`.
+fn decoder_on_cpu(file: &mut ModelFile, options: &CpuOptions) -> Result<Box<dyn DecoderRunner>> {
+    let backend = CpuBackend::with_options(options)?;
+    let model = file.load_decoder(&backend)?;
+    Ok(decoder_on(backend, model))
 }
 
 /// Builds the device of `placement`, loads the embedding model of `file` onto it (`truncate` as

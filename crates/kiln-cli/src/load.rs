@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use kiln_backend::KvDtype;
 use kiln_cli::backends::{cpu_options, place_decoder, place_embedding, Devices};
 use kiln_cpu::CpuOptions;
@@ -133,14 +133,7 @@ pub fn decoder_from(
     usage: DecoderUse,
     tag: Option<&str>,
 ) -> Result<PlacedDecoder> {
-    if !file.kind().is_decoder() {
-        bail!(
-            "{}: not a decoder kiln runs ({}, model type {}); use `kiln embed` for encoders",
-            file.path().display(),
-            file.kind().describe(),
-            file.architecture()
-        );
-    }
+    file.require_decoder()?;
     // A served request gets the same tokens whatever it is batched with (see
     // `CpuOptions::batch_invariant`).
     let cpu = cpu_options(threads, work.kv_dtype, usage == DecoderUse::Serve)?;
@@ -210,14 +203,7 @@ pub fn embedding_from(
     truncate: bool,
     tag: Option<&str>,
 ) -> Result<PlacedEmbedding> {
-    if file.kind() != ModelKind::HfEncoder {
-        bail!(
-            "{}: not an embedding model ({}); an embedding model is a folder (config.json, \
-             model.safetensors, tokenizer.json)",
-            file.path().display(),
-            file.kind().describe()
-        );
-    }
+    file.require_encoder()?;
     let cpu = cpu_options(threads, KvDtype::default(), false)?;
     let work = Workload {
         ctx: usize::MAX,

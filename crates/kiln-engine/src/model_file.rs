@@ -145,6 +145,34 @@ impl ModelFile {
         ))
     }
 
+    fn not_decoder(&self) -> EngineError {
+        self.wrong_kind("a decoder", "use `kiln embed` for encoders")
+    }
+
+    fn not_encoder(&self) -> EngineError {
+        self.wrong_kind(
+            "an embedding model",
+            "an embedding model is a folder (config.json, model.safetensors, tokenizer.json)",
+        )
+    }
+
+    /// Whether this is a decoder; the error a command that runs one reports otherwise (before
+    /// planning it).
+    pub fn require_decoder(&self) -> Result<(), EngineError> {
+        match self.kind().is_decoder() {
+            true => Ok(()),
+            false => Err(self.not_decoder()),
+        }
+    }
+
+    /// Whether this is an embedding model; the error `kiln embed` reports otherwise.
+    pub fn require_encoder(&self) -> Result<(), EngineError> {
+        match self.kind() {
+            ModelKind::HfEncoder => Ok(()),
+            _ => Err(self.not_encoder()),
+        }
+    }
+
     fn folder(&self) -> Option<&Folder> {
         match &self.source {
             Source::Folder(f) => Some(f),
@@ -165,7 +193,7 @@ impl ModelFile {
             Source::Folder(f) if f.kind == ModelKind::HfDecoder => {
                 Ok(kiln_models::arch::hf_decoder_shape(&f.config)?)
             }
-            Source::Folder(_) => Err(self.wrong_kind("a decoder", "use `kiln embed` for encoders")),
+            Source::Folder(_) => Err(self.not_decoder()),
         }
     }
 
@@ -175,10 +203,7 @@ impl ModelFile {
             Some(f) if f.kind == ModelKind::HfEncoder => {
                 Ok(kiln_models::arch::encoder_config(&f.config)?)
             }
-            _ => Err(self.wrong_kind(
-                "an embedding model",
-                "an embedding model is a folder (config.json, model.safetensors, tokenizer.json)",
-            )),
+            _ => Err(self.not_encoder()),
         }
     }
 
@@ -227,7 +252,7 @@ impl ModelFile {
                 let text = HfText::from_parts(&self.path, json, f.tokenizer_config.as_ref(), eos)?;
                 Ok(TextTokenizer::Hf(Box::new(text)))
             }
-            Source::Folder(_) => Err(self.wrong_kind("a decoder", "use `kiln embed` for encoders")),
+            Source::Folder(_) => Err(self.not_decoder()),
         }
     }
 
@@ -303,7 +328,7 @@ impl ModelFile {
             Source::Folder(f) if f.kind == ModelKind::HfDecoder => Ok(
                 kiln_models::load_hf_decoder_from(backend, &f.config, &f.checkpoint)?,
             ),
-            Source::Folder(_) => Err(self.wrong_kind("a decoder", "use `kiln embed` for encoders")),
+            Source::Folder(_) => Err(self.not_decoder()),
         }
     }
 
@@ -332,7 +357,7 @@ impl ModelFile {
                     front_layers,
                 )?)
             }
-            Source::Folder(_) => Err(self.wrong_kind("a decoder", "use `kiln embed` for encoders")),
+            Source::Folder(_) => Err(self.not_decoder()),
         }
     }
 
@@ -345,7 +370,7 @@ impl ModelFile {
     ) -> Result<EmbeddingModel<B>, EngineError> {
         let config = self.encoder_config()?;
         let Some(f) = self.folder() else {
-            return Err(self.wrong_kind("an embedding model", "give a folder"));
+            return Err(self.not_encoder());
         };
         let json = f.tokenizer_json.as_deref().ok_or_else(|| {
             EngineError::Input(format!(
