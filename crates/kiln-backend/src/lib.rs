@@ -114,7 +114,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Overwrite rows `dst_row..dst_row + src.rows` of `dst` with `src`.
     fn write_rows(&self, dst: &mut Self::Tensor, dst_row: usize, src: &Self::Tensor) -> Result<()>;
     /// Overwrite rows `dst_row..dst_row + src.rows` of the cache `dst` with `src` (KV-cache
-    /// append), rounded to the cache's element type.
+    /// append), rounded to the cache's element type. A finite value the element type cannot hold
+    /// (65520 or more in f16) is refused with [`BackendError::Range`] and the cache keeps its
+    /// rows; a backend that records work for the device to run later (a GPU) may report that
+    /// error at its next read back (`to_f32`, `kv_to_f32`) instead of here.
     fn write_kv_rows(&self, dst: &mut Self::Kv, dst_row: usize, src: &Self::Tensor) -> Result<()>;
     /// Rows `index[0], index[1], …` of `x`, in that order (the tokens routed to one expert).
     fn gather_rows(&self, x: &Self::Tensor, index: &[u32]) -> Result<Self::Tensor>;

@@ -1,0 +1,1244 @@
+//! [`VulkanBackend`]: the trait's ops as kernel dispatches and buffer copies.
+//!
+//! Invariants: every operand is checked on the host before anything is recorded (a malformed
+//! model or request gets a `BackendError`, never a kernel reading out of bounds); element
+//! indices inside kernels are 32-bit, so a tensor, cache or weight must hold fewer than 2³²
+//! elements (weights fewer than 2³² bytes), which upload and allocation check.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use ash::vk;
+use half::f16;
+use kiln_backend::{
+    shape_err, Activation, AttentionParams, Backend, BackendError, KvDtype, KvPages, Linear,
+    PackedAttentionParams, Result, RopeParams, RopeStyle, WeightData,
+};
+use kiln_core::GgmlType;
+
+use crate::device::{self, Context, DeviceInfo};
+use crate::device_err;
+use crate::exec::{push_bytes, Exec};
+use crate::kernels::Kernel;
+use crate::memory::{Buffer, Place};
+
+/// How to open the Vulkan backend.
+#[derive(Clone, Debug, Default)]
+pub struct VulkanOptions {
+    /// The device's position in the loader's list (`vulkan:N`); `None`: the first usable
+    /// device, GPUs before software ones.
+    pub device: Option<usize>,
+    /// The element type of KV caches.
+    pub kv_dtype: KvDtype,
+    /// Turn on the Khronos validation layer; its messages become errors at the next read back.
+    pub validation: bool,
+}
+
+/// The Vulkan compute backend on one device.
+pub struct VulkanBackend {
+    shared: Arc<Shared>,
+    kv_dtype: KvDtype,
+    name: String,
+}
+
+/// The device and what every backend on it shares (pipelines, the command stream).
+struct Shared {
+    exec: Exec,
+    ctx: Arc<Context>,
+    /// Bit 0: an f16 KV write met a value beyond f16 (reported by the next read back).
+    flag: Arc<Buffer>,
+}
+
+/// A `[rows, cols]` f32 tensor in device memory.
+pub struct VkTensor {
+    buf: Arc<Buffer>,
+    rows: usize,
+    cols: usize,
+}
+
+/// A KV cache in device memory, in its backend's [`KvDtype`].
+pub struct VkKv {
+    buf: Arc<Buffer>,
+    rows: usize,
+    cols: usize,
+    dtype: KvDtype,
+}
+
+/// A weight in device memory: matrices keep their file's type (blocks stay quantized); vectors
+/// (norm weights, biases) are held as f32.
+pub struct VkWeight {
+    buf: Arc<Buffer>,
+    ty: GgmlType,
+    /// Elements per row.
+    k: usize,
+    /// Rows.
+    n: usize,
+    row_bytes: usize,
+    /// A 1-D weight (stored as f32).
+    vector: bool,
+    name: String,
+}
+
+/// The largest head a workgroup of the attention kernel holds.
+const MAX_HEAD_DIM: usize = 256;
+/// The most workgroups of one dimension a dispatch may ask for (Vulkan's guaranteed minimum).
+const MAX_GROUPS: u64 = 65535;
+/// Activation rows of one matmul workgroup (`MT` in matmul.comp).
+const MATMUL_ROWS: u64 = 8;
+
+fn groups(items: u64, per_group: u64) -> u32 {
+    items.div_ceil(per_group).clamp(1, MAX_GROUPS) as u32
+}
+
+fn u32_of(v: usize, what: &str) -> Result<u32> {
+    u32::try_from(v).map_err(|_| {
+        device_err(format!(
+            "{what} ({v}) exceeds the 32-bit indices of the Vulkan kernels"
+        ))
+    })
+}
+
+fn act_code(a: Activation) -> u32 {
+    match a {
+        Activation::GeluTanh => 0,
+        Activation::Gelu => 1,
+        Activation::Silu => 2,
+    }
+}
+
+fn matmul_kernel(ty: GgmlType) -> Option<(Kernel, Kernel)> {
+    use GgmlType as T;
+    use Kernel as K;
+    Some(match ty {
+        T::F32 => (K::MatmulF32, K::EmbedF32),
+        T::F16 => (K::MatmulF16, K::EmbedF16),
+        T::BF16 => (K::MatmulBf16, K::EmbedBf16),
+        T::Q4_0 => (K::MatmulQ40, K::EmbedQ40),
+        T::Q4_1 => (K::MatmulQ41, K::EmbedQ41),
+        T::Q5_0 => (K::MatmulQ50, K::EmbedQ50),
+        T::Q5_1 => (K::MatmulQ51, K::EmbedQ51),
+        T::Q8_0 => (K::MatmulQ80, K::EmbedQ80),
+        T::Q2_K => (K::MatmulQ2K, K::EmbedQ2K),
+        T::Q3_K => (K::MatmulQ3K, K::EmbedQ3K),
+        T::Q4_K => (K::MatmulQ4K, K::EmbedQ4K),
+        T::Q5_K => (K::MatmulQ5K, K::EmbedQ5K),
+        T::Q6_K => (K::MatmulQ6K, K::EmbedQ6K),
+        T::Q8_K => (K::MatmulQ8K, K::EmbedQ8K),
+        _ => return None,
+    })
+}
+
+// ---- push constants (layouts of the `Push` blocks in shaders/*.comp; no padding holes) ----
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MatmulPush {
+    w: u64,
+    x: u64,
+    y: u64,
+    bias: u64,
+    m: u32,
+    k: u32,
+    n: u32,
+    row_bytes: u32,
+    has_bias: u32,
+    act: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct EmbedPush {
+    w: u64,
+    ids: u64,
+    y: u64,
+    n_ids: u32,
+    k: u32,
+    row_bytes: u32,
+    _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct EltwisePush {
+    a: u64,
+    b: u64,
+    y: u64,
+    n: u32,
+    op: u32,
+    act: u32,
+    s: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct NormPush {
+    x: u64,
+    r: u64,
+    w: u64,
+    b: u64,
+    y: u64,
+    rows: u32,
+    cols: u32,
+    group: u32,
+    mode: u32,
+    has_r: u32,
+    has_b: u32,
+    eps: f32,
+    _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct RopePush {
+    x: u64,
+    cs: u64,
+    y: u64,
+    rows: u32,
+    n_heads: u32,
+    head_dim: u32,
+    rope_dim: u32,
+    neox: u32,
+    _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct AttentionPush {
+    q: u64,
+    k: u64,
+    v: u64,
+    table: u64,
+    bounds: u64,
+    o: u64,
+    n_q: u32,
+    q_pos: u32,
+    n_heads: u32,
+    n_kv_heads: u32,
+    head_dim: u32,
+    kv_cols: u32,
+    block_size: u32,
+    window: u32,
+    mode: u32,
+    scale: f32,
+    softcap: f32,
+    _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct KvWritePush {
+    src: u64,
+    dst: u64,
+    flag: u64,
+    n: u32,
+    dst_offset: u32,
+    mode: u32,
+    _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ScatterPush {
+    dst: u64,
+    src: u64,
+    index: u64,
+    weights: u64,
+    n: u32,
+    cols: u32,
+}
+
+/// Element-wise op codes of eltwise.comp.
+const OP_ADD: u32 = 0;
+const OP_MUL: u32 = 1;
+const OP_SCALE: u32 = 2;
+const OP_ACT: u32 = 3;
+const OP_GATED: u32 = 4;
+
+/// Modes of norm.comp.
+const NORM_RMS: u32 = 0;
+const NORM_RMS_ADD: u32 = 1;
+const NORM_LAYER: u32 = 2;
+
+impl VulkanBackend {
+    /// Opens the device `options` names (see [`VulkanOptions`]).
+    pub fn new(options: &VulkanOptions) -> Result<VulkanBackend> {
+        let ctx = device::open(options.device, options.validation)?;
+        let exec = Exec::new(ctx.clone())?;
+        let flag = Buffer::new(&ctx, 4, Place::Device, "the f16 range flag")?;
+        exec.fill(&flag, 0, 4, 0)?;
+        let name = format!("vulkan:{} ({})", ctx.info.index, ctx.info.name);
+        Ok(VulkanBackend {
+            shared: Arc::new(Shared { exec, ctx, flag }),
+            kv_dtype: options.kv_dtype,
+            name,
+        })
+    }
+
+    /// A backend on the same device (sharing its pipelines and command stream) whose KV caches
+    /// hold `kv_dtype`.
+    pub fn with_kv_dtype(&self, kv_dtype: KvDtype) -> VulkanBackend {
+        VulkanBackend {
+            shared: self.shared.clone(),
+            kv_dtype,
+            name: self.name.clone(),
+        }
+    }
+
+    /// The device this backend runs on.
+    pub fn device(&self) -> &DeviceInfo {
+        &self.shared.ctx.info
+    }
+
+    /// Waits until every recorded op has run (a no-op when nothing is in flight).
+    pub fn synchronize(&self) -> Result<()> {
+        self.shared.exec.sync()
+    }
+
+    fn alloc(&self, bytes: usize, what: &str) -> Result<Arc<Buffer>> {
+        Buffer::new(&self.shared.ctx, bytes as u64, Place::Device, what)
+    }
+
+    fn new_tensor(&self, rows: usize, cols: usize) -> Result<VkTensor> {
+        let n = rows
+            .checked_mul(cols)
+            .ok_or_else(|| shape_err("tensor", format!("[{rows}, {cols}] overflows")))?;
+        u32_of(n, "tensor elements")?;
+        Ok(VkTensor {
+            buf: self.alloc(n * 4, "a tensor")?,
+            rows,
+            cols,
+        })
+    }
+
+    /// A device buffer holding `bytes`: written in place when the device memory is mapped,
+    /// else through a staging buffer copied by the device.
+    fn upload_bytes(&self, bytes: &[u8], what: &str) -> Result<Arc<Buffer>> {
+        let buf = self.alloc(bytes.len(), what)?;
+        if bytes.is_empty() {
+            return Ok(buf);
+        }
+        if buf.is_mapped() {
+            buf.write(0, bytes);
+        } else if bytes.len().is_multiple_of(4) && bytes.len() <= 65536 {
+            self.shared.exec.update(&buf, 0, bytes)?;
+        } else {
+            let staging = Buffer::new(&self.shared.ctx, bytes.len() as u64, Place::Upload, what)?;
+            staging.write(0, bytes);
+            let region = [vk::BufferCopy::default().size(bytes.len() as u64)];
+            self.shared.exec.copy(&staging, &buf, &region)?;
+        }
+        Ok(buf)
+    }
+
+    fn upload_u32(&self, words: &[u32], what: &str) -> Result<Arc<Buffer>> {
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        self.upload_bytes(&bytes, what)
+    }
+
+    fn upload_f32(&self, values: &[f32], what: &str) -> Result<Arc<Buffer>> {
+        let bytes: Vec<u8> = values.iter().flat_map(|w| w.to_le_bytes()).collect();
+        self.upload_bytes(&bytes, what)
+    }
+
+    /// `len` bytes of `buf` back on the host, after every op recorded so far; a range error
+    /// raised by an f16 KV write since the last read back is reported here.
+    fn read_back(&self, buf: &Arc<Buffer>, len: usize) -> Result<Vec<u8>> {
+        let slot = (len as u64).div_ceil(4) * 4;
+        let host = Buffer::new(&self.shared.ctx, slot + 4, Place::Readback, "a read back")?;
+        let mut regions = vec![vk::BufferCopy::default()
+            .src_offset(0)
+            .dst_offset(slot)
+            .size(4)];
+        self.shared.exec.copy(&self.shared.flag, &host, &regions)?;
+        if len > 0 {
+            regions[0] = vk::BufferCopy::default().size(len as u64);
+            self.shared.exec.copy(buf, &host, &regions)?;
+        }
+        self.shared.exec.sync()?;
+        let all = host.read(slot as usize + 4);
+        let flag = u32::from_le_bytes(all[slot as usize..].try_into().expect("4 bytes"));
+        if flag != 0 {
+            self.shared.exec.fill(&self.shared.flag, 0, 4, 0)?;
+            return Err(BackendError::Range {
+                op: "write_kv_rows",
+                detail: "a key or value of magnitude 65520 or more cannot be stored in an f16 KV \
+                         cache (it would be an infinity); the write was refused"
+                    .into(),
+            });
+        }
+        Ok(all[..len].to_vec())
+    }
+
+    fn eltwise(
+        &self,
+        a: &VkTensor,
+        b: Option<&VkTensor>,
+        op: u32,
+        act: u32,
+        s: f32,
+        name: &'static str,
+    ) -> Result<VkTensor> {
+        if let Some(b) = b {
+            if (a.rows, a.cols) != (b.rows, b.cols) {
+                return Err(shape_err(
+                    name,
+                    format!("[{}, {}] and [{}, {}]", a.rows, a.cols, b.rows, b.cols),
+                ));
+            }
+        }
+        let y = self.new_tensor(a.rows, a.cols)?;
+        let n = (a.rows * a.cols) as u64;
+        let push = EltwisePush {
+            a: a.buf.addr,
+            b: b.map_or(0, |b| b.buf.addr),
+            y: y.buf.addr,
+            n: n as u32,
+            op,
+            act,
+            s,
+        };
+        let mut uses = vec![&a.buf, &y.buf];
+        if let Some(b) = b {
+            uses.push(&b.buf);
+        }
+        self.shared.exec.dispatch(
+            Kernel::Eltwise,
+            push_bytes(&push),
+            [groups(n, 256), 1, 1],
+            &uses,
+        )?;
+        Ok(y)
+    }
+
+    fn vector<'a>(&self, w: &'a VkWeight, len: usize, op: &'static str) -> Result<&'a VkWeight> {
+        if !w.vector || w.k != len {
+            return Err(shape_err(
+                op,
+                format!(
+                    "weight {} is [{}, {}], wanted a vector of {len}",
+                    w.name, w.n, w.k
+                ),
+            ));
+        }
+        Ok(w)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn norm(
+        &self,
+        x: &VkTensor,
+        residual: Option<&VkTensor>,
+        w: &VkWeight,
+        b: Option<&VkWeight>,
+        eps: f32,
+        mode: u32,
+        op: &'static str,
+    ) -> Result<VkTensor> {
+        let group = if mode == NORM_LAYER { x.cols } else { w.k };
+        self.vector(w, group, op)?;
+        if let Some(b) = b {
+            self.vector(b, x.cols, op)?;
+        }
+        if group == 0 || !x.cols.is_multiple_of(group) {
+            return Err(shape_err(
+                op,
+                format!("rows of {} in groups of {group}", x.cols),
+            ));
+        }
+        if let Some(r) = residual {
+            if (r.rows, r.cols) != (x.rows, x.cols) {
+                return Err(shape_err(
+                    op,
+                    format!(
+                        "[{}, {}] and residual [{}, {}]",
+                        x.rows, x.cols, r.rows, r.cols
+                    ),
+                ));
+            }
+        }
+        let y = self.new_tensor(x.rows, x.cols)?;
+        let push = NormPush {
+            x: x.buf.addr,
+            r: residual.map_or(0, |r| r.buf.addr),
+            w: w.buf.addr,
+            b: b.map_or(0, |b| b.buf.addr),
+            y: y.buf.addr,
+            rows: x.rows as u32,
+            cols: x.cols as u32,
+            group: group as u32,
+            mode,
+            has_r: residual.is_some() as u32,
+            has_b: b.is_some() as u32,
+            eps,
+            _pad: 0,
+        };
+        let mut uses = vec![&x.buf, &w.buf, &y.buf];
+        if let Some(r) = residual {
+            uses.push(&r.buf);
+        }
+        if let Some(b) = b {
+            uses.push(&b.buf);
+        }
+        self.shared.exec.dispatch(
+            Kernel::Norm,
+            push_bytes(&push),
+            [groups(x.rows as u64, 1), 1, 1],
+            &uses,
+        )?;
+        Ok(y)
+    }
+
+    fn product(&self, x: &VkTensor, w: &Linear<Self>, act: Option<Activation>) -> Result<VkTensor> {
+        let wt = &*w.weight;
+        if x.cols != w.in_features || wt.k != w.in_features || wt.n != w.out_features || wt.vector {
+            return Err(shape_err(
+                "matmul",
+                format!(
+                    "x [{}, {}] by weight {} [{}, {}] as a {} -> {} layer",
+                    x.rows, x.cols, wt.name, wt.n, wt.k, w.in_features, w.out_features
+                ),
+            ));
+        }
+        if let Some(b) = &w.bias {
+            self.vector(b, w.out_features, "matmul")?;
+        }
+        let (kernel, _) = matmul_kernel(wt.ty).expect("uploaded weights have a kernel");
+        let y = self.new_tensor(x.rows, w.out_features)?;
+        let tiles = (x.rows as u64).div_ceil(MATMUL_ROWS);
+        if tiles > MAX_GROUPS {
+            return Err(shape_err(
+                "matmul",
+                format!(
+                    "{} rows at once (at most {})",
+                    x.rows,
+                    MAX_GROUPS * MATMUL_ROWS
+                ),
+            ));
+        }
+        let push = MatmulPush {
+            w: wt.buf.addr,
+            x: x.buf.addr,
+            y: y.buf.addr,
+            bias: w.bias.as_ref().map_or(0, |b| b.buf.addr),
+            m: x.rows as u32,
+            k: wt.k as u32,
+            n: wt.n as u32,
+            row_bytes: wt.row_bytes as u32,
+            has_bias: w.bias.is_some() as u32,
+            act: act.map_or(0, |a| act_code(a) + 1),
+        };
+        let mut uses = vec![&wt.buf, &x.buf, &y.buf];
+        if let Some(b) = &w.bias {
+            uses.push(&b.buf);
+        }
+        self.shared.exec.dispatch(
+            kernel,
+            push_bytes(&push),
+            [groups(wt.n as u64, 1), tiles.max(1) as u32, 1],
+            &uses,
+        )?;
+        Ok(y)
+    }
+
+    fn check_kv_pair(&self, k: &VkKv, v: &VkKv, op: &'static str) -> Result<()> {
+        if k.dtype != v.dtype {
+            return Err(shape_err(
+                op,
+                format!("keys stored as {}, values as {}", k.dtype, v.dtype),
+            ));
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        q: &VkTensor,
+        k: &VkKv,
+        v: &VkKv,
+        pages: Option<&KvPages<'_>>,
+        q_pos: usize,
+        n_kv: usize,
+        p: &AttentionParams,
+    ) -> Result<VkTensor> {
+        let op = if pages.is_some() {
+            "paged_attention"
+        } else {
+            "attention"
+        };
+        self.check_kv_pair(k, v, op)?;
+        let hd = p.head_dim;
+        let rows_ok = pages.is_some() || (n_kv <= k.rows && n_kv <= v.rows);
+        if p.n_kv_heads == 0
+            || !p.n_heads.is_multiple_of(p.n_kv_heads)
+            || q.cols != p.n_heads * hd
+            || k.cols != p.n_kv_heads * hd
+            || v.cols != p.n_kv_heads * hd
+            || !rows_ok
+            || q_pos + q.rows > n_kv
+        {
+            return Err(shape_err(
+                op,
+                format!(
+                    "q [{}, {}] at {q_pos}, caches [{}, {}]/[{}, {}] with {n_kv} filled, {} heads / {} kv heads of {hd}",
+                    q.rows, q.cols, k.rows, k.cols, v.rows, v.cols, p.n_heads, p.n_kv_heads
+                ),
+            ));
+        }
+        if hd > MAX_HEAD_DIM {
+            return Err(shape_err(
+                op,
+                format!("heads of {hd} (the Vulkan kernel holds at most {MAX_HEAD_DIM})"),
+            ));
+        }
+        let y = self.new_tensor(q.rows, q.cols)?;
+        if q.rows == 0 || p.n_heads == 0 || hd == 0 {
+            return Ok(y);
+        }
+        let table = match pages {
+            Some(pg) => {
+                pg.check(n_kv, k.rows.min(v.rows))
+                    .map_err(|e| shape_err(op, e))?;
+                let blocks = n_kv.div_ceil(pg.block_size);
+                Some(self.upload_u32(
+                    &pg.table[..blocks.max(1).min(pg.table.len())],
+                    "a block table",
+                )?)
+            }
+            None => None,
+        };
+        let push = AttentionPush {
+            q: q.buf.addr,
+            k: k.buf.addr,
+            v: v.buf.addr,
+            table: table.as_ref().map_or(0, |t| t.addr),
+            bounds: 0,
+            o: y.buf.addr,
+            n_q: q.rows as u32,
+            q_pos: u32_of(q_pos, "a position")?,
+            n_heads: p.n_heads as u32,
+            n_kv_heads: p.n_kv_heads as u32,
+            head_dim: hd as u32,
+            kv_cols: k.cols as u32,
+            block_size: pages.map_or(0, |pg| pg.block_size as u32),
+            window: p
+                .sliding_window
+                .map_or(0, |w| w.min(u32::MAX as usize) as u32),
+            mode: 0,
+            scale: p.scale,
+            softcap: p.softcap.unwrap_or(0.0),
+            _pad: 0,
+        };
+        let kernel = match k.dtype {
+            KvDtype::F32 => Kernel::AttentionF32,
+            KvDtype::F16 => Kernel::AttentionF16,
+        };
+        let mut uses = vec![&q.buf, &k.buf, &v.buf, &y.buf];
+        if let Some(t) = &table {
+            uses.push(t);
+        }
+        self.shared.exec.dispatch(
+            kernel,
+            push_bytes(&push),
+            [p.n_heads as u32, groups(q.rows as u64, 1), 1],
+            &uses,
+        )?;
+        Ok(y)
+    }
+
+    fn check_rows(&self, op: &'static str, at: usize, n: usize, rows: usize) -> Result<()> {
+        match at.checked_add(n) {
+            Some(end) if end <= rows => Ok(()),
+            _ => Err(shape_err(
+                op,
+                format!("rows {at}..{at}+{n} of a tensor of {rows}"),
+            )),
+        }
+    }
+}
+
+impl Backend for VulkanBackend {
+    type Tensor = VkTensor;
+    type Weight = VkWeight;
+    type Kv = VkKv;
+
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn upload_weight(&self, data: &WeightData) -> Result<VkWeight> {
+        let werr = |detail: String| BackendError::Weight {
+            name: data.name.clone(),
+            detail,
+        };
+        if matmul_kernel(data.ty).is_none() {
+            return Err(werr(format!("type {} has no Vulkan kernel", data.ty)));
+        }
+        let k = data.row_len();
+        let n = data.n_rows();
+        let row_bytes = data.ty.row_bytes(k as u64).ok_or_else(|| {
+            werr(format!(
+                "row of {k} is not a whole number of {} blocks",
+                data.ty
+            ))
+        })? as usize;
+        if row_bytes.checked_mul(n) != Some(data.bytes.len()) {
+            return Err(werr(format!(
+                "{} bytes for {n} rows of {row_bytes}",
+                data.bytes.len()
+            )));
+        }
+        if data.dims.len() == 1 {
+            let mut v = vec![0.0f32; k];
+            kiln_quant::dequantize(data.ty, &data.bytes, &mut v)
+                .map_err(|e| werr(e.to_string()))?;
+            return Ok(VkWeight {
+                buf: self.upload_f32(&v, &data.name)?,
+                ty: GgmlType::F32,
+                k,
+                n: 1,
+                row_bytes: k * 4,
+                vector: true,
+                name: data.name.clone(),
+            });
+        }
+        if u32::try_from(data.bytes.len()).is_err() {
+            return Err(werr(format!(
+                "{} bytes: the Vulkan kernels address weights of up to 4 GiB",
+                data.bytes.len()
+            )));
+        }
+        Ok(VkWeight {
+            buf: self.upload_bytes(&data.bytes, &data.name)?,
+            ty: data.ty,
+            k,
+            n,
+            row_bytes,
+            vector: false,
+            name: data.name.clone(),
+        })
+    }
+
+    fn zeros(&self, rows: usize, cols: usize) -> Result<VkTensor> {
+        let t = self.new_tensor(rows, cols)?;
+        self.shared.exec.fill(&t.buf, 0, t.buf.size, 0)?;
+        Ok(t)
+    }
+
+    fn kv_zeros(&self, rows: usize, cols: usize) -> Result<VkKv> {
+        let n = rows
+            .checked_mul(cols)
+            .ok_or_else(|| shape_err("kv_zeros", format!("[{rows}, {cols}] overflows")))?;
+        u32_of(n, "KV cache elements")?;
+        let buf = self.alloc(n * self.kv_dtype.bytes(), "a KV cache")?;
+        self.shared.exec.fill(&buf, 0, buf.size, 0)?;
+        Ok(VkKv {
+            buf,
+            rows,
+            cols,
+            dtype: self.kv_dtype,
+        })
+    }
+
+    fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
+    }
+
+    fn kv_shape(&self, x: &VkKv) -> (usize, usize) {
+        (x.rows, x.cols)
+    }
+
+    fn kv_to_f32(&self, x: &VkKv) -> Result<Vec<f32>> {
+        let n = x.rows * x.cols;
+        let bytes = self.read_back(&x.buf, n * x.dtype.bytes())?;
+        Ok(match x.dtype {
+            KvDtype::F32 => bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .collect(),
+            KvDtype::F16 => bytes
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+        })
+    }
+
+    fn tensor_from_f32(&self, data: &[f32], rows: usize, cols: usize) -> Result<VkTensor> {
+        if rows.checked_mul(cols) != Some(data.len()) {
+            return Err(shape_err(
+                "tensor_from_f32",
+                format!("{} values as [{rows}, {cols}]", data.len()),
+            ));
+        }
+        u32_of(data.len(), "tensor elements")?;
+        Ok(VkTensor {
+            buf: self.upload_f32(data, "a tensor")?,
+            rows,
+            cols,
+        })
+    }
+
+    fn to_f32(&self, x: &VkTensor) -> Result<Vec<f32>> {
+        let bytes = self.read_back(&x.buf, x.rows * x.cols * 4)?;
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect())
+    }
+
+    fn shape(&self, x: &VkTensor) -> (usize, usize) {
+        (x.rows, x.cols)
+    }
+
+    fn rows(&self, x: &VkTensor, range: Range<usize>) -> Result<VkTensor> {
+        if range.start > range.end || range.end > x.rows {
+            return Err(shape_err(
+                "rows",
+                format!("rows {range:?} of a tensor of {}", x.rows),
+            ));
+        }
+        let y = self.new_tensor(range.len(), x.cols)?;
+        let bytes = (range.len() * x.cols * 4) as u64;
+        if bytes > 0 {
+            let region = [vk::BufferCopy::default()
+                .src_offset((range.start * x.cols * 4) as u64)
+                .size(bytes)];
+            self.shared.exec.copy(&x.buf, &y.buf, &region)?;
+        }
+        Ok(y)
+    }
+
+    fn write_rows(&self, dst: &mut VkTensor, dst_row: usize, src: &VkTensor) -> Result<()> {
+        self.check_rows("write_rows", dst_row, src.rows, dst.rows)?;
+        if src.cols != dst.cols {
+            return Err(shape_err(
+                "write_rows",
+                format!("rows of {} into rows of {}", src.cols, dst.cols),
+            ));
+        }
+        let bytes = (src.rows * src.cols * 4) as u64;
+        if bytes > 0 {
+            let region = [vk::BufferCopy::default()
+                .dst_offset((dst_row * dst.cols * 4) as u64)
+                .size(bytes)];
+            self.shared.exec.copy(&src.buf, &dst.buf, &region)?;
+        }
+        Ok(())
+    }
+
+    fn write_kv_rows(&self, dst: &mut VkKv, dst_row: usize, src: &VkTensor) -> Result<()> {
+        self.check_rows("write_kv_rows", dst_row, src.rows, dst.rows)?;
+        if src.cols != dst.cols {
+            return Err(shape_err(
+                "write_kv_rows",
+                format!("rows of {} into a cache of {}", src.cols, dst.cols),
+            ));
+        }
+        let n = src.rows * src.cols;
+        if n == 0 {
+            return Ok(());
+        }
+        match dst.dtype {
+            KvDtype::F32 => {
+                let region = [vk::BufferCopy::default()
+                    .dst_offset((dst_row * dst.cols * 4) as u64)
+                    .size((n * 4) as u64)];
+                self.shared.exec.copy(&src.buf, &dst.buf, &region)
+            }
+            KvDtype::F16 => {
+                for mode in [0, 1] {
+                    let push = KvWritePush {
+                        src: src.buf.addr,
+                        dst: dst.buf.addr,
+                        flag: self.shared.flag.addr,
+                        n: n as u32,
+                        dst_offset: (dst_row * dst.cols) as u32,
+                        mode,
+                        _pad: 0,
+                    };
+                    self.shared.exec.dispatch(
+                        Kernel::KvWrite,
+                        push_bytes(&push),
+                        [groups(n as u64, 256), 1, 1],
+                        &[&src.buf, &dst.buf, &self.shared.flag],
+                    )?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn gather_rows(&self, x: &VkTensor, index: &[u32]) -> Result<VkTensor> {
+        if let Some(&bad) = index.iter().find(|&&i| i as usize >= x.rows) {
+            return Err(shape_err(
+                "gather_rows",
+                format!("row {bad} of a tensor of {}", x.rows),
+            ));
+        }
+        let y = self.new_tensor(index.len(), x.cols)?;
+        let row = (x.cols * 4) as u64;
+        if row == 0 {
+            return Ok(y);
+        }
+        // Runs of consecutive source rows become one region.
+        let mut regions: Vec<vk::BufferCopy> = Vec::new();
+        for (i, &r) in index.iter().enumerate() {
+            let (src, dst) = (r as u64 * row, i as u64 * row);
+            match regions.last_mut() {
+                Some(last)
+                    if last.src_offset + last.size == src && last.dst_offset + last.size == dst =>
+                {
+                    last.size += row
+                }
+                _ => regions.push(
+                    vk::BufferCopy::default()
+                        .src_offset(src)
+                        .dst_offset(dst)
+                        .size(row),
+                ),
+            }
+        }
+        self.shared.exec.copy(&x.buf, &y.buf, &regions)?;
+        Ok(y)
+    }
+
+    fn scatter_add_rows(
+        &self,
+        dst: &mut VkTensor,
+        index: &[u32],
+        src: &VkTensor,
+        weights: &[f32],
+    ) -> Result<()> {
+        if index.len() != src.rows || weights.len() != src.rows || src.cols != dst.cols {
+            return Err(shape_err(
+                "scatter_add_rows",
+                format!(
+                    "{} rows of {} with {} indices and {} weights into rows of {}",
+                    src.rows,
+                    src.cols,
+                    index.len(),
+                    weights.len(),
+                    dst.cols
+                ),
+            ));
+        }
+        if let Some(&bad) = index.iter().find(|&&i| i as usize >= dst.rows) {
+            return Err(shape_err(
+                "scatter_add_rows",
+                format!("row {bad} of a tensor of {}", dst.rows),
+            ));
+        }
+        if src.rows == 0 || src.cols == 0 {
+            return Ok(());
+        }
+        let idx = self.upload_u32(index, "scatter indices")?;
+        let w = self.upload_f32(weights, "scatter weights")?;
+        let push = ScatterPush {
+            dst: dst.buf.addr,
+            src: src.buf.addr,
+            index: idx.addr,
+            weights: w.addr,
+            n: src.rows as u32,
+            cols: src.cols as u32,
+        };
+        self.shared.exec.dispatch(
+            Kernel::Scatter,
+            push_bytes(&push),
+            [groups(src.cols as u64, 64), 1, 1],
+            &[&dst.buf, &src.buf, &idx, &w],
+        )
+    }
+
+    fn embedding(&self, table: &VkWeight, ids: &[u32]) -> Result<VkTensor> {
+        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= table.n) {
+            return Err(shape_err(
+                "embedding",
+                format!("token {bad} of a table of {} ({})", table.n, table.name),
+            ));
+        }
+        let (_, kernel) = matmul_kernel(table.ty).expect("uploaded weights have a kernel");
+        let y = self.new_tensor(ids.len(), table.k)?;
+        if ids.is_empty() || table.k == 0 {
+            return Ok(y);
+        }
+        let idb = self.upload_u32(ids, "token ids")?;
+        let push = EmbedPush {
+            w: table.buf.addr,
+            ids: idb.addr,
+            y: y.buf.addr,
+            n_ids: ids.len() as u32,
+            k: table.k as u32,
+            row_bytes: table.row_bytes as u32,
+            _pad: 0,
+        };
+        let chunks = (ids.len() * table.k.div_ceil(16)) as u64;
+        self.shared.exec.dispatch(
+            kernel,
+            push_bytes(&push),
+            [groups(chunks, 64), 1, 1],
+            &[&table.buf, &idb, &y.buf],
+        )?;
+        Ok(y)
+    }
+
+    fn matmul(&self, x: &VkTensor, w: &Linear<Self>) -> Result<VkTensor> {
+        self.product(x, w, None)
+    }
+
+    fn matmul_activation(
+        &self,
+        x: &VkTensor,
+        w: &Linear<Self>,
+        act: Activation,
+    ) -> Result<VkTensor> {
+        self.product(x, w, Some(act))
+    }
+
+    fn rms_norm(&self, x: &VkTensor, weight: &VkWeight, eps: f32) -> Result<VkTensor> {
+        self.norm(x, None, weight, None, eps, NORM_RMS, "rms_norm")
+    }
+
+    fn add_rms_norm(
+        &self,
+        residual: &VkTensor,
+        x: &VkTensor,
+        weight: &VkWeight,
+        eps: f32,
+    ) -> Result<VkTensor> {
+        self.norm(
+            x,
+            Some(residual),
+            weight,
+            None,
+            eps,
+            NORM_RMS_ADD,
+            "add_rms_norm",
+        )
+    }
+
+    fn layer_norm(
+        &self,
+        x: &VkTensor,
+        weight: &VkWeight,
+        bias: Option<&VkWeight>,
+        eps: f32,
+    ) -> Result<VkTensor> {
+        self.norm(x, None, weight, bias, eps, NORM_LAYER, "layer_norm")
+    }
+
+    fn add_layer_norm(
+        &self,
+        residual: &VkTensor,
+        x: &VkTensor,
+        weight: &VkWeight,
+        bias: Option<&VkWeight>,
+        eps: f32,
+    ) -> Result<VkTensor> {
+        self.norm(
+            x,
+            Some(residual),
+            weight,
+            bias,
+            eps,
+            NORM_LAYER,
+            "add_layer_norm",
+        )
+    }
+
+    fn rope(&self, x: &VkTensor, positions: &[u32], p: &RopeParams) -> Result<VkTensor> {
+        if positions.len() != x.rows
+            || p.n_heads * p.head_dim != x.cols
+            || p.rope_dim > p.head_dim
+            || !p.rope_dim.is_multiple_of(2)
+            || p.freq_factors
+                .as_ref()
+                .is_some_and(|f| f.len() != p.rope_dim / 2)
+        {
+            return Err(shape_err(
+                "rope",
+                format!(
+                    "[{}, {}] with {} positions, {} heads of {} (rotary {})",
+                    x.rows,
+                    x.cols,
+                    positions.len(),
+                    p.n_heads,
+                    p.head_dim,
+                    p.rope_dim
+                ),
+            ));
+        }
+        let y = self.new_tensor(x.rows, x.cols)?;
+        if x.rows == 0 || x.cols == 0 {
+            return Ok(y);
+        }
+        // Angles in f64, rounded once: as exact as f32 allows at any position.
+        let half = p.rope_dim / 2;
+        let mut cs = vec![0.0f32; x.rows * p.rope_dim];
+        for (r, &pos) in positions.iter().enumerate() {
+            let row = &mut cs[r * p.rope_dim..(r + 1) * p.rope_dim];
+            for i in 0..half {
+                let inv = (p.base as f64).powf(-2.0 * i as f64 / p.rope_dim as f64);
+                let factor = p.freq_factors.as_ref().map_or(1.0, |f| f[i] as f64);
+                let theta = pos as f64 * p.freq_scale as f64 * inv / factor;
+                row[i] = (theta.cos() * p.mscale as f64) as f32;
+                row[half + i] = (theta.sin() * p.mscale as f64) as f32;
+            }
+        }
+        let table = self.upload_f32(&cs, "rope angles")?;
+        let push = RopePush {
+            x: x.buf.addr,
+            cs: table.addr,
+            y: y.buf.addr,
+            rows: x.rows as u32,
+            n_heads: p.n_heads as u32,
+            head_dim: p.head_dim as u32,
+            rope_dim: p.rope_dim as u32,
+            neox: (p.style == RopeStyle::Neox) as u32,
+            _pad: 0,
+        };
+        let per_head = (half + p.head_dim - p.rope_dim) as u64;
+        self.shared.exec.dispatch(
+            Kernel::Rope,
+            push_bytes(&push),
+            [
+                groups(x.rows as u64 * p.n_heads as u64 * per_head, 64),
+                1,
+                1,
+            ],
+            &[&x.buf, &table, &y.buf],
+        )?;
+        Ok(y)
+    }
+
+    fn attention(
+        &self,
+        q: &VkTensor,
+        k_cache: &VkKv,
+        v_cache: &VkKv,
+        q_pos: usize,
+        n_kv: usize,
+        params: &AttentionParams,
+    ) -> Result<VkTensor> {
+        self.attend(q, k_cache, v_cache, None, q_pos, n_kv, params)
+    }
+
+    fn paged_attention(
+        &self,
+        q: &VkTensor,
+        k_pool: &VkKv,
+        v_pool: &VkKv,
+        pages: &KvPages<'_>,
+        q_pos: usize,
+        n_kv: usize,
+        params: &AttentionParams,
+    ) -> Result<VkTensor> {
+        self.attend(q, k_pool, v_pool, Some(pages), q_pos, n_kv, params)
+    }
+
+    fn packed_attention(
+        &self,
+        q: &VkTensor,
+        k: &VkTensor,
+        v: &VkTensor,
+        seq_lens: &[usize],
+        p: &PackedAttentionParams,
+    ) -> Result<VkTensor> {
+        let cols = p.n_heads * p.head_dim;
+        let total: usize = seq_lens.iter().sum();
+        if p.head_dim == 0 || [q, k, v].iter().any(|t| t.cols != cols || t.rows != total) {
+            return Err(shape_err(
+                "packed_attention",
+                format!(
+                    "q/k/v [{}, {}]/[{}, {}]/[{}, {}] for sequences {seq_lens:?} of {} heads of {}",
+                    q.rows, q.cols, k.rows, k.cols, v.rows, v.cols, p.n_heads, p.head_dim
+                ),
+            ));
+        }
+        if p.head_dim > MAX_HEAD_DIM {
+            return Err(shape_err(
+                "packed_attention",
+                format!(
+                    "heads of {} (the Vulkan kernel holds at most {MAX_HEAD_DIM})",
+                    p.head_dim
+                ),
+            ));
+        }
+        let y = self.new_tensor(q.rows, q.cols)?;
+        if total == 0 || p.n_heads == 0 {
+            return Ok(y);
+        }
+        let mut bounds = Vec::with_capacity(2 * total);
+        let mut start = 0usize;
+        for &len in seq_lens {
+            for i in start..start + len {
+                let (lo, hi) = match p.radius {
+                    Some(r) => (i.saturating_sub(r).max(start), (i + r).min(start + len - 1)),
+                    None => (start, start + len - 1),
+                };
+                bounds.push(lo as u32);
+                bounds.push(hi as u32);
+            }
+            start += len;
+        }
+        let bounds = self.upload_u32(&bounds, "sequence bounds")?;
+        let push = AttentionPush {
+            q: q.buf.addr,
+            k: k.buf.addr,
+            v: v.buf.addr,
+            table: 0,
+            bounds: bounds.addr,
+            o: y.buf.addr,
+            n_q: total as u32,
+            q_pos: 0,
+            n_heads: p.n_heads as u32,
+            n_kv_heads: p.n_heads as u32,
+            head_dim: p.head_dim as u32,
+            kv_cols: cols as u32,
+            block_size: 0,
+            window: 0,
+            mode: 1,
+            scale: p.scale,
+            softcap: 0.0,
+            _pad: 0,
+        };
+        self.shared.exec.dispatch(
+            Kernel::AttentionF32,
+            push_bytes(&push),
+            [p.n_heads as u32, groups(total as u64, 1), 1],
+            &[&q.buf, &k.buf, &v.buf, &bounds, &y.buf],
+        )?;
+        Ok(y)
+    }
+
+    fn activation(&self, x: &VkTensor, act: Activation) -> Result<VkTensor> {
+        self.eltwise(x, None, OP_ACT, act_code(act), 0.0, "activation")
+    }
+
+    fn add(&self, a: &VkTensor, b: &VkTensor) -> Result<VkTensor> {
+        self.eltwise(a, Some(b), OP_ADD, 0, 0.0, "add")
+    }
+
+    fn mul(&self, a: &VkTensor, b: &VkTensor) -> Result<VkTensor> {
+        self.eltwise(a, Some(b), OP_MUL, 0, 0.0, "mul")
+    }
+
+    fn scale(&self, x: &VkTensor, s: f32) -> Result<VkTensor> {
+        self.eltwise(x, None, OP_SCALE, 0, s, "scale")
+    }
+
+    fn gated_activation(
+        &self,
+        gate: &VkTensor,
+        up: &VkTensor,
+        act: Activation,
+    ) -> Result<VkTensor> {
+        self.eltwise(
+            gate,
+            Some(up),
+            OP_GATED,
+            act_code(act),
+            0.0,
+            "gated_activation",
+        )
+    }
+}

@@ -1,0 +1,51 @@
+//! The conformance suite on the Vulkan backend: every op on the first usable Vulkan device
+//! (lavapipe in CI), against the scalar reference, in both KV element types, with batch
+//! invariance claimed.
+//!
+//! With no Vulkan loader or device the cases say so and pass, unless `KILN_REQUIRE_VULKAN=1`
+//! (set by `.ci/run`), under which they fail. `KILN_VULKAN_VALIDATION=1` turns on the Khronos
+//! validation layer; any message it reports fails the case at its next read back.
+
+use std::sync::OnceLock;
+
+use kiln_backend::KvDtype;
+use kiln_conformance::{suite, Claims, ALL_WEIGHT_TYPES};
+use kiln_vulkan::{VulkanBackend, VulkanOptions};
+
+fn flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v == "1")
+}
+
+/// One device for the whole test binary (opening one and compiling its kernels is the slow
+/// part on a software device); each case gets a backend on it with the KV type it asks for.
+fn vulkan(kv: KvDtype) -> Option<VulkanBackend> {
+    static DEVICE: OnceLock<Result<VulkanBackend, String>> = OnceLock::new();
+    let opened = DEVICE.get_or_init(|| {
+        VulkanBackend::new(&VulkanOptions {
+            validation: flag("KILN_VULKAN_VALIDATION"),
+            ..VulkanOptions::default()
+        })
+        .map_err(|e| e.to_string())
+    });
+    match opened {
+        Ok(b) => Some(b.with_kv_dtype(kv)),
+        Err(e) if flag("KILN_REQUIRE_VULKAN") => {
+            panic!("KILN_REQUIRE_VULKAN=1, but no Vulkan backend: {e}")
+        }
+        Err(e) => {
+            eprintln!("no Vulkan backend: {e}");
+            None
+        }
+    }
+}
+
+suite!(
+    vulkan_device,
+    vulkan,
+    Claims {
+        weight_types: ALL_WEIGHT_TYPES.to_vec(),
+        gptq: false,
+        ..Claims::default()
+    }
+    .batch_invariant()
+);
