@@ -67,7 +67,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// by [`Backend::write_kv_rows`] and read by the attention ops only.
     type Kv: Send + Sync;
 
-    /// Short name for logs ("cpu", "cuda:0").
+    /// Short name for logs ("cpu", "vulkan:0 (NVIDIA H100)").
     fn name(&self) -> String;
 
     /// Run a whole computation (a forward pass) in the backend's execution context; a backend
@@ -75,6 +75,13 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// up: its ops take the calling thread into their team of workers.
     fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         f()
+    }
+
+    /// Waits until every op called so far has run. Ops of a backend that queues work for a
+    /// device (a GPU) return once recorded; reading a result back waits anyway, so only timing
+    /// needs this. The default (a backend that computes in the call) returns at once.
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
     }
 
     /// Make a weight usable by this device. The CPU keeps a zero-copy view of the file; a GPU

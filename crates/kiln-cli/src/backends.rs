@@ -10,9 +10,11 @@
 //! - `KILN_SIMD=scalar|avx2|avx512vnni` caps the CPU kernels' SIMD level (to compare kernel paths
 //!   on one machine; a level above the CPU's gives the CPU's);
 //! - `KILN_INTERLEAVE=1|0|q8_0,q6_k,...` says which weight types the CPU backend stores in its
-//!   interleaved layout (all by default).
+//!   interleaved layout (all by default);
+//! - `KILN_VULKAN_VALIDATION=1` turns on the Khronos validation layer on Vulkan devices (every
+//!   message it reports becomes an error).
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use kiln_backend::KvDtype;
 use kiln_cpu::{CpuBackend, CpuOptions};
 use kiln_engine::plan::Placement;
@@ -20,6 +22,7 @@ use kiln_engine::{
     decoder_on, embedding_on, split_decoder_on, DecoderRunner, DecoderUse, EmbeddingRunner,
     ModelFile,
 };
+use kiln_vulkan::{VulkanBackend, VulkanOptions};
 
 /// The CPU backend's options: `threads` (0 = one per core), the KV cache type, batch-invariant
 /// mode, and what `KILN_SIMD` and `KILN_INTERLEAVE` say (an unknown value of either is an error
@@ -37,20 +40,31 @@ pub fn cpu_options(threads: usize, kv_dtype: KvDtype, batch_invariant: bool) -> 
     .map_err(|e| anyhow!(e))
 }
 
+/// The Vulkan backend's options for device `index` (`None`: the first usable one), with the KV
+/// cache type, and validation as `KILN_VULKAN_VALIDATION` says.
+pub fn vulkan_options(index: Option<usize>, kv_dtype: KvDtype) -> VulkanOptions {
+    VulkanOptions {
+        device: index,
+        kv_dtype,
+        validation: std::env::var("KILN_VULKAN_VALIDATION").is_ok_and(|v| v == "1"),
+    }
+}
+
 /// How to build the backend of one device.
 #[derive(Clone, Debug)]
 pub enum DeviceOptions {
+    /// A CPU backend standing in for a GPU (tests of the split path on machines without one).
     Cpu(CpuOptions),
+    Vulkan(VulkanOptions),
 }
 
-/// The devices a plan may place a model on: the CPU, and the GPUs by the index a plan names.
+/// The devices a plan may place a model on: the CPU, and the GPUs by the device index a plan
+/// names (`Placement::Vulkan { gpu }`).
 #[derive(Clone, Debug)]
 pub struct Devices {
     pub cpu: CpuOptions,
-    /// This kiln has no GPU backend, so the binary lists none (and the planner, seeing no GPU,
-    /// never places a layer on one). The split path is exercised by standing a CPU backend in
-    /// for a GPU.
-    pub gpus: Vec<DeviceOptions>,
+    /// `(device index, how to build its backend)`.
+    pub gpus: Vec<(usize, DeviceOptions)>,
 }
 
 impl Devices {
@@ -64,8 +78,12 @@ impl Devices {
 
     fn gpu(&self, index: usize) -> Result<&DeviceOptions> {
         self.gpus
-            .get(index)
-            .ok_or_else(|| anyhow!("the plan names GPU {index}, and this kiln has no GPU backend"))
+            .iter()
+            .find(|(i, _)| *i == index)
+            .map(|(_, o)| o)
+            .ok_or_else(|| {
+                anyhow!("the plan names GPU {index}, and no GPU backend was opened for it")
+            })
     }
 }
 
@@ -79,8 +97,13 @@ pub fn place_decoder(
 ) -> Result<Box<dyn DecoderRunner>> {
     let placed = match placement {
         Placement::Cpu => decoder_on_cpu(file, &devices.cpu)?,
-        Placement::Cuda { gpu } => match devices.gpu(*gpu)? {
+        Placement::Vulkan { gpu } => match devices.gpu(*gpu)? {
             DeviceOptions::Cpu(options) => decoder_on_cpu(file, options)?,
+            DeviceOptions::Vulkan(options) => {
+                let backend = VulkanBackend::new(options)?;
+                let model = file.load_decoder(&backend)?;
+                decoder_on(backend, model)
+            }
         },
         Placement::Split { gpu, gpu_layers } => {
             if !usage.runs_split() {
@@ -95,6 +118,11 @@ pub fn place_decoder(
             match devices.gpu(*gpu)? {
                 DeviceOptions::Cpu(options) => {
                     let front = CpuBackend::with_options(options)?;
+                    let model = file.load_decoder_split(&front, &back, *gpu_layers)?;
+                    split_decoder_on(front, back, model)
+                }
+                DeviceOptions::Vulkan(options) => {
+                    let front = VulkanBackend::new(options)?;
                     let model = file.load_decoder_split(&front, &back, *gpu_layers)?;
                     split_decoder_on(front, back, model)
                 }
@@ -120,19 +148,30 @@ pub fn place_embedding(
     devices: &Devices,
     truncate: bool,
 ) -> Result<Box<dyn EmbeddingRunner>> {
-    let options = match placement {
-        Placement::Cpu => &devices.cpu,
-        Placement::Cuda { gpu } => match devices.gpu(*gpu)? {
-            DeviceOptions::Cpu(options) => options,
+    let load = |e: kiln_engine::EngineError| {
+        anyhow::Error::from(e).context(format!(
+            "loading the embedding model in {}",
+            file.path().display()
+        ))
+    };
+    let cpu = |options: &CpuOptions| -> Result<Box<dyn EmbeddingRunner>> {
+        let backend = CpuBackend::with_options(options)?;
+        let model = file.load_embedding(&backend, truncate).map_err(load)?;
+        Ok(embedding_on(backend, model))
+    };
+    match placement {
+        Placement::Cpu => cpu(&devices.cpu),
+        Placement::Vulkan { gpu } => match devices.gpu(*gpu)? {
+            DeviceOptions::Cpu(options) => cpu(options),
+            DeviceOptions::Vulkan(options) => {
+                let backend = VulkanBackend::new(options)?;
+                let model = file.load_embedding(&backend, truncate).map_err(load)?;
+                Ok(embedding_on(backend, model))
+            }
         },
         Placement::Split { .. } => bail!(
             "plan {}: an embedding model runs on one device",
             placement.name()
         ),
-    };
-    let backend = CpuBackend::with_options(options)?;
-    let model = file
-        .load_embedding(&backend, truncate)
-        .with_context(|| format!("loading the embedding model in {}", file.path().display()))?;
-    Ok(embedding_on(backend, model))
+    }
 }

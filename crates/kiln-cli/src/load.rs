@@ -137,9 +137,9 @@ pub fn decoder_from(
     // A served request gets the same tokens whatever it is batched with (see
     // `CpuOptions::batch_invariant`).
     let cpu = cpu_options(threads, work.kv_dtype, usage == DecoderUse::Serve)?;
-    let chosen = plan_for(file, placement, &cpu, work, tag)?;
+    let (chosen, devices) = plan_for(file, placement, &cpu, work, usage.runs_split(), tag)?;
     let t0 = Instant::now();
-    let model = place_decoder(file, &chosen.placement, &Devices::cpu(cpu), usage)
+    let model = place_decoder(file, &chosen.placement, &devices, usage)
         .with_context(|| format!("loading the model in {}", file.path().display()))?;
     let tokenizer = file.tokenizer()?;
     Ok(PlacedDecoder {
@@ -149,20 +149,28 @@ pub fn decoder_from(
     })
 }
 
-/// The plan of `file` for `work`, logged as `[tag] plan: ...` (through `tracing` without a tag).
+/// The plan of `file` for `work` and the devices it may use, logged as `[tag] plan: ...`
+/// (through `tracing` without a tag), with the devices `auto` left out and why.
 fn plan_for(
     file: &ModelFile,
     placement: &PlanArgs,
     cpu: &CpuOptions,
     work: Workload,
+    split: bool,
     tag: Option<&str>,
-) -> Result<Candidate> {
-    let chosen = choose(file, placement, cpu, work)?;
-    match tag {
-        Some(tag) => eprintln!("[{tag}] {}", describe(&chosen)),
-        None => tracing::info!("{}: {}", file.path().display(), describe(&chosen)),
+) -> Result<(Candidate, Devices)> {
+    let (chosen, devices, notes) = choose(file, placement, cpu, work, split)?;
+    let log = |line: String| match tag {
+        Some(tag) => eprintln!("[{tag}] {line}"),
+        None => tracing::info!("{}: {line}", file.path().display()),
+    };
+    if chosen.placement == kiln_engine::plan::Placement::Cpu {
+        for n in notes {
+            log(n);
+        }
     }
-    Ok(chosen)
+    log(describe(&chosen));
+    Ok((chosen, devices))
 }
 
 /// An embedding model opened, planned and placed.
@@ -211,9 +219,9 @@ pub fn embedding_from(
         kv_budget: None,
         kv_dtype: KvDtype::default(),
     };
-    let chosen = plan_for(&file, placement, &cpu, work, tag)?;
+    let (chosen, devices) = plan_for(&file, placement, &cpu, work, false, tag)?;
     let t0 = Instant::now();
-    let model = place_embedding(&file, &chosen.placement, &Devices::cpu(cpu), truncate)?;
+    let model = place_embedding(&file, &chosen.placement, &devices, truncate)?;
     Ok(PlacedEmbedding {
         model,
         load_ms: t0.elapsed().as_secs_f64() * 1e3,

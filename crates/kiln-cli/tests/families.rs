@@ -24,6 +24,20 @@ fn ids(v: &Value) -> Vec<u64> {
 
 #[test]
 fn run_reproduces_transformers_greedy_from_folders_and_ggufs() {
+    check_families(&[]);
+}
+
+/// The same on a Vulkan device.
+#[test]
+fn run_on_vulkan_reproduces_transformers_greedy_from_folders_and_ggufs() {
+    if common::vulkan("run_on_vulkan_reproduces_transformers_greedy") {
+        check_families(&["--backend", "vulkan"]);
+    }
+}
+
+/// Each family fixture, from its folder and its GGUF, run with `extra` arguments: transformers'
+/// prompt ids and greedy continuation, and `kiln tokenize`'s ids.
+fn check_families(extra: &[&str]) {
     for family in ["llama", "qwen2", "phi3", "mixtral", "llama-gptq-g32"] {
         let dir = fixture(family);
         let r: Value =
@@ -43,32 +57,37 @@ fn run_reproduces_transformers_greedy_from_folders_and_ggufs() {
             if !applies {
                 continue;
             }
-            let out = common::run(
-                &[
-                    "run",
-                    "-m",
-                    target.to_str().unwrap(),
-                    "-p",
-                    case["text"].as_str().unwrap(),
-                    "-n",
-                    "8",
-                    "--temp",
-                    "0",
-                    "--ignore-eos",
-                    "--json",
-                ],
-                "",
-                None,
-            );
+            let mut args = vec![
+                "run",
+                "-m",
+                target.to_str().unwrap(),
+                "-p",
+                case["text"].as_str().unwrap(),
+                "-n",
+                "8",
+                "--temp",
+                "0",
+                "--ignore-eos",
+                "--json",
+            ];
+            args.extend_from_slice(extra);
+            let out = common::run(&args, "", None);
             let stderr = String::from_utf8_lossy(&out.stderr);
-            assert!(out.status.success(), "{family} {format}: {stderr}");
+            assert!(
+                out.status.success(),
+                "{family} {format} {extra:?}: {stderr}"
+            );
             let line: Value = serde_json::from_slice(&out.stdout).unwrap();
             assert_eq!(
                 ids(&line["prompt_ids"]),
                 ids(&case["ids"]),
                 "{family} {format}"
             );
-            assert_eq!(ids(&line["ids"]), ids(&case["greedy"]), "{family} {format}");
+            assert_eq!(
+                ids(&line["ids"]),
+                ids(&case["greedy"]),
+                "{family} {format} {extra:?}"
+            );
 
             // `kiln tokenize` gives the same prompt ids.
             let text = case["text"].as_str().unwrap();

@@ -127,41 +127,47 @@ fn agreement(reference: &[Value], ours: &[Value]) -> Agreement {
     }
 }
 
-#[test]
-fn teacher_forced_logprobs_match_both_references() {
-    let llama = read_jsonl("gemma3-270m/public/logits.jsonl");
-    let hf = read_jsonl("gemma3-270m-hf/public/logits.jsonl");
+/// Teacher-forced scores of the golden texts (`only`: these of them, else all) with `extra`
+/// arguments, in each KV cache type of `kv_types`, against llama.cpp and HF float32: top-1
+/// agreement at confident positions and the worst text's mean |Δ logprob|.
+fn check_teacher_forced(only: Option<&[usize]>, extra: &[&str], kv_types: &[&str]) {
+    let pick = |all: Vec<Value>| -> Vec<Value> {
+        match only {
+            Some(keep) => keep.iter().map(|&i| all[i].clone()).collect(),
+            None => all,
+        }
+    };
+    let llama = pick(read_jsonl("gemma3-270m/public/logits.jsonl"));
+    let hf = pick(read_jsonl("gemma3-270m-hf/public/logits.jsonl"));
     let input: String = llama
         .iter()
         .map(|c| format!("{}\n", serde_json::json!({ "ids": c["ids"] })))
         .collect();
-    // Both KV cache types: f16 (the default, as llama.cpp's) and f32 (as HF's).
-    for kv in ["f16", "f32"] {
-        let ours = json_lines(&run_ok(
-            &[
-                "score",
-                "-m",
-                MODEL,
-                "--top-k",
-                "2",
-                "--jsonl",
-                "--kv-type",
-                kv,
-            ],
-            &input,
-        ));
+    for kv in kv_types {
+        let mut args = vec![
+            "score",
+            "-m",
+            MODEL,
+            "--top-k",
+            "2",
+            "--jsonl",
+            "--kv-type",
+            kv,
+        ];
+        args.extend_from_slice(extra);
+        let ours = json_lines(&run_ok(&args, &input));
         assert_eq!(ours.len(), llama.len());
         for (name, reference) in [("llama.cpp", &llama), ("HF float32", &hf)] {
             let a = agreement(reference, &ours);
             let rate = a.top1_equal as f64 / a.confident as f64;
             eprintln!(
-            "{kv} KV cache vs {name}: top-1 equal at {}/{} confident positions ({:.2}%), mean |Δ logprob_next| pooled {:.4}, worst text {:.4}",
-            a.top1_equal,
-            a.confident,
-            rate * 100.0,
-            a.pooled_mean_abs,
-            a.worst_text_mean_abs
-        );
+                "{extra:?} {kv} KV cache vs {name}: top-1 equal at {}/{} confident positions ({:.2}%), mean |Δ logprob_next| pooled {:.4}, worst text {:.4}",
+                a.top1_equal,
+                a.confident,
+                rate * 100.0,
+                a.pooled_mean_abs,
+                a.worst_text_mean_abs
+            );
             assert!(rate >= 0.99, "vs {name}: top-1 agreement {rate:.4} < 0.99");
             assert!(
                 a.worst_text_mean_abs <= 0.2,
@@ -169,6 +175,22 @@ fn teacher_forced_logprobs_match_both_references() {
                 a.worst_text_mean_abs
             );
         }
+    }
+}
+
+#[test]
+fn teacher_forced_logprobs_match_both_references() {
+    // Both KV cache types: f16 (the default, as llama.cpp's) and f32 (as HF's).
+    check_teacher_forced(None, &[], &["f16", "f32"]);
+}
+
+/// The same on a Vulkan device, in both cache types (lavapipe in CI is a software device about
+/// a hundred times slower than the CPU backend, so one text of 112 tokens keeps the test to
+/// about a minute there).
+#[test]
+fn teacher_forced_logprobs_on_vulkan_match_both_references() {
+    if common::vulkan("teacher_forced_logprobs_on_vulkan") {
+        check_teacher_forced(Some(&[3]), &["--backend", "vulkan"], &["f16", "f32"]);
     }
 }
 
@@ -198,14 +220,18 @@ fn greedy_with(prompt: &str, threads: &str, extra: &[&str]) -> Value {
     serde_json::from_str(out.trim()).unwrap()
 }
 
-#[test]
-fn greedy_generation_matches_llama_cpp() {
+/// Greedy generation of the golden prompts (`only`: these of them, else all; `extra`
+/// arguments) against llama.cpp's: no prompt may diverge before a step whose reference top-2 gap
+/// is below 0.6 nats (one in twenty allowed).
+fn check_greedy(only: Option<&[usize]>, extra: &[&str]) {
     let cases = read_jsonl("gemma3-270m/public/greedy.jsonl");
     let hf = read_jsonl("gemma3-270m-hf/public/greedy.jsonl");
+    let chosen: Vec<usize> = only.map_or_else(|| (0..cases.len()).collect(), |o| o.to_vec());
     let mut early = Vec::new();
     let (mut equal_llama, mut equal_hf) = (0, 0);
-    for (case, hf_case) in cases.iter().zip(&hf) {
-        let got = greedy(case["prompt"].as_str().unwrap(), "2");
+    for &i in &chosen {
+        let (case, hf_case) = (&cases[i], &hf[i]);
+        let got = greedy_with(case["prompt"].as_str().unwrap(), "2", extra);
         assert_eq!(
             ids(&got["prompt_ids"]),
             ids(&case["prompt_ids"]),
@@ -228,15 +254,43 @@ fn greedy_generation_matches_llama_cpp() {
         }
     }
     eprintln!(
-        "greedy: {equal_llama}/{} sequences identical to llama.cpp, {equal_hf} to HF; early divergences: {early:?}",
-        cases.len()
+        "greedy {extra:?}: {equal_llama}/{} sequences identical to llama.cpp, {equal_hf} to HF; early divergences: {early:?}",
+        chosen.len()
     );
     assert!(
-        early.len() * 20 <= cases.len(),
+        early.len() * 20 <= chosen.len(),
         "{} prompts diverge before a top-2 gap < 0.6:\n{}",
         early.len(),
         early.join("\n")
     );
+}
+
+#[test]
+fn greedy_generation_matches_llama_cpp() {
+    check_greedy(None, &[]);
+}
+
+/// Greedy generation on a Vulkan device: three short golden prompts (one a chat turn), 32
+/// tokens each, as the CPU's test checks them (every step before a near-tie must match
+/// llama.cpp's).
+#[test]
+fn greedy_generation_on_vulkan_matches_llama_cpp() {
+    if common::vulkan("greedy_generation_on_vulkan") {
+        check_greedy(Some(&[0, 6, 15]), &["--backend", "vulkan"]);
+    }
+}
+
+/// The model split between a Vulkan device and the CPU (`--gpu-layers K`: the embedding and the
+/// first K layers on the device, the rest and the head on the CPU; the hidden state crosses
+/// once per step) at three split points gives the tokens the CPU plan gives, as the CPU's
+/// greedy test checks them.
+#[test]
+fn split_between_vulkan_and_cpu_generates_the_golden_tokens() {
+    if common::vulkan("split_between_vulkan_and_cpu") {
+        for k in ["1", "9", "17"] {
+            check_greedy(Some(&[0, 15]), &["--backend", "vulkan", "--gpu-layers", k]);
+        }
+    }
 }
 
 #[test]

@@ -59,12 +59,16 @@ fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
         .fold(0.0, f64::max)
 }
 
-#[test]
-fn every_golden_text_matches_sentence_transformers() {
-    let cases = golden_cases();
+/// The first `n` golden texts (all with `None`) embedded with `extra` arguments match
+/// sentence-transformers: the same ids, and embeddings within the float32 bar.
+fn check_golden_texts(n: Option<usize>, extra: &[&str]) {
+    let mut cases = golden_cases();
     assert!(cases.len() >= 250, "{} golden cases", cases.len());
+    cases.truncate(n.unwrap_or(cases.len()));
     let texts: Vec<&str> = cases.iter().map(|c| c["text"].as_str().unwrap()).collect();
-    let out = embed(&texts, &["-b", "32"]);
+    let mut args = vec!["-b", "32"];
+    args.extend_from_slice(extra);
+    let out = embed(&texts, &args);
     assert_eq!(out.len(), cases.len());
     let (mut worst_cos, mut worst_diff) = (1.0f64, 0.0f64);
     let mut id_mismatches = Vec::new();
@@ -82,7 +86,7 @@ fn every_golden_text_matches_sentence_transformers() {
         worst_diff = worst_diff.max(max_abs_diff(&g, &w));
     }
     eprintln!(
-        "minilm: {} cases, {} id mismatches, min cosine 1 - {:.2e}, max |Δ| {:.2e}",
+        "minilm {extra:?}: {} cases, {} id mismatches, min cosine 1 - {:.2e}, max |Δ| {:.2e}",
         cases.len(),
         id_mismatches.len(),
         1.0 - worst_cos,
@@ -99,6 +103,20 @@ fn every_golden_text_matches_sentence_transformers() {
         1.0 - worst_cos
     );
     assert!(worst_diff <= 1e-4, "max |Δ| {worst_diff:e}");
+}
+
+#[test]
+fn every_golden_text_matches_sentence_transformers() {
+    check_golden_texts(None, &[]);
+}
+
+/// The same on a Vulkan device: the first 48 texts (lavapipe in CI, a software device, takes
+/// about four minutes for all 259).
+#[test]
+fn golden_texts_on_vulkan_match_sentence_transformers() {
+    if common::vulkan("golden_texts_on_vulkan") {
+        check_golden_texts(Some(48), &["--backend", "vulkan"]);
+    }
 }
 
 #[test]

@@ -70,7 +70,7 @@ fn split_gemma3_generates_the_tokens_of_the_whole_model() {
     let mut file = ModelFile::open(&path, LoadMode::Map).unwrap();
     let devices = Devices {
         cpu: CpuOptions::threads(2),
-        gpus: vec![DeviceOptions::Cpu(CpuOptions::threads(1))],
+        gpus: vec![(0, DeviceOptions::Cpu(CpuOptions::threads(1)))],
     };
     let single = place_decoder(&mut file, &Placement::Cpu, &devices, DecoderUse::Generate).unwrap();
     let n = single.config().n_layers / 2;
@@ -102,7 +102,7 @@ fn split_gemma3_generates_the_tokens_of_the_whole_model() {
     )
     .err()
     .unwrap();
-    assert!(e.to_string().contains("no GPU backend"), "{e}");
+    assert!(e.to_string().contains("no GPU backend was opened"), "{e}");
 
     let prompts = golden_prompts();
     assert_eq!(prompts.len(), 20, "the golden greedy prompts");

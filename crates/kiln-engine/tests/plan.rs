@@ -138,8 +138,8 @@ fn machine(ram: u64, gpus: &[u64]) -> Hardware {
             .iter()
             .enumerate()
             .map(|(i, &free)| Device {
-                kind: DeviceKind::Cuda { index: i },
-                name: format!("cuda:{i}"),
+                kind: DeviceKind::Vulkan { index: i },
+                name: format!("vulkan:{i}"),
                 memory_free: free,
                 memory_total: free,
                 rates: rates(2000e9, 100_000.0),
@@ -158,6 +158,7 @@ fn request(ctx: usize) -> PlanRequest {
         backend: BackendChoice::Auto,
         gpu_layers: None,
         kv_budget: None,
+        split: true,
     }
 }
 
@@ -165,7 +166,7 @@ fn request(ctx: usize) -> PlanRequest {
 fn the_whole_model_goes_to_a_gpu_that_holds_it() {
     let p = plan(&llama8b(), &machine(64 * GIB, &[80 * GIB]), &request(4096)).unwrap();
     let c = p.require().unwrap();
-    assert_eq!(c.placement, Placement::Cuda { gpu: 0 });
+    assert_eq!(c.placement, Placement::Vulkan { gpu: 0 });
     let names: Vec<String> = p.candidates.iter().map(|c| c.placement.name()).collect();
     assert!(names.contains(&"cpu".to_string()), "{names:?}");
     // The GPU plan is predicted faster than the CPU one, the split in between.
@@ -181,7 +182,7 @@ fn the_whole_model_goes_to_a_gpu_that_holds_it() {
             .unwrap()
     };
     let cpu = tps(&|p| *p == Placement::Cpu);
-    let gpu = tps(&|p| matches!(p, Placement::Cuda { .. }));
+    let gpu = tps(&|p| matches!(p, Placement::Vulkan { .. }));
     assert!(gpu > 5.0 * cpu, "gpu {gpu} cpu {cpu}");
 }
 
@@ -218,7 +219,7 @@ fn a_capped_gpu_gets_the_most_layers_that_fit() {
     let whole = p
         .candidates
         .iter()
-        .find(|c| matches!(c.placement, Placement::Cuda { .. }))
+        .find(|c| matches!(c.placement, Placement::Vulkan { .. }))
         .unwrap();
     assert!(!whole.fits);
     assert!(
@@ -268,12 +269,12 @@ fn gpu_layers_override_the_choice() {
         &cost,
         &machine(64 * GIB, &[]),
         &PlanRequest {
-            backend: BackendChoice::Cuda,
+            backend: BackendChoice::Gpu,
             ..request(4096)
         },
     )
     .unwrap_err();
-    assert!(e.to_string().contains("no CUDA device"), "{e}");
+    assert!(e.to_string().contains("no usable Vulkan device"), "{e}");
 }
 
 #[test]

@@ -1,15 +1,17 @@
 #version 450
 // y[m, n] = act(x[m, k] · W[n, k]ᵀ + bias[n]) for one weight type (a W_* define).
 //
-// A workgroup computes one weight row against up to MT activation rows: each of its 64 threads
-// dequantizes every 64th chunk of 16 weights once and multiplies it into each activation row;
-// the 64 partial sums are then added in a fixed tree. Every output element is computed by the
-// same operations whatever `m` is and wherever its row falls in a tile (batch invariance), and
-// nothing depends on timing.
+// Each subgroup computes one weight row against up to MT activation rows: lane l dequantizes
+// chunks l, l + S, l + 2S, … (S the subgroup size) of 16 weights once and multiplies each into
+// every activation row; the lanes' sums are then added by subgroupAdd. There are no barriers and
+// no shared memory (a software device pays dearly for both). Every output element is computed
+// by the same operations whatever `m` is and wherever its row falls in a tile (batch
+// invariance), and nothing depends on timing.
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
 #include "common.glsl"
 #include "dequant.glsl"
 
-#define WG 64u
 #define MT 8u
 layout(local_size_x = 64) in;
 
@@ -26,20 +28,21 @@ layout(push_constant) uniform Push {
     uint act; // 0: none, else activation code + 1
 } p;
 
-shared float red[MT][WG];
-
 void main() {
-    uint t = gl_LocalInvocationID.x;
+    uint lane = gl_SubgroupInvocationID;
+    uint step = gl_SubgroupSize;
     uint m0 = gl_WorkGroupID.y * MT;
     uint mt = min(MT, p.m - m0);
     uint nchunks = (p.k + 15u) / 16u;
-    for (uint row = gl_WorkGroupID.x; row < p.n; row += gl_NumWorkGroups.x) {
+    uint first = gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID;
+    uint stride = gl_NumWorkGroups.x * gl_NumSubgroups;
+    for (uint row = first; row < p.n; row += stride) {
         float acc[MT];
         for (uint i = 0u; i < MT; i++) {
             acc[i] = 0.0;
         }
         uint rb = row * p.row_bytes;
-        for (uint c = t; c < nchunks; c += WG) {
+        for (uint c = lane; c < nchunks; c += step) {
             float v[16];
             dq16(p.w, rb, p.k, c, v);
             uint e0 = c * 16u;
@@ -56,27 +59,16 @@ void main() {
             }
         }
         for (uint i = 0u; i < MT; i++) {
-            red[i][t] = acc[i];
-        }
-        barrier();
-        for (uint s = WG / 2u; s > 0u; s >>= 1) {
-            if (t < s) {
-                for (uint i = 0u; i < MT; i++) {
-                    red[i][t] += red[i][t + s];
+            float r = subgroupAdd(acc[i]);
+            if (lane == 0u && i < mt) {
+                if (p.has_bias != 0u) {
+                    r += p.bias.v[row];
                 }
+                if (p.act != 0u) {
+                    r = activate(p.act - 1u, r);
+                }
+                p.y.v[(m0 + i) * p.n + row] = r;
             }
-            barrier();
         }
-        if (t < mt) {
-            float r = red[t][0];
-            if (p.has_bias != 0u) {
-                r += p.bias.v[row];
-            }
-            if (p.act != 0u) {
-                r = activate(p.act - 1u, r);
-            }
-            p.y.v[(m0 + t) * p.n + row] = r;
-        }
-        barrier();
     }
 }

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use ash::vk;
 use half::f16;
 use kiln_backend::{
-    shape_err, Activation, AttentionParams, Backend, BackendError, KvDtype, KvPages, Linear,
-    PackedAttentionParams, Result, RopeParams, RopeStyle, WeightData,
+    shape_err, Activation, AttentionParams, Backend, BackendError, GptqMatrix, KvDtype, KvPages,
+    Linear, PackedAttentionParams, Result, RopeParams, RopeStyle, WeightData,
 };
 use kiln_core::GgmlType;
 
@@ -77,6 +77,16 @@ pub struct VkWeight {
     /// A 1-D weight (stored as f32).
     vector: bool,
     name: String,
+    /// A GPTQ 4-bit matrix: `buf` holds its codes, these the rest.
+    gptq: Option<GptqParts>,
+}
+
+/// The scales, zero points and input order of a GPTQ matrix on the device.
+struct GptqParts {
+    scales: Arc<Buffer>,
+    zeros: Arc<Buffer>,
+    perm: Option<Arc<Buffer>>,
+    group: usize,
 }
 
 /// The largest head a workgroup of the attention kernel holds.
@@ -143,6 +153,26 @@ struct MatmulPush {
     row_bytes: u32,
     has_bias: u32,
     act: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct GptqPush {
+    codes: u64,
+    x: u64,
+    y: u64,
+    bias: u64,
+    scales: u64,
+    zeros: u64,
+    perm: u64,
+    m: u32,
+    k: u32,
+    n: u32,
+    group: u32,
+    has_bias: u32,
+    has_perm: u32,
+    act: u32,
+    _pad: u32,
 }
 
 #[repr(C)]
@@ -287,11 +317,6 @@ impl VulkanBackend {
     /// The device this backend runs on.
     pub fn device(&self) -> &DeviceInfo {
         &self.shared.ctx.info
-    }
-
-    /// Waits until every recorded op has run (a no-op when nothing is in flight).
-    pub fn synchronize(&self) -> Result<()> {
-        self.shared.exec.sync()
     }
 
     fn alloc(&self, bytes: usize, what: &str) -> Result<Arc<Buffer>> {
@@ -502,7 +527,6 @@ impl VulkanBackend {
         if let Some(b) = &w.bias {
             self.vector(b, w.out_features, "matmul")?;
         }
-        let (kernel, _) = matmul_kernel(wt.ty).expect("uploaded weights have a kernel");
         let y = self.new_tensor(x.rows, w.out_features)?;
         let tiles = (x.rows as u64).div_ceil(MATMUL_ROWS);
         if tiles > MAX_GROUPS {
@@ -515,28 +539,58 @@ impl VulkanBackend {
                 ),
             ));
         }
+        // One weight row per subgroup of the 64 invocations of a workgroup.
+        let rows_per_group = (64 / self.shared.ctx.info.subgroup_size.max(1)).max(1) as u64;
+        let grid = [groups(wt.n as u64, rows_per_group), tiles.max(1) as u32, 1];
+        let bias = w.bias.as_ref().map_or(0, |b| b.buf.addr);
+        let act = act.map_or(0, |a| act_code(a) + 1);
+        let mut uses = vec![&wt.buf, &x.buf, &y.buf];
+        if let Some(b) = &w.bias {
+            uses.push(&b.buf);
+        }
+        if let Some(g) = &wt.gptq {
+            let push = GptqPush {
+                codes: wt.buf.addr,
+                x: x.buf.addr,
+                y: y.buf.addr,
+                bias,
+                scales: g.scales.addr,
+                zeros: g.zeros.addr,
+                perm: g.perm.as_ref().map_or(0, |p| p.addr),
+                m: x.rows as u32,
+                k: wt.k as u32,
+                n: wt.n as u32,
+                group: g.group as u32,
+                has_bias: w.bias.is_some() as u32,
+                has_perm: g.perm.is_some() as u32,
+                act,
+                _pad: 0,
+            };
+            uses.extend([&g.scales, &g.zeros]);
+            if let Some(p) = &g.perm {
+                uses.push(p);
+            }
+            self.shared
+                .exec
+                .dispatch(Kernel::MatmulGptq, push_bytes(&push), grid, &uses)?;
+            return Ok(y);
+        }
+        let (kernel, _) = matmul_kernel(wt.ty).expect("uploaded weights have a kernel");
         let push = MatmulPush {
             w: wt.buf.addr,
             x: x.buf.addr,
             y: y.buf.addr,
-            bias: w.bias.as_ref().map_or(0, |b| b.buf.addr),
+            bias,
             m: x.rows as u32,
             k: wt.k as u32,
             n: wt.n as u32,
             row_bytes: wt.row_bytes as u32,
             has_bias: w.bias.is_some() as u32,
-            act: act.map_or(0, |a| act_code(a) + 1),
+            act,
         };
-        let mut uses = vec![&wt.buf, &x.buf, &y.buf];
-        if let Some(b) = &w.bias {
-            uses.push(&b.buf);
-        }
-        self.shared.exec.dispatch(
-            kernel,
-            push_bytes(&push),
-            [groups(wt.n as u64, 1), tiles.max(1) as u32, 1],
-            &uses,
-        )?;
+        self.shared
+            .exec
+            .dispatch(kernel, push_bytes(&push), grid, &uses)?;
         Ok(y)
     }
 
@@ -666,6 +720,10 @@ impl Backend for VulkanBackend {
         self.name.clone()
     }
 
+    fn synchronize(&self) -> Result<()> {
+        self.shared.exec.sync()
+    }
+
     fn upload_weight(&self, data: &WeightData) -> Result<VkWeight> {
         let werr = |detail: String| BackendError::Weight {
             name: data.name.clone(),
@@ -700,6 +758,7 @@ impl Backend for VulkanBackend {
                 row_bytes: k * 4,
                 vector: true,
                 name: data.name.clone(),
+                gptq: None,
             });
         }
         if u32::try_from(data.bytes.len()).is_err() {
@@ -716,6 +775,51 @@ impl Backend for VulkanBackend {
             row_bytes,
             vector: false,
             name: data.name.clone(),
+            gptq: None,
+        })
+    }
+
+    fn upload_gptq(&self, name: &str, m: Arc<GptqMatrix>) -> Result<VkWeight> {
+        let werr = |detail: String| BackendError::Weight {
+            name: name.to_string(),
+            detail,
+        };
+        let (k, n) = (m.in_features, m.out_features);
+        if m.group_size == 0 || !m.group_size.is_multiple_of(16) || !k.is_multiple_of(m.group_size)
+        {
+            return Err(werr(format!(
+                "groups of {} inputs over {k} (the Vulkan kernel takes groups of a multiple of 16 \
+                 that divide the row)",
+                m.group_size
+            )));
+        }
+        let groups = n * (k / m.group_size);
+        if m.codes.len() != n * k / 2 || m.scales.len() != groups || m.zeros.len() != groups {
+            return Err(werr("inconsistent GPTQ matrix".into()));
+        }
+        u32_of(n * k, "GPTQ weight elements")?;
+        let zeros: Vec<u32> = m.zeros.iter().map(|&z| z as u32).collect();
+        let perm = match &m.perm {
+            Some(p) if p.len() == k && p.iter().all(|&i| (i as usize) < k) => {
+                Some(self.upload_u32(p, name)?)
+            }
+            Some(_) => return Err(werr("a permutation out of range".into())),
+            None => None,
+        };
+        Ok(VkWeight {
+            buf: self.upload_bytes(&m.codes, name)?,
+            ty: GgmlType::I32,
+            k,
+            n,
+            row_bytes: k / 2,
+            vector: false,
+            name: name.to_string(),
+            gptq: Some(GptqParts {
+                scales: self.upload_f32(&m.scales, name)?,
+                zeros: self.upload_u32(&zeros, name)?,
+                perm,
+                group: m.group_size,
+            }),
         })
     }
 
@@ -956,7 +1060,12 @@ impl Backend for VulkanBackend {
                 format!("token {bad} of a table of {} ({})", table.n, table.name),
             ));
         }
-        let (_, kernel) = matmul_kernel(table.ty).expect("uploaded weights have a kernel");
+        let Some((_, kernel)) = matmul_kernel(table.ty) else {
+            return Err(shape_err(
+                "embedding",
+                format!("{} is a GPTQ matrix, not an embedding table", table.name),
+            ));
+        };
         let y = self.new_tensor(ids.len(), table.k)?;
         if ids.is_empty() || table.k == 0 {
             return Ok(y);

@@ -31,6 +31,7 @@ pub(crate) enum Kernel {
     EmbedQ5K,
     EmbedQ6K,
     EmbedQ8K,
+    MatmulGptq,
     Eltwise,
     Norm,
     Rope,
@@ -41,7 +42,7 @@ pub(crate) enum Kernel {
 }
 
 /// Number of kernels.
-pub(crate) const COUNT: usize = 35;
+pub(crate) const COUNT: usize = 36;
 
 /// Each kernel's name and SPIR-V (compiled by glslc from shaderc 2023.2).
 pub(crate) const SPIRV: [(&str, &[u8]); COUNT] = [
@@ -73,6 +74,7 @@ pub(crate) const SPIRV: [(&str, &[u8]); COUNT] = [
     ("embed_q5_k", include_bytes!("../spv/embed_q5_k.spv")),
     ("embed_q6_k", include_bytes!("../spv/embed_q6_k.spv")),
     ("embed_q8_k", include_bytes!("../spv/embed_q8_k.spv")),
+    ("matmul_gptq", include_bytes!("../spv/matmul_gptq.spv")),
     ("eltwise", include_bytes!("../spv/eltwise.spv")),
     ("norm", include_bytes!("../spv/norm.spv")),
     ("rope", include_bytes!("../spv/rope.spv")),

@@ -9,7 +9,7 @@
 use std::sync::OnceLock;
 
 use kiln_backend::KvDtype;
-use kiln_conformance::{suite, Claims, ALL_WEIGHT_TYPES};
+use kiln_conformance::{suite, Claims};
 use kiln_vulkan::{VulkanBackend, VulkanOptions};
 
 fn flag(name: &str) -> bool {
@@ -39,13 +39,4 @@ fn vulkan(kv: KvDtype) -> Option<VulkanBackend> {
     }
 }
 
-suite!(
-    vulkan_device,
-    vulkan,
-    Claims {
-        weight_types: ALL_WEIGHT_TYPES.to_vec(),
-        gptq: false,
-        ..Claims::default()
-    }
-    .batch_invariant()
-);
+suite!(vulkan_device, vulkan, Claims::default().batch_invariant());

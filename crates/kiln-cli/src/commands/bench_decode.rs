@@ -326,7 +326,7 @@ pub fn run(a: DecodeBenchArgs) -> Result<()> {
     let mut options = Vec::new();
     for &t in &threads {
         let cpu = cpu_options(t, a.mmap.kv.kv_type, a.batch_invariant)?;
-        let chosen = choose(&file, &a.placement, &cpu, work)?;
+        let (chosen, _, _) = choose(&file, &a.placement, &cpu, work, false)?;
         eprintln!("[bench] {t} threads: {}", describe(&chosen));
         if chosen.placement != Placement::Cpu {
             bail!(

@@ -59,7 +59,8 @@ pub fn run(a: PlanCmdArgs) -> Result<()> {
         Probe::Missing
     };
     let cpu = cpu_options(a.threads.threads, a.kv.kv_type, false)?;
-    let hw = hardware(&a.placement, &cpu, &cost, probe)?;
+    let (gpus, notes) = crate::plan::vulkan_devices(&a.placement)?;
+    let hw = hardware(&a.placement, &cpu, &gpus, &cost, probe)?;
     let ctx = cost
         .decoder()
         .map_or(a.ctx, |c| a.ctx.min(c.context_length));
@@ -70,8 +71,14 @@ pub fn run(a: PlanCmdArgs) -> Result<()> {
         backend: a.placement.choice(),
         gpu_layers: a.placement.gpu_layers,
         kv_budget: None,
+        split: cost.decoder().is_some(),
     };
     let p = plan::plan(&cost, &hw, &req)?;
+    if !a.json {
+        for n in &notes {
+            eprintln!("[plan] {n}");
+        }
+    }
     if a.json {
         let v = json!({
             "model": path.display().to_string(),
@@ -138,7 +145,7 @@ fn print_report(
         mib(hw.cpu.memory_total as f64),
         r.bandwidth / 1e9,
         if hw.gpus.is_empty() {
-            "none (this kiln is built without CUDA)".into()
+            "none".into()
         } else {
             hw.gpus
                 .iter()

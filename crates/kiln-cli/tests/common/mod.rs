@@ -55,3 +55,26 @@ pub fn ids(v: &Value) -> Vec<u64> {
         .map(|x| x.as_u64().unwrap())
         .collect()
 }
+
+/// Whether a usable Vulkan device is here for the tests that run kiln on one (`--backend
+/// vulkan`). Without one they say so and pass, unless `KILN_REQUIRE_VULKAN=1` (CI), under which
+/// this panics.
+pub fn vulkan(test: &str) -> bool {
+    let why = match kiln_vulkan::list_devices() {
+        Ok(list) if list.iter().any(|d| d.unusable.is_none()) => return true,
+        Ok(list) if list.is_empty() => "the Vulkan loader lists no device".to_string(),
+        Ok(list) => format!(
+            "no usable Vulkan device: {}",
+            list.iter()
+                .map(|d| format!("{} {}", d.name, d.unusable.as_deref().unwrap_or("")))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ),
+        Err(e) => e.to_string(),
+    };
+    if std::env::var("KILN_REQUIRE_VULKAN").is_ok_and(|v| v == "1") {
+        panic!("{test}: KILN_REQUIRE_VULKAN=1, but {why}");
+    }
+    eprintln!("{test} skipped: {why}");
+    false
+}

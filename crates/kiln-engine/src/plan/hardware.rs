@@ -31,7 +31,20 @@ pub const PROBE_STREAM_BYTES: usize = 128 << 20;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DeviceKind {
     Cpu,
-    Cuda { index: usize },
+    /// A Vulkan device, by its index in the loader's list.
+    Vulkan {
+        index: usize,
+    },
+}
+
+impl DeviceKind {
+    /// The GPU's device index (`None` for the CPU).
+    pub fn gpu_index(self) -> Option<usize> {
+        match self {
+            DeviceKind::Cpu => None,
+            DeviceKind::Vulkan { index } => Some(index),
+        }
+    }
 }
 
 /// Measured rates of one device (cached).
@@ -96,7 +109,7 @@ impl Rates {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Device {
     pub kind: DeviceKind,
-    /// For logs: "cpu (2 threads, AVX2)", "cuda:0 NVIDIA H100".
+    /// For logs: "cpu (2 threads, AVX2)", "vulkan:0 NVIDIA H100".
     pub name: String,
     /// Bytes the planner may use (free memory, or a user's cap if lower).
     pub memory_free: u64,

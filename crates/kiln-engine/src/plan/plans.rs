@@ -1,6 +1,6 @@
 //! Candidate placements, whether each fits, what each will do, and the choice.
 //!
-//! Placements: `cpu` (everything on the CPU), `cuda` (everything on one GPU) and `split` (the
+//! Placements: `cpu` (everything on the CPU), `vulkan:N` (everything on one GPU) and `split` (the
 //! embedding and the first N layers on a GPU, the other layers and the head on the CPU; the
 //! hidden state crosses once per forward pass). A split takes the largest N that fits, or the
 //! user's `--gpu-layers`.
@@ -41,7 +41,8 @@ pub const DECODE_TOKENS: usize = 128;
 pub enum BackendChoice {
     Auto,
     Cpu,
-    Cuda,
+    /// A GPU (the devices the hardware lists: all of them, or the one the user named).
+    Gpu,
 }
 
 /// What the plan is for.
@@ -59,6 +60,9 @@ pub struct PlanRequest {
     /// A KV cache of this many bytes in all (a server's pool) instead of `ctx × batch`
     /// positions; split between devices by their share of the layers.
     pub kv_budget: Option<u64>,
+    /// Whether the work can run split between a GPU and the CPU (generation can; scoring,
+    /// serving and embedding cannot yet): without it no split is a candidate.
+    pub split: bool,
 }
 
 /// Where the layers go.
@@ -66,17 +70,23 @@ pub struct PlanRequest {
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Placement {
     Cpu,
-    Cuda { gpu: usize },
-    Split { gpu: usize, gpu_layers: usize },
+    /// Everything on the GPU whose Vulkan device index is `gpu`.
+    Vulkan {
+        gpu: usize,
+    },
+    Split {
+        gpu: usize,
+        gpu_layers: usize,
+    },
 }
 
 impl Placement {
     pub fn name(&self) -> String {
         match self {
             Placement::Cpu => "cpu".into(),
-            Placement::Cuda { gpu } => format!("cuda:{gpu}"),
+            Placement::Vulkan { gpu } => format!("vulkan:{gpu}"),
             Placement::Split { gpu, gpu_layers } => {
-                format!("split cuda:{gpu} {gpu_layers} layers + cpu")
+                format!("split vulkan:{gpu} {gpu_layers} layers + cpu")
             }
         }
     }
@@ -400,15 +410,15 @@ fn candidate(
 /// highest predicted decode tok/s (sentences/s for encoders) among those `req` allows.
 pub fn plan(cost: &ModelCost, hw: &Hardware, req: &PlanRequest) -> Result<Plan, PlanError> {
     let n = cost.n_layers();
-    if req.backend == BackendChoice::Cuda && hw.gpus.is_empty() {
+    if req.backend == BackendChoice::Gpu && hw.gpus.is_empty() {
         return Err(PlanError::Unavailable(
-            "--backend cuda: no CUDA device (this kiln is built without the cuda feature, or no GPU is visible)".into(),
+            "--backend vulkan: no usable Vulkan device (see `kiln plan`)".into(),
         ));
     }
     if let Some(g) = req.gpu_layers {
         if hw.gpus.is_empty() {
             return Err(PlanError::Unavailable(format!(
-                "--gpu-layers {g}: no CUDA device to put layers on (this kiln is built without the cuda feature, or no GPU is visible)"
+                "--gpu-layers {g}: no GPU to put layers on (no usable Vulkan device; see `kiln plan`)"
             )));
         }
         if g > n {
@@ -421,6 +431,12 @@ pub fn plan(cost: &ModelCost, hw: &Hardware, req: &PlanRequest) -> Result<Plan, 
                 "--gpu-layers with --backend cpu".into(),
             ));
         }
+        if !req.split {
+            return Err(PlanError::Unavailable(format!(
+                "--gpu-layers {g}: a model split between a GPU and the CPU only generates (no \
+                 scoring, serving or embedding yet)"
+            )));
+        }
     }
     let whole = |layers| Part {
         layers,
@@ -428,7 +444,7 @@ pub fn plan(cost: &ModelCost, hw: &Hardware, req: &PlanRequest) -> Result<Plan, 
         head: true,
     };
     let mut candidates = Vec::new();
-    let allow_cpu = req.backend != BackendChoice::Cuda && req.gpu_layers.is_none();
+    let allow_cpu = req.backend != BackendChoice::Gpu && req.gpu_layers.is_none();
     let allow_gpu = req.backend != BackendChoice::Cpu;
     if allow_cpu {
         candidates.push(candidate(
@@ -439,11 +455,12 @@ pub fn plan(cost: &ModelCost, hw: &Hardware, req: &PlanRequest) -> Result<Plan, 
         ));
     }
     if allow_gpu {
-        for (i, g) in hw.gpus.iter().enumerate() {
+        for g in &hw.gpus {
+            let i = g.kind.gpu_index().unwrap_or(0);
             if req.gpu_layers.is_none() {
                 candidates.push(candidate(
                     cost,
-                    Placement::Cuda { gpu: i },
+                    Placement::Vulkan { gpu: i },
                     vec![(g, whole(0..n))],
                     req,
                 ));
@@ -478,7 +495,10 @@ pub fn plan(cost: &ModelCost, hw: &Hardware, req: &PlanRequest) -> Result<Plan, 
                 )
             };
             match req.gpu_layers {
+                _ if !req.split => {}
                 Some(k) => candidates.push(split(k)),
+                // `--backend vulkan` alone asks for the whole model on the device.
+                None if req.backend == BackendChoice::Gpu => {}
                 None => {
                     // The most layers whose GPU share fits (the GPU part grows with k).
                     let fits_gpu = |k: usize| split(k).uses[0].fits();
@@ -503,11 +523,16 @@ pub fn plan(cost: &ModelCost, hw: &Hardware, req: &PlanRequest) -> Result<Plan, 
             p.decode_tps.or(p.sentences_per_s).unwrap_or(p.prefill_tps)
         })
     };
+    // The first of the fastest: without predictions (rates not measured) the order of the list
+    // decides (the CPU, then a whole GPU, then a split).
     let chosen = candidates
         .iter()
         .enumerate()
         .filter(|(_, c)| c.fits)
-        .max_by(|a, b| score(a.1).total_cmp(&score(b.1)))
+        .fold(None::<(usize, f64)>, |best, (i, c)| match best {
+            Some((_, s)) if score(c) <= s => best,
+            _ => Some((i, score(c))),
+        })
         .map(|(i, _)| i);
     Ok(Plan { candidates, chosen })
 }

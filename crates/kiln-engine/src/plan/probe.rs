@@ -50,18 +50,21 @@ fn probe_err(what: &str, e: impl std::fmt::Display) -> EngineError {
 
 /// Best operations per second over [`WINDOWS`] windows of at least `min_secs`, where one call of
 /// `op` does `work` operations.
-fn best_rate(
+fn best_rate<B: Backend>(
+    b: &B,
     min_secs: f64,
     work: f64,
     mut op: impl FnMut() -> Result<(), EngineError>,
 ) -> Result<f64, EngineError> {
     op()?;
+    sync(b)?;
     let mut best = 0f64;
     for _ in 0..WINDOWS {
         let t0 = Instant::now();
         let mut calls = 0u64;
         loop {
             op()?;
+            sync(b)?;
             calls += 1;
             let secs = t0.elapsed().as_secs_f64();
             if secs >= min_secs {
@@ -71,6 +74,13 @@ fn best_rate(
         }
     }
     Ok(best)
+}
+
+/// Waits for a backend that queues work (a GPU) to finish it, so that a timed call is the
+/// device's time and not only its recording.
+fn sync<B: Backend>(b: &B) -> Result<(), EngineError> {
+    b.synchronize()
+        .map_err(|e| probe_err("waiting for the device", e))
 }
 
 /// A `[n, k]` weight of type `ty` filled with pseudo-random values, as `b` holds it.
@@ -150,7 +160,7 @@ pub fn matmul_rate<B: Backend>(
     let work = (rows * k * n) as f64;
     let mut next = 0;
     let calls_per_s = b.run(|| {
-        best_rate(min_secs, 1.0, || {
+        best_rate(b, min_secs, 1.0, || {
             next = (next + 1) % ws.len();
             b.matmul(&x, &ws[next])
                 .map(drop)
@@ -170,7 +180,7 @@ pub fn product_latency<B: Backend>(b: &B, min_secs: f64) -> Result<f64, EngineEr
         .tensor_from_f32(&values(32, 4), 1, 32)
         .map_err(|e| probe_err("activations", e))?;
     let per_s = b.run(|| {
-        best_rate(min_secs, 1.0, || {
+        best_rate(b, min_secs, 1.0, || {
             b.matmul(&x, &w)
                 .map(drop)
                 .map_err(|e| probe_err("a tiny product", e))
@@ -251,7 +261,7 @@ pub fn attention_rate<B: Backend>(
         radius: None,
     };
     b.run(|| {
-        best_rate(min_secs, s.macs(), || {
+        best_rate(b, min_secs, s.macs(), || {
             if let Some((kc, vc)) = &caches {
                 b.attention(&q, kc, vc, 0, s.tokens, &params)
             } else {
@@ -279,7 +289,7 @@ pub fn elementwise_secs<B: Backend>(
         .tensor_from_f32(&values(rows * cols, 9), rows, cols)
         .map_err(err)?;
     let per_s = b.run(|| {
-        best_rate(min_secs, (rows * cols) as f64, || {
+        best_rate(b, min_secs, (rows * cols) as f64, || {
             b.gated_activation(&g, &u, act).map(drop).map_err(err)
         })
     })?;
@@ -301,9 +311,22 @@ pub fn op_latency<B: Backend>(b: &B, d: usize, min_secs: f64) -> Result<f64, Eng
         })
         .map_err(err)?;
     let per_s = b.run(|| {
-        best_rate(min_secs, 1.0, || {
+        best_rate(b, min_secs, 1.0, || {
             b.rms_norm(&x, &w, 1e-6).map(drop).map_err(err)
         })
     })?;
     Ok(1.0 / per_s)
+}
+
+/// Bytes per second a device moves copying a tensor of `bytes` within its own memory (reads
+/// and writes counted): the bandwidth a GPU's kernels stream weights at, roughly.
+pub fn copy_bandwidth<B: Backend>(b: &B, bytes: usize, min_secs: f64) -> Result<f64, EngineError> {
+    let cols = 1024;
+    let rows = (bytes / 4 / cols).max(1);
+    let err = |e| probe_err("a copy", e);
+    let x = b.zeros(rows, cols).map_err(err)?;
+    let moved = (2 * rows * cols * 4) as f64;
+    best_rate(b, min_secs, moved, || {
+        b.rows(&x, 0..rows).map(drop).map_err(err)
+    })
 }
