@@ -202,6 +202,43 @@ fn the_table_names_the_tests_the_roofline_and_the_peak() {
     }
 }
 
+/// `kiln bench --backend vulkan` times the passes on a Vulkan device (a decoder fixture: lavapipe
+/// in CI is slow): one row per test, named after the device, with no CPU roofline.
+#[test]
+fn bench_runs_on_a_vulkan_device() {
+    if !common::vulkan("bench_runs_on_a_vulkan_device") {
+        return;
+    }
+    let fixture =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/decoders/llama");
+    let out = kiln(&[
+        "bench",
+        "-m",
+        fixture.to_str().unwrap(),
+        "--backend",
+        "vulkan",
+        "-p",
+        "8",
+        "-n",
+        "4",
+        "-r",
+        "1",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for r in rows {
+        assert!(r["backend"].as_str().unwrap().starts_with("vulkan:"), "{r}");
+        positive(&r["tps_mean"], "tps_mean");
+    }
+}
+
 fn assert_clean_failure(out: &Output, needle: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "expected failure; stderr: {stderr}");

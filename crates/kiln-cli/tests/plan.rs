@@ -1,6 +1,6 @@
 //! `kiln plan` and the plan every model command makes before loading: the JSON report on the
 //! real models, the probe's cache under `$KILN_HOME/probe/`, refusals with the numbers (memory
-//! caps), and the GPU flags refused by name in a build without CUDA.
+//! caps), and the GPU flags refused by name on a machine without a hardware GPU.
 //!
 //! The probe runs with `KILN_HOME` set to a fresh folder (the models are passed by path), so
 //! these tests neither read nor write the user's cached machine profile.
@@ -191,18 +191,36 @@ fn a_memory_cap_too_small_refuses_before_loading_with_the_numbers() {
 fn gpu_flags_are_refused_by_name_without_a_gpu() {
     let model = pulled("gemma3-270m");
     let home = temp_home("gpu");
-    for args in [
-        vec!["run", "-m", &model, "-p", "hi", "--backend", "cuda"],
-        vec!["run", "-m", &model, "-p", "hi", "--gpu-layers", "4"],
-        vec!["plan", "-m", &model, "--gpu-layers", "4"],
-    ] {
-        let out = common::run(&args, "", Some(&home));
-        let err = stderr(&out);
-        assert!(!out.status.success(), "{args:?}: {err}");
-        assert!(
-            err.contains("no CUDA device") && !err.contains("panicked"),
-            "{args:?}: {err}"
-        );
+    // A backend kiln does not have is a usage error that lists the ones it has.
+    let out = common::run(
+        &["run", "-m", &model, "-p", "hi", "--backend", "cuda"],
+        "",
+        Some(&home),
+    );
+    let err = stderr(&out);
+    assert!(
+        !out.status.success() && err.contains("not a backend"),
+        "{err}"
+    );
+    // `--gpu-layers` under `auto` needs a hardware GPU (a software Vulkan device is never
+    // planned by auto): without one, it is refused by name.
+    let hardware_gpu = kiln_vulkan::list_devices().is_ok_and(|l| {
+        l.iter()
+            .any(|d| d.unusable.is_none() && d.kind != kiln_vulkan::DeviceKind::Cpu)
+    });
+    if !hardware_gpu {
+        for args in [
+            vec!["run", "-m", &model, "-p", "hi", "--gpu-layers", "4"],
+            vec!["plan", "-m", &model, "--gpu-layers", "4"],
+        ] {
+            let out = common::run(&args, "", Some(&home));
+            let err = stderr(&out);
+            assert!(!out.status.success(), "{args:?}: {err}");
+            assert!(
+                err.contains("no GPU to put layers on") && !err.contains("panicked"),
+                "{args:?}: {err}"
+            );
+        }
     }
     std::fs::remove_dir_all(&home).unwrap();
 }

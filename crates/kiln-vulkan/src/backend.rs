@@ -319,8 +319,8 @@ impl VulkanBackend {
         &self.shared.ctx.info
     }
 
-    fn alloc(&self, bytes: usize, what: &str) -> Result<Arc<Buffer>> {
-        Buffer::new(&self.shared.ctx, bytes as u64, Place::Device, what)
+    fn alloc(&self, bytes: usize, place: Place, what: &str) -> Result<Arc<Buffer>> {
+        Buffer::new(&self.shared.ctx, bytes as u64, place, what)
     }
 
     fn new_tensor(&self, rows: usize, cols: usize) -> Result<VkTensor> {
@@ -329,7 +329,7 @@ impl VulkanBackend {
             .ok_or_else(|| shape_err("tensor", format!("[{rows}, {cols}] overflows")))?;
         u32_of(n, "tensor elements")?;
         Ok(VkTensor {
-            buf: self.alloc(n * 4, "a tensor")?,
+            buf: self.alloc(n * 4, Place::Scratch, "a tensor")?,
             rows,
             cols,
         })
@@ -337,8 +337,8 @@ impl VulkanBackend {
 
     /// A device buffer holding `bytes`: written in place when the device memory is mapped,
     /// else through a staging buffer copied by the device.
-    fn upload_bytes(&self, bytes: &[u8], what: &str) -> Result<Arc<Buffer>> {
-        let buf = self.alloc(bytes.len(), what)?;
+    fn upload_bytes(&self, bytes: &[u8], place: Place, what: &str) -> Result<Arc<Buffer>> {
+        let buf = self.alloc(bytes.len(), place, what)?;
         if bytes.is_empty() {
             return Ok(buf);
         }
@@ -355,14 +355,14 @@ impl VulkanBackend {
         Ok(buf)
     }
 
-    fn upload_u32(&self, words: &[u32], what: &str) -> Result<Arc<Buffer>> {
+    fn upload_u32(&self, words: &[u32], place: Place, what: &str) -> Result<Arc<Buffer>> {
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-        self.upload_bytes(&bytes, what)
+        self.upload_bytes(&bytes, place, what)
     }
 
-    fn upload_f32(&self, values: &[f32], what: &str) -> Result<Arc<Buffer>> {
+    fn upload_f32(&self, values: &[f32], place: Place, what: &str) -> Result<Arc<Buffer>> {
         let bytes: Vec<u8> = values.iter().flat_map(|w| w.to_le_bytes()).collect();
-        self.upload_bytes(&bytes, what)
+        self.upload_bytes(&bytes, place, what)
     }
 
     /// `len` bytes of `buf` back on the host, after every op recorded so far; a range error
@@ -656,6 +656,7 @@ impl VulkanBackend {
                 let blocks = n_kv.div_ceil(pg.block_size);
                 Some(self.upload_u32(
                     &pg.table[..blocks.max(1).min(pg.table.len())],
+                    Place::Scratch,
                     "a block table",
                 )?)
             }
@@ -751,7 +752,7 @@ impl Backend for VulkanBackend {
             kiln_quant::dequantize(data.ty, &data.bytes, &mut v)
                 .map_err(|e| werr(e.to_string()))?;
             return Ok(VkWeight {
-                buf: self.upload_f32(&v, &data.name)?,
+                buf: self.upload_f32(&v, Place::Device, &data.name)?,
                 ty: GgmlType::F32,
                 k,
                 n: 1,
@@ -768,7 +769,7 @@ impl Backend for VulkanBackend {
             )));
         }
         Ok(VkWeight {
-            buf: self.upload_bytes(&data.bytes, &data.name)?,
+            buf: self.upload_bytes(&data.bytes, Place::Device, &data.name)?,
             ty: data.ty,
             k,
             n,
@@ -801,13 +802,13 @@ impl Backend for VulkanBackend {
         let zeros: Vec<u32> = m.zeros.iter().map(|&z| z as u32).collect();
         let perm = match &m.perm {
             Some(p) if p.len() == k && p.iter().all(|&i| (i as usize) < k) => {
-                Some(self.upload_u32(p, name)?)
+                Some(self.upload_u32(p, Place::Device, name)?)
             }
             Some(_) => return Err(werr("a permutation out of range".into())),
             None => None,
         };
         Ok(VkWeight {
-            buf: self.upload_bytes(&m.codes, name)?,
+            buf: self.upload_bytes(&m.codes, Place::Device, name)?,
             ty: GgmlType::I32,
             k,
             n,
@@ -815,8 +816,8 @@ impl Backend for VulkanBackend {
             vector: false,
             name: name.to_string(),
             gptq: Some(GptqParts {
-                scales: self.upload_f32(&m.scales, name)?,
-                zeros: self.upload_u32(&zeros, name)?,
+                scales: self.upload_f32(&m.scales, Place::Device, name)?,
+                zeros: self.upload_u32(&zeros, Place::Device, name)?,
                 perm,
                 group: m.group_size,
             }),
@@ -834,7 +835,7 @@ impl Backend for VulkanBackend {
             .checked_mul(cols)
             .ok_or_else(|| shape_err("kv_zeros", format!("[{rows}, {cols}] overflows")))?;
         u32_of(n, "KV cache elements")?;
-        let buf = self.alloc(n * self.kv_dtype.bytes(), "a KV cache")?;
+        let buf = self.alloc(n * self.kv_dtype.bytes(), Place::Device, "a KV cache")?;
         self.shared.exec.fill(&buf, 0, buf.size, 0)?;
         Ok(VkKv {
             buf,
@@ -876,7 +877,7 @@ impl Backend for VulkanBackend {
         }
         u32_of(data.len(), "tensor elements")?;
         Ok(VkTensor {
-            buf: self.upload_f32(data, "a tensor")?,
+            buf: self.upload_f32(data, Place::Scratch, "a tensor")?,
             rows,
             cols,
         })
@@ -1035,8 +1036,8 @@ impl Backend for VulkanBackend {
         if src.rows == 0 || src.cols == 0 {
             return Ok(());
         }
-        let idx = self.upload_u32(index, "scatter indices")?;
-        let w = self.upload_f32(weights, "scatter weights")?;
+        let idx = self.upload_u32(index, Place::Scratch, "scatter indices")?;
+        let w = self.upload_f32(weights, Place::Scratch, "scatter weights")?;
         let push = ScatterPush {
             dst: dst.buf.addr,
             src: src.buf.addr,
@@ -1070,7 +1071,7 @@ impl Backend for VulkanBackend {
         if ids.is_empty() || table.k == 0 {
             return Ok(y);
         }
-        let idb = self.upload_u32(ids, "token ids")?;
+        let idb = self.upload_u32(ids, Place::Scratch, "token ids")?;
         let push = EmbedPush {
             w: table.buf.addr,
             ids: idb.addr,
@@ -1193,7 +1194,7 @@ impl Backend for VulkanBackend {
                 row[half + i] = (theta.sin() * p.mscale as f64) as f32;
             }
         }
-        let table = self.upload_f32(&cs, "rope angles")?;
+        let table = self.upload_f32(&cs, Place::Scratch, "rope angles")?;
         let push = RopePush {
             x: x.buf.addr,
             cs: table.addr,
@@ -1289,7 +1290,7 @@ impl Backend for VulkanBackend {
             }
             start += len;
         }
-        let bounds = self.upload_u32(&bounds, "sequence bounds")?;
+        let bounds = self.upload_u32(&bounds, Place::Scratch, "sequence bounds")?;
         let push = AttentionPush {
             q: q.buf.addr,
             k: k.buf.addr,

@@ -82,6 +82,8 @@ pub(crate) struct Context {
     pub queue: vk::Queue,
     pub queue_family: u32,
     pub allocator: ManuallyDrop<Mutex<Allocator>>,
+    /// Released short-lived buffers (see `memory`).
+    pub pool: Mutex<crate::memory::Pool>,
     pub info: DeviceInfo,
 }
 
@@ -105,6 +107,8 @@ impl Drop for Context {
         // and the executor hold an Arc<Context>, so they are gone.
         unsafe {
             let _ = self.device.device_wait_idle();
+            let mut pool = std::mem::take(self.pool.get_mut().unwrap_or_else(|e| e.into_inner()));
+            pool.drain(self);
             ManuallyDrop::drop(&mut self.allocator);
             self.device.destroy_device(None);
             if let Some((utils, messenger)) = self.debug.take() {
@@ -468,6 +472,7 @@ fn open_device(
         queue,
         queue_family,
         allocator: ManuallyDrop::new(Mutex::new(allocator)),
+        pool: Mutex::new(Default::default()),
         info,
     })
 }

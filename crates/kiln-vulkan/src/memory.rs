@@ -1,10 +1,14 @@
 //! Device buffers: one `vk::Buffer` per tensor, weight or staging area, placed by
 //! gpu-allocator, reached by kernels through its device address.
 //!
-//! Invariants: a buffer is freed when its last `Arc` drops; the executor keeps an `Arc` of every
-//! buffer a recorded command uses until that command has completed, so a tensor dropped while
-//! the GPU still reads it stays alive until the GPU is done.
+//! Invariants: a buffer is released when its last `Arc` drops; the executor keeps an `Arc` of
+//! every buffer a recorded command uses until that command has completed, so a tensor dropped
+//! while the GPU still reads it stays alive until the GPU is done. Short-lived buffers (tensors,
+//! per-step inputs, staging and read-back areas) go back to a pool on release, in size classes,
+//! and are handed out again without a new allocation: a decode step makes a few hundred of them.
+//! A pooled buffer is only reused once released, so no command still uses it.
 
+use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -16,10 +20,13 @@ use crate::device::Context;
 use crate::{device_err, BackendError, Result};
 
 /// Where a buffer lives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Place {
-    /// Device memory for kernels (tensors, weights, caches); host-visible on some devices.
+    /// Device memory for kernels that lives long (weights, caches); host-visible on some
+    /// devices.
     Device,
+    /// Device memory for a short-lived buffer (a tensor, a step's inputs): pooled.
+    Scratch,
     /// Host memory the host writes and the device reads (uploads).
     Upload,
     /// Host memory the device writes and the host reads (read-backs).
@@ -35,6 +42,66 @@ pub(crate) struct Buffer {
     /// Bytes (at least the size asked for, a multiple of 4).
     pub size: u64,
     mapped: Option<NonNull<u8>>,
+    place: Place,
+}
+
+/// A released short-lived buffer, ready to be handed out again.
+pub(crate) struct Pooled {
+    raw: vk::Buffer,
+    alloc: Allocation,
+    addr: u64,
+    size: u64,
+    mapped: Option<NonNull<u8>>,
+}
+
+// SAFETY: as for `Buffer`: plain handles and a mapping only used through a `Buffer`.
+unsafe impl Send for Pooled {}
+
+/// Released short-lived buffers by (place, size class), and their bytes in all.
+#[derive(Default)]
+pub(crate) struct Pool {
+    free: HashMap<(Place, u64), Vec<Pooled>>,
+    bytes: u64,
+}
+
+/// Bytes the pool may hold: released buffers beyond it are freed.
+const POOL_CAP: u64 = 512 << 20;
+
+/// The size class of `size`: at least 256 bytes, then the steps 2^k and 1.5 · 2^k (at most a
+/// third more than asked for).
+fn size_class(size: u64) -> u64 {
+    if size <= 256 {
+        return 256;
+    }
+    let p = size.next_power_of_two();
+    let three_quarters = p / 4 * 3;
+    if size <= three_quarters {
+        three_quarters
+    } else {
+        p
+    }
+}
+
+impl Pool {
+    /// Frees every pooled buffer (before the device goes).
+    pub fn drain(&mut self, ctx: &Context) {
+        for (_, list) in self.free.drain() {
+            for b in list {
+                let _ = ctx
+                    .allocator
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .free(b.alloc);
+                // SAFETY: released buffers are used by no command.
+                unsafe { ctx.device.destroy_buffer(b.raw, None) };
+            }
+        }
+        self.bytes = 0;
+    }
+}
+
+fn pooled(place: Place) -> bool {
+    place != Place::Device
 }
 
 // SAFETY: the mapped pointer is only written through `write`, on buffers no recorded command
@@ -46,7 +113,26 @@ unsafe impl Sync for Buffer {}
 impl Buffer {
     /// A buffer of at least `size` bytes in `place`; `what` names it in errors.
     pub fn new(ctx: &Arc<Context>, size: u64, place: Place, what: &str) -> Result<Arc<Buffer>> {
-        let size = size.max(4).div_ceil(4) * 4;
+        let size = if pooled(place) {
+            size_class(size)
+        } else {
+            size.max(4).div_ceil(4) * 4
+        };
+        if pooled(place) {
+            let mut pool = ctx.pool.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(b) = pool.free.get_mut(&(place, size)).and_then(Vec::pop) {
+                pool.bytes -= b.size;
+                return Ok(Arc::new(Buffer {
+                    ctx: ctx.clone(),
+                    raw: b.raw,
+                    alloc: Some(b.alloc),
+                    addr: b.addr,
+                    size: b.size,
+                    mapped: b.mapped,
+                    place,
+                }));
+            }
+        }
         let usage = vk::BufferUsageFlags::STORAGE_BUFFER
             | vk::BufferUsageFlags::TRANSFER_SRC
             | vk::BufferUsageFlags::TRANSFER_DST
@@ -62,7 +148,7 @@ impl Buffer {
         })?;
         let requirements = unsafe { dev.get_buffer_memory_requirements(raw) };
         let location = match place {
-            Place::Device => MemoryLocation::GpuOnly,
+            Place::Device | Place::Scratch => MemoryLocation::GpuOnly,
             Place::Upload => MemoryLocation::CpuToGpu,
             Place::Readback => MemoryLocation::GpuToCpu,
         };
@@ -104,6 +190,7 @@ impl Buffer {
             addr,
             size,
             mapped,
+            place,
         }))
     }
 
@@ -143,6 +230,25 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
+        if pooled(self.place) {
+            let mut pool = self.ctx.pool.lock().unwrap_or_else(|e| e.into_inner());
+            if pool.bytes + self.size <= POOL_CAP {
+                if let Some(alloc) = self.alloc.take() {
+                    pool.bytes += self.size;
+                    pool.free
+                        .entry((self.place, self.size))
+                        .or_default()
+                        .push(Pooled {
+                            raw: self.raw,
+                            alloc,
+                            addr: self.addr,
+                            size: self.size,
+                            mapped: self.mapped,
+                        });
+                    return;
+                }
+            }
+        }
         if let Some(a) = self.alloc.take() {
             let _ = self
                 .ctx

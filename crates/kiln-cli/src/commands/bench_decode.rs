@@ -54,31 +54,31 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use kiln_backend::{Backend, KvDtype};
-use kiln_cli::backends::cpu_options;
+use kiln_cli::backends::{cpu_options, DeviceOptions};
 use kiln_core::config::DecoderConfig;
 use kiln_cpu::{Bandwidth, CpuBackend, CpuTensor, Pages};
 use kiln_engine::plan::Placement;
 use kiln_engine::{ModelFile, TextTokenizer};
 use kiln_models::{Decoder, KvCache, NoTrace};
+use kiln_vulkan::{VkTensor, VulkanBackend};
 use serde_json::{json, Value};
 
 use crate::load::{open, LoadArgs, ModelArg};
 use crate::plan::{choose, describe, PlanArgs, Workload};
 
-/// The model on the CPU backend of one thread count. `kiln bench` measures the CPU backend's
-/// own passes (its timing loops run the generic model on it, not the erased engine), so it
-/// refuses a plan that places the model elsewhere.
-struct Loaded {
-    backend: CpuBackend,
-    model: Decoder<CpuBackend>,
+/// The model on one backend (the CPU at one thread count, or a Vulkan device). `kiln bench`
+/// times the backend's own passes (its timing loops run the generic model on it, not the erased
+/// engine), so it refuses a plan split between two devices.
+struct Loaded<B: Backend> {
+    backend: B,
+    model: Decoder<B>,
     tokenizer: TextTokenizer,
     load_ms: f64,
 }
 
-impl Loaded {
-    fn new(file: &mut ModelFile, options: &kiln_cpu::CpuOptions) -> Result<Loaded> {
-        let t0 = Instant::now();
-        let backend = CpuBackend::with_options(options)?;
+impl<B: Backend> Loaded<B> {
+    /// Loads the decoder of `file` onto `backend`; `t0` is when building the backend began.
+    fn new(file: &mut ModelFile, backend: B, t0: Instant) -> Result<Loaded<B>> {
         let model = file
             .load_decoder(&backend)
             .with_context(|| format!("loading the model in {}", file.path().display()))?;
@@ -89,6 +89,40 @@ impl Loaded {
             load_ms: t0.elapsed().as_secs_f64() * 1e3,
         })
     }
+}
+
+/// A backend `kiln bench` can time: the greedy pick of each logits row, read where the backend
+/// keeps them (the CPU's own memory; a device's copy back, which a real step pays too).
+trait Bench: Backend {
+    fn argmax_rows(&self, logits: &Self::Tensor) -> Result<Vec<u32>>;
+}
+
+impl Bench for CpuBackend {
+    fn argmax_rows(&self, logits: &CpuTensor) -> Result<Vec<u32>> {
+        let (_, cols) = self.shape(logits);
+        Ok(logits
+            .data()
+            .chunks_exact(cols.max(1))
+            .map(kiln_engine::argmax)
+            .collect())
+    }
+}
+
+impl Bench for VulkanBackend {
+    fn argmax_rows(&self, logits: &VkTensor) -> Result<Vec<u32>> {
+        let (_, cols) = self.shape(logits);
+        Ok(self
+            .to_f32(logits)?
+            .chunks_exact(cols.max(1))
+            .map(kiln_engine::argmax)
+            .collect())
+    }
+}
+
+/// Where one configuration of the bench runs.
+enum Target {
+    Cpu(kiln_cpu::CpuOptions),
+    Vulkan(kiln_vulkan::VulkanOptions),
 }
 
 /// Most concurrent sequences `-b` accepts.
@@ -326,15 +360,28 @@ pub fn run(a: DecodeBenchArgs) -> Result<()> {
     let mut options = Vec::new();
     for &t in &threads {
         let cpu = cpu_options(t, a.mmap.kv.kv_type, a.batch_invariant)?;
-        let (chosen, _, _) = choose(&file, &a.placement, &cpu, work, false)?;
+        let (chosen, devices, _) = choose(&file, &a.placement, &cpu, work, false)?;
         eprintln!("[bench] {t} threads: {}", describe(&chosen));
-        if chosen.placement != Placement::Cpu {
-            bail!(
-                "plan {}: kiln bench measures the CPU backend (use --backend cpu)",
+        let target = match chosen.placement {
+            Placement::Cpu => Target::Cpu(cpu),
+            Placement::Vulkan { gpu } => match devices.gpus.iter().find(|(i, _)| *i == gpu) {
+                Some((_, DeviceOptions::Vulkan(o))) => Target::Vulkan(o.clone()),
+                _ => bail!(
+                    "plan {}: no such device was listed",
+                    chosen.placement.name()
+                ),
+            },
+            Placement::Split { .. } => bail!(
+                "plan {}: kiln bench measures one device (use --backend cpu or vulkan)",
                 chosen.placement.name()
-            );
+            ),
+        };
+        let on_device = matches!(target, Target::Vulkan(_));
+        options.push(target);
+        if on_device {
+            // The thread count does not change a device's run: once is enough.
+            break;
         }
-        options.push(cpu);
     }
     // The roofline's bytes per step, from the file as the planner counts them.
     let mut cost = file.cost()?;
@@ -344,52 +391,39 @@ pub fn run(a: DecodeBenchArgs) -> Result<()> {
     // Dropped after the last load: its parsed header (a large vocabulary's strings) would
     // count in the tests' peak memory.
     let mut file = Some(file);
+    let configs = options.len();
     for (i, (&t, options)) in threads.iter().zip(&options).enumerate() {
         let Some(f) = file.as_mut() else {
             bail!("the model file was closed before its last load");
         };
-        let m = Loaded::new(f, options)?;
-        if i + 1 == threads.len() {
-            file = None;
-        }
-        eprintln!(
-            "[bench] {} loaded in {:.0} ms on {}",
-            info.desc,
-            m.load_ms,
-            m.backend.name()
-        );
-        check_context(&m.model.config, &tests)?;
-        let ids = TestIds::new(&m, &info);
-        let bandwidth = bandwidths.iter().find(|b| b.threads == t).copied();
-        for &test in &tests {
-            // Probes beside the runs only where the peak mark can be kept clear of them.
-            let mut side = (peak_reset && bandwidth.is_some()).then(|| SideProbes::new(t, pages));
-            let (samples, beside_bw) = measure(&m, &ids, test, a.repetitions, side.as_mut())?;
-            side_peak = side_peak.max(side.and_then(|s| s.peak));
-            let (mean, sd) = mean_sd(&samples);
-            eprintln!(
-                "[bench] {} batch {} threads {t}: {mean:.2} ± {sd:.2} t/s",
-                test.name(),
-                test.batch()
-            );
-            let roofline = match (test, bandwidth) {
-                (Test::Gen { n, batch }, Some(bandwidth)) => Some(Roofline {
-                    weight_bytes: cost.step_weight_bytes(0..cost.n_layers(), true, batch),
-                    kv_bytes: batch as f64 * cost.mean_kv_read_bytes(n),
-                    bandwidth,
-                    steps_per_s: mean / batch as f64,
-                    beside: beside_bw,
-                }),
-                _ => None,
-            };
-            rows.push(Row {
-                test,
-                threads: t,
-                backend: m.backend.name(),
-                kv_type: m.backend.kv_dtype(),
-                samples,
-                roofline,
-            });
+        let last = i + 1 == configs;
+        let t0 = Instant::now();
+        let ctx = RunContext {
+            tests: &tests,
+            info: &info,
+            cost: &cost,
+            reps: a.repetitions,
+            threads: t,
+            pages,
+            peak_reset,
+        };
+        match options {
+            Target::Cpu(o) => {
+                let m = Loaded::new(f, CpuBackend::with_options(o)?, t0)?;
+                if last {
+                    file = None;
+                }
+                // The CPU's roofline: its bandwidth at this thread count.
+                let bandwidth = bandwidths.iter().find(|b| b.threads == t).copied();
+                rows.extend(run_tests(&m, &ctx, bandwidth, &mut side_peak)?);
+            }
+            Target::Vulkan(o) => {
+                let m = Loaded::new(f, VulkanBackend::new(o)?, t0)?;
+                if last {
+                    file = None;
+                }
+                rows.extend(run_tests(&m, &ctx, None, &mut side_peak)?);
+            }
         }
     }
     let peak = peak_rss_bytes().max(side_peak);
@@ -485,7 +519,7 @@ struct TestIds {
 }
 
 impl TestIds {
-    fn new(m: &Loaded, info: &super::bench_report::ModelInfo) -> TestIds {
+    fn new<B: Backend>(m: &Loaded<B>, info: &super::bench_report::ModelInfo) -> TestIds {
         let prefix = m.tokenizer.encode("", true, false).unwrap_or_default();
         let vocab = m.model.config.vocab_size as u32;
         // Without GGUF token types (a Hugging Face folder): every id but BOS and the
@@ -532,10 +566,72 @@ impl SplitMix64 {
     }
 }
 
+/// What every configuration's tests share.
+struct RunContext<'a> {
+    tests: &'a [Test],
+    info: &'a super::bench_report::ModelInfo,
+    cost: &'a kiln_engine::plan::ModelCost,
+    reps: u32,
+    threads: usize,
+    pages: Pages,
+    peak_reset: bool,
+}
+
+/// Runs every test on the loaded model: one row each. `bandwidth` (the CPU's) gives decode tests
+/// their roofline and the probes beside the runs.
+fn run_tests<B: Bench>(
+    m: &Loaded<B>,
+    c: &RunContext<'_>,
+    bandwidth: Option<Bandwidth>,
+    side_peak: &mut Option<u64>,
+) -> Result<Vec<Row>> {
+    let t = c.threads;
+    eprintln!(
+        "[bench] {} loaded in {:.0} ms on {}",
+        c.info.desc,
+        m.load_ms,
+        m.backend.name()
+    );
+    check_context(&m.model.config, c.tests)?;
+    let ids = TestIds::new(m, c.info);
+    let mut rows = Vec::new();
+    for &test in c.tests {
+        // Probes beside the runs only where the peak mark can be kept clear of them.
+        let mut side = (c.peak_reset && bandwidth.is_some()).then(|| SideProbes::new(t, c.pages));
+        let (samples, beside_bw) = measure(m, &ids, test, c.reps, side.as_mut())?;
+        *side_peak = (*side_peak).max(side.and_then(|s| s.peak));
+        let (mean, sd) = mean_sd(&samples);
+        eprintln!(
+            "[bench] {} batch {} threads {t}: {mean:.2} ± {sd:.2} t/s",
+            test.name(),
+            test.batch()
+        );
+        let roofline = match (test, bandwidth) {
+            (Test::Gen { n, batch }, Some(bandwidth)) => Some(Roofline {
+                weight_bytes: c.cost.step_weight_bytes(0..c.cost.n_layers(), true, batch),
+                kv_bytes: batch as f64 * c.cost.mean_kv_read_bytes(n),
+                bandwidth,
+                steps_per_s: mean / batch as f64,
+                beside: beside_bw,
+            }),
+            _ => None,
+        };
+        rows.push(Row {
+            test,
+            threads: t,
+            backend: m.backend.name(),
+            kv_type: m.backend.kv_dtype(),
+            samples,
+            roofline,
+        });
+    }
+    Ok(rows)
+}
+
 /// t/s of `reps` timed runs of `test`, after one untimed run; with `side` (decode tests), the
 /// bandwidth before the first timed run and after each (`reps + 1` figures).
-fn measure(
-    m: &Loaded,
+fn measure<B: Bench>(
+    m: &Loaded<B>,
     ids: &TestIds,
     test: Test,
     reps: u32,
@@ -579,11 +675,11 @@ fn measure(
 }
 
 /// Seconds of one prompt pass (last token's logits) over `prompt` on the emptied `cache`.
-fn time_prompt(
-    b: &CpuBackend,
-    model: &Decoder<CpuBackend>,
+fn time_prompt<B: Bench>(
+    b: &B,
+    model: &Decoder<B>,
     prompt: &[u32],
-    cache: &mut KvCache<CpuBackend>,
+    cache: &mut KvCache<B>,
 ) -> Result<f64> {
     cache.clear();
     let t0 = Instant::now();
@@ -591,18 +687,18 @@ fn time_prompt(
     let n = prompt.len();
     let last = b.rows(&hidden, n.saturating_sub(1)..n)?;
     let logits = model.logits(b, &last)?;
-    std::hint::black_box(argmax_rows(b, &logits));
+    std::hint::black_box(b.argmax_rows(&logits)?);
     Ok(t0.elapsed().as_secs_f64())
 }
 
 /// Seconds of `n` decode steps of `caches.len()` sequences starting from `first`, each step one
 /// batched forward pass and the logits of every sequence.
-fn time_gen(
-    b: &CpuBackend,
-    model: &Decoder<CpuBackend>,
+fn time_gen<B: Bench>(
+    b: &B,
+    model: &Decoder<B>,
     first: u32,
     n: usize,
-    caches: &mut [KvCache<CpuBackend>],
+    caches: &mut [KvCache<B>],
 ) -> Result<f64> {
     caches.iter_mut().for_each(KvCache::clear);
     let mut next = vec![first; caches.len()];
@@ -610,24 +706,14 @@ fn time_gen(
     for _ in 0..n {
         let logits = {
             let seqs: Vec<&[u32]> = next.iter().map(std::slice::from_ref).collect();
-            let mut refs: Vec<&mut KvCache<CpuBackend>> = caches.iter_mut().collect();
+            let mut refs: Vec<&mut KvCache<B>> = caches.iter_mut().collect();
             let hidden = model.forward_batch(b, &seqs, &mut refs, &NoTrace)?;
             model.logits(b, &hidden)?
         };
-        next = argmax_rows(b, &logits);
+        next = b.argmax_rows(&logits)?;
     }
     std::hint::black_box(&next);
     Ok(t0.elapsed().as_secs_f64())
-}
-
-/// The index of the largest logit of each row (the first on ties; NaN never wins).
-fn argmax_rows(b: &CpuBackend, logits: &CpuTensor) -> Vec<u32> {
-    let (_, cols) = b.shape(logits);
-    logits
-        .data()
-        .chunks_exact(cols.max(1))
-        .map(kiln_engine::argmax)
-        .collect()
 }
 
 /// Mean and sample standard deviation (0 for one sample).
@@ -844,6 +930,6 @@ mod tests {
         let logits =
             CpuTensor::new(vec![0.0, 3.0, 3.0, 1.0, f32::NAN, -1.0, 0.5, -2.0], 2, 4).unwrap();
         let b = CpuBackend::new(1).unwrap();
-        assert_eq!(argmax_rows(&b, &logits), [1, 2]);
+        assert_eq!(b.argmax_rows(&logits).unwrap(), [1, 2]);
     }
 }
