@@ -41,12 +41,18 @@ pub fn cpu_options(threads: usize, kv_dtype: KvDtype, batch_invariant: bool) -> 
 }
 
 /// The Vulkan backend's options for device `index` (`None`: the first usable one), with the KV
-/// cache type, and validation as `KILN_VULKAN_VALIDATION` says.
-pub fn vulkan_options(index: Option<usize>, kv_dtype: KvDtype) -> VulkanOptions {
+/// cache type, batch-invariant kernels or not (serving), and validation as
+/// `KILN_VULKAN_VALIDATION` says.
+pub fn vulkan_options(
+    index: Option<usize>,
+    kv_dtype: KvDtype,
+    batch_invariant: bool,
+) -> VulkanOptions {
     VulkanOptions {
         device: index,
         kv_dtype,
         validation: std::env::var("KILN_VULKAN_VALIDATION").is_ok_and(|v| v == "1"),
+        batch_invariant,
     }
 }
 

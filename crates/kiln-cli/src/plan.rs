@@ -165,7 +165,7 @@ pub fn vulkan_devices(args: &PlanArgs) -> Result<(Vec<DeviceInfo>, Vec<String>)>
 }
 
 /// The backends a plan over `gpus` may build: the CPU as `cpu` says, each GPU with the KV
-/// cache type `kv`.
+/// cache type `kv` and batch-invariant as the CPU is (serving).
 pub fn devices(cpu: &CpuOptions, gpus: &[DeviceInfo], kv: KvDtype) -> Devices {
     Devices {
         cpu: cpu.clone(),
@@ -174,7 +174,7 @@ pub fn devices(cpu: &CpuOptions, gpus: &[DeviceInfo], kv: KvDtype) -> Devices {
             .map(|d| {
                 (
                     d.index,
-                    DeviceOptions::Vulkan(vulkan_options(Some(d.index), kv)),
+                    DeviceOptions::Vulkan(vulkan_options(Some(d.index), kv, cpu.batch_invariant)),
                 )
             })
             .collect(),
@@ -272,7 +272,7 @@ fn gpu(
         let attention = (!rates.attention.contains_key(&shape.key())).then_some(shape);
         if !rates.measured() || !missing.is_empty() || attention.is_some() {
             eprintln!("[plan] measuring vulkan:{} ({})...", d.index, d.name);
-            let backend = VulkanBackend::new(&vulkan_options(Some(d.index), kv))?;
+            let backend = VulkanBackend::new(&vulkan_options(Some(d.index), kv, false))?;
             let bandwidth = |b: &VulkanBackend| {
                 probe::copy_bandwidth(b, 256 << 20, PROBE_WINDOW_SECS)
                     .context("measuring the device's copy bandwidth")

@@ -32,12 +32,17 @@ pub struct VulkanOptions {
     pub kv_dtype: KvDtype,
     /// Turn on the Khronos validation layer; its messages become errors at the next read back.
     pub validation: bool,
+    /// Compute every output row by the same operations whatever else the call holds (a
+    /// sequence alone and batched get the same bits; `kiln serve` runs so): products of many
+    /// rows then keep to the few-row kernel instead of the tiled one.
+    pub batch_invariant: bool,
 }
 
 /// The Vulkan compute backend on one device.
 pub struct VulkanBackend {
     shared: Arc<Shared>,
     kv_dtype: KvDtype,
+    batch_invariant: bool,
     name: String,
 }
 
@@ -95,6 +100,8 @@ const MAX_HEAD_DIM: usize = 256;
 const MAX_GROUPS: u64 = 65535;
 /// Activation rows of one matmul workgroup (`MT` in matmul.comp).
 const MATMUL_ROWS: u64 = 8;
+/// Activation rows from which a product runs tiled (matmul_tiled.comp), unless batch-invariant.
+const TILED_MIN_ROWS: usize = 32;
 
 fn groups(items: u64, per_group: u64) -> u32 {
     items.div_ceil(per_group).clamp(1, MAX_GROUPS) as u32
@@ -116,25 +123,39 @@ fn act_code(a: Activation) -> u32 {
     }
 }
 
-fn matmul_kernel(ty: GgmlType) -> Option<(Kernel, Kernel)> {
+/// The kernels of one weight type: the product for a few rows (decode), the tiled product for
+/// many (prefill), and the embedding lookup.
+#[derive(Clone, Copy)]
+struct TypeKernels {
+    product: Kernel,
+    tiled: Kernel,
+    embed: Kernel,
+}
+
+fn kernels_of(ty: GgmlType) -> Option<TypeKernels> {
     use GgmlType as T;
     use Kernel as K;
-    Some(match ty {
-        T::F32 => (K::MatmulF32, K::EmbedF32),
-        T::F16 => (K::MatmulF16, K::EmbedF16),
-        T::BF16 => (K::MatmulBf16, K::EmbedBf16),
-        T::Q4_0 => (K::MatmulQ40, K::EmbedQ40),
-        T::Q4_1 => (K::MatmulQ41, K::EmbedQ41),
-        T::Q5_0 => (K::MatmulQ50, K::EmbedQ50),
-        T::Q5_1 => (K::MatmulQ51, K::EmbedQ51),
-        T::Q8_0 => (K::MatmulQ80, K::EmbedQ80),
-        T::Q2_K => (K::MatmulQ2K, K::EmbedQ2K),
-        T::Q3_K => (K::MatmulQ3K, K::EmbedQ3K),
-        T::Q4_K => (K::MatmulQ4K, K::EmbedQ4K),
-        T::Q5_K => (K::MatmulQ5K, K::EmbedQ5K),
-        T::Q6_K => (K::MatmulQ6K, K::EmbedQ6K),
-        T::Q8_K => (K::MatmulQ8K, K::EmbedQ8K),
+    let (product, tiled, embed) = match ty {
+        T::F32 => (K::MatmulF32, K::TiledF32, K::EmbedF32),
+        T::F16 => (K::MatmulF16, K::TiledF16, K::EmbedF16),
+        T::BF16 => (K::MatmulBf16, K::TiledBf16, K::EmbedBf16),
+        T::Q4_0 => (K::MatmulQ40, K::TiledQ40, K::EmbedQ40),
+        T::Q4_1 => (K::MatmulQ41, K::TiledQ41, K::EmbedQ41),
+        T::Q5_0 => (K::MatmulQ50, K::TiledQ50, K::EmbedQ50),
+        T::Q5_1 => (K::MatmulQ51, K::TiledQ51, K::EmbedQ51),
+        T::Q8_0 => (K::MatmulQ80, K::TiledQ80, K::EmbedQ80),
+        T::Q2_K => (K::MatmulQ2K, K::TiledQ2K, K::EmbedQ2K),
+        T::Q3_K => (K::MatmulQ3K, K::TiledQ3K, K::EmbedQ3K),
+        T::Q4_K => (K::MatmulQ4K, K::TiledQ4K, K::EmbedQ4K),
+        T::Q5_K => (K::MatmulQ5K, K::TiledQ5K, K::EmbedQ5K),
+        T::Q6_K => (K::MatmulQ6K, K::TiledQ6K, K::EmbedQ6K),
+        T::Q8_K => (K::MatmulQ8K, K::TiledQ8K, K::EmbedQ8K),
         _ => return None,
+    };
+    Some(TypeKernels {
+        product,
+        tiled,
+        embed,
     })
 }
 
@@ -300,16 +321,18 @@ impl VulkanBackend {
         Ok(VulkanBackend {
             shared: Arc::new(Shared { exec, ctx, flag }),
             kv_dtype: options.kv_dtype,
+            batch_invariant: options.batch_invariant,
             name,
         })
     }
 
     /// A backend on the same device (sharing its pipelines and command stream) whose KV caches
-    /// hold `kv_dtype`.
-    pub fn with_kv_dtype(&self, kv_dtype: KvDtype) -> VulkanBackend {
+    /// hold `kv_dtype`, batch-invariant or not.
+    pub fn with(&self, kv_dtype: KvDtype, batch_invariant: bool) -> VulkanBackend {
         VulkanBackend {
             shared: self.shared.clone(),
             kv_dtype,
+            batch_invariant,
             name: self.name.clone(),
         }
     }
@@ -575,7 +598,25 @@ impl VulkanBackend {
                 .dispatch(Kernel::MatmulGptq, push_bytes(&push), grid, &uses)?;
             return Ok(y);
         }
-        let (kernel, _) = matmul_kernel(wt.ty).expect("uploaded weights have a kernel");
+        let kernels = kernels_of(wt.ty).expect("uploaded weights have a kernel");
+        // Many rows: the tiled kernel (its sums group differently from the few-row kernel's,
+        // so batch-invariant mode keeps to the latter).
+        let tiled = !self.batch_invariant && x.rows >= TILED_MIN_ROWS;
+        let (kernel, grid) = if tiled {
+            let tile = |v: usize| (v as u64).div_ceil(64);
+            if tile(x.rows) > MAX_GROUPS || tile(wt.n) > MAX_GROUPS {
+                return Err(shape_err(
+                    "matmul",
+                    format!(
+                        "[{}, {}] x [{}, {}]ᵀ exceeds the tiled kernel's grid",
+                        x.rows, x.cols, wt.n, wt.k
+                    ),
+                ));
+            }
+            (kernels.tiled, [tile(wt.n) as u32, tile(x.rows) as u32, 1])
+        } else {
+            (kernels.product, grid)
+        };
         let push = MatmulPush {
             w: wt.buf.addr,
             x: x.buf.addr,
@@ -730,7 +771,7 @@ impl Backend for VulkanBackend {
             name: data.name.clone(),
             detail,
         };
-        if matmul_kernel(data.ty).is_none() {
+        if kernels_of(data.ty).is_none() {
             return Err(werr(format!("type {} has no Vulkan kernel", data.ty)));
         }
         let k = data.row_len();
@@ -1061,7 +1102,7 @@ impl Backend for VulkanBackend {
                 format!("token {bad} of a table of {} ({})", table.n, table.name),
             ));
         }
-        let Some((_, kernel)) = matmul_kernel(table.ty) else {
+        let Some(TypeKernels { embed: kernel, .. }) = kernels_of(table.ty) else {
             return Err(shape_err(
                 "embedding",
                 format!("{} is a GPTQ matrix, not an embedding table", table.name),

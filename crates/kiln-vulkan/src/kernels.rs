@@ -17,6 +17,20 @@ pub(crate) enum Kernel {
     MatmulQ5K,
     MatmulQ6K,
     MatmulQ8K,
+    TiledF32,
+    TiledF16,
+    TiledBf16,
+    TiledQ40,
+    TiledQ41,
+    TiledQ50,
+    TiledQ51,
+    TiledQ80,
+    TiledQ2K,
+    TiledQ3K,
+    TiledQ4K,
+    TiledQ5K,
+    TiledQ6K,
+    TiledQ8K,
     EmbedF32,
     EmbedF16,
     EmbedBf16,
@@ -42,7 +56,7 @@ pub(crate) enum Kernel {
 }
 
 /// Number of kernels.
-pub(crate) const COUNT: usize = 36;
+pub(crate) const COUNT: usize = 50;
 
 /// Each kernel's name and SPIR-V (compiled by glslc from shaderc 2023.2).
 pub(crate) const SPIRV: [(&str, &[u8]); COUNT] = [
@@ -60,6 +74,20 @@ pub(crate) const SPIRV: [(&str, &[u8]); COUNT] = [
     ("matmul_q5_k", include_bytes!("../spv/matmul_q5_k.spv")),
     ("matmul_q6_k", include_bytes!("../spv/matmul_q6_k.spv")),
     ("matmul_q8_k", include_bytes!("../spv/matmul_q8_k.spv")),
+    ("tiled_f32", include_bytes!("../spv/tiled_f32.spv")),
+    ("tiled_f16", include_bytes!("../spv/tiled_f16.spv")),
+    ("tiled_bf16", include_bytes!("../spv/tiled_bf16.spv")),
+    ("tiled_q4_0", include_bytes!("../spv/tiled_q4_0.spv")),
+    ("tiled_q4_1", include_bytes!("../spv/tiled_q4_1.spv")),
+    ("tiled_q5_0", include_bytes!("../spv/tiled_q5_0.spv")),
+    ("tiled_q5_1", include_bytes!("../spv/tiled_q5_1.spv")),
+    ("tiled_q8_0", include_bytes!("../spv/tiled_q8_0.spv")),
+    ("tiled_q2_k", include_bytes!("../spv/tiled_q2_k.spv")),
+    ("tiled_q3_k", include_bytes!("../spv/tiled_q3_k.spv")),
+    ("tiled_q4_k", include_bytes!("../spv/tiled_q4_k.spv")),
+    ("tiled_q5_k", include_bytes!("../spv/tiled_q5_k.spv")),
+    ("tiled_q6_k", include_bytes!("../spv/tiled_q6_k.spv")),
+    ("tiled_q8_k", include_bytes!("../spv/tiled_q8_k.spv")),
     ("embed_f32", include_bytes!("../spv/embed_f32.spv")),
     ("embed_f16", include_bytes!("../spv/embed_f16.spv")),
     ("embed_bf16", include_bytes!("../spv/embed_bf16.spv")),
