@@ -120,6 +120,32 @@ impl RopeParams {
     }
 }
 
+impl RopeParams {
+    /// Checks that a rope with these parameters fits `[rows, cols]` with `positions` positions:
+    /// one position per row, `n_heads × head_dim` columns, an even rotary part no wider than a
+    /// head, one frequency factor per pair. Every backend refuses the same operands.
+    pub fn check(&self, rows: usize, cols: usize, positions: usize) -> crate::Result<()> {
+        let p = self;
+        if positions != rows
+            || p.n_heads.checked_mul(p.head_dim) != Some(cols)
+            || p.rope_dim > p.head_dim
+            || !p.rope_dim.is_multiple_of(2)
+            || p.freq_factors
+                .as_ref()
+                .is_some_and(|f| f.len() != p.rope_dim / 2)
+        {
+            return Err(crate::shape_err(
+                "rope",
+                format!(
+                    "[{rows}, {cols}] with {positions} positions, {} heads of {} (rotary {})",
+                    p.n_heads, p.head_dim, p.rope_dim
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The element type a backend stores its KV cache in ([`crate::Backend::kv_zeros`]). Keys and
 /// values are computed in f32 either way; `F16` rounds them once, when they are stored (to the
 /// nearest, ties to even), which halves the cache's memory and what attention reads from it.
@@ -178,6 +204,45 @@ pub struct AttentionParams {
     pub sliding_window: Option<usize>,
     /// `s = cap · tanh(s / cap)` before the softmax (Gemma 2).
     pub softcap: Option<f32>,
+}
+
+impl AttentionParams {
+    /// Checks the operands of [`crate::Backend::attention`] (`op` names it in the error): `q`
+    /// of `n_heads × head_dim` columns at `q_pos`, caches `k`, `v` (`(rows, cols)`) of
+    /// `n_kv_heads × head_dim` columns holding at least `n_kv` rows (not checked when `paged`:
+    /// the block table is checked instead), whole groups of query heads per KV head, and every
+    /// query position below `n_kv`. Every backend refuses the same operands.
+    #[allow(clippy::too_many_arguments)]
+    pub fn check(
+        &self,
+        op: &'static str,
+        q: (usize, usize),
+        k: (usize, usize),
+        v: (usize, usize),
+        q_pos: usize,
+        n_kv: usize,
+        paged: bool,
+    ) -> crate::Result<()> {
+        let (p, hd) = (self, self.head_dim);
+        let rows_ok = paged || (n_kv <= k.0 && n_kv <= v.0);
+        if p.n_kv_heads == 0
+            || !p.n_heads.is_multiple_of(p.n_kv_heads)
+            || q.1 != p.n_heads * hd
+            || k.1 != p.n_kv_heads * hd
+            || v.1 != p.n_kv_heads * hd
+            || !rows_ok
+            || q_pos.checked_add(q.0).is_none_or(|end| end > n_kv)
+        {
+            return Err(crate::shape_err(
+                op,
+                format!(
+                    "q [{}, {}] at {q_pos}, caches [{}, {}]/[{}, {}] with {n_kv} filled, {} heads / {} kv heads of {hd}",
+                    q.0, q.1, k.0, k.1, v.0, v.1, p.n_heads, p.n_kv_heads
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Where a sequence's KV rows live in a paged cache: logical row `j` (position `j`) is physical

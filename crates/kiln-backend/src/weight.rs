@@ -27,6 +27,34 @@ impl WeightData {
         self.dims.iter().skip(1).product()
     }
 
+    /// Bytes of one row, checked against the tensor: each row a whole number of blocks of its
+    /// type, and the bytes exactly its rows. A [`crate::BackendError::Weight`] naming the tensor
+    /// otherwise (what every backend's `upload_weight` refuses).
+    pub fn checked_row_bytes(&self) -> crate::Result<usize> {
+        let werr = |detail: String| crate::BackendError::Weight {
+            name: self.name.clone(),
+            detail,
+        };
+        let (k, n) = (self.row_len(), self.n_rows());
+        let row_bytes = self
+            .ty
+            .row_bytes(k as u64)
+            .and_then(|b| usize::try_from(b).ok())
+            .ok_or_else(|| {
+                werr(format!(
+                    "row of {k} is not a whole number of {} blocks",
+                    self.ty
+                ))
+            })?;
+        if row_bytes.checked_mul(n) != Some(self.bytes.len()) {
+            return Err(werr(format!(
+                "{} bytes for {n} rows of {row_bytes}",
+                self.bytes.len()
+            )));
+        }
+        Ok(row_bytes)
+    }
+
     /// Rows `rows` of this tensor seen as a matrix of [`n_rows`](Self::n_rows) rows, as a 2-D
     /// weight named `name`: a zero-copy view (rows of every type are whole blocks). This is how a
     /// fused QKV or gate/up matrix, or one expert of a stacked 3-D tensor, becomes a weight of its

@@ -191,20 +191,8 @@ impl Backend for CpuBackend {
         if !data.ty.is_supported() {
             return Err(werr(format!("type {} is not supported", data.ty)));
         }
-        let row_len = data.row_len();
-        let n_rows = data.n_rows();
-        let row_bytes = data.ty.row_bytes(row_len as u64).ok_or_else(|| {
-            werr(format!(
-                "row of {row_len} is not a whole number of {} blocks",
-                data.ty
-            ))
-        })? as usize;
-        if row_bytes.checked_mul(n_rows) != Some(data.bytes.len()) {
-            return Err(werr(format!(
-                "{} bytes for {n_rows} rows of {row_bytes}",
-                data.bytes.len()
-            )));
-        }
+        let (row_len, n_rows) = (data.row_len(), data.n_rows());
+        let row_bytes = data.checked_row_bytes()?;
         let interleaved = self
             .interleave(data, n_rows, row_bytes)
             .map_err(|e| werr(format!("interleaving: {e}")))?;

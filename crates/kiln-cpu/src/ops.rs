@@ -177,27 +177,7 @@ pub(crate) fn rope(
     positions: &[u32],
     p: &RopeParams,
 ) -> Result<CpuTensor> {
-    if positions.len() != x.rows
-        || p.n_heads * p.head_dim != x.cols
-        || p.rope_dim > p.head_dim
-        || !p.rope_dim.is_multiple_of(2)
-        || p.freq_factors
-            .as_ref()
-            .is_some_and(|f| f.len() != p.rope_dim / 2)
-    {
-        return Err(shape_err(
-            "rope",
-            format!(
-                "[{}, {}] with {} positions, {} heads of {} (rotary {})",
-                x.rows,
-                x.cols,
-                positions.len(),
-                p.n_heads,
-                p.head_dim,
-                p.rope_dim
-            ),
-        ));
-    }
+    p.check(x.rows, x.cols, positions.len())?;
     let table = tables.get(p, positions);
     let mut out = crate::buffers::take(x.data.len());
     out.copy_from_slice(&x.data);

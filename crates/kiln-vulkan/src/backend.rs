@@ -663,23 +663,15 @@ impl VulkanBackend {
         };
         self.check_kv_pair(k, v, op)?;
         let hd = p.head_dim;
-        let rows_ok = pages.is_some() || (n_kv <= k.rows && n_kv <= v.rows);
-        if p.n_kv_heads == 0
-            || !p.n_heads.is_multiple_of(p.n_kv_heads)
-            || q.cols != p.n_heads * hd
-            || k.cols != p.n_kv_heads * hd
-            || v.cols != p.n_kv_heads * hd
-            || !rows_ok
-            || q_pos + q.rows > n_kv
-        {
-            return Err(shape_err(
-                op,
-                format!(
-                    "q [{}, {}] at {q_pos}, caches [{}, {}]/[{}, {}] with {n_kv} filled, {} heads / {} kv heads of {hd}",
-                    q.rows, q.cols, k.rows, k.cols, v.rows, v.cols, p.n_heads, p.n_kv_heads
-                ),
-            ));
-        }
+        p.check(
+            op,
+            (q.rows, q.cols),
+            (k.rows, k.cols),
+            (v.rows, v.cols),
+            q_pos,
+            n_kv,
+            pages.is_some(),
+        )?;
         if hd > MAX_HEAD_DIM {
             return Err(shape_err(
                 op,
@@ -774,20 +766,8 @@ impl Backend for VulkanBackend {
         if kernels_of(data.ty).is_none() {
             return Err(werr(format!("type {} has no Vulkan kernel", data.ty)));
         }
-        let k = data.row_len();
-        let n = data.n_rows();
-        let row_bytes = data.ty.row_bytes(k as u64).ok_or_else(|| {
-            werr(format!(
-                "row of {k} is not a whole number of {} blocks",
-                data.ty
-            ))
-        })? as usize;
-        if row_bytes.checked_mul(n) != Some(data.bytes.len()) {
-            return Err(werr(format!(
-                "{} bytes for {n} rows of {row_bytes}",
-                data.bytes.len()
-            )));
-        }
+        let (k, n) = (data.row_len(), data.n_rows());
+        let row_bytes = data.checked_row_bytes()?;
         if data.dims.len() == 1 {
             let mut v = vec![0.0f32; k];
             kiln_quant::dequantize(data.ty, &data.bytes, &mut v)
@@ -1197,27 +1177,7 @@ impl Backend for VulkanBackend {
     }
 
     fn rope(&self, x: &VkTensor, positions: &[u32], p: &RopeParams) -> Result<VkTensor> {
-        if positions.len() != x.rows
-            || p.n_heads * p.head_dim != x.cols
-            || p.rope_dim > p.head_dim
-            || !p.rope_dim.is_multiple_of(2)
-            || p.freq_factors
-                .as_ref()
-                .is_some_and(|f| f.len() != p.rope_dim / 2)
-        {
-            return Err(shape_err(
-                "rope",
-                format!(
-                    "[{}, {}] with {} positions, {} heads of {} (rotary {})",
-                    x.rows,
-                    x.cols,
-                    positions.len(),
-                    p.n_heads,
-                    p.head_dim,
-                    p.rope_dim
-                ),
-            ));
-        }
+        p.check(x.rows, x.cols, positions.len())?;
         let y = self.new_tensor(x.rows, x.cols)?;
         if x.rows == 0 || x.cols == 0 {
             return Ok(y);

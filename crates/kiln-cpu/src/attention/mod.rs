@@ -108,23 +108,15 @@ fn attention_over(
 ) -> Result<CpuTensor> {
     let hd = p.head_dim;
     // Paged: `paged_attention` checked that every logical row below `n_kv` maps into the pools.
-    let rows_ok = pages.is_some() || (n_kv <= k_cache.rows && n_kv <= v_cache.rows);
-    if p.n_kv_heads == 0
-        || !p.n_heads.is_multiple_of(p.n_kv_heads)
-        || q.cols != p.n_heads * hd
-        || k_cache.cols != p.n_kv_heads * hd
-        || v_cache.cols != p.n_kv_heads * hd
-        || !rows_ok
-        || q_pos + q.rows > n_kv
-    {
-        return Err(shape_err(
-            "attention",
-            format!(
-                "q [{}, {}] at {q_pos}, caches [{}, {}]/[{}, {}] with {n_kv} filled, {} heads / {} kv heads of {hd}",
-                q.rows, q.cols, k_cache.rows, k_cache.cols, v_cache.rows, v_cache.cols, p.n_heads, p.n_kv_heads
-            ),
-        ));
-    }
+    p.check(
+        "attention",
+        (q.rows, q.cols),
+        (k_cache.rows, k_cache.cols),
+        (v_cache.rows, v_cache.cols),
+        q_pos,
+        n_kv,
+        pages.is_some(),
+    )?;
     let layout = Layout {
         q_pos,
         hd,
