@@ -41,6 +41,19 @@ pub enum BackendError {
         backend: &'static str,
         detail: String,
     },
+    /// The device cannot hold an allocation of `bytes` (for `what`); the backend stays usable,
+    /// so a caller can free memory or ask for less.
+    #[error(
+        "{backend} backend: out of memory: {bytes} bytes ({:.1} MiB) for {what} on {device}: {detail}",
+        *bytes as f64 / 1048576.0
+    )]
+    OutOfMemory {
+        backend: &'static str,
+        device: String,
+        bytes: u64,
+        what: String,
+        detail: String,
+    },
 }
 
 pub type Result<T> = std::result::Result<T, BackendError>;

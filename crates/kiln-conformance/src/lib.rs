@@ -237,6 +237,7 @@ macro_rules! suite {
                 attention,
                 paged_attention,
                 attention_many,
+                long_attention,
                 packed_attention,
                 batch_invariant_matmul,
                 batch_invariant_attention,

@@ -1,6 +1,6 @@
 #version 450
-// Attention of one query row and one head per workgroup, over keys and values stored as f32
-// (KV_F32) or f16 (KV_F16).
+// Attention of one query row, one head and one chunk of keys per workgroup, over keys and values
+// stored as f32 (KV_F32) or f16 (KV_F16).
 //
 // mode 0 (causal, decoders): query row i is at position q_pos + i and sees keys j with
 //   max(0, pos + 1 − window) ≤ j ≤ pos (window 0: no window); logical key row j is physical row
@@ -8,9 +8,15 @@
 //   row j otherwise; grouped-query heads share the key head h / (n_heads / n_kv_heads).
 // mode 1 (packed, encoders): query row i sees key rows bounds[2i] ..= bounds[2i + 1].
 //
-// Keys are taken in tiles of 64 in increasing order with an online softmax (running maximum,
-// rescaled sums); every sum has a fixed order, so results do not depend on timing, on the other
-// rows of the call, or on where the rows live (paged = contiguous, bit for bit).
+// A row's visible keys lo..=hi are cut into chunks of p.chunk keys counted from lo, so a row's
+// chunks depend on that row alone; workgroup z takes chunk z. Within a chunk, keys are taken in
+// tiles of 64 in increasing order with an online softmax (running maximum, rescaled sums). With
+// one chunk (p.n_chunks == 1) the workgroup writes the output row; otherwise it writes its part
+// (maximum, sum, unnormalised values: 2 + head_dim floats; an empty chunk writes sum 0) and
+// attention_merge.comp combines the parts in chunk order. Every sum has a fixed order, so results
+// do not depend on timing, on the other rows of the call, or on where the rows live (paged =
+// contiguous, bit for bit). Chunks keep each invocation's loops short: long contexts spread over
+// the device, and lavapipe's loop guard (65,535 iterations per invocation) is never reached.
 #include "common.glsl"
 
 #define WG 64u
@@ -24,7 +30,9 @@ layout(push_constant) uniform Push {
     Uints table;
     Uints bounds;
     Floats o;
+    Floats part;
     uint n_q;
+    uint row0;
     uint q_pos;
     uint n_heads;
     uint n_kv_heads;
@@ -35,6 +43,8 @@ layout(push_constant) uniform Push {
     uint mode;
     float scale;
     float softcap;
+    uint chunk;
+    uint n_chunks;
 } p;
 
 shared float qs[MAX_HD];
@@ -59,8 +69,10 @@ uint physical(uint j) {
 void main() {
     uint t = gl_LocalInvocationID.x;
     uint h = gl_WorkGroupID.x;
+    uint c = gl_WorkGroupID.z;
     uint hd = p.head_dim;
-    for (uint i = gl_WorkGroupID.y; i < p.n_q; i += gl_NumWorkGroups.y) {
+    for (uint r = gl_WorkGroupID.y; r < p.n_q; r += gl_NumWorkGroups.y) {
+        uint i = p.row0 + r;
         uint lo;
         uint hi;
         uint kvh;
@@ -74,6 +86,19 @@ void main() {
             hi = p.bounds.v[2u * i + 1u];
             kvh = h;
         }
+        // This workgroup's chunk of the row's keys.
+        uint part_base = ((r * p.n_heads + h) * p.n_chunks + c) * (hd + 2u);
+        uint first = lo + c * p.chunk;
+        if (first > hi) {
+            // Nothing to see: sum 0 tells attention_merge.comp to skip this part.
+            if (t == 0u) {
+                p.part.v[part_base] = 0.0;
+                p.part.v[part_base + 1u] = 0.0;
+            }
+            continue;
+        }
+        lo = first;
+        hi = min(hi, first + p.chunk - 1u);
         uint q_base = i * p.n_heads * hd + h * hd;
         for (uint d = t; d < hd; d += WG) {
             qs[d] = p.q.v[q_base + d];
@@ -133,10 +158,23 @@ void main() {
             m = m_new;
             barrier();
         }
-        for (uint a = 0u; a < MAX_HD / WG; a++) {
-            uint d = t + a * WG;
-            if (d < hd) {
-                p.o.v[q_base + d] = acc[a] / l;
+        if (p.n_chunks == 1u) {
+            for (uint a = 0u; a < MAX_HD / WG; a++) {
+                uint d = t + a * WG;
+                if (d < hd) {
+                    p.o.v[q_base + d] = acc[a] / l;
+                }
+            }
+        } else {
+            if (t == 0u) {
+                p.part.v[part_base] = m;
+                p.part.v[part_base + 1u] = l;
+            }
+            for (uint a = 0u; a < MAX_HD / WG; a++) {
+                uint d = t + a * WG;
+                if (d < hd) {
+                    p.part.v[part_base + 2u + d] = acc[a];
+                }
             }
         }
         barrier();

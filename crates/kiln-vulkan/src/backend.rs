@@ -44,6 +44,9 @@ pub struct VulkanBackend {
     kv_dtype: KvDtype,
     batch_invariant: bool,
     name: String,
+    /// The most bytes of chunk results one attention dispatch writes
+    /// ([`ATTENTION_PART_BYTES`]; smaller in tests, to cut calls into groups of rows).
+    part_bytes: usize,
 }
 
 /// The device and what every backend on it shares (pipelines, the command stream).
@@ -96,6 +99,12 @@ struct GptqParts {
 
 /// The largest head a workgroup of the attention kernel holds.
 const MAX_HEAD_DIM: usize = 256;
+/// Keys of one attention workgroup (a chunk of a row's visible keys, counted from its first):
+/// longer rows are spread over several workgroups and merged (attention_merge.comp).
+const ATTENTION_CHUNK: usize = 256;
+/// The most bytes of chunk results one attention dispatch writes; calls that would write more
+/// run in groups of rows (a row's result does not depend on its group).
+const ATTENTION_PART_BYTES: usize = 64 << 20;
 /// The most workgroups of one dimension a dispatch may ask for (Vulkan's guaranteed minimum).
 const MAX_GROUPS: u64 = 65535;
 /// Activation rows of one matmul workgroup (`MT` in matmul.comp).
@@ -261,7 +270,9 @@ struct AttentionPush {
     table: u64,
     bounds: u64,
     o: u64,
+    part: u64,
     n_q: u32,
+    row0: u32,
     q_pos: u32,
     n_heads: u32,
     n_kv_heads: u32,
@@ -272,6 +283,20 @@ struct AttentionPush {
     mode: u32,
     scale: f32,
     softcap: f32,
+    chunk: u32,
+    n_chunks: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MergePush {
+    part: u64,
+    o: u64,
+    n_q: u32,
+    row0: u32,
+    n_heads: u32,
+    head_dim: u32,
+    n_chunks: u32,
     _pad: u32,
 }
 
@@ -323,6 +348,7 @@ impl VulkanBackend {
             kv_dtype: options.kv_dtype,
             batch_invariant: options.batch_invariant,
             name,
+            part_bytes: ATTENTION_PART_BYTES,
         })
     }
 
@@ -334,6 +360,7 @@ impl VulkanBackend {
             kv_dtype,
             batch_invariant,
             name: self.name.clone(),
+            part_bytes: self.part_bytes,
         }
     }
 
@@ -695,6 +722,7 @@ impl VulkanBackend {
             }
             None => None,
         };
+        let window = p.sliding_window.unwrap_or(usize::MAX);
         let push = AttentionPush {
             q: q.buf.addr,
             k: k.buf.addr,
@@ -702,7 +730,9 @@ impl VulkanBackend {
             table: table.as_ref().map_or(0, |t| t.addr),
             bounds: 0,
             o: y.buf.addr,
-            n_q: q.rows as u32,
+            part: 0,
+            n_q: 0,
+            row0: 0,
             q_pos: u32_of(q_pos, "a position")?,
             n_heads: p.n_heads as u32,
             n_kv_heads: p.n_kv_heads as u32,
@@ -715,23 +745,85 @@ impl VulkanBackend {
             mode: 0,
             scale: p.scale,
             softcap: p.softcap.unwrap_or(0.0),
-            _pad: 0,
+            chunk: 0,
+            n_chunks: 0,
         };
         let kernel = match k.dtype {
             KvDtype::F32 => Kernel::AttentionF32,
             KvDtype::F16 => Kernel::AttentionF16,
         };
+        // The last row sees the most keys.
+        let widest = (q_pos + q.rows).min(window);
         let mut uses = vec![&q.buf, &k.buf, &v.buf, &y.buf];
         if let Some(t) = &table {
             uses.push(t);
         }
-        self.shared.exec.dispatch(
-            kernel,
-            push_bytes(&push),
-            [p.n_heads as u32, groups(q.rows as u64, 1), 1],
-            &uses,
-        )?;
+        self.run_attention(kernel, push, q.rows, widest, &uses)?;
         Ok(y)
+    }
+
+    /// Records attention over `rows` query rows, none seeing more than `widest` keys: one
+    /// workgroup per (head, row, chunk of [`ATTENTION_CHUNK`] keys), then, where rows span
+    /// several chunks, the merge of their parts, in groups of rows whose parts fit
+    /// [`ATTENTION_PART_BYTES`]. `push` holds everything but the row range and the chunking.
+    fn run_attention(
+        &self,
+        kernel: Kernel,
+        mut push: AttentionPush,
+        rows: usize,
+        widest: usize,
+        uses: &[&Arc<Buffer>],
+    ) -> Result<()> {
+        let n_chunks = widest.div_ceil(ATTENTION_CHUNK).max(1);
+        u32_of(n_chunks, "attention chunks")?;
+        push.chunk = ATTENTION_CHUNK as u32;
+        push.n_chunks = n_chunks as u32;
+        let heads = push.n_heads as usize;
+        if n_chunks == 1 {
+            push.n_q = rows as u32;
+            return self.shared.exec.dispatch(
+                kernel,
+                push_bytes(&push),
+                [push.n_heads, groups(rows as u64, 1), 1],
+                uses,
+            );
+        }
+        let per_row = heads * n_chunks * (push.head_dim as usize + 2);
+        let group = (self.part_bytes / (4 * per_row)).clamp(1, MAX_GROUPS as usize);
+        let mut row0 = 0;
+        while row0 < rows {
+            let n = group.min(rows - row0);
+            let part = self.new_tensor(n * heads * n_chunks, push.head_dim as usize + 2)?;
+            push.part = part.buf.addr;
+            push.n_q = n as u32;
+            push.row0 = row0 as u32;
+            let mut with_part = uses.to_vec();
+            with_part.push(&part.buf);
+            self.shared.exec.dispatch(
+                kernel,
+                push_bytes(&push),
+                [push.n_heads, n as u32, n_chunks as u32],
+                &with_part,
+            )?;
+            let merge = MergePush {
+                part: part.buf.addr,
+                o: push.o,
+                n_q: n as u32,
+                row0: row0 as u32,
+                n_heads: push.n_heads,
+                head_dim: push.head_dim,
+                n_chunks: n_chunks as u32,
+                _pad: 0,
+            };
+            self.shared.exec.dispatch(
+                Kernel::AttentionMerge,
+                push_bytes(&merge),
+                [push.n_heads, n as u32, 1],
+                &with_part,
+            )?;
+            row0 += n;
+        }
+        Ok(())
     }
 
     fn check_rows(&self, op: &'static str, at: usize, n: usize, rows: usize) -> Result<()> {
@@ -1291,15 +1383,22 @@ impl Backend for VulkanBackend {
             }
             start += len;
         }
-        let bounds = self.upload_u32(&bounds, Place::Scratch, "sequence bounds")?;
+        let widest = bounds
+            .chunks(2)
+            .map(|b| (b[1] - b[0]) as usize + 1)
+            .max()
+            .unwrap_or(1);
+        let bounds_buf = self.upload_u32(&bounds, Place::Scratch, "sequence bounds")?;
         let push = AttentionPush {
             q: q.buf.addr,
             k: k.buf.addr,
             v: v.buf.addr,
             table: 0,
-            bounds: bounds.addr,
+            bounds: bounds_buf.addr,
             o: y.buf.addr,
-            n_q: total as u32,
+            part: 0,
+            n_q: 0,
+            row0: 0,
             q_pos: 0,
             n_heads: p.n_heads as u32,
             n_kv_heads: p.n_heads as u32,
@@ -1310,13 +1409,15 @@ impl Backend for VulkanBackend {
             mode: 1,
             scale: p.scale,
             softcap: 0.0,
-            _pad: 0,
+            chunk: 0,
+            n_chunks: 0,
         };
-        self.shared.exec.dispatch(
+        self.run_attention(
             Kernel::AttentionF32,
-            push_bytes(&push),
-            [p.n_heads as u32, groups(total as u64, 1), 1],
-            &[&q.buf, &k.buf, &v.buf, &bounds, &y.buf],
+            push,
+            total,
+            widest,
+            &[&q.buf, &k.buf, &v.buf, &bounds_buf, &y.buf],
         )?;
         Ok(y)
     }
@@ -1351,5 +1452,133 @@ impl Backend for VulkanBackend {
             0.0,
             "gated_activation",
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_backend::KvPages;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n as u32)
+            .map(|i| {
+                ((i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) % 2001) as f32 / 1000.0
+                    - 1.0
+            })
+            .collect()
+    }
+
+    /// Calls whose chunk results exceed the budget run in groups of rows, and a row's result
+    /// does not depend on its group: groups of one row give the bits of one group.
+    #[test]
+    fn attention_in_groups_of_rows_gives_the_same_bits() {
+        let Some(whole) = crate::testing::backend("attention in groups of rows") else {
+            return;
+        };
+        let mut grouped = whole.with(KvDtype::F16, false);
+        grouped.part_bytes = 1;
+        let whole = whole.with(KvDtype::F16, false);
+        let (heads, kv_heads, hd, n_kv, rows) = (4usize, 2usize, 24usize, 700usize, 9usize);
+        let p = AttentionParams {
+            n_heads: heads,
+            n_kv_heads: kv_heads,
+            head_dim: hd,
+            scale: 0.3,
+            sliding_window: Some(600),
+            softcap: None,
+        };
+        let table: Vec<u32> = (0..n_kv.div_ceil(100) as u32).rev().collect();
+        let pages = KvPages {
+            table: &table,
+            block_size: 100,
+        };
+        let run = |b: &VulkanBackend| {
+            let kv = |seed| {
+                let mut c = b.kv_zeros(n_kv, kv_heads * hd).unwrap();
+                let t = b
+                    .tensor_from_f32(&values(n_kv * kv_heads * hd, seed), n_kv, kv_heads * hd)
+                    .unwrap();
+                b.write_kv_rows(&mut c, 0, &t).unwrap();
+                c
+            };
+            let (k, v) = (kv(1), kv(2));
+            let q = b
+                .tensor_from_f32(&values(rows * heads * hd, 3), rows, heads * hd)
+                .unwrap();
+            let contiguous = b.attention(&q, &k, &v, n_kv - rows, n_kv, &p).unwrap();
+            let paged = b
+                .paged_attention(&q, &k, &v, &pages, n_kv - rows, n_kv, &p)
+                .unwrap();
+            let x = b
+                .tensor_from_f32(&values(n_kv * heads * hd, 4), n_kv, heads * hd)
+                .unwrap();
+            let packed = b
+                .packed_attention(
+                    &x,
+                    &x,
+                    &x,
+                    &[300, n_kv - 300],
+                    &PackedAttentionParams {
+                        n_heads: heads,
+                        head_dim: hd,
+                        scale: 0.2,
+                        radius: None,
+                    },
+                )
+                .unwrap();
+            [contiguous, paged, packed].map(|t| b.to_f32(&t).unwrap())
+        };
+        let (a, g) = (run(&whole), run(&grouped));
+        for (what, (a, g)) in ["attention", "paged attention", "packed attention"]
+            .iter()
+            .zip(a.iter().zip(&g))
+        {
+            assert!(a.iter().all(|x| x.is_finite()), "{what}: finite");
+            assert!(
+                a.iter().zip(g).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{what}: groups of one row changed the bits"
+            );
+        }
+    }
+
+    /// More than the device holds is [`BackendError::OutOfMemory`] naming the bytes, and the
+    /// backend goes on working.
+    #[test]
+    fn too_large_an_allocation_is_out_of_memory_and_the_device_stays_usable() {
+        let Some(b) = crate::testing::backend("out of memory") else {
+            return;
+        };
+        let heap = b.device().memory_bytes;
+        let oom = |e: BackendError, want: u64| match e {
+            BackendError::OutOfMemory {
+                bytes, ref what, ..
+            } => {
+                assert!(bytes >= want, "{e}: names {bytes} bytes, asked {want}");
+                assert!(e.to_string().contains(&bytes.to_string()), "{e}: {what}");
+            }
+            other => panic!("not OutOfMemory: {other}"),
+        };
+        oom(
+            b.alloc(heap as usize + 1, Place::Device, "a test buffer")
+                .err()
+                .expect("an allocation larger than the heap fails"),
+            heap + 1,
+        );
+        // Through the trait: a KV cache larger than the heap (when its elements stay within the
+        // kernels' 32-bit indices, as on lavapipe's 2 GiB heap).
+        let cols = 1024usize;
+        let rows = heap as usize / (4 * cols) + 1;
+        if ((rows * cols) as u64) < 1 << 32 {
+            let b32 = b.with(KvDtype::F32, false);
+            oom(
+                b32.kv_zeros(rows, cols)
+                    .err()
+                    .expect("a KV cache larger than the heap"),
+                (rows * cols * 4) as u64,
+            );
+        }
+        let t = b.tensor_from_f32(&[1.0, 2.0], 1, 2).unwrap();
+        assert_eq!(b.to_f32(&t).unwrap(), vec![1.0, 2.0]);
     }
 }

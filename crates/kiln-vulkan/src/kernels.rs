@@ -51,12 +51,13 @@ pub(crate) enum Kernel {
     Rope,
     AttentionF32,
     AttentionF16,
+    AttentionMerge,
     KvWrite,
     Scatter,
 }
 
 /// Number of kernels.
-pub(crate) const COUNT: usize = 50;
+pub(crate) const COUNT: usize = 51;
 
 /// Each kernel's name and SPIR-V (compiled by glslc from shaderc 2023.2).
 pub(crate) const SPIRV: [(&str, &[u8]); COUNT] = [
@@ -108,6 +109,7 @@ pub(crate) const SPIRV: [(&str, &[u8]); COUNT] = [
     ("rope", include_bytes!("../spv/rope.spv")),
     ("attention_f32", include_bytes!("../spv/attention_f32.spv")),
     ("attention_f16", include_bytes!("../spv/attention_f16.spv")),
+    ("attention_merge", include_bytes!("../spv/attention_merge.spv")),
     ("kv_write", include_bytes!("../spv/kv_write.spv")),
     ("scatter", include_bytes!("../spv/scatter.spv")),
 ];

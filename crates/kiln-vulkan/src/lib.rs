@@ -14,7 +14,8 @@
 //! - **Determinism**: every reduction runs in a fixed order, with no float atomics; each output
 //!   row of matmul and attention is computed by the same operations whatever else the call
 //!   holds, so the backend is batch-invariant.
-//! - **Errors**: out of device memory names the bytes; a lost device is reported at the next
+//! - **Errors**: out of device memory is [`BackendError::OutOfMemory`] naming the bytes (asking for more than
+//!   the largest heap is refused before Vulkan is called); a lost device is reported at the next
 //!   read back, not waited on forever. A key or value too large for an f16 KV cache is refused
 //!   on the device (the cache keeps its rows) and reported as [`BackendError::Range`] by the
 //!   next read back, since the host does not see the values when it records the write.
@@ -36,5 +37,47 @@ pub(crate) fn device_err(detail: impl Into<String>) -> BackendError {
     BackendError::Device {
         backend: "vulkan",
         detail: detail.into(),
+    }
+}
+
+/// What the tests that need a Vulkan device share (here and in kiln-cli): without a usable
+/// device they say so and pass, unless `KILN_REQUIRE_VULKAN=1` (set by `.ci/run`), under which
+/// they fail.
+#[doc(hidden)]
+pub mod testing {
+    use super::{VulkanBackend, VulkanOptions};
+
+    /// Whether the environment variable `name` is `1`.
+    pub fn flag(name: &str) -> bool {
+        std::env::var(name).is_ok_and(|v| v == "1")
+    }
+
+    /// Reports that `test` cannot run for want of a device (`why`): panics under
+    /// `KILN_REQUIRE_VULKAN=1`, otherwise says it is skipped.
+    pub fn unavailable(test: &str, why: &str) {
+        if flag("KILN_REQUIRE_VULKAN") {
+            panic!("{test}: KILN_REQUIRE_VULKAN=1, but no Vulkan backend: {why}");
+        }
+        eprintln!("{test} skipped: no Vulkan backend: {why}");
+    }
+
+    /// A backend on the first usable device (with the validation layer under
+    /// `KILN_VULKAN_VALIDATION=1`), or `None` after [`unavailable`].
+    pub fn backend(test: &str) -> Option<VulkanBackend> {
+        match VulkanBackend::new(&options()) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                unavailable(test, &e.to_string());
+                None
+            }
+        }
+    }
+
+    /// The default options, with validation as `KILN_VULKAN_VALIDATION` asks.
+    pub fn options() -> VulkanOptions {
+        VulkanOptions {
+            validation: flag("KILN_VULKAN_VALIDATION"),
+            ..VulkanOptions::default()
+        }
     }
 }

@@ -141,10 +141,25 @@ impl Buffer {
             .size(size)
             .usage(usage)
             .sharing_mode(vk::SharingMode::EXCLUSIVE);
+        let heap = ctx.info.memory_bytes;
+        if heap > 0 && size > heap {
+            return Err(out_of_memory(
+                ctx,
+                size,
+                what,
+                &format!(
+                    "more than its largest memory heap ({:.1} MiB)",
+                    heap as f64 / 1048576.0
+                ),
+            ));
+        }
         let dev = &ctx.device;
         // SAFETY: a valid create info; the buffer is destroyed on every path below.
-        let raw = unsafe { dev.create_buffer(&info, None) }.map_err(|e| {
-            device_err(format!("creating a buffer of {size} bytes for {what}: {e}"))
+        let raw = unsafe { dev.create_buffer(&info, None) }.map_err(|e| match e {
+            vk::Result::ERROR_OUT_OF_DEVICE_MEMORY | vk::Result::ERROR_OUT_OF_HOST_MEMORY => {
+                out_of_memory(ctx, size, what, &e.to_string())
+            }
+            _ => device_err(format!("creating a buffer of {size} bytes for {what}: {e}")),
         })?;
         let requirements = unsafe { dev.get_buffer_memory_requirements(raw) };
         let location = match place {
@@ -265,11 +280,11 @@ impl Drop for Buffer {
 /// The typed error of an allocation that failed: the bytes asked for, what they were for, and
 /// how much the device has.
 fn out_of_memory(ctx: &Context, size: u64, what: &str, detail: &str) -> BackendError {
-    device_err(format!(
-        "out of device memory: {size} bytes ({:.1} MiB) for {what} on {} ({:.0} MiB of device \
-         memory): {detail}",
-        size as f64 / (1 << 20) as f64,
-        ctx.info.name,
-        ctx.info.memory_bytes as f64 / (1 << 20) as f64,
-    ))
+    BackendError::OutOfMemory {
+        backend: "vulkan",
+        device: ctx.info.name.clone(),
+        bytes: size,
+        what: what.to_string(),
+        detail: detail.to_string(),
+    }
 }

@@ -11,30 +11,18 @@ use std::sync::OnceLock;
 
 use kiln_backend::KvDtype;
 use kiln_conformance::{suite, Claims};
-use kiln_vulkan::{VulkanBackend, VulkanOptions};
-
-fn flag(name: &str) -> bool {
-    std::env::var(name).is_ok_and(|v| v == "1")
-}
+use kiln_vulkan::{testing, VulkanBackend};
 
 /// One device for the whole test binary (opening one and compiling its kernels is the slow
 /// part on a software device); each case gets a backend on it with the KV type it asks for.
 fn vulkan(kv: KvDtype, batch_invariant: bool) -> Option<VulkanBackend> {
     static DEVICE: OnceLock<Result<VulkanBackend, String>> = OnceLock::new();
-    let opened = DEVICE.get_or_init(|| {
-        VulkanBackend::new(&VulkanOptions {
-            validation: flag("KILN_VULKAN_VALIDATION"),
-            ..VulkanOptions::default()
-        })
-        .map_err(|e| e.to_string())
-    });
+    let opened =
+        DEVICE.get_or_init(|| VulkanBackend::new(&testing::options()).map_err(|e| e.to_string()));
     match opened {
         Ok(b) => Some(b.with(kv, batch_invariant)),
-        Err(e) if flag("KILN_REQUIRE_VULKAN") => {
-            panic!("KILN_REQUIRE_VULKAN=1, but no Vulkan backend: {e}")
-        }
         Err(e) => {
-            eprintln!("no Vulkan backend: {e}");
+            testing::unavailable("the conformance suite", e);
             None
         }
     }

@@ -24,6 +24,9 @@ pub struct PerplexityArgs {
     /// Context (chunk) size in tokens.
     #[arg(short = 'c', long = "ctx-size", default_value_t = 512)]
     ctx: usize,
+    /// Score only the first N chunks (as llama-perplexity's --chunks); all of them by default.
+    #[arg(long, value_name = "N")]
+    chunks: Option<usize>,
     /// Print {"ppl": X, "chunks": N} instead of the running values.
     #[arg(long)]
     json: bool,
@@ -47,7 +50,11 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
         DecoderUse::Score,
         Some("perplexity"),
     )?;
-    let ids = m.tokenizer.encode(&text, true, false)?;
+    let mut ids = m.tokenizer.encode(&text, true, false)?;
+    if let Some(n) = a.chunks {
+        anyhow::ensure!(n > 0, "--chunks must be at least 1");
+        ids.truncate(n.saturating_mul(a.ctx.max(1)));
+    }
     eprintln!(
         "{} tokens, {} chunks of {}",
         ids.len(),

@@ -72,9 +72,6 @@ pub fn vulkan(test: &str) -> bool {
         ),
         Err(e) => e.to_string(),
     };
-    if std::env::var("KILN_REQUIRE_VULKAN").is_ok_and(|v| v == "1") {
-        panic!("{test}: KILN_REQUIRE_VULKAN=1, but {why}");
-    }
-    eprintln!("{test} skipped: {why}");
+    kiln_vulkan::testing::unavailable(test, &why);
     false
 }

@@ -284,3 +284,63 @@ pub fn packed_attention<B: Backend>(t: &Target<B>) {
         }
     }
 }
+
+/// Attention over a long context (16,000 keys, Gemma 3's heads of 256 in groups of 4): a decode
+/// step and a chunk of 4 rows at the end, with a window of 4,096 and a soft cap and
+/// without; paged (blocks of 256, out of order) gives the contiguous bits. Short-context cases
+/// cannot catch a kernel that splits long rows wrongly, or a device that stops long loops
+/// (lavapipe ends a shader invocation's loops after 65,535 iterations in all).
+pub fn long_attention<B: Backend>(t: &Target<B>) {
+    let heads = (4, 1, 256);
+    let (n_heads, n_kv_heads, hd) = heads;
+    let kv_cols = n_kv_heads * hd;
+    let (n_kv, bs) = (16_000, 256);
+    let (k, v) = (values(n_kv * kv_cols, 71), values(n_kv * kv_cols, 72));
+    let table = shuffled_table(n_kv.div_ceil(bs));
+    let pages = KvPages {
+        table: &table,
+        block_size: bs,
+    };
+    for (dtype, b) in t.kv_backends() {
+        let (kc, ks) = kv(&b, &k, n_kv, kv_cols);
+        let (vc, vs) = kv(&b, &v, n_kv, kv_cols);
+        let pool = |data: &[f32]| {
+            let p = paged(data, kv_cols, &table, bs);
+            kv(&b, &p, p.len() / kv_cols, kv_cols).0
+        };
+        let (kp, vp) = (pool(&k), pool(&v));
+        for n in [1, 4] {
+            let q_pos = n_kv - n;
+            let q = scaled(n * n_heads * hd, 73 + n as u64, 0.5);
+            let qt = tensor(&b, &q, n, n_heads * hd);
+            for mask in [(None, None), (Some(4096), Some(5.0))] {
+                let p = AttentionParams {
+                    scale: 1.0 / (hd as f32).sqrt(),
+                    ..params(heads, mask)
+                };
+                let what = format!(
+                    "{}: {dtype} attention over {n_kv} keys, {n} rows, window {:?}, softcap {:?}",
+                    b.name(),
+                    mask.0,
+                    mask.1
+                );
+                let got = host(&b, &b.attention(&qt, &kc, &vc, q_pos, n_kv, &p).unwrap());
+                check::close(
+                    &what,
+                    &got,
+                    &reference::attention(&q, &ks, &vs, (n, q_pos, n_kv), &p),
+                    n_heads * hd,
+                );
+                let paged = b
+                    .paged_attention(&qt, &kp, &vp, &pages, q_pos, n_kv, &p)
+                    .unwrap();
+                check::bits(
+                    &format!("{what}: paged vs contiguous"),
+                    &host(&b, &paged),
+                    &got,
+                    n_heads * hd,
+                );
+            }
+        }
+    }
+}

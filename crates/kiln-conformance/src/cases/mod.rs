@@ -11,7 +11,7 @@ mod norms;
 mod rope;
 mod tensors;
 
-pub use attention::{attention, attention_many, packed_attention, paged_attention};
+pub use attention::{attention, attention_many, long_attention, packed_attention, paged_attention};
 pub use elementwise::{activation, add_mul_scale, gated_activation};
 pub use errors::shape_errors;
 pub use invariance::{
