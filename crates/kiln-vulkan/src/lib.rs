@@ -14,9 +14,9 @@
 //! - **Determinism**: every reduction runs in a fixed order, with no float atomics; each output
 //!   row of matmul and attention is computed by the same operations whatever else the call
 //!   holds, so the backend is batch-invariant.
-//! - **Errors**: out of device memory is [`BackendError::OutOfMemory`] naming the bytes (asking for more than
-//!   the largest heap is refused before Vulkan is called); a lost device is reported at the next
-//!   read back, not waited on forever. A key or value too large for an f16 KV cache is refused
+//! - **Errors**: out of device memory is [`BackendError::OutOfMemory`] naming the bytes (more
+//!   than the largest heap is refused before Vulkan is called); a lost device is reported at
+//!   the next read back, not waited on forever. A key or value too large for an f16 KV cache is refused
 //!   on the device (the cache keeps its rows) and reported as [`BackendError::Range`] by the
 //!   next read back, since the host does not see the values when it records the write.
 
