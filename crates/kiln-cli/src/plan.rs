@@ -260,7 +260,9 @@ fn gpu(
     probe: Probe,
     cache: &ProfileCache,
 ) -> Result<Device> {
-    let key = ProfileCache::key("vulkan", &d.name, 0, &d.api_version);
+    // Rates with and without matrix units differ (KILN_VULKAN_COOPMAT=0 turns them off).
+    let units = if d.cooperative_matrix { " coopmat" } else { "" };
+    let key = ProfileCache::key("vulkan", &d.name, 0, &format!("{}{units}", d.api_version));
     let mut rates = match probe {
         Probe::Again => Rates::default(),
         _ => cache.load(&key).unwrap_or_default(),
@@ -294,7 +296,17 @@ fn gpu(
     };
     Ok(Device {
         kind: DeviceKind::Vulkan { index: d.index },
-        name: format!("vulkan:{} ({}, {})", d.index, d.name, d.kind.describe()),
+        name: format!(
+            "vulkan:{} ({}, {}{})",
+            d.index,
+            d.name,
+            d.kind.describe(),
+            if d.cooperative_matrix {
+                ", matrix units"
+            } else {
+                ""
+            }
+        ),
         memory_free: free,
         memory_total: total,
         rates,

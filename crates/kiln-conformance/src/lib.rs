@@ -77,6 +77,10 @@ pub struct Claims {
     pub gptq: bool,
     /// The KV element types the factory can give a backend for.
     pub kv_dtypes: Vec<KvDtype>,
+    /// Products of many rows may round activations and dequantized weights to f16 (each
+    /// activation row scaled by a power of two to stay in range) and sum in f32, as matrix
+    /// units do: the product cases then also accept that result.
+    pub half_products: bool,
 }
 
 impl Default for Claims {
@@ -88,6 +92,7 @@ impl Default for Claims {
             weight_types: ALL_WEIGHT_TYPES.to_vec(),
             gptq: true,
             kv_dtypes: vec![KvDtype::F32, KvDtype::F16],
+            half_products: false,
         }
     }
 }

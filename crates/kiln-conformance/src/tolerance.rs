@@ -123,6 +123,14 @@ pub fn quantized_product_f32_activations(k: usize) -> f64 {
     gamma(k + 8)
 }
 
+/// A product on f16 operands (matrix units) against the same operands rounded in the reference:
+/// `k` exact products summed in f32 in the device's order, plus the scale products (γ_{k+8}),
+/// and a dequantized weight that the kernel computed in f32 a rounding away from the reference's
+/// may round to the neighbouring f16: one f16 ulp (2⁻¹⁰ relative) of each term at most.
+pub fn half_product(k: usize) -> f64 {
+    gamma(k + 8) + 1.0 / 1024.0
+}
+
 /// Q4_1 and Q5_1 weights meet Q8_1 activations through the block sum `s = d·Σq`, which ggml's
 /// format stores in f16 (computed from the unrounded f32 `d`): the term `m_w · s` differs from
 /// the dequantized `m_w · d16 · Σq` by the rounding of `d` to f16 (2⁻¹¹ relative) and of `s`

@@ -26,6 +26,8 @@ layout(push_constant) uniform Push {
     uint row_bytes;
     uint has_bias;
     uint act; // 0: none, else activation code + 1
+    uint half_ops; // (matmul_tiled.comp's)
+    uint _pad;
 } p;
 
 void main() {

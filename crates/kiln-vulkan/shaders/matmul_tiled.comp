@@ -5,6 +5,10 @@
 // threads accumulates a 4 × 4 block of the tile. Sums run in a fixed order (k ascending), so
 // results do not depend on timing; a row's results do depend on the tile it falls in relative
 // to the one-row kernel, which is why batch-invariant mode never uses this kernel.
+//
+// With p.half_ops set, operands are rounded as matmul_coop.comp rounds them (half.glsl):
+// activation rows scaled into f16's range, activations and weights rounded to f16, sums scaled
+// back. Tests use it to check that rounding on devices without matrix units.
 #include "common.glsl"
 #include "dequant.glsl"
 
@@ -24,7 +28,11 @@ layout(push_constant) uniform Push {
     uint row_bytes;
     uint has_bias;
     uint act; // 0: none, else activation code + 1
+    uint half_ops;
+    uint _pad;
 } p;
+
+#include "half.glsl"
 
 shared float xs[BK][BM + 1u];
 shared float ws[BK][BN + 1u];
@@ -35,6 +43,9 @@ void main() {
     uint ty = t / 16u;
     uint n0 = gl_WorkGroupID.x * BN;
     uint m0 = gl_WorkGroupID.y * BM;
+    if (p.half_ops != 0u) {
+        find_row_exponents(t, m0);
+    }
     float acc[4][4];
     for (uint i = 0u; i < 4u; i++) {
         for (uint j = 0u; j < 4u; j++) {
@@ -49,7 +60,8 @@ void main() {
             uint c = e % BK;
             uint row = m0 + r;
             uint col = k0 + c;
-            xs[c][r] = (row < p.m && col < p.k) ? p.x.v[row * p.k + col] : 0.0;
+            float v = (row < p.m && col < p.k) ? p.x.v[row * p.k + col] : 0.0;
+            xs[c][r] = (p.half_ops != 0u) ? round_half(ldexp(v, -row_exp[r])) : v;
         }
         // Weights: 64 rows × 2 chunks of 16, one chunk per thread of the first 128.
         if (t < BN * 2u) {
@@ -66,7 +78,7 @@ void main() {
                 }
             }
             for (uint e = 0u; e < 16u; e++) {
-                ws[half_k * 16u + e][r] = v[e];
+                ws[half_k * 16u + e][r] = (p.half_ops != 0u) ? round_half(v[e]) : v[e];
             }
         }
         barrier();
@@ -95,7 +107,7 @@ void main() {
             if (col >= p.n) {
                 continue;
             }
-            float r = acc[i][j];
+            float r = (p.half_ops != 0u) ? ldexp(acc[i][j], row_exp[ty * 4u + i]) : acc[i][j];
             if (p.has_bias != 0u) {
                 r += p.bias.v[col];
             }

@@ -47,6 +47,8 @@ pub struct VulkanBackend {
     /// The most bytes of chunk results one attention dispatch writes
     /// ([`ATTENTION_PART_BYTES`]; smaller in tests, to cut calls into groups of rows).
     part_bytes: usize,
+    /// The tiled product rounds its operands as the cooperative-matrix one does (tests).
+    half_emulation: bool,
 }
 
 /// The device and what every backend on it shares (pipelines, the command stream).
@@ -138,32 +140,35 @@ fn act_code(a: Activation) -> u32 {
 struct TypeKernels {
     product: Kernel,
     tiled: Kernel,
+    /// The tiled product on cooperative matrices (f16 operands), for types f16 holds.
+    coop: Option<Kernel>,
     embed: Kernel,
 }
 
 fn kernels_of(ty: GgmlType) -> Option<TypeKernels> {
     use GgmlType as T;
     use Kernel as K;
-    let (product, tiled, embed) = match ty {
-        T::F32 => (K::MatmulF32, K::TiledF32, K::EmbedF32),
-        T::F16 => (K::MatmulF16, K::TiledF16, K::EmbedF16),
-        T::BF16 => (K::MatmulBf16, K::TiledBf16, K::EmbedBf16),
-        T::Q4_0 => (K::MatmulQ40, K::TiledQ40, K::EmbedQ40),
-        T::Q4_1 => (K::MatmulQ41, K::TiledQ41, K::EmbedQ41),
-        T::Q5_0 => (K::MatmulQ50, K::TiledQ50, K::EmbedQ50),
-        T::Q5_1 => (K::MatmulQ51, K::TiledQ51, K::EmbedQ51),
-        T::Q8_0 => (K::MatmulQ80, K::TiledQ80, K::EmbedQ80),
-        T::Q2_K => (K::MatmulQ2K, K::TiledQ2K, K::EmbedQ2K),
-        T::Q3_K => (K::MatmulQ3K, K::TiledQ3K, K::EmbedQ3K),
-        T::Q4_K => (K::MatmulQ4K, K::TiledQ4K, K::EmbedQ4K),
-        T::Q5_K => (K::MatmulQ5K, K::TiledQ5K, K::EmbedQ5K),
-        T::Q6_K => (K::MatmulQ6K, K::TiledQ6K, K::EmbedQ6K),
-        T::Q8_K => (K::MatmulQ8K, K::TiledQ8K, K::EmbedQ8K),
+    let (product, tiled, coop, embed) = match ty {
+        T::F32 => (K::MatmulF32, K::TiledF32, None, K::EmbedF32),
+        T::F16 => (K::MatmulF16, K::TiledF16, Some(K::CoopF16), K::EmbedF16),
+        T::BF16 => (K::MatmulBf16, K::TiledBf16, None, K::EmbedBf16),
+        T::Q4_0 => (K::MatmulQ40, K::TiledQ40, Some(K::CoopQ40), K::EmbedQ40),
+        T::Q4_1 => (K::MatmulQ41, K::TiledQ41, Some(K::CoopQ41), K::EmbedQ41),
+        T::Q5_0 => (K::MatmulQ50, K::TiledQ50, Some(K::CoopQ50), K::EmbedQ50),
+        T::Q5_1 => (K::MatmulQ51, K::TiledQ51, Some(K::CoopQ51), K::EmbedQ51),
+        T::Q8_0 => (K::MatmulQ80, K::TiledQ80, Some(K::CoopQ80), K::EmbedQ80),
+        T::Q2_K => (K::MatmulQ2K, K::TiledQ2K, Some(K::CoopQ2K), K::EmbedQ2K),
+        T::Q3_K => (K::MatmulQ3K, K::TiledQ3K, Some(K::CoopQ3K), K::EmbedQ3K),
+        T::Q4_K => (K::MatmulQ4K, K::TiledQ4K, Some(K::CoopQ4K), K::EmbedQ4K),
+        T::Q5_K => (K::MatmulQ5K, K::TiledQ5K, Some(K::CoopQ5K), K::EmbedQ5K),
+        T::Q6_K => (K::MatmulQ6K, K::TiledQ6K, Some(K::CoopQ6K), K::EmbedQ6K),
+        T::Q8_K => (K::MatmulQ8K, K::TiledQ8K, Some(K::CoopQ8K), K::EmbedQ8K),
         _ => return None,
     };
     Some(TypeKernels {
         product,
         tiled,
+        coop,
         embed,
     })
 }
@@ -183,6 +188,8 @@ struct MatmulPush {
     row_bytes: u32,
     has_bias: u32,
     act: u32,
+    half: u32,
+    _pad: u32,
 }
 
 #[repr(C)]
@@ -349,6 +356,7 @@ impl VulkanBackend {
             batch_invariant: options.batch_invariant,
             name,
             part_bytes: ATTENTION_PART_BYTES,
+            half_emulation: false,
         })
     }
 
@@ -361,6 +369,26 @@ impl VulkanBackend {
             batch_invariant,
             name: self.name.clone(),
             part_bytes: self.part_bytes,
+            half_emulation: self.half_emulation,
+        }
+    }
+
+    /// Whether products of many rows may round their operands to f16 (activation rows scaled
+    /// into range) and sum in f32: on a device whose matrix units kiln uses
+    /// ([`DeviceInfo::cooperative_matrix`]), unless batch-invariant (which keeps to the
+    /// few-row kernel). F32 and BF16 weights always multiply f32 operands.
+    pub fn half_products(&self) -> bool {
+        !self.batch_invariant && (self.shared.ctx.info.cooperative_matrix || self.half_emulation)
+    }
+
+    /// This backend, with the tiled product rounding its operands exactly as the
+    /// cooperative-matrix product does: tests check that rounding on devices without matrix
+    /// units.
+    #[doc(hidden)]
+    pub fn emulating_half_products(&self) -> VulkanBackend {
+        VulkanBackend {
+            half_emulation: true,
+            ..self.with(self.kv_dtype, self.batch_invariant)
         }
     }
 
@@ -629,6 +657,7 @@ impl VulkanBackend {
         // Many rows: the tiled kernel (its sums group differently from the few-row kernel's,
         // so batch-invariant mode keeps to the latter).
         let tiled = !self.batch_invariant && x.rows >= TILED_MIN_ROWS;
+        let mut half = false;
         let (kernel, grid) = if tiled {
             let tile = |v: usize| (v as u64).div_ceil(64);
             if tile(x.rows) > MAX_GROUPS || tile(wt.n) > MAX_GROUPS {
@@ -640,7 +669,13 @@ impl VulkanBackend {
                     ),
                 ));
             }
-            (kernels.tiled, [tile(wt.n) as u32, tile(x.rows) as u32, 1])
+            // On matrix units where the device has them (same tiles, f16 operands).
+            let kernel = match kernels.coop {
+                Some(k) if self.shared.ctx.info.cooperative_matrix => k,
+                _ => kernels.tiled,
+            };
+            half = self.half_emulation && kernels.coop.is_some();
+            (kernel, [tile(wt.n) as u32, tile(x.rows) as u32, 1])
         } else {
             (kernels.product, grid)
         };
@@ -655,6 +690,8 @@ impl VulkanBackend {
             row_bytes: wt.row_bytes as u32,
             has_bias: w.bias.is_some() as u32,
             act,
+            half: (half && kernel == kernels.tiled) as u32,
+            _pad: 0,
         };
         self.shared
             .exec

@@ -62,7 +62,10 @@ pub struct DeviceInfo {
     /// Bytes of the largest device-local memory heap.
     pub memory_bytes: u64,
     pub subgroup_size: u32,
-    /// `VK_KHR_cooperative_matrix` is offered (tensor cores on NVIDIA).
+    /// kiln multiplies on the device's matrix units (tensor cores on NVIDIA): it offers
+    /// `VK_KHR_cooperative_matrix` with 16 × 16 × 16 products of f16 into f32 in a subgroup of
+    /// at most 64 invocations, and the Vulkan memory model and f16 arithmetic that the kernels
+    /// need; `KILN_VULKAN_COOPMAT=0` turns it off.
     pub cooperative_matrix: bool,
     /// Why kiln cannot use the device (a missing feature), or `None` when it can.
     pub unusable: Option<String>,
@@ -214,7 +217,12 @@ fn version_string(v: u32) -> String {
 }
 
 /// Describes physical device `pd` (position `index`), with why kiln cannot use it, if so.
-fn describe(instance: &ash::Instance, pd: vk::PhysicalDevice, index: usize) -> DeviceInfo {
+fn describe(
+    entry: &ash::Entry,
+    instance: &ash::Instance,
+    pd: vk::PhysicalDevice,
+    index: usize,
+) -> DeviceInfo {
     // SAFETY: queries of a physical device the instance listed.
     let (props, mem, exts) = unsafe {
         (
@@ -229,9 +237,17 @@ fn describe(instance: &ash::Instance, pd: vk::PhysicalDevice, index: usize) -> D
     let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(&mut subgroup);
     let mut f11 = vk::PhysicalDeviceVulkan11Features::default();
     let mut f12 = vk::PhysicalDeviceVulkan12Features::default();
+    let mut coop = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
+    let has_coop_ext = exts.iter().any(|e| {
+        e.extension_name_as_c_str()
+            .is_ok_and(|n| n == ash::khr::cooperative_matrix::NAME)
+    });
     let mut features2 = vk::PhysicalDeviceFeatures2::default()
         .push_next(&mut f11)
         .push_next(&mut f12);
+    if has_coop_ext {
+        features2 = features2.push_next(&mut coop);
+    }
     let api_ok = props.api_version >= vk::API_VERSION_1_2;
     if api_ok {
         // SAFETY: Vulkan 1.2 devices answer the *2 queries.
@@ -247,10 +263,6 @@ fn describe(instance: &ash::Instance, pd: vk::PhysicalDevice, index: usize) -> D
         .map(|h| h.size)
         .max()
         .unwrap_or(0);
-    let has_ext = |name: &CStr| {
-        exts.iter()
-            .any(|e| e.extension_name_as_c_str().is_ok_and(|n| n == name))
-    };
     let mut missing = Vec::new();
     if !api_ok {
         missing.push("Vulkan 1.2".to_string());
@@ -277,9 +289,32 @@ fn describe(instance: &ash::Instance, pd: vk::PhysicalDevice, index: usize) -> D
         api_version: version_string(props.api_version),
         memory_bytes,
         subgroup_size: subgroup.subgroup_size,
-        cooperative_matrix: has_ext(ash::khr::cooperative_matrix::NAME),
+        cooperative_matrix: api_ok
+            && has_coop_ext
+            && coop.cooperative_matrix == vk::TRUE
+            && f12.vulkan_memory_model == vk::TRUE
+            && f12.shader_float16 == vk::TRUE
+            && (1..=64).contains(&subgroup.subgroup_size)
+            && has_f16_product(entry, instance, pd)
+            && std::env::var("KILN_VULKAN_COOPMAT").map_or(true, |v| v != "0"),
         unusable,
     }
+}
+
+/// Whether the device's cooperative matrices include the one kind the kernels use: 16 × 16 × 16,
+/// f16 operands, f32 sums and results, subgroup scope.
+fn has_f16_product(entry: &ash::Entry, instance: &ash::Instance, pd: vk::PhysicalDevice) -> bool {
+    let ext = ash::khr::cooperative_matrix::Instance::new(entry, instance);
+    // SAFETY: a query of a device that offers the extension.
+    let kinds = unsafe { ext.get_physical_device_cooperative_matrix_properties(pd) };
+    kinds.unwrap_or_default().iter().any(|k| {
+        (k.m_size, k.n_size, k.k_size) == (16, 16, 16)
+            && k.a_type == vk::ComponentTypeKHR::FLOAT16
+            && k.b_type == vk::ComponentTypeKHR::FLOAT16
+            && k.c_type == vk::ComponentTypeKHR::FLOAT32
+            && k.result_type == vk::ComponentTypeKHR::FLOAT32
+            && k.scope == vk::ScopeKHR::SUBGROUP
+    })
 }
 
 /// Every Vulkan device the loader lists, usable or not (an error when there is no loader or no
@@ -292,7 +327,7 @@ pub fn list_devices() -> Result<Vec<DeviceInfo>> {
     let out = devices.map(|pds| {
         pds.iter()
             .enumerate()
-            .map(|(i, &pd)| describe(&instance, pd, i))
+            .map(|(i, &pd)| describe(&entry, &instance, pd, i))
             .collect()
     });
     // SAFETY: nothing made from the instance outlives this function.
@@ -318,7 +353,7 @@ pub(crate) fn open(index: Option<usize>, validation: bool) -> Result<Arc<Context
     let infos: Vec<DeviceInfo> = pds
         .iter()
         .enumerate()
-        .map(|(i, &pd)| describe(&instance, pd, i))
+        .map(|(i, &pd)| describe(&entry, &instance, pd, i))
         .collect();
     let chosen = match index {
         Some(i) => match infos.get(i) {
@@ -410,10 +445,21 @@ fn open_device(
         .buffer_device_address(true)
         .storage_buffer8_bit_access(true)
         .shader_int8(true);
-    let create = vk::DeviceCreateInfo::default()
+    let mut coop = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
+    let mut ext_names = Vec::new();
+    if info.cooperative_matrix {
+        f12 = f12.vulkan_memory_model(true).shader_float16(true);
+        coop = coop.cooperative_matrix(true);
+        ext_names.push(ash::khr::cooperative_matrix::NAME.as_ptr());
+    }
+    let mut create = vk::DeviceCreateInfo::default()
         .queue_create_infos(&queues)
+        .enabled_extension_names(&ext_names)
         .push_next(&mut f11)
         .push_next(&mut f12);
+    if info.cooperative_matrix {
+        create = create.push_next(&mut coop);
+    }
     // SAFETY: the features were checked by `describe`.
     let device = match unsafe { instance.create_device(pd, &create, None) } {
         Ok(d) => d,

@@ -45,6 +45,18 @@ pub(crate) enum Kernel {
     EmbedQ5K,
     EmbedQ6K,
     EmbedQ8K,
+    CoopF16,
+    CoopQ40,
+    CoopQ41,
+    CoopQ50,
+    CoopQ51,
+    CoopQ80,
+    CoopQ2K,
+    CoopQ3K,
+    CoopQ4K,
+    CoopQ5K,
+    CoopQ6K,
+    CoopQ8K,
     MatmulGptq,
     Eltwise,
     Norm,
@@ -57,9 +69,10 @@ pub(crate) enum Kernel {
 }
 
 /// Number of kernels.
-pub(crate) const COUNT: usize = 51;
+pub(crate) const COUNT: usize = 63;
 
-/// Each kernel's name and SPIR-V (compiled by glslc from shaderc 2023.2).
+/// Each kernel's name and SPIR-V (compiled by glslc from shaderc 2023.2; coop_* by
+/// glslang 15.1.0).
 pub(crate) const SPIRV: [(&str, &[u8]); COUNT] = [
     ("matmul_f32", include_bytes!("../spv/matmul_f32.spv")),
     ("matmul_f16", include_bytes!("../spv/matmul_f16.spv")),
@@ -103,6 +116,18 @@ pub(crate) const SPIRV: [(&str, &[u8]); COUNT] = [
     ("embed_q5_k", include_bytes!("../spv/embed_q5_k.spv")),
     ("embed_q6_k", include_bytes!("../spv/embed_q6_k.spv")),
     ("embed_q8_k", include_bytes!("../spv/embed_q8_k.spv")),
+    ("coop_f16", include_bytes!("../spv/coop_f16.spv")),
+    ("coop_q4_0", include_bytes!("../spv/coop_q4_0.spv")),
+    ("coop_q4_1", include_bytes!("../spv/coop_q4_1.spv")),
+    ("coop_q5_0", include_bytes!("../spv/coop_q5_0.spv")),
+    ("coop_q5_1", include_bytes!("../spv/coop_q5_1.spv")),
+    ("coop_q8_0", include_bytes!("../spv/coop_q8_0.spv")),
+    ("coop_q2_k", include_bytes!("../spv/coop_q2_k.spv")),
+    ("coop_q3_k", include_bytes!("../spv/coop_q3_k.spv")),
+    ("coop_q4_k", include_bytes!("../spv/coop_q4_k.spv")),
+    ("coop_q5_k", include_bytes!("../spv/coop_q5_k.spv")),
+    ("coop_q6_k", include_bytes!("../spv/coop_q6_k.spv")),
+    ("coop_q8_k", include_bytes!("../spv/coop_q8_k.spv")),
     ("matmul_gptq", include_bytes!("../spv/matmul_gptq.spv")),
     ("eltwise", include_bytes!("../spv/eltwise.spv")),
     ("norm", include_bytes!("../spv/norm.spv")),

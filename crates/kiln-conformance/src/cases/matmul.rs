@@ -31,18 +31,36 @@ use crate::{Target, ALL_WEIGHT_TYPES};
 
 /// The exact products a backend may have computed `x · Wᵀ (+ b)` as, for weights of `ty`
 /// (`w_bytes` as uploaded, `w` the values they hold), each with its rounding bound: float types
-/// on f32 activations; block types on activations quantized to `vec_dot_type(ty)`, or in f32.
+/// on f32 activations; block types on activations quantized to `vec_dot_type(ty)`, or in f32;
+/// and, where the backend claims [`crate::Claims::half_products`], on f16 operands.
 pub fn candidates(
     ty: GgmlType,
     x: &[f32],
     (m, k, n): (usize, usize, usize),
     (w_bytes, w): (&[u8], &[f32]),
     bias: Option<&[f32]>,
+    half: bool,
 ) -> Vec<(String, Expected)> {
     let dims = (m, k, n);
+    let mut out = if half && ty != GgmlType::F32 && ty != GgmlType::BF16 {
+        let mag = (!is_float(ty)).then(|| reference::quant_magnitude(ty, w_bytes, w));
+        let (xh, wh) = (half_rows(x, k), half_values(w));
+        let e = reference::product_expected(
+            &xh,
+            dims,
+            &wh,
+            bias,
+            mag.as_deref(),
+            tolerance::half_product(k),
+        );
+        vec![("f16 operands".into(), e)]
+    } else {
+        Vec::new()
+    };
     if is_float(ty) {
         let e = reference::product_expected(x, dims, w, bias, None, tolerance::float_product(k));
-        return vec![("f32 activations".into(), e)];
+        out.push(("f32 activations".into(), e));
+        return out;
     }
     let mag = reference::quant_magnitude(ty, w_bytes, w);
     let act_ty = kiln_quant::vec_dot_type(ty).unwrap();
@@ -85,10 +103,30 @@ pub fn candidates(
         Some(&mag),
         tolerance::quantized_product_f32_activations(k),
     );
-    vec![
-        (format!("{act_ty} activations"), quantized),
-        ("f32 activations".into(), plain),
-    ]
+    out.push((format!("{act_ty} activations"), quantized));
+    out.push(("f32 activations".into(), plain));
+    out
+}
+
+/// Values rounded to f16 (to nearest, ties to even).
+fn half_values(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|&x| f16::from_f32(x).to_f32()).collect()
+}
+
+/// Rows of `k` activations as a kernel on f16 operands sees them: each row scaled by `2^-e`,
+/// `e = max(0, E − 14)` with `E` the binary exponent of the row's largest |x| (so that the row
+/// stays below 2^15), rounded to f16 and scaled back (both scalings exact).
+fn half_rows(x: &[f32], k: usize) -> Vec<f32> {
+    x.chunks(k.max(1))
+        .flat_map(|row| {
+            let max = row.iter().map(|v| v.abs().to_bits()).max().unwrap_or(0);
+            let e = (((max >> 23) & 0xff) as i32 - 127 - 14).max(0);
+            let s = 2f32.powi(e);
+            row.iter()
+                .map(move |&v| f16::from_f32(v / s).to_f32() * s)
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }
 
 /// `matmul` of `lin` on `x` (`m` rows), and the [`candidates`] it must match.
@@ -99,27 +137,29 @@ fn run_matmul<B: Backend>(
     m: usize,
     (w_bytes, w): (&[u8], &[f32]),
     bias: Option<&[f32]>,
+    half: bool,
 ) -> (Vec<f32>, Vec<(String, Expected)>) {
     let (k, n) = (lin.in_features, lin.out_features);
     let y = b.matmul(&tensor(b, x, m, k), lin).unwrap();
     assert_eq!(b.shape(&y), (m, n), "{}: matmul shape", b.name());
     (
         host(b, &y),
-        candidates(lin.ty, x, (m, k, n), (w_bytes, w), bias),
+        candidates(lin.ty, x, (m, k, n), (w_bytes, w), bias, half),
     )
 }
 
-/// [`run_matmul`], checked.
+/// [`run_matmul`] of the rows in `x`, checked.
 fn check_matmul<B: Backend>(
     b: &B,
     what: &str,
     lin: &Linear<B>,
     x: &[f32],
-    m: usize,
     weights: (&[u8], &[f32]),
     bias: Option<&[f32]>,
+    half: bool,
 ) {
-    let (y, c) = run_matmul(b, lin, x, m, weights, bias);
+    let m = x.len() / lin.in_features.max(1);
+    let (y, c) = run_matmul(b, lin, x, m, weights, bias, half);
     check::close_any(what, &y, &c, lin.out_features);
 }
 
@@ -140,10 +180,26 @@ fn matmul_float<B: Backend>(t: &Target<B>, ty: GgmlType) {
             for m in (1..=13).chain([64, 257]) {
                 let x = values(m * k, (m * 7 + k) as u64);
                 let what = format!("{}: {ty} matmul [{m}, {k}] x [{n}, {k}]ᵀ + b", b.name());
-                check_matmul(&b, &what, &lin, &x, m, (&bytes, &w), Some(&bias));
+                check_matmul(
+                    &b,
+                    &what,
+                    &lin,
+                    &x,
+                    (&bytes, &w),
+                    Some(&bias),
+                    t.claims.half_products,
+                );
                 if m == 13 {
                     let what = format!("{}: {ty} matmul [{m}, {k}] x [{n}, {k}]ᵀ", b.name());
-                    check_matmul(&b, &what, &plain, &x, m, (&bytes, &w), None);
+                    check_matmul(
+                        &b,
+                        &what,
+                        &plain,
+                        &x,
+                        (&bytes, &w),
+                        None,
+                        t.claims.half_products,
+                    );
                 }
             }
         }
@@ -155,7 +211,15 @@ fn matmul_float<B: Backend>(t: &Target<B>, ty: GgmlType) {
     for m in [1, 7, 8, 33] {
         let x = values(m * k, 10 + m as u64);
         let what = format!("{}: {ty} matmul [{m}, {k}] x [{n}, {k}]ᵀ + b", b.name());
-        check_matmul(&b, &what, &lin, &x, m, (&bytes, &w), Some(&bias));
+        check_matmul(
+            &b,
+            &what,
+            &lin,
+            &x,
+            (&bytes, &w),
+            Some(&bias),
+            t.claims.half_products,
+        );
     }
 }
 
@@ -175,7 +239,8 @@ fn quantized_shapes(ty: GgmlType) -> [(usize, usize); 4] {
 const PRODUCT_ROWS: [usize; 6] = [1, 2, 3, 8, 17, 70];
 
 /// A block type's products at [`quantized_shapes`] × [`PRODUCT_ROWS`], with a bias on one shape,
-/// an all-zero weight row and an all-zero activation row (zero scales); Q8_0 also with a matrix
+/// an all-zero weight row, an all-zero activation row (zero scales) and one of values past f16's
+/// range; Q8_0 also with a matrix
 /// quantized by hand, independently of kiln-quant.
 fn matmul_quantized<B: Backend>(t: &Target<B>, ty: GgmlType) {
     if !t.computes(ty, "matmul") {
@@ -202,7 +267,24 @@ fn matmul_quantized<B: Backend>(t: &Target<B>, ty: GgmlType) {
             if m >= 3 {
                 x[k..2 * k].fill(0.0);
             }
-            let (y, c) = run_matmul(&b, lin, &x, m, (bytes, w), bias.as_deref());
+            if m >= 17 {
+                // A row past f16's range (65,504), as activations of some models reach, in
+                // pairs of opposite values: Q8_1's block sums are f16 (ggml's format), which
+                // a row of large sums would overflow on any backend that uses them.
+                for (i, v) in x[2 * k..3 * k].iter_mut().enumerate() {
+                    let a = 3.0e5 * (1.0 + (i / 2 % 7) as f32 / 7.0);
+                    *v = if i % 2 == 0 { a } else { -a };
+                }
+            }
+            let (y, c) = run_matmul(
+                &b,
+                lin,
+                &x,
+                m,
+                (bytes, w),
+                bias.as_deref(),
+                t.claims.half_products,
+            );
             let call = format!(
                 "[{m}, {k}] x [{n}, {k}]ᵀ{}",
                 if bias.is_some() { " + b" } else { "" }
@@ -221,7 +303,15 @@ fn matmul_quantized<B: Backend>(t: &Target<B>, ty: GgmlType) {
                 "{}: Q8_0 (by hand) matmul [{m}, {k}] x [{n}, {k}]ᵀ",
                 b.name()
             );
-            check_matmul(&b, &what, &lin, &x, m, (&bytes, &w), None);
+            check_matmul(
+                &b,
+                &what,
+                &lin,
+                &x,
+                (&bytes, &w),
+                None,
+                t.claims.half_products,
+            );
         }
     }
 }
@@ -483,7 +573,14 @@ pub fn matmul_activation<B: Backend>(t: &Target<B>) {
                     &b,
                     &b.activation(&b.matmul(&xt, &lin).unwrap(), act).unwrap(),
                 );
-                let products = candidates(ty, &x, (m, k, n), (&bytes, &w), Some(&bias));
+                let products = candidates(
+                    ty,
+                    &x,
+                    (m, k, n),
+                    (&bytes, &w),
+                    Some(&bias),
+                    t.claims.half_products,
+                );
                 let through = |e: &Expected| activated(act, e);
                 let want: Vec<(String, Expected)> = products
                     .iter()
