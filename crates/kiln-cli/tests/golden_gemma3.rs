@@ -208,22 +208,22 @@ fn greedy_mismatch(reference: &Value, ours: &[u64]) -> (usize, Option<usize>) {
 }
 
 fn greedy(prompt: &str, threads: &str) -> Value {
-    greedy_with(prompt, threads, &[])
+    greedy_with(prompt, threads, &[], &[])
 }
 
-fn greedy_with(prompt: &str, threads: &str, extra: &[&str]) -> Value {
+fn greedy_with(prompt: &str, threads: &str, extra: &[&str], env: &[(&str, &str)]) -> Value {
     let mut args = vec![
         "run", "-m", MODEL, "-p", prompt, "-n", "32", "--temp", "0", "--json", "-t", threads,
     ];
     args.extend_from_slice(extra);
-    let out = run_ok(&args, "");
+    let out = common::run_ok_env(&args, "", env);
     serde_json::from_str(out.trim()).unwrap()
 }
 
 /// Greedy generation of the golden prompts (`only`: these of them, else all; `extra`
-/// arguments) against llama.cpp's: no prompt may diverge before a step whose reference top-2 gap
+/// arguments, `env` for kiln) against llama.cpp's: no prompt may diverge before a step whose reference top-2 gap
 /// is below 0.6 nats (one in twenty allowed).
-fn check_greedy(only: Option<&[usize]>, extra: &[&str]) {
+fn check_greedy(only: Option<&[usize]>, extra: &[&str], env: &[(&str, &str)]) {
     let cases = read_jsonl("gemma3-270m/public/greedy.jsonl");
     let hf = read_jsonl("gemma3-270m-hf/public/greedy.jsonl");
     let chosen: Vec<usize> = only.map_or_else(|| (0..cases.len()).collect(), |o| o.to_vec());
@@ -231,7 +231,7 @@ fn check_greedy(only: Option<&[usize]>, extra: &[&str]) {
     let (mut equal_llama, mut equal_hf) = (0, 0);
     for &i in &chosen {
         let (case, hf_case) = (&cases[i], &hf[i]);
-        let got = greedy_with(case["prompt"].as_str().unwrap(), "2", extra);
+        let got = greedy_with(case["prompt"].as_str().unwrap(), "2", extra, env);
         assert_eq!(
             ids(&got["prompt_ids"]),
             ids(&case["prompt_ids"]),
@@ -254,7 +254,7 @@ fn check_greedy(only: Option<&[usize]>, extra: &[&str]) {
         }
     }
     eprintln!(
-        "greedy {extra:?}: {equal_llama}/{} sequences identical to llama.cpp, {equal_hf} to HF; early divergences: {early:?}",
+        "greedy {extra:?} {env:?}: {equal_llama}/{} sequences identical to llama.cpp, {equal_hf} to HF; early divergences: {early:?}",
         chosen.len()
     );
     assert!(
@@ -267,7 +267,7 @@ fn check_greedy(only: Option<&[usize]>, extra: &[&str]) {
 
 #[test]
 fn greedy_generation_matches_llama_cpp() {
-    check_greedy(None, &[]);
+    check_greedy(None, &[], &[]);
 }
 
 /// Greedy generation on a Vulkan device: three short golden prompts (one a chat turn), 32
@@ -276,7 +276,21 @@ fn greedy_generation_matches_llama_cpp() {
 #[test]
 fn greedy_generation_on_vulkan_matches_llama_cpp() {
     if common::vulkan("greedy_generation_on_vulkan") {
-        check_greedy(Some(&[0, 6, 15]), &["--backend", "vulkan"]);
+        check_greedy(Some(&[0, 6, 15]), &["--backend", "vulkan"], &[]);
+    }
+}
+
+/// The same two of them with the decode steps' products on integer dot products (int8
+/// activations, as llama.cpp's CPU path quantizes them; lavapipe runs them without
+/// accelerating them, so kiln uses them there only when `KILN_VULKAN_INTDOT=1` asks).
+#[test]
+fn greedy_generation_on_vulkan_integer_dots_matches_llama_cpp() {
+    if common::vulkan("greedy_generation_on_vulkan_integer_dots") {
+        check_greedy(
+            Some(&[0, 15]),
+            &["--backend", "vulkan"],
+            &[("KILN_VULKAN_INTDOT", "1")],
+        );
     }
 }
 
@@ -288,7 +302,11 @@ fn greedy_generation_on_vulkan_matches_llama_cpp() {
 fn split_between_vulkan_and_cpu_generates_the_golden_tokens() {
     if common::vulkan("split_between_vulkan_and_cpu") {
         for k in ["1", "9", "17"] {
-            check_greedy(Some(&[0, 15]), &["--backend", "vulkan", "--gpu-layers", k]);
+            check_greedy(
+                Some(&[0, 15]),
+                &["--backend", "vulkan", "--gpu-layers", k],
+                &[],
+            );
         }
     }
 }
@@ -308,7 +326,7 @@ fn a_mapped_model_gives_the_tokens_of_a_read_one() {
     // tokens.
     let prompt = "The capital of France is";
     let read = greedy(prompt, "2");
-    let mapped = greedy_with(prompt, "2", &["--mmap"]);
+    let mapped = greedy_with(prompt, "2", &["--mmap"], &[]);
     assert_eq!(read["ids"], mapped["ids"]);
     assert_eq!(ids(&read["ids"]).len(), 32);
 }

@@ -81,6 +81,9 @@ pub struct Claims {
     /// activation row scaled by a power of two to stay in range) and sum in f32, as matrix
     /// units do: the product cases then also accept that result.
     pub half_products: bool,
+    /// Products of block weights may quantize each block of 32 activations to int8 codes with
+    /// one scale (integer dot products): the product cases then also accept that result.
+    pub int8_activations: bool,
 }
 
 impl Default for Claims {
@@ -93,6 +96,7 @@ impl Default for Claims {
             gptq: true,
             kv_dtypes: vec![KvDtype::F32, KvDtype::F16],
             half_products: false,
+            int8_activations: false,
         }
     }
 }

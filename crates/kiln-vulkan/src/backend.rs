@@ -49,6 +49,8 @@ pub struct VulkanBackend {
     part_bytes: usize,
     /// The tiled product rounds its operands as the cooperative-matrix one does (tests).
     half_emulation: bool,
+    /// Few-row products of block weights run on integer dot products.
+    integer_dots: bool,
 }
 
 /// The device and what every backend on it shares (pipelines, the command stream).
@@ -142,6 +144,8 @@ struct TypeKernels {
     tiled: Kernel,
     /// The tiled product on cooperative matrices (f16 operands), for types f16 holds.
     coop: Option<Kernel>,
+    /// The few-row product on integer dot products (int8 activations), for block types.
+    dot: Option<Kernel>,
     embed: Kernel,
 }
 
@@ -165,10 +169,25 @@ fn kernels_of(ty: GgmlType) -> Option<TypeKernels> {
         T::Q8_K => (K::MatmulQ8K, K::TiledQ8K, Some(K::CoopQ8K), K::EmbedQ8K),
         _ => return None,
     };
+    let dot = match ty {
+        T::Q4_0 => Some(K::DotQ40),
+        T::Q4_1 => Some(K::DotQ41),
+        T::Q5_0 => Some(K::DotQ50),
+        T::Q5_1 => Some(K::DotQ51),
+        T::Q8_0 => Some(K::DotQ80),
+        T::Q2_K => Some(K::DotQ2K),
+        T::Q3_K => Some(K::DotQ3K),
+        T::Q4_K => Some(K::DotQ4K),
+        T::Q5_K => Some(K::DotQ5K),
+        T::Q6_K => Some(K::DotQ6K),
+        T::Q8_K => Some(K::DotQ8K),
+        _ => None,
+    };
     Some(TypeKernels {
         product,
         tiled,
         coop,
+        dot,
         embed,
     })
 }
@@ -296,6 +315,30 @@ struct AttentionPush {
 
 #[repr(C)]
 #[derive(Clone, Copy)]
+struct QuantActPush {
+    x: u64,
+    xq: u64,
+    m: u32,
+    k: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DotPush {
+    w: u64,
+    xq: u64,
+    y: u64,
+    bias: u64,
+    m: u32,
+    k: u32,
+    n: u32,
+    row_bytes: u32,
+    has_bias: u32,
+    act: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
 struct MergePush {
     part: u64,
     o: u64,
@@ -350,6 +393,12 @@ impl VulkanBackend {
         let flag = Buffer::new(&ctx, 4, Place::Device, "the f16 range flag")?;
         exec.fill(&flag, 0, 4, 0)?;
         let name = format!("vulkan:{} ({})", ctx.info.index, ctx.info.name);
+        let ctx_dots = ctx.info.integer_dot
+            && match std::env::var("KILN_VULKAN_INTDOT").as_deref() {
+                Ok("0") => false,
+                Ok("1") => true,
+                _ => ctx.info.integer_dot_accelerated,
+            };
         Ok(VulkanBackend {
             shared: Arc::new(Shared { exec, ctx, flag }),
             kv_dtype: options.kv_dtype,
@@ -357,6 +406,7 @@ impl VulkanBackend {
             name,
             part_bytes: ATTENTION_PART_BYTES,
             half_emulation: false,
+            integer_dots: ctx_dots,
         })
     }
 
@@ -370,7 +420,27 @@ impl VulkanBackend {
             name: self.name.clone(),
             part_bytes: self.part_bytes,
             half_emulation: self.half_emulation,
+            integer_dots: self.integer_dots,
         }
+    }
+
+    /// Whether few-row products of block weights quantize the activations to int8 (blocks of
+    /// 32, one f32 scale each) and run on integer dot products: where the device accelerates
+    /// them ([`DeviceInfo::integer_dot_accelerated`]; `KILN_VULKAN_INTDOT=0` never, `=1`
+    /// wherever the device runs them).
+    pub fn int8_activations(&self) -> bool {
+        self.integer_dots
+    }
+
+    /// This backend, with few-row products of block weights on integer dot products even where
+    /// the device does not accelerate them (tests check the kernels on such devices); `None`
+    /// where the device cannot run them at all.
+    #[doc(hidden)]
+    pub fn using_integer_dots(&self) -> Option<VulkanBackend> {
+        self.shared.ctx.info.integer_dot.then(|| VulkanBackend {
+            integer_dots: true,
+            ..self.with(self.kv_dtype, self.batch_invariant)
+        })
     }
 
     /// Whether products of many rows may round their operands to f16 (activation rows scaled
@@ -654,9 +724,43 @@ impl VulkanBackend {
             return Ok(y);
         }
         let kernels = kernels_of(wt.ty).expect("uploaded weights have a kernel");
+        let few = self.batch_invariant || x.rows < TILED_MIN_ROWS;
+        if let (true, true, Some(dot)) = (few, self.integer_dots, kernels.dot) {
+            let blocks = wt.k / 32;
+            let xq = self.alloc(x.rows * blocks * 44, Place::Scratch, "int8 activations")?;
+            let quant = QuantActPush {
+                x: x.buf.addr,
+                xq: xq.addr,
+                m: x.rows as u32,
+                k: wt.k as u32,
+            };
+            self.shared.exec.dispatch(
+                Kernel::QuantAct,
+                push_bytes(&quant),
+                [groups(blocks as u64, 64), groups(x.rows as u64, 1), 1],
+                &[&x.buf, &xq],
+            )?;
+            let push = DotPush {
+                w: wt.buf.addr,
+                xq: xq.addr,
+                y: y.buf.addr,
+                bias,
+                m: x.rows as u32,
+                k: wt.k as u32,
+                n: wt.n as u32,
+                row_bytes: wt.row_bytes as u32,
+                has_bias: w.bias.is_some() as u32,
+                act,
+            };
+            uses.push(&xq);
+            self.shared
+                .exec
+                .dispatch(dot, push_bytes(&push), grid, &uses)?;
+            return Ok(y);
+        }
         // Many rows: the tiled kernel (its sums group differently from the few-row kernel's,
         // so batch-invariant mode keeps to the latter).
-        let tiled = !self.batch_invariant && x.rows >= TILED_MIN_ROWS;
+        let tiled = !few;
         let mut half = false;
         let (kernel, grid) = if tiled {
             let tile = |v: usize| (v as u64).div_ceil(64);

@@ -67,6 +67,13 @@ pub struct DeviceInfo {
     /// at most 64 invocations, and the Vulkan memory model and f16 arithmetic that the kernels
     /// need; `KILN_VULKAN_COOPMAT=0` turns it off.
     pub cooperative_matrix: bool,
+    /// The device runs integer dot products of packed int8 vectors
+    /// (`VK_KHR_shader_integer_dot_product`).
+    pub integer_dot: bool,
+    /// ... and accelerates them: kiln's few-row products of block weights then use them (on
+    /// int8 activations). `KILN_VULKAN_INTDOT=0` keeps them off, `=1` uses them wherever the
+    /// device runs them.
+    pub integer_dot_accelerated: bool,
     /// Why kiln cannot use the device (a missing feature), or `None` when it can.
     pub unusable: Option<String>,
 }
@@ -234,7 +241,16 @@ fn describe(
         )
     };
     let mut subgroup = vk::PhysicalDeviceSubgroupProperties::default();
+    let has_dot_ext = exts.iter().any(|e| {
+        e.extension_name_as_c_str()
+            .is_ok_and(|n| n == ash::khr::shader_integer_dot_product::NAME)
+    });
+    let mut dot_props = vk::PhysicalDeviceShaderIntegerDotProductProperties::default();
+    let mut dot = vk::PhysicalDeviceShaderIntegerDotProductFeatures::default();
     let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(&mut subgroup);
+    if has_dot_ext {
+        props2 = props2.push_next(&mut dot_props);
+    }
     let mut f11 = vk::PhysicalDeviceVulkan11Features::default();
     let mut f12 = vk::PhysicalDeviceVulkan12Features::default();
     let mut coop = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
@@ -247,6 +263,9 @@ fn describe(
         .push_next(&mut f12);
     if has_coop_ext {
         features2 = features2.push_next(&mut coop);
+    }
+    if has_dot_ext {
+        features2 = features2.push_next(&mut dot);
     }
     let api_ok = props.api_version >= vk::API_VERSION_1_2;
     if api_ok {
@@ -297,6 +316,11 @@ fn describe(
             && (1..=64).contains(&subgroup.subgroup_size)
             && has_f16_product(entry, instance, pd)
             && std::env::var("KILN_VULKAN_COOPMAT").map_or(true, |v| v != "0"),
+        integer_dot: api_ok && has_dot_ext && dot.shader_integer_dot_product == vk::TRUE,
+        integer_dot_accelerated: api_ok
+            && has_dot_ext
+            && dot.shader_integer_dot_product == vk::TRUE
+            && dot_props.integer_dot_product4x8_bit_packed_signed_accelerated == vk::TRUE,
         unusable,
     }
 }
@@ -446,7 +470,12 @@ fn open_device(
         .storage_buffer8_bit_access(true)
         .shader_int8(true);
     let mut coop = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
+    let mut dot = vk::PhysicalDeviceShaderIntegerDotProductFeatures::default();
     let mut ext_names = Vec::new();
+    if info.integer_dot {
+        dot = dot.shader_integer_dot_product(true);
+        ext_names.push(ash::khr::shader_integer_dot_product::NAME.as_ptr());
+    }
     if info.cooperative_matrix {
         f12 = f12.vulkan_memory_model(true).shader_float16(true);
         coop = coop.cooperative_matrix(true);
@@ -459,6 +488,9 @@ fn open_device(
         .push_next(&mut f12);
     if info.cooperative_matrix {
         create = create.push_next(&mut coop);
+    }
+    if info.integer_dot {
+        create = create.push_next(&mut dot);
     }
     // SAFETY: the features were checked by `describe`.
     let device = match unsafe { instance.create_device(pd, &create, None) } {

@@ -57,6 +57,17 @@ pub(crate) enum Kernel {
     CoopQ5K,
     CoopQ6K,
     CoopQ8K,
+    DotQ40,
+    DotQ41,
+    DotQ50,
+    DotQ51,
+    DotQ80,
+    DotQ2K,
+    DotQ3K,
+    DotQ4K,
+    DotQ5K,
+    DotQ6K,
+    DotQ8K,
     MatmulGptq,
     Eltwise,
     Norm,
@@ -65,11 +76,12 @@ pub(crate) enum Kernel {
     AttentionF16,
     AttentionMerge,
     KvWrite,
+    QuantAct,
     Scatter,
 }
 
 /// Number of kernels.
-pub(crate) const COUNT: usize = 63;
+pub(crate) const COUNT: usize = 75;
 
 /// Each kernel's name and SPIR-V (compiled by glslc from shaderc 2023.2; coop_* by
 /// glslang 15.1.0).
@@ -128,6 +140,17 @@ pub(crate) const SPIRV: [(&str, &[u8]); COUNT] = [
     ("coop_q5_k", include_bytes!("../spv/coop_q5_k.spv")),
     ("coop_q6_k", include_bytes!("../spv/coop_q6_k.spv")),
     ("coop_q8_k", include_bytes!("../spv/coop_q8_k.spv")),
+    ("dot_q4_0", include_bytes!("../spv/dot_q4_0.spv")),
+    ("dot_q4_1", include_bytes!("../spv/dot_q4_1.spv")),
+    ("dot_q5_0", include_bytes!("../spv/dot_q5_0.spv")),
+    ("dot_q5_1", include_bytes!("../spv/dot_q5_1.spv")),
+    ("dot_q8_0", include_bytes!("../spv/dot_q8_0.spv")),
+    ("dot_q2_k", include_bytes!("../spv/dot_q2_k.spv")),
+    ("dot_q3_k", include_bytes!("../spv/dot_q3_k.spv")),
+    ("dot_q4_k", include_bytes!("../spv/dot_q4_k.spv")),
+    ("dot_q5_k", include_bytes!("../spv/dot_q5_k.spv")),
+    ("dot_q6_k", include_bytes!("../spv/dot_q6_k.spv")),
+    ("dot_q8_k", include_bytes!("../spv/dot_q8_k.spv")),
     ("matmul_gptq", include_bytes!("../spv/matmul_gptq.spv")),
     ("eltwise", include_bytes!("../spv/eltwise.spv")),
     ("norm", include_bytes!("../spv/norm.spv")),
@@ -136,5 +159,6 @@ pub(crate) const SPIRV: [(&str, &[u8]); COUNT] = [
     ("attention_f16", include_bytes!("../spv/attention_f16.spv")),
     ("attention_merge", include_bytes!("../spv/attention_merge.spv")),
     ("kv_write", include_bytes!("../spv/kv_write.spv")),
+    ("quant_act", include_bytes!("../spv/quant_act.spv")),
     ("scatter", include_bytes!("../spv/scatter.spv")),
 ];

@@ -10,7 +10,13 @@ use serde_json::Value;
 /// Runs `kiln ARGS` with `stdin`, and `KILN_HOME` set to `home` when given. Stdin is written
 /// from its own thread, so a large input cannot deadlock against a full stdout pipe.
 pub fn run(args: &[&str], stdin: &str, home: Option<&Path>) -> Output {
+    run_env(args, stdin, home, &[])
+}
+
+/// [`run`] with these environment variables set for kiln.
+pub fn run_env(args: &[&str], stdin: &str, home: Option<&Path>, env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
+    cmd.envs(env.iter().copied());
     cmd.args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -30,7 +36,12 @@ pub fn run(args: &[&str], stdin: &str, home: Option<&Path>) -> Output {
 
 /// `kiln ARGS` that must succeed: its stdout (panics with its stderr otherwise).
 pub fn run_ok(args: &[&str], stdin: &str) -> String {
-    let out = run(args, stdin, None);
+    run_ok_env(args, stdin, &[])
+}
+
+/// [`run_ok`] with these environment variables set for kiln.
+pub fn run_ok_env(args: &[&str], stdin: &str, env: &[(&str, &str)]) -> String {
+    let out = run_env(args, stdin, None, env);
     assert!(
         out.status.success(),
         "kiln {args:?} failed:\n{}",

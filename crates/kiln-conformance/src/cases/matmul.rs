@@ -27,22 +27,23 @@ use crate::data::{
 };
 use crate::reference::{self, Expected};
 use crate::tolerance::{self, is_float};
-use crate::{Target, ALL_WEIGHT_TYPES};
+use crate::{Claims, Target, ALL_WEIGHT_TYPES};
 
 /// The exact products a backend may have computed `x · Wᵀ (+ b)` as, for weights of `ty`
 /// (`w_bytes` as uploaded, `w` the values they hold), each with its rounding bound: float types
 /// on f32 activations; block types on activations quantized to `vec_dot_type(ty)`, or in f32;
-/// and, where the backend claims [`crate::Claims::half_products`], on f16 operands.
+/// and, where the backend claims them, on f16 operands ([`Claims::half_products`]) or on
+/// activations quantized to int8 in blocks of 32 ([`Claims::int8_activations`]).
 pub fn candidates(
     ty: GgmlType,
     x: &[f32],
     (m, k, n): (usize, usize, usize),
     (w_bytes, w): (&[u8], &[f32]),
     bias: Option<&[f32]>,
-    half: bool,
+    claims: &Claims,
 ) -> Vec<(String, Expected)> {
     let dims = (m, k, n);
-    let mut out = if half && ty != GgmlType::F32 && ty != GgmlType::BF16 {
+    let mut out = if claims.half_products && ty != GgmlType::F32 && ty != GgmlType::BF16 {
         let mag = (!is_float(ty)).then(|| reference::quant_magnitude(ty, w_bytes, w));
         let (xh, wh) = (half_rows(x, k), half_values(w));
         let e = reference::product_expected(
@@ -63,6 +64,12 @@ pub fn candidates(
         return out;
     }
     let mag = reference::quant_magnitude(ty, w_bytes, w);
+    if claims.int8_activations {
+        out.push((
+            "int8 activations in blocks of 32".into(),
+            int8_product(x, dims, w, &mag, bias),
+        ));
+    }
     let act_ty = kiln_quant::vec_dot_type(ty).unwrap();
     let (a_bytes, a) = quantized_activations(act_ty, x, k);
     let mut quantized = reference::product_expected(
@@ -108,6 +115,39 @@ pub fn candidates(
     out
 }
 
+/// `x · Wᵀ (+ b)` as a backend that quantizes each block of 32 activations to int8 codes with
+/// one scale `d ≈ max|x| / 127` computes it, whatever its rounding: each activation moves by at
+/// most `d/2` (the bound allows `d` a part in a thousand more), the integer sums are exact, and
+/// the per-chunk scale products and the sum over chunks of 16 round as
+/// [`tolerance::quantized_product`] allows, on terms of at most `|w|·(|x| + d)`.
+fn int8_product(
+    x: &[f32],
+    (m, k, n): (usize, usize, usize),
+    w: &[f32],
+    mag: &[f32],
+    bias: Option<&[f32]>,
+) -> Expected {
+    let mut e = reference::product_expected(x, (m, k, n), w, bias, Some(mag), 0.0);
+    for t in 0..m {
+        let row = &x[t * k..(t + 1) * k];
+        let d: Vec<f64> = row
+            .chunks(32)
+            .map(|b| b.iter().fold(0.0f64, |a, v| a.max(v.abs() as f64)) / 127.0)
+            .collect();
+        for o in 0..n {
+            let wr = &mag[o * k..(o + 1) * k];
+            let (mut moved, mut terms) = (0.0f64, 0.0f64);
+            for (i, (&wv, &xv)) in wr.iter().zip(row).enumerate() {
+                let di = d[i / 32];
+                moved += wv.abs() as f64 * di * 0.5 * 1.001;
+                terms += wv.abs() as f64 * (xv.abs() as f64 + di);
+            }
+            e.tol[t * n + o] = moved + tolerance::quantized_product(k) * terms + f64::MIN_POSITIVE;
+        }
+    }
+    e
+}
+
 /// Values rounded to f16 (to nearest, ties to even).
 fn half_values(v: &[f32]) -> Vec<f32> {
     v.iter().map(|&x| f16::from_f32(x).to_f32()).collect()
@@ -137,14 +177,14 @@ fn run_matmul<B: Backend>(
     m: usize,
     (w_bytes, w): (&[u8], &[f32]),
     bias: Option<&[f32]>,
-    half: bool,
+    claims: &Claims,
 ) -> (Vec<f32>, Vec<(String, Expected)>) {
     let (k, n) = (lin.in_features, lin.out_features);
     let y = b.matmul(&tensor(b, x, m, k), lin).unwrap();
     assert_eq!(b.shape(&y), (m, n), "{}: matmul shape", b.name());
     (
         host(b, &y),
-        candidates(lin.ty, x, (m, k, n), (w_bytes, w), bias, half),
+        candidates(lin.ty, x, (m, k, n), (w_bytes, w), bias, claims),
     )
 }
 
@@ -156,10 +196,10 @@ fn check_matmul<B: Backend>(
     x: &[f32],
     weights: (&[u8], &[f32]),
     bias: Option<&[f32]>,
-    half: bool,
+    claims: &Claims,
 ) {
     let m = x.len() / lin.in_features.max(1);
-    let (y, c) = run_matmul(b, lin, x, m, weights, bias, half);
+    let (y, c) = run_matmul(b, lin, x, m, weights, bias, claims);
     check::close_any(what, &y, &c, lin.out_features);
 }
 
@@ -180,26 +220,10 @@ fn matmul_float<B: Backend>(t: &Target<B>, ty: GgmlType) {
             for m in (1..=13).chain([64, 257]) {
                 let x = values(m * k, (m * 7 + k) as u64);
                 let what = format!("{}: {ty} matmul [{m}, {k}] x [{n}, {k}]ᵀ + b", b.name());
-                check_matmul(
-                    &b,
-                    &what,
-                    &lin,
-                    &x,
-                    (&bytes, &w),
-                    Some(&bias),
-                    t.claims.half_products,
-                );
+                check_matmul(&b, &what, &lin, &x, (&bytes, &w), Some(&bias), &t.claims);
                 if m == 13 {
                     let what = format!("{}: {ty} matmul [{m}, {k}] x [{n}, {k}]ᵀ", b.name());
-                    check_matmul(
-                        &b,
-                        &what,
-                        &plain,
-                        &x,
-                        (&bytes, &w),
-                        None,
-                        t.claims.half_products,
-                    );
+                    check_matmul(&b, &what, &plain, &x, (&bytes, &w), None, &t.claims);
                 }
             }
         }
@@ -211,15 +235,7 @@ fn matmul_float<B: Backend>(t: &Target<B>, ty: GgmlType) {
     for m in [1, 7, 8, 33] {
         let x = values(m * k, 10 + m as u64);
         let what = format!("{}: {ty} matmul [{m}, {k}] x [{n}, {k}]ᵀ + b", b.name());
-        check_matmul(
-            &b,
-            &what,
-            &lin,
-            &x,
-            (&bytes, &w),
-            Some(&bias),
-            t.claims.half_products,
-        );
+        check_matmul(&b, &what, &lin, &x, (&bytes, &w), Some(&bias), &t.claims);
     }
 }
 
@@ -276,15 +292,7 @@ fn matmul_quantized<B: Backend>(t: &Target<B>, ty: GgmlType) {
                     *v = if i % 2 == 0 { a } else { -a };
                 }
             }
-            let (y, c) = run_matmul(
-                &b,
-                lin,
-                &x,
-                m,
-                (bytes, w),
-                bias.as_deref(),
-                t.claims.half_products,
-            );
+            let (y, c) = run_matmul(&b, lin, &x, m, (bytes, w), bias.as_deref(), &t.claims);
             let call = format!(
                 "[{m}, {k}] x [{n}, {k}]ᵀ{}",
                 if bias.is_some() { " + b" } else { "" }
@@ -303,15 +311,7 @@ fn matmul_quantized<B: Backend>(t: &Target<B>, ty: GgmlType) {
                 "{}: Q8_0 (by hand) matmul [{m}, {k}] x [{n}, {k}]ᵀ",
                 b.name()
             );
-            check_matmul(
-                &b,
-                &what,
-                &lin,
-                &x,
-                (&bytes, &w),
-                None,
-                t.claims.half_products,
-            );
+            check_matmul(&b, &what, &lin, &x, (&bytes, &w), None, &t.claims);
         }
     }
 }
@@ -573,14 +573,7 @@ pub fn matmul_activation<B: Backend>(t: &Target<B>) {
                     &b,
                     &b.activation(&b.matmul(&xt, &lin).unwrap(), act).unwrap(),
                 );
-                let products = candidates(
-                    ty,
-                    &x,
-                    (m, k, n),
-                    (&bytes, &w),
-                    Some(&bias),
-                    t.claims.half_products,
-                );
+                let products = candidates(ty, &x, (m, k, n), (&bytes, &w), Some(&bias), &t.claims);
                 let through = |e: &Expected| activated(act, e);
                 let want: Vec<(String, Expected)> = products
                     .iter()
