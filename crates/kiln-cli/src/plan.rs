@@ -260,8 +260,12 @@ fn gpu(
     probe: Probe,
     cache: &ProfileCache,
 ) -> Result<Device> {
-    // Rates with and without matrix units differ (KILN_VULKAN_COOPMAT=0 turns them off).
-    let units = if d.cooperative_matrix { " coopmat" } else { "" };
+    // Rates with and without matrix units differ (KILN_VULKAN_COOPMAT=1 turns them on).
+    let units = if d.uses_matrix_units() {
+        " coopmat"
+    } else {
+        ""
+    };
     let key = ProfileCache::key("vulkan", &d.name, 0, &format!("{}{units}", d.api_version));
     let mut rates = match probe {
         Probe::Again => Rates::default(),
@@ -301,7 +305,7 @@ fn gpu(
             d.index,
             d.name,
             d.kind.describe(),
-            if d.cooperative_matrix {
+            if d.uses_matrix_units() {
                 ", matrix units"
             } else {
                 ""

@@ -445,10 +445,10 @@ impl VulkanBackend {
 
     /// Whether products of many rows may round their operands to f16 (activation rows scaled
     /// into range) and sum in f32: on a device whose matrix units kiln uses
-    /// ([`DeviceInfo::cooperative_matrix`]), unless batch-invariant (which keeps to the
+    /// ([`DeviceInfo::uses_matrix_units`]), unless batch-invariant (which keeps to the
     /// few-row kernel). F32 and BF16 weights always multiply f32 operands.
     pub fn half_products(&self) -> bool {
-        !self.batch_invariant && (self.shared.ctx.info.cooperative_matrix || self.half_emulation)
+        !self.batch_invariant && (self.shared.ctx.info.uses_matrix_units() || self.half_emulation)
     }
 
     /// This backend, with the tiled product rounding its operands exactly as the
@@ -775,7 +775,7 @@ impl VulkanBackend {
             }
             // On matrix units where the device has them (same tiles, f16 operands).
             let kernel = match kernels.coop {
-                Some(k) if self.shared.ctx.info.cooperative_matrix => k,
+                Some(k) if self.shared.ctx.info.uses_matrix_units() => k,
                 _ => kernels.tiled,
             };
             half = self.half_emulation && kernels.coop.is_some();

@@ -27,6 +27,17 @@ pub enum DeviceKind {
     Other,
 }
 
+impl DeviceInfo {
+    /// Whether kiln's prefill products run on the device's matrix units: where it has them
+    /// ([`DeviceInfo::cooperative_matrix`]) and `KILN_VULKAN_COOPMAT=1` asks. Off by default
+    /// until the kernel has been checked on such a device (`scripts/gpu-check` does): no
+    /// software device offers `VK_KHR_cooperative_matrix`, so CI checks its rounding only
+    /// through the tiled kernel's emulation of it.
+    pub fn uses_matrix_units(&self) -> bool {
+        self.cooperative_matrix && std::env::var("KILN_VULKAN_COOPMAT").is_ok_and(|v| v == "1")
+    }
+}
+
 impl DeviceKind {
     fn from_vk(t: vk::PhysicalDeviceType) -> Self {
         match t {
@@ -62,10 +73,10 @@ pub struct DeviceInfo {
     /// Bytes of the largest device-local memory heap.
     pub memory_bytes: u64,
     pub subgroup_size: u32,
-    /// kiln multiplies on the device's matrix units (tensor cores on NVIDIA): it offers
-    /// `VK_KHR_cooperative_matrix` with 16 × 16 × 16 products of f16 into f32 in a subgroup of
-    /// at most 64 invocations, and the Vulkan memory model and f16 arithmetic that the kernels
-    /// need; `KILN_VULKAN_COOPMAT=0` turns it off.
+    /// The device has the matrix units kiln's cooperative-matrix product needs (tensor cores on
+    /// NVIDIA): `VK_KHR_cooperative_matrix` with 16 × 16 × 16 products of f16 into f32 in a
+    /// subgroup of at most 64 invocations, the Vulkan memory model and f16 arithmetic. Whether
+    /// kiln uses them: [`DeviceInfo::uses_matrix_units`].
     pub cooperative_matrix: bool,
     /// The device runs integer dot products of packed int8 vectors
     /// (`VK_KHR_shader_integer_dot_product`).
@@ -314,8 +325,7 @@ fn describe(
             && f12.vulkan_memory_model == vk::TRUE
             && f12.shader_float16 == vk::TRUE
             && (1..=64).contains(&subgroup.subgroup_size)
-            && has_f16_product(entry, instance, pd)
-            && std::env::var("KILN_VULKAN_COOPMAT").map_or(true, |v| v != "0"),
+            && has_f16_product(entry, instance, pd),
         integer_dot: api_ok && has_dot_ext && dot.shader_integer_dot_product == vk::TRUE,
         integer_dot_accelerated: api_ok
             && has_dot_ext
@@ -476,7 +486,7 @@ fn open_device(
         dot = dot.shader_integer_dot_product(true);
         ext_names.push(ash::khr::shader_integer_dot_product::NAME.as_ptr());
     }
-    if info.cooperative_matrix {
+    if info.uses_matrix_units() {
         f12 = f12.vulkan_memory_model(true).shader_float16(true);
         coop = coop.cooperative_matrix(true);
         ext_names.push(ash::khr::cooperative_matrix::NAME.as_ptr());
@@ -486,7 +496,7 @@ fn open_device(
         .enabled_extension_names(&ext_names)
         .push_next(&mut f11)
         .push_next(&mut f12);
-    if info.cooperative_matrix {
+    if info.uses_matrix_units() {
         create = create.push_next(&mut coop);
     }
     if info.integer_dot {

@@ -5,8 +5,17 @@
 //! - **Loading**: the Vulkan loader is opened at run time ([`ash::Entry::load`]); a machine
 //!   without one gets a clear error from [`VulkanBackend::new`] and runs kiln on the CPU.
 //! - **Kernels** are GLSL under `shaders/`, compiled to SPIR-V by `scripts/build-shaders`
-//!   (glslc from shaderc 2023.2, pinned) and committed under `spv/`; CI checks that compiling the
-//!   sources again gives the same bytes. Building the crate needs cargo alone.
+//!   (glslc from shaderc 2023.2, pinned; the cooperative-matrix and integer-dot kernels by a
+//!   pinned glslang 15.1.0) and committed under `spv/`; CI checks that compiling the sources
+//!   again gives the same bytes and that spirv-val accepts them. Building the crate needs cargo
+//!   alone.
+//! - **Products**: a subgroup per weight row for a few activation rows (decode; on integer dot
+//!   products of int8 activations where the device accelerates them), 64 × 64 tiles for many
+//!   (prefill; on the device's matrix units, f16 operands, where it offers
+//!   `VK_KHR_cooperative_matrix` and `KILN_VULKAN_COOPMAT=1` asks). Batch-invariant mode keeps
+//!   to the few-row kernels.
+//! - **Attention** takes each row's keys in chunks of 256 per workgroup, merged in chunk order,
+//!   so long contexts spread over the device.
 //! - **Buffers** are reached through device addresses in push constants, so there are no
 //!   descriptor sets and no limit of one storage-buffer range per tensor.
 //! - **Execution**: every op records into one open command buffer (submitted in chunks as it
