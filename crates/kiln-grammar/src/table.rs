@@ -1,0 +1,286 @@
+//! The token table of a model and the constraints it starts (see the crate docs).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use kiln_tokenizer::Tokenizer;
+use llguidance::api::TopLevelGrammar;
+use llguidance::{Matcher, ParserFactory, TokenParser};
+use toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
+
+use crate::{GrammarError, Result};
+
+/// What a request constrains its output to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GrammarSpec {
+    /// A JSON value that validates against this JSON schema.
+    JsonSchema(serde_json::Value),
+    /// Any JSON object (`response_format: json_object`).
+    JsonObject,
+    /// Text that matches this regular expression, whole.
+    Regex(String),
+    /// Text in the language of this Lark grammar (llguidance's dialect).
+    Lark(String),
+}
+
+impl GrammarSpec {
+    /// What kind of grammar this is, for errors.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            GrammarSpec::JsonSchema(_) => "JSON schema",
+            GrammarSpec::JsonObject => "JSON object",
+            GrammarSpec::Regex(_) => "regex",
+            GrammarSpec::Lark(_) => "Lark grammar",
+        }
+    }
+
+    /// The cache key: the kind and the text (a schema as serialized).
+    fn key(&self) -> String {
+        match self {
+            GrammarSpec::JsonSchema(v) => format!("json:{v}"),
+            GrammarSpec::JsonObject => "object".into(),
+            GrammarSpec::Regex(r) => format!("regex:{r}"),
+            GrammarSpec::Lark(g) => format!("lark:{g}"),
+        }
+    }
+
+    fn top_level(&self) -> TopLevelGrammar {
+        match self {
+            GrammarSpec::JsonSchema(v) => TopLevelGrammar::from_json_schema(v.clone()),
+            GrammarSpec::JsonObject => {
+                TopLevelGrammar::from_json_schema(serde_json::json!({ "type": "object" }))
+            }
+            GrammarSpec::Regex(r) => TopLevelGrammar::from_regex(r),
+            GrammarSpec::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
+        }
+    }
+}
+
+/// kiln's tokenizer as llguidance sees it: the table's trie, and greedy tokenization over it
+/// (used only for text a grammar forces, which kiln does not ask for).
+struct Env {
+    trie: TokTrie,
+}
+
+impl TokenizerEnv for Env {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<u32> {
+        self.trie.greedy_tokenize(s)
+    }
+
+    fn tokenize_is_canonical(&self) -> bool {
+        false
+    }
+}
+
+/// How many compiled grammars a table keeps.
+const CACHE_ENTRIES: usize = 64;
+
+/// A model's tokens as byte strings, and the grammars compiled against them (see the crate docs).
+pub struct TokenTable {
+    factory: ParserFactory,
+    width: usize,
+    cache: Mutex<HashMap<String, TokenParser>>,
+}
+
+impl TokenTable {
+    /// The table of `tokenizer`'s tokens, `logits_width` entries (the rows of the model's
+    /// output; at least the tokenizer's vocabulary).
+    pub fn new(tokenizer: &Tokenizer, logits_width: usize) -> Result<TokenTable> {
+        let vocab = tokenizer.vocab_size();
+        if logits_width < vocab {
+            return Err(GrammarError::Table(format!(
+                "the logits have {logits_width} entries, fewer than the vocabulary's {vocab}"
+            )));
+        }
+        let ends: Vec<u32> = (0..vocab as u32)
+            .filter(|&id| tokenizer.is_end_of_generation(id))
+            .collect();
+        let Some(&first_end) = ends.first() else {
+            return Err(GrammarError::Table(
+                "the tokenizer has no end-of-generation token".into(),
+            ));
+        };
+        let words: Vec<Vec<u8>> = (0..logits_width as u32)
+            .map(|id| token_bytes(tokenizer, id))
+            .collect();
+        let info = TokRxInfo {
+            vocab_size: logits_width as u32,
+            tok_eos: tokenizer.eos().unwrap_or(first_end),
+            tok_bos: tokenizer.bos(),
+            tok_pad: None,
+            tok_unk: None,
+            tok_end_of_turn: tokenizer.eot(),
+        };
+        let trie = TokTrie::from(&info, &words).with_eos_tokens(&ends);
+        let env: TokEnv = Arc::new(Env { trie });
+        let mut factory =
+            ParserFactory::new_simple(&env).map_err(|e| GrammarError::Table(e.to_string()))?;
+        factory.quiet();
+        Ok(TokenTable {
+            factory,
+            width: logits_width,
+            cache: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Entries of the table (the logits' width).
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    /// The bytes of token `id` as the table holds them (special tokens start with 0xFF).
+    pub fn token_bytes(&self, id: u32) -> &[u8] {
+        self.factory.tok_env().tok_trie().token(id)
+    }
+
+    /// Whether token `id` is marked special (a control token).
+    pub fn is_special(&self, id: u32) -> bool {
+        self.factory.tok_env().tok_trie().is_special_token(id)
+    }
+
+    /// Compiles `spec` (or takes it from the cache) and checks that it can start.
+    pub fn compile(&self, spec: &GrammarSpec) -> Result<TokenParser> {
+        let key = spec.key();
+        if let Some(p) = self.lock().get(&key) {
+            return Ok(p.clone());
+        }
+        let parser =
+            self.factory
+                .create_parser(spec.top_level())
+                .map_err(|e| GrammarError::Compile {
+                    kind: spec.kind(),
+                    detail: e.to_string(),
+                })?;
+        let mut cache = self.lock();
+        if cache.len() >= CACHE_ENTRIES {
+            cache.clear();
+        }
+        cache.insert(key, parser.clone());
+        Ok(parser)
+    }
+
+    /// A constraint for one request: `spec` compiled (see [`TokenTable::compile`]) and started.
+    pub fn start(&self, spec: &GrammarSpec) -> Result<Constraint> {
+        let parser = self.compile(spec)?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(GrammarError::Compile {
+                kind: spec.kind(),
+                detail: e,
+            });
+        }
+        Ok(Constraint {
+            matcher,
+            width: self.width,
+            ends: self.factory.tok_env().tok_trie().eos_tokens().to_vec(),
+        })
+    }
+
+    /// The longest-match tokenization of `bytes` over the table (a valid, if not the model's
+    /// own, tokenization of any text: tests feed grammars with it).
+    pub fn greedy_tokenize(&self, bytes: &[u8]) -> Vec<u32> {
+        self.factory.tok_env().tok_trie().greedy_tokenize(bytes)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, TokenParser>> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Token `id`'s bytes: as kiln detokenizes it, or, for a control token, 0xFF and its text; none
+/// past the vocabulary.
+fn token_bytes(tokenizer: &Tokenizer, id: u32) -> Vec<u8> {
+    if id as usize >= tokenizer.vocab_size() {
+        return Vec::new();
+    }
+    if tokenizer.is_control(id) {
+        let mut b = vec![TokTrie::SPECIAL_TOKEN_MARKER];
+        b.extend_from_slice(tokenizer.token_text(id).unwrap_or("").as_bytes());
+        return b;
+    }
+    tokenizer.token_to_piece(id, false)
+}
+
+/// One request's grammar state.
+pub struct Constraint {
+    matcher: Matcher,
+    width: usize,
+    /// The end-of-generation tokens.
+    ends: Vec<u32>,
+}
+
+/// The tokens a constraint allows next.
+pub struct Mask(SimpleVob);
+
+impl Mask {
+    /// Whether token `id` is allowed.
+    pub fn allows(&self, id: u32) -> bool {
+        (id as usize) < self.0.len() && self.0.is_allowed(id)
+    }
+
+    /// How many tokens are allowed.
+    pub fn count(&self) -> usize {
+        self.0.num_set()
+    }
+
+    /// Sets every logit the mask does not allow to −∞ (`logits` is one row of the table's
+    /// width).
+    pub fn apply(&self, logits: &mut [f32]) {
+        for (id, l) in logits.iter_mut().enumerate() {
+            if !self.allows(id as u32) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+}
+
+impl Constraint {
+    /// The tokens the grammar allows next (end-of-generation tokens where it may end; only
+    /// those once it is done). An empty set is an error: the grammar can no longer accept
+    /// anything.
+    pub fn allowed(&mut self) -> Result<Mask> {
+        let m = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|e| GrammarError::Step(e.to_string()))?;
+        if m.is_zero() {
+            return Err(GrammarError::Step(
+                "the grammar allows no token here".into(),
+            ));
+        }
+        debug_assert!(m.len() >= self.width.min(m.len()));
+        Ok(Mask(m))
+    }
+
+    /// Takes the sampled token (which [`Constraint::allowed`] must have allowed; once the
+    /// grammar is done, only an end-of-generation token).
+    pub fn commit(&mut self, id: u32) -> Result<()> {
+        if self.matcher.is_stopped() {
+            return if self.ends.contains(&id) {
+                Ok(())
+            } else {
+                Err(GrammarError::Step(format!(
+                    "token {id} after the grammar's end"
+                )))
+            };
+        }
+        self.matcher
+            .consume_token(id)
+            .map_err(|e| GrammarError::Step(e.to_string()))
+    }
+
+    /// Whether the grammar has ended: an end-of-generation token was taken, or nothing more can
+    /// follow (the request should end, with an end-of-generation token or without).
+    pub fn is_done(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+
+    /// Whether the text so far is a complete sentence of the grammar.
+    pub fn is_accepting(&mut self) -> bool {
+        self.matcher.is_accepting().unwrap_or(false)
+    }
+}
