@@ -24,6 +24,9 @@ pub struct SamplingParams {
     /// How many of the latest tokens the penalties look at (0 = all).
     pub penalty_last_n: usize,
     pub seed: u64,
+    /// Added to these tokens' logits before anything else (OpenAI's `logit_bias`: −100 bans a
+    /// token, +100 all but forces it); ids past the logits are ignored.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -38,6 +41,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             penalty_last_n: 64,
             seed: 0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -68,6 +72,13 @@ impl SamplingParams {
         if !self.presence_penalty.is_finite() || !self.frequency_penalty.is_finite() {
             return bad("presence/frequency penalties must be finite");
         }
+        if self
+            .logit_bias
+            .iter()
+            .any(|&(_, b)| !(-100.0..=100.0).contains(&b))
+        {
+            return bad("logit biases must be between -100 and 100");
+        }
         Ok(())
     }
 }
@@ -92,6 +103,11 @@ impl Sampler {
     /// Pick the next token from `logits` (modified in place by the penalties); `history` is the
     /// sequence so far (prompt and generated tokens).
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        for &(id, bias) in &self.params.logit_bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += bias;
+            }
+        }
         self.apply_penalties(logits, history);
         if self.params.temperature == 0.0 {
             return argmax(logits);
@@ -351,6 +367,38 @@ mod tests {
         };
         f(&mut p);
         Sampler::new(p).unwrap()
+    }
+
+    #[test]
+    fn logit_bias_bans_forces_and_is_bounded() {
+        let greedy = |bias: Vec<(u32, f32)>| {
+            let mut s = Sampler::new(SamplingParams {
+                logit_bias: bias,
+                ..SamplingParams::greedy()
+            })
+            .unwrap();
+            s.sample(&mut [1.0, 3.0, 2.5, 0.0], &[])
+        };
+        assert_eq!(greedy(vec![]), 1);
+        assert_eq!(greedy(vec![(1, -100.0)]), 2, "the maximum banned");
+        assert_eq!(greedy(vec![(3, 100.0)]), 3, "a token forced");
+        assert_eq!(
+            greedy(vec![(99, 100.0)]),
+            1,
+            "ids past the logits are ignored"
+        );
+        // Sampling at temperature 1 never draws a banned token.
+        let mut s = sampler(|p| p.logit_bias = vec![(0, -100.0), (1, -100.0), (3, -100.0)]);
+        for _ in 0..200 {
+            assert_eq!(s.sample(&mut [1.0, 3.0, 2.5, 0.0], &[]), 2);
+        }
+        for bad in [100.5f32, -101.0, f32::NAN] {
+            let p = SamplingParams {
+                logit_bias: vec![(0, bad)],
+                ..SamplingParams::greedy()
+            };
+            assert!(p.validate().is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -169,6 +169,14 @@ impl TextTokenizer {
         }
     }
 
+    /// Tokens in the vocabulary (added tokens included).
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            TextTokenizer::Gguf(t) => t.vocab_size(),
+            TextTokenizer::Hf(h) => h.tokenizer.vocab_size(),
+        }
+    }
+
     pub fn bos(&self) -> Option<u32> {
         match self {
             TextTokenizer::Gguf(t) => t.bos(),

@@ -171,8 +171,9 @@ pub struct GenerationFields {
     pub top_k: Option<i64>,
     pub min_p: Option<f64>,
     pub repetition_penalty: Option<f64>,
-    /// OpenAI fields kiln does not implement: refused by name.
+    /// Token id (as a string) → bias added to its logit, −100..=100.
     pub logit_bias: Option<Value>,
+    /// OpenAI fields kiln does not implement: refused by name.
     pub tools: Option<Value>,
     pub response_format: Option<Value>,
 }
@@ -197,6 +198,50 @@ pub struct ValidGeneration {
     pub n: u64,
     pub stream: bool,
     pub include_usage: bool,
+}
+
+/// The most tokens one request may bias.
+const MAX_LOGIT_BIAS: usize = 1024;
+
+/// `logit_bias` as OpenAI defines it: an object from token ids (as strings) to biases in
+/// −100..=100, sorted by id. Whether the ids are in the model's vocabulary is checked once the
+/// model is known.
+fn logit_bias(v: Option<&Value>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(Vec::new());
+    };
+    let Some(map) = v.as_object() else {
+        return Err(ApiError::invalid(
+            "logit_bias",
+            "must be an object from token ids to biases",
+        ));
+    };
+    if map.len() > MAX_LOGIT_BIAS {
+        return Err(ApiError::invalid(
+            "logit_bias",
+            format!("at most {MAX_LOGIT_BIAS} tokens may be biased"),
+        ));
+    }
+    let mut out = Vec::with_capacity(map.len());
+    for (key, bias) in map {
+        let Ok(id) = key.parse::<u32>() else {
+            return Err(ApiError::invalid(
+                "logit_bias",
+                format!("'{key}' is not a token id"),
+            ));
+        };
+        match bias.as_f64() {
+            Some(b) if within(b, -100.0, 100.0) => out.push((id, b as f32)),
+            _ => {
+                return Err(ApiError::invalid(
+                    "logit_bias",
+                    format!("the bias of token {id} must be a number between -100 and 100"),
+                ))
+            }
+        }
+    }
+    out.sort_by_key(|&(id, _)| id);
+    Ok(out)
 }
 
 /// Whether `x` lies in `[lo, hi]` (and is a number).
@@ -224,7 +269,6 @@ impl GenerationFields {
         allow_zero_tokens: bool,
     ) -> Result<ValidGeneration, ApiError> {
         for (name, given) in [
-            ("logit_bias", &self.logit_bias),
             ("tools", &self.tools),
             ("response_format", &self.response_format),
         ] {
@@ -258,6 +302,7 @@ impl GenerationFields {
             frequency_penalty: 0.0,
             penalty_last_n: 0,
             seed: fresh_seed(),
+            logit_bias: logit_bias(self.logit_bias.as_ref())?,
         };
         if let Some(t) = self.temperature {
             if !within(t, 0.0, 2.0) {
@@ -539,6 +584,9 @@ pub struct ValidEmbedding {
     pub inputs: Vec<Input>,
     /// Vectors as base64 of little-endian f32 (else JSON floats).
     pub base64: bool,
+    /// Keep the first this many values of each vector, renormalized (at least 1; checked
+    /// against the model's width once the model is known).
+    pub dimensions: Option<usize>,
 }
 
 impl EmbeddingRequest {
@@ -570,13 +618,16 @@ impl EmbeddingRequest {
                 ))
             }
         };
-        if self.dimensions.is_some() {
-            return Err(ApiError::invalid(
-                "dimensions",
-                "'dimensions' is not supported by kiln (the model's size is returned)",
-            ));
-        }
-        Ok(ValidEmbedding { inputs, base64 })
+        let dimensions = match self.dimensions {
+            None => None,
+            Some(0) => return Err(ApiError::invalid("dimensions", "must be at least 1")),
+            Some(d) => Some(usize::try_from(d).unwrap_or(usize::MAX)),
+        };
+        Ok(ValidEmbedding {
+            inputs,
+            base64,
+            dimensions,
+        })
     }
 }
 
@@ -672,7 +723,11 @@ mod tests {
             ),
             (r#", "top_logprobs": 2"#, "top_logprobs"),
             (r#", "logprobs": true, "top_logprobs": 21"#, "top_logprobs"),
-            (r#", "logit_bias": {"1": 5}"#, "logit_bias"),
+            (r#", "logit_bias": {"1": 101}"#, "logit_bias"),
+            (r#", "logit_bias": {"x": 1}"#, "logit_bias"),
+            (r#", "logit_bias": {"-1": 1}"#, "logit_bias"),
+            (r#", "logit_bias": [1]"#, "logit_bias"),
+            (r#", "logit_bias": {"1": "5"}"#, "logit_bias"),
             (r#", "tools": []"#, "tools"),
         ] {
             assert_eq!(param(chat(&base(extra))), name, "{extra}");
@@ -781,8 +836,14 @@ mod tests {
             "encoding_format"
         );
         assert_eq!(
-            param(emb(r#"{"model": "e", "input": "a", "dimensions": 8}"#)),
+            param(emb(r#"{"model": "e", "input": "a", "dimensions": 0}"#)),
             "dimensions"
+        );
+        assert_eq!(
+            emb(r#"{"model": "e", "input": "a", "dimensions": 8}"#)
+                .unwrap()
+                .dimensions,
+            Some(8)
         );
     }
 

@@ -365,6 +365,8 @@ struct EmbedJob {
 pub struct EmbedEngine {
     tx: std_mpsc::Sender<EmbedJob>,
     pub alive: Arc<AtomicBool>,
+    /// Values in one of the model's vectors.
+    pub dim: usize,
 }
 
 impl EmbedEngine {
@@ -379,6 +381,7 @@ impl EmbedEngine {
         let alive = Arc::new(AtomicBool::new(true));
         let thread_alive = alive.clone();
         let max_batch = max_batch.max(1);
+        let dim = model.dim();
         std::thread::Builder::new()
             .name(format!("kiln-embed-{name}"))
             .spawn(move || {
@@ -388,7 +391,7 @@ impl EmbedEngine {
                 }
             })
             .map_err(|e| format!("starting the embedding thread: {e}"))?;
-        Ok(EmbedEngine { tx, alive })
+        Ok(EmbedEngine { tx, alive, dim })
     }
 
     pub async fn embed(

@@ -139,6 +139,16 @@ fn post(addr: SocketAddr, path: &str, body: &Value) -> Reply {
 
 /// Greedy generation on the contiguous-cache path, the reference for the server's output.
 fn reference(prompt_text: &str, max_tokens: usize) -> String {
+    reference_with(prompt_text, max_tokens, SamplingParams::greedy()).1
+}
+
+/// Generation with `sampling` on the contiguous-cache path: the ids (end tokens included) and
+/// the text.
+fn reference_with(
+    prompt_text: &str,
+    max_tokens: usize,
+    sampling: SamplingParams,
+) -> (Vec<u32>, String) {
     let file = GgufFile::open(&llama_path()).unwrap();
     let b = CpuBackend::new(1).unwrap();
     let model = kiln_models::load_gguf_decoder(&b, &file).unwrap();
@@ -149,7 +159,7 @@ fn reference(prompt_text: &str, max_tokens: usize) -> String {
         &ids,
         &GenerateOptions {
             max_tokens,
-            sampling: SamplingParams::greedy(),
+            sampling,
             ignore_eos: false,
         },
         |id| tok.is_end_of_generation(id),
@@ -162,7 +172,7 @@ fn reference(prompt_text: &str, max_tokens: usize) -> String {
         .copied()
         .filter(|&i| !tok.is_end_of_generation(i))
         .collect();
-    tok.decode(&text_ids, false)
+    (g.ids.clone(), tok.decode(&text_ids, false))
 }
 
 fn texts(n: usize) -> Vec<String> {
@@ -429,6 +439,57 @@ fn error_of(r: &Reply) -> (u16, Value) {
 }
 
 #[test]
+fn logit_bias_bans_and_forces_tokens() {
+    let server = start(sched(64, 256));
+    let a = server.addr;
+    let prompt = "the cat sat on";
+    let (ids, _) = reference_with(prompt, 6, SamplingParams::greedy());
+    let first = ids[0];
+    let biased = |bias: Value| {
+        let r = post(
+            a,
+            "/v1/completions",
+            &json!({"model": "tiny", "prompt": prompt, "max_tokens": 6, "temperature": 0,
+                    "logit_bias": bias}),
+        );
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        r.json()["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    // -100 on the greedy first token: the engine's greedy run with that bias, which differs.
+    let banned = SamplingParams {
+        logit_bias: vec![(first, -100.0)],
+        ..SamplingParams::greedy()
+    };
+    let (ban_ids, ban_text) = reference_with(prompt, 6, banned);
+    assert_ne!(ban_ids[0], first);
+    assert_eq!(biased(json!({ first.to_string(): -100 })), ban_text);
+    // +100 on one token: every step takes it.
+    let forced_id = ban_ids[0];
+    let forced = SamplingParams {
+        logit_bias: vec![(forced_id, 100.0)],
+        ..SamplingParams::greedy()
+    };
+    let (forced_ids, forced_text) = reference_with(prompt, 6, forced);
+    assert!(forced_ids.iter().all(|&i| i == forced_id), "{forced_ids:?}");
+    assert_eq!(biased(json!({ forced_id.to_string(): 100 })), forced_text);
+    // Ids outside the vocabulary and biases out of range are 400s naming the field.
+    for bias in [
+        json!({"99999999": 1}),
+        json!({"1": -100.5}),
+        json!({"a": 1}),
+    ] {
+        let r = post(
+            a,
+            "/v1/completions",
+            &json!({"model": "tiny", "prompt": prompt, "logit_bias": bias}),
+        );
+        let (status, err) = error_of(&r);
+        assert_eq!(status, 400, "{bias}");
+        assert_eq!(err["param"], "logit_bias", "{bias}: {err}");
+    }
+}
+
+#[test]
 fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
     let server = start(sched(64, 256));
     let a = server.addr;
@@ -690,6 +751,36 @@ fn embeddings_floats_base64_ids_and_batch_invariance() {
     assert_eq!(
         together, alone,
         "concurrent embeddings equal lone ones (max diff {worst:e})"
+    );
+    // `dimensions`: the first values, renormalized; more than the model has is a 400.
+    let short = post(
+        a,
+        "/v1/embeddings",
+        &json!({"model": "embed", "input": inputs[0], "dimensions": 8}),
+    )
+    .json();
+    let short: Vec<f64> = short["data"][0]["embedding"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    assert_eq!(short.len(), 8);
+    let norm = alone[0][..8].iter().map(|x| x * x).sum::<f64>().sqrt();
+    for (s, full) in short.iter().zip(&alone[0]) {
+        assert!((s - full / norm).abs() < 1e-6, "{s} vs {}", full / norm);
+    }
+    let width = alone[0].len();
+    let r = post(
+        a,
+        "/v1/embeddings",
+        &json!({"model": "embed", "input": "x", "dimensions": width + 1}),
+    );
+    let (status, err) = error_of(&r);
+    assert_eq!(
+        (status, err["param"].as_str()),
+        (400, Some("dimensions")),
+        "{err}"
     );
     // A list in one request, and base64.
     let v = post(

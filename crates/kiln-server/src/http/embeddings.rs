@@ -11,7 +11,7 @@ use base64::Engine as _;
 
 use super::errors::{body_bytes, engine_failure, Failure};
 use super::ServerState;
-use crate::api::{parse_body, EmbeddingRequest, Input};
+use crate::api::{parse_body, ApiError, EmbeddingRequest, Input};
 use crate::engine::EmbedInput;
 use crate::responses::{EmbeddingList, EmbeddingObject, EmbeddingUsage, EmbeddingVector};
 
@@ -22,6 +22,16 @@ pub(super) async fn embeddings(
     let req: EmbeddingRequest = parse_body(&body_bytes(body)?)?;
     let e = state.embedder(&req.model)?;
     let v = req.validate(state.max_embed_inputs)?;
+    if let Some(d) = v.dimensions.filter(|&d| d > e.engine.dim) {
+        return Err(ApiError::invalid(
+            "dimensions",
+            format!(
+                "{d} is more than the {} values of '{}''s vectors",
+                e.engine.dim, e.name
+            ),
+        )
+        .into());
+    }
     let input = if v.inputs.iter().all(|i| matches!(i, Input::Text(_))) {
         EmbedInput::Texts(
             v.inputs
@@ -52,7 +62,8 @@ pub(super) async fn embeddings(
     let data = out
         .into_iter()
         .enumerate()
-        .map(|(index, (vector, _))| EmbeddingObject {
+        .map(|(index, (vector, _))| (index, shortened(vector, v.dimensions)))
+        .map(|(index, vector)| EmbeddingObject {
             embedding: if v.base64 {
                 let bytes: Vec<u8> = vector.iter().flat_map(|x| x.to_le_bytes()).collect();
                 EmbeddingVector::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
@@ -73,4 +84,25 @@ pub(super) async fn embeddings(
         },
     })
     .into_response())
+}
+
+/// The first `dims` values of `v`, scaled back to unit length (OpenAI's `dimensions`: only
+/// models trained for it, Matryoshka-style, keep their quality when shortened); `v` itself
+/// without `dims`.
+fn shortened(mut v: Vec<f32>, dims: Option<usize>) -> Vec<f32> {
+    let Some(d) = dims else {
+        return v;
+    };
+    v.truncate(d);
+    let norm = v
+        .iter()
+        .map(|&x| f64::from(x) * f64::from(x))
+        .sum::<f64>()
+        .sqrt();
+    if norm > 0.0 {
+        for x in &mut v {
+            *x = (f64::from(*x) / norm) as f32;
+        }
+    }
+    v
 }

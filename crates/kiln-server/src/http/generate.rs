@@ -166,6 +166,20 @@ async fn generate(
         )
         .into());
     }
+    let vocab = d.tokenizer.vocab_size();
+    if let Some(&(id, _)) = g
+        .gen
+        .sampling
+        .logit_bias
+        .iter()
+        .find(|&&(id, _)| id as usize >= vocab)
+    {
+        return Err(ApiError::invalid(
+            "logit_bias",
+            format!("token id {id} is outside the vocabulary ({vocab} tokens)"),
+        )
+        .into());
+    }
     let generating = g.gen.max_tokens > 0;
     if g.prompts.iter().any(|p| p.ids.is_empty()) {
         return Err(ApiError::invalid(
