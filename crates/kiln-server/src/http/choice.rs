@@ -251,6 +251,7 @@ pub(super) async fn prompt_logprobs(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::responses::sorted_json;
     use serde_json::json;
 
     fn info(text: &str, logprob: Option<f64>, top: &[(&str, f64)]) -> TokenInfo {
@@ -276,24 +277,22 @@ mod tests {
         ];
         assert_eq!(
             serde_json::to_string(&completion_logprobs(&tokens, 4)).unwrap(),
-            json!({
+            sorted_json(&json!({
                 "tokens": ["the", " cat", "é"],
                 "token_logprobs": [null, -0.5, -2.0],
                 "top_logprobs": [null, {" cat": -0.5, " a": -1.0}, {"x": -0.25, "é": -2.0}],
                 "text_offset": [4, 7, 11],
-            })
-            .to_string()
+            }))
         );
         assert_eq!(
             serde_json::to_string(&chat_logprobs(&tokens[1..2])).unwrap(),
-            json!({"content": [{
+            sorted_json(&json!({"content": [{
                 "token": " cat", "logprob": -0.5, "bytes": [32, 99, 97, 116],
                 "top_logprobs": [
                     {"token": " cat", "logprob": -0.5, "bytes": [32, 99, 97, 116]},
                     {"token": " a", "logprob": -1.0, "bytes": [32, 97]},
                 ],
-            }], "refusal": null})
-            .to_string()
+            }], "refusal": null}))
         );
         let empty = completion_logprobs(&[], 9);
         assert_eq!(
