@@ -324,21 +324,6 @@ struct QuantActPush {
 
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct DotPush {
-    w: u64,
-    xq: u64,
-    y: u64,
-    bias: u64,
-    m: u32,
-    k: u32,
-    n: u32,
-    row_bytes: u32,
-    has_bias: u32,
-    act: u32,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
 struct MergePush {
     part: u64,
     o: u64,
@@ -740,9 +725,11 @@ impl VulkanBackend {
                 [groups(blocks as u64, 64), groups(x.rows as u64, 1), 1],
                 &[&x.buf, &xq],
             )?;
-            let push = DotPush {
+            // matmul_dot.comp's push block is MatmulPush's first ten fields, activations as
+            // their int8 blocks.
+            let push = MatmulPush {
                 w: wt.buf.addr,
-                xq: xq.addr,
+                x: xq.addr,
                 y: y.buf.addr,
                 bias,
                 m: x.rows as u32,
@@ -751,6 +738,8 @@ impl VulkanBackend {
                 row_bytes: wt.row_bytes as u32,
                 has_bias: w.bias.is_some() as u32,
                 act,
+                half: 0,
+                _pad: 0,
             };
             uses.push(&xq);
             self.shared
