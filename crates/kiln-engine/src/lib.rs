@@ -4,6 +4,7 @@
 //! [`Scheduler`] over it that the server runs.
 
 pub mod blocks;
+mod constraint;
 mod embed;
 mod error;
 mod generate;
@@ -21,6 +22,7 @@ mod text;
 pub use blocks::{
     BlockId, BlockPool, BlockTable, OutOfBlocks, PoolSizeError, PrefixHit, PrefixStats,
 };
+pub use constraint::{Constraint, TokenConstraint};
 pub use embed::{Embedding, EmbeddingModel};
 pub use error::EngineError;
 pub use generate::{generate, GenerateOptions, Generation, StopReason};

@@ -2,7 +2,7 @@
 //! distribution, then temperature, then a draw — llama.cpp's default order. Temperature 0 is
 //! greedy (arg-max, lowest id on ties) and ignores the filters and the seed.
 
-use crate::{EngineError, Rng};
+use crate::{EngineError, Rng, TokenConstraint};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplingParams {
@@ -103,10 +103,25 @@ impl Sampler {
     /// Pick the next token from `logits` (modified in place by the penalties); `history` is the
     /// sequence so far (prompt and generated tokens).
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        self.sample_constrained(logits, history, None)
+    }
+
+    /// [`Sampler::sample`] from the tokens `constraint` allows: the logit biases are added,
+    /// then the constraint's mask applied, then the penalties, filters and draw as usual (the
+    /// constraint must allow at least one token).
+    pub fn sample_constrained(
+        &mut self,
+        logits: &mut [f32],
+        history: &[u32],
+        constraint: Option<&dyn TokenConstraint>,
+    ) -> u32 {
         for &(id, bias) in &self.params.logit_bias {
             if let Some(l) = logits.get_mut(id as usize) {
                 *l += bias;
             }
+        }
+        if let Some(c) = constraint {
+            c.apply(logits);
         }
         self.apply_penalties(logits, history);
         if self.params.temperature == 0.0 {

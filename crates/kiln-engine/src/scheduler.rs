@@ -31,8 +31,9 @@ use kiln_backend::Backend;
 use kiln_models::{Decoder, PagedKvCache, PagedSeq};
 
 use crate::blocks::{BlockPool, BlockTable, PrefixStats};
+use crate::constraint::prepare_all;
 use crate::score::top_k;
-use crate::{log_softmax, EngineError, Sampler, SamplingParams};
+use crate::{log_softmax, Constraint, EngineError, Sampler, SamplingParams};
 
 /// Sizes of a scheduler.
 #[derive(Clone, Debug)]
@@ -49,7 +50,7 @@ pub struct SchedulerConfig {
 }
 
 /// One generation request.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Request {
     pub prompt: Vec<u32>,
     /// Most tokens to generate (at least 1).
@@ -60,6 +61,8 @@ pub struct Request {
     /// Report each generated token's log-probability and the `k` most likely alternatives
     /// (`Some(k)`, k may be 0); `None`: no log-probabilities.
     pub logprobs: Option<usize>,
+    /// What the output must match (a grammar): see [`crate::constraint`].
+    pub constraint: Option<Constraint>,
 }
 
 /// A generated token's log-probability under the model (the distribution before any sampling
@@ -97,6 +100,12 @@ pub enum Event {
         id: RequestId,
         reason: FinishReason,
     },
+    /// The request cannot go on and ends here: its constraint allows no further token or
+    /// refused the one sampled (the message says which).
+    Failed {
+        id: RequestId,
+        error: String,
+    },
 }
 
 /// A request refused at submission.
@@ -127,6 +136,7 @@ struct Seq {
     stop_ids: Vec<u32>,
     logprobs: Option<usize>,
     sampler: Sampler,
+    constraint: Option<Constraint>,
     /// The blocks while running (`None` while waiting).
     table: Option<BlockTable>,
     /// Positions whose KV rows are in the table's blocks.
@@ -155,6 +165,8 @@ pub struct Scheduler<B: Backend> {
     context: usize,
     vocab: usize,
     preemptions: u64,
+    /// Threads that prepare the constraints' masks (beside the forward pass).
+    mask_threads: usize,
 }
 
 impl<B: Backend> Scheduler<B> {
@@ -178,6 +190,7 @@ impl<B: Backend> Scheduler<B> {
             context,
             vocab: model.config.vocab_size,
             preemptions: 0,
+            mask_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         })
     }
 
@@ -224,6 +237,7 @@ impl<B: Backend> Scheduler<B> {
             stop_ids: req.stop_ids,
             logprobs: req.logprobs,
             sampler,
+            constraint: req.constraint,
             table: None,
             computed: 0,
         });
@@ -320,6 +334,20 @@ impl<B: Backend> Scheduler<B> {
         }
         inputs.sort_by_key(|(i, _)| *i);
         let seqs: Vec<&[u32]> = inputs.iter().map(|(_, t)| t.as_slice()).collect();
+        // The constraints of the sequences that sample this step prepare their masks while the
+        // forward pass runs (they depend only on the tokens committed so far).
+        let owners: Vec<usize> = inputs
+            .iter()
+            .filter(|(i, t)| {
+                let s = &self.running[*i];
+                s.computed + t.len() == s.len() && s.constraint.is_some()
+            })
+            .map(|(i, _)| *i)
+            .collect();
+        let mut cs: Vec<Constraint> = owners
+            .iter()
+            .filter_map(|&i| self.running[i].constraint.take())
+            .collect();
         let views: Vec<PagedSeq<'_>> = inputs
             .iter()
             .map(|(i, _)| {
@@ -330,7 +358,31 @@ impl<B: Backend> Scheduler<B> {
                 }
             })
             .collect();
-        let h = model.forward_paged(b, &seqs, &mut self.cache, &views, &kiln_models::NoTrace)?;
+        let cache = &mut self.cache;
+        let threads = self.mask_threads;
+        let (h, prepared) = if cs.is_empty() {
+            let h = model.forward_paged(b, &seqs, cache, &views, &kiln_models::NoTrace);
+            (h, Vec::new())
+        } else {
+            std::thread::scope(|sc| {
+                let worker = sc.spawn(|| prepare_all(&mut cs, threads));
+                let h = model.forward_paged(b, &seqs, cache, &views, &kiln_models::NoTrace);
+                let prepared = worker
+                    .join()
+                    .unwrap_or_else(|p| std::panic::resume_unwind(p));
+                (h, prepared)
+            })
+        };
+        // Each constraint back to its sequence (before `?`: a failed pass keeps them), with
+        // why it cannot go on, if it cannot.
+        let mut mask_errors: Vec<(usize, String)> = Vec::new();
+        for ((&i, c), r) in owners.iter().zip(cs).zip(prepared) {
+            self.running[i].constraint = Some(c);
+            if let Err(e) = r {
+                mask_errors.push((i, e));
+            }
+        }
+        let h = h?;
         // The last row of each sequence whose input reached its end.
         let mut row = 0;
         let mut last_rows = Vec::new();
@@ -356,6 +408,14 @@ impl<B: Backend> Scheduler<B> {
             // Gemma's 262k tokens).
             for (&i, l) in sampled.iter().zip(logits.chunks_exact_mut(vocab)) {
                 let s = &mut self.running[i];
+                if let Some((_, error)) = mask_errors.iter().find(|(j, _)| *j == i) {
+                    events.push(Event::Failed {
+                        id: s.id,
+                        error: error.clone(),
+                    });
+                    finished.push(i);
+                    continue;
+                }
                 // Log-probabilities of the model's own distribution, before the sampler's
                 // penalties and filters change `l`.
                 let lp = s.logprobs.map(|top| {
@@ -363,7 +423,19 @@ impl<B: Backend> Scheduler<B> {
                     let best = top_k(&lp, top);
                     (lp, best)
                 });
-                let token = s.sampler.sample(l, &s.tokens);
+                let constraint = s.constraint.as_ref().map(|c| &*c.0);
+                let token = s.sampler.sample_constrained(l, &s.tokens, constraint);
+                let grammar_done = match s.constraint.as_mut() {
+                    Some(c) => match c.0.commit(token) {
+                        Ok(()) => c.0.is_done(),
+                        Err(error) => {
+                            events.push(Event::Failed { id: s.id, error });
+                            finished.push(i);
+                            continue;
+                        }
+                    },
+                    None => false,
+                };
                 s.tokens.push(token);
                 let logprob = lp.map(|(lp, top)| TokenLogprob {
                     logprob: lp[token as usize],
@@ -374,7 +446,7 @@ impl<B: Backend> Scheduler<B> {
                     token,
                     logprob,
                 });
-                let reason = if s.stop_ids.contains(&token) {
+                let reason = if s.stop_ids.contains(&token) || grammar_done {
                     Some(FinishReason::Stop)
                 } else if s.generated() >= s.max_tokens || s.len() >= self.context {
                     Some(FinishReason::Length)

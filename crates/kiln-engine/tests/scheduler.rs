@@ -7,8 +7,8 @@ use std::path::Path;
 
 use kiln_cpu::CpuBackend;
 use kiln_engine::{
-    Event, FinishReason, Request, RequestId, SamplingParams, Scheduler, SchedulerConfig,
-    SubmitError,
+    Constraint, Event, FinishReason, Request, RequestId, SamplingParams, Scheduler,
+    SchedulerConfig, SubmitError, TokenConstraint,
 };
 use kiln_formats::GgufFile;
 use kiln_models::Decoder;
@@ -37,6 +37,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize) -> Request {
         sampling: SamplingParams::greedy(),
         stop_ids: vec![],
         logprobs: None,
+        constraint: None,
     }
 }
 
@@ -67,6 +68,7 @@ fn record(out: &mut Outputs, events: Vec<Event>) {
         match e {
             Event::Token { id, token, .. } => out.entry(id).or_default().0.push(token),
             Event::Finished { id, reason } => out.entry(id).or_default().1 = Some(reason),
+            Event::Failed { id, error } => panic!("request {id} failed: {error}"),
         }
     }
 }
@@ -344,5 +346,152 @@ fn token_logprobs_are_the_models_as_scoring_gives_them() {
             }
             assert!(lp.top[0].1 >= lp.logprob - 1e-12, "token {token}");
         }
+    }
+}
+
+/// A constraint that allows exactly the next token of `script` (or, with `alternatives`, that
+/// token and the ones that follow it in the vocabulary), and is done after the last. It fails
+/// to prepare at step `fail_at`, and refuses every commit when `refuse` is set.
+struct Script {
+    script: Vec<u32>,
+    at: usize,
+    alternatives: u32,
+    fail_at: Option<usize>,
+    refuse: bool,
+    /// Steps prepared: each on the scheduler's worker thread, before the token is sampled.
+    prepared: usize,
+}
+
+impl Script {
+    fn new(script: Vec<u32>) -> Script {
+        Script {
+            script,
+            at: 0,
+            alternatives: 0,
+            fail_at: None,
+            refuse: false,
+            prepared: 0,
+        }
+    }
+}
+
+impl TokenConstraint for Script {
+    fn prepare(&mut self) -> Result<(), String> {
+        if self.fail_at == Some(self.at) {
+            return Err(format!("nothing can follow token {}", self.at));
+        }
+        self.prepared = self.at + 1;
+        Ok(())
+    }
+    fn apply(&self, logits: &mut [f32]) {
+        assert_eq!(self.prepared, self.at + 1, "applied before prepare");
+        let next = self.script[self.at];
+        for (id, l) in logits.iter_mut().enumerate() {
+            let id = id as u32;
+            if id < next || id > next + self.alternatives {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+    fn commit(&mut self, token: u32) -> Result<(), String> {
+        let next = self.script[self.at];
+        if self.refuse || token < next || token > next + self.alternatives {
+            return Err(format!("token {token} refused"));
+        }
+        self.at += 1;
+        Ok(())
+    }
+    fn is_done(&self) -> bool {
+        self.at == self.script.len()
+    }
+}
+
+#[test]
+fn constrained_requests_take_only_allowed_tokens_and_change_no_other_request() {
+    let b = CpuBackend::new(2).unwrap();
+    let m = model(&b);
+    let ps = prompts(6, 0);
+    let want = alone(&b, &m, &ps, 8);
+    let mut s = Scheduler::new(&b, &m, config(128, 4, 7)).unwrap();
+    let ids: Vec<RequestId> = ps
+        .iter()
+        .map(|p| s.submit(request(p.clone(), 8)).unwrap())
+        .collect();
+    // Two constrained requests in the same batch: one follows its script to the end (and ends
+    // there, before max_tokens); one may pick among 3 tokens each step, under a bias toward a
+    // token its mask refuses (the mask is applied after logit_bias).
+    let script = vec![17, 3, 250, 250, 9];
+    let forced = s
+        .submit(Request {
+            constraint: Some(Constraint::new(Script::new(script.clone()))),
+            ..request(ps[2].clone(), 20)
+        })
+        .unwrap();
+    let mut free = Script::new(vec![100; 6]);
+    free.alternatives = 2;
+    let free_id = s
+        .submit(Request {
+            constraint: Some(Constraint::new(free)),
+            sampling: SamplingParams {
+                logit_bias: vec![(99, 100.0), (103, 100.0)],
+                ..SamplingParams::greedy()
+            },
+            ..request(ps[4].clone(), 20)
+        })
+        .unwrap();
+    let out = drain(&mut s, &b, &m);
+    assert_eq!(out[&forced], (script, FinishReason::Stop));
+    let (tokens, reason) = &out[&free_id];
+    assert_eq!((tokens.len(), *reason), (6, FinishReason::Stop));
+    assert!(tokens.iter().all(|t| (100..=102).contains(t)), "{tokens:?}");
+    let got: Vec<Vec<u32>> = ids.iter().map(|id| out[id].0.clone()).collect();
+    assert_eq!(got, want, "the unconstrained requests changed");
+}
+
+#[test]
+fn a_constraint_that_cannot_go_on_fails_its_request_only() {
+    let b = CpuBackend::new(2).unwrap();
+    let m = model(&b);
+    let ps = prompts(3, 0);
+    let want = alone(&b, &m, &ps[..1], 6);
+    for (fail_at, refuse) in [(Some(2), false), (Some(0), false), (None, true)] {
+        let mut s = Scheduler::new(&b, &m, config(64, 4, 512)).unwrap();
+        let ok = s.submit(request(ps[0].clone(), 6)).unwrap();
+        let mut c = Script::new(vec![5, 6, 7, 8]);
+        c.fail_at = fail_at;
+        c.refuse = refuse;
+        let bad = s
+            .submit(Request {
+                constraint: Some(Constraint::new(c)),
+                ..request(ps[1].clone(), 6)
+            })
+            .unwrap();
+        let mut tokens = HashMap::<RequestId, Vec<u32>>::new();
+        let mut failed = None;
+        let mut finished = Vec::new();
+        while !s.is_idle() {
+            for e in s.step(&b, &m).unwrap() {
+                match e {
+                    Event::Token { id, token, .. } => tokens.entry(id).or_default().push(token),
+                    Event::Finished { id, .. } => finished.push(id),
+                    Event::Failed { id, error } => {
+                        assert_eq!(id, bad);
+                        failed = Some(error);
+                    }
+                }
+            }
+            s.check().unwrap();
+        }
+        assert_eq!(s.pool().in_use(), 0, "every block is back");
+        let error = failed.expect("the constrained request failed");
+        // The tokens before the failure, none after; never a token the constraint refused.
+        let before = if refuse { 0 } else { fail_at.unwrap() };
+        assert_eq!(
+            tokens.get(&bad).cloned().unwrap_or_default(),
+            vec![5, 6, 7, 8][..before].to_vec(),
+            "{error}"
+        );
+        assert_eq!(finished, vec![ok], "the failed request also finished");
+        assert_eq!(tokens[&ok], want[0]);
     }
 }

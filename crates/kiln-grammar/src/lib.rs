@@ -19,7 +19,7 @@
 
 mod table;
 
-pub use table::{Constraint, GrammarSpec, Mask, TokenTable};
+pub use table::{Constraint, GrammarSpec, Mask, TokenBytes, TokenTable, Vocabulary};
 
 /// What can go wrong building a table, compiling a grammar or stepping a constraint.
 #[derive(Debug, thiserror::Error)]

@@ -46,14 +46,32 @@ impl GrammarSpec {
 
     fn top_level(&self) -> TopLevelGrammar {
         match self {
-            GrammarSpec::JsonSchema(v) => TopLevelGrammar::from_json_schema(v.clone()),
+            GrammarSpec::JsonSchema(v) => TopLevelGrammar::from_json_schema(bounded_whitespace(v)),
             GrammarSpec::JsonObject => {
-                TopLevelGrammar::from_json_schema(serde_json::json!({ "type": "object" }))
+                TopLevelGrammar::from_json_schema(bounded_whitespace(&serde_json::json!({
+                    "type": "object"
+                })))
             }
             GrammarSpec::Regex(r) => TopLevelGrammar::from_regex(r),
             GrammarSpec::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
         }
     }
+}
+
+/// The whitespace a JSON grammar allows between two tokens of the JSON text: none, a space, or
+/// a line break and up to 20 spaces or tabs of indent (llama.cpp's bound). Unbounded
+/// whitespace lets a small model pad forever instead of writing the value.
+pub const JSON_WHITESPACE: &str = r"(?:\x20|\n[\x20\t]{0,20})";
+
+/// `schema` with [`JSON_WHITESPACE`] as its whitespace, unless it sets llguidance's own
+/// options (`x-guidance`).
+fn bounded_whitespace(schema: &serde_json::Value) -> serde_json::Value {
+    let mut s = schema.clone();
+    if let Some(o) = s.as_object_mut() {
+        o.entry("x-guidance")
+            .or_insert_with(|| serde_json::json!({ "whitespace_pattern": JSON_WHITESPACE }));
+    }
+    s
 }
 
 /// kiln's tokenizer as llguidance sees it: the table's trie, and greedy tokenization over it
@@ -76,6 +94,55 @@ impl TokenizerEnv for Env {
     }
 }
 
+/// A vocabulary a [`TokenTable`] can be built from: kiln's own [`Tokenizer`] (GGUF files), or
+/// whatever a caller wraps (a Hugging Face `tokenizer.json`).
+pub trait Vocabulary {
+    /// Tokens in the vocabulary (ids `0..vocab_size`).
+    fn vocab_size(&self) -> usize;
+    /// What token `id` stands for: the bytes it detokenizes to, or, for a control token, its
+    /// text (such a token is never part of a grammar's text).
+    fn token(&self, id: u32) -> TokenBytes;
+    /// Whether `id` ends a generation (end of text, end of turn).
+    fn is_end_of_generation(&self, id: u32) -> bool;
+    /// The end-of-sequence and beginning-of-sequence tokens, and the end of a turn, if any.
+    fn eos(&self) -> Option<u32>;
+    fn bos(&self) -> Option<u32>;
+    fn eot(&self) -> Option<u32>;
+}
+
+/// One entry of a [`Vocabulary`].
+pub enum TokenBytes {
+    /// Text: the bytes the token detokenizes to.
+    Text(Vec<u8>),
+    /// A control token, by its text.
+    Control(String),
+}
+
+impl Vocabulary for Tokenizer {
+    fn vocab_size(&self) -> usize {
+        Tokenizer::vocab_size(self)
+    }
+    fn token(&self, id: u32) -> TokenBytes {
+        if self.is_control(id) {
+            TokenBytes::Control(self.token_text(id).unwrap_or("").to_string())
+        } else {
+            TokenBytes::Text(self.token_to_piece(id, false))
+        }
+    }
+    fn is_end_of_generation(&self, id: u32) -> bool {
+        Tokenizer::is_end_of_generation(self, id)
+    }
+    fn eos(&self) -> Option<u32> {
+        Tokenizer::eos(self)
+    }
+    fn bos(&self) -> Option<u32> {
+        Tokenizer::bos(self)
+    }
+    fn eot(&self) -> Option<u32> {
+        Tokenizer::eot(self)
+    }
+}
+
 /// How many compiled grammars a table keeps.
 const CACHE_ENTRIES: usize = 64;
 
@@ -89,7 +156,7 @@ pub struct TokenTable {
 impl TokenTable {
     /// The table of `tokenizer`'s tokens, `logits_width` entries (the rows of the model's
     /// output; at least the tokenizer's vocabulary).
-    pub fn new(tokenizer: &Tokenizer, logits_width: usize) -> Result<TokenTable> {
+    pub fn new(tokenizer: &dyn Vocabulary, logits_width: usize) -> Result<TokenTable> {
         let vocab = tokenizer.vocab_size();
         if logits_width < vocab {
             return Err(GrammarError::Table(format!(
@@ -193,16 +260,18 @@ impl TokenTable {
 
 /// Token `id`'s bytes: as kiln detokenizes it, or, for a control token, 0xFF and its text; none
 /// past the vocabulary.
-fn token_bytes(tokenizer: &Tokenizer, id: u32) -> Vec<u8> {
+fn token_bytes(tokenizer: &dyn Vocabulary, id: u32) -> Vec<u8> {
     if id as usize >= tokenizer.vocab_size() {
         return Vec::new();
     }
-    if tokenizer.is_control(id) {
-        let mut b = vec![TokTrie::SPECIAL_TOKEN_MARKER];
-        b.extend_from_slice(tokenizer.token_text(id).unwrap_or("").as_bytes());
-        return b;
+    match tokenizer.token(id) {
+        TokenBytes::Control(text) => {
+            let mut b = vec![TokTrie::SPECIAL_TOKEN_MARKER];
+            b.extend_from_slice(text.as_bytes());
+            b
+        }
+        TokenBytes::Text(bytes) => bytes,
     }
-    tokenizer.token_to_piece(id, false)
 }
 
 /// One request's grammar state.
@@ -230,9 +299,17 @@ impl Mask {
     /// Sets every logit the mask does not allow to −∞ (`logits` is one row of the table's
     /// width).
     pub fn apply(&self, logits: &mut [f32]) {
-        for (id, l) in logits.iter_mut().enumerate() {
-            if !self.allows(id as u32) {
-                *l = f32::NEG_INFINITY;
+        // A word of the bit set per 32 logits: most words are all-allowed or all-refused.
+        let words = self.0.as_slice();
+        for (w, chunk) in logits.chunks_mut(32).enumerate() {
+            let bits = words.get(w).copied().unwrap_or(0);
+            if bits == u32::MAX && chunk.len() == 32 {
+                continue;
+            }
+            for (b, l) in chunk.iter_mut().enumerate() {
+                if bits & (1 << b) == 0 {
+                    *l = f32::NEG_INFINITY;
+                }
             }
         }
     }

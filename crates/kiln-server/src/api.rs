@@ -11,6 +11,7 @@
 //! an [`ApiError`] with the offending parameter in `param`.
 
 use kiln_engine::SamplingParams;
+use kiln_grammar::GrammarSpec;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
@@ -173,9 +174,10 @@ pub struct GenerationFields {
     pub repetition_penalty: Option<f64>,
     /// Token id (as a string) → bias added to its logit, −100..=100.
     pub logit_bias: Option<Value>,
+    /// `text`, `json_object`, `json_schema` (and kiln's `regex` and `lark`).
+    pub response_format: Option<Value>,
     /// OpenAI fields kiln does not implement: refused by name.
     pub tools: Option<Value>,
-    pub response_format: Option<Value>,
 }
 
 /// What the server's configuration allows.
@@ -198,10 +200,166 @@ pub struct ValidGeneration {
     pub n: u64,
     pub stream: bool,
     pub include_usage: bool,
+    /// What the output must match (`response_format`), if anything.
+    pub grammar: Option<GrammarSpec>,
 }
 
 /// The most tokens one request may bias.
 const MAX_LOGIT_BIAS: usize = 1024;
+
+/// `response_format`: `None` for free text, else the grammar the output must match.
+///
+/// - `{"type": "text"}`: free text.
+/// - `{"type": "json_object"}`: any JSON object.
+/// - `{"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}`: a
+///   value valid against `schema` (any JSON value when absent). With `strict: true` the schema
+///   must also be in OpenAI's strict subset: every object lists all its properties in
+///   `required` and sets `additionalProperties: false`.
+/// - kiln's extensions: `{"type": "regex", "regex": "..."}` (the whole output matches) and
+///   `{"type": "lark", "lark": "..."}` (a grammar in llguidance's Lark dialect).
+fn response_format(v: Option<&Value>) -> Result<Option<GrammarSpec>, ApiError> {
+    const P: &str = "response_format";
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let Some(o) = v.as_object() else {
+        return Err(ApiError::invalid(P, "must be an object with a 'type'"));
+    };
+    let text_field = |name: &str| -> Result<String, ApiError> {
+        match o.get(name) {
+            Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+            _ => Err(ApiError::invalid(
+                &format!("{P}.{name}"),
+                format!("a non-empty string is required with type '{name}'"),
+            )),
+        }
+    };
+    match o.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(GrammarSpec::JsonObject)),
+        Some("regex") => Ok(Some(GrammarSpec::Regex(text_field("regex")?))),
+        Some("lark") => Ok(Some(GrammarSpec::Lark(text_field("lark")?))),
+        Some("json_schema") => json_schema_format(o.get("json_schema")).map(Some),
+        Some(other) => Err(ApiError::invalid(
+            &format!("{P}.type"),
+            format!(
+                "'{other}' is not a response format; use 'text', 'json_object', 'json_schema' \
+                 (or kiln's 'regex', 'lark')"
+            ),
+        )),
+        None => Err(ApiError::invalid(
+            &format!("{P}.type"),
+            "a string 'type' is required",
+        )),
+    }
+}
+
+/// `response_format.json_schema`: `name` (required), `schema`, `strict`, `description`.
+fn json_schema_format(v: Option<&Value>) -> Result<GrammarSpec, ApiError> {
+    const J: &str = "response_format.json_schema";
+    let Some(js) = v.and_then(Value::as_object) else {
+        return Err(ApiError::invalid(
+            J,
+            "an object with 'name' and 'schema' is required with type 'json_schema'",
+        ));
+    };
+    let good_name = |n: &str| {
+        !n.is_empty()
+            && n.len() <= 64
+            && n.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    };
+    if !js
+        .get("name")
+        .and_then(Value::as_str)
+        .is_some_and(good_name)
+    {
+        return Err(ApiError::invalid(
+            &format!("{J}.name"),
+            "must be 1 to 64 letters, digits, '_' or '-'",
+        ));
+    }
+    let strict = match js.get("strict") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                &format!("{J}.strict"),
+                "must be a boolean",
+            ))
+        }
+    };
+    let schema = match js.get("schema") {
+        None | Some(Value::Null) => Value::Object(Default::default()),
+        Some(s @ (Value::Object(_) | Value::Bool(_))) => s.clone(),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                &format!("{J}.schema"),
+                "must be a JSON schema (an object)",
+            ))
+        }
+    };
+    if strict {
+        if let Err(e) = strict_subset(&schema, "#") {
+            return Err(ApiError::invalid(
+                &format!("{J}.schema"),
+                format!("not a strict schema: {e} (set 'strict': false to use it as it is)"),
+            ));
+        }
+    }
+    Ok(GrammarSpec::JsonSchema(schema))
+}
+
+/// Checks OpenAI's structured-output rules for `strict` schemas: each object schema sets
+/// `additionalProperties: false` and lists every property in `required`. `at` is the JSON
+/// pointer of `schema`, for the message.
+fn strict_subset(schema: &Value, at: &str) -> Result<(), String> {
+    let Some(o) = schema.as_object() else {
+        return Ok(());
+    };
+    let is_object = o.get("type").is_some_and(|t| {
+        t == "object"
+            || t.as_array()
+                .is_some_and(|a| a.iter().any(|t| t == "object"))
+    }) || o.contains_key("properties");
+    if is_object {
+        if o.get("additionalProperties") != Some(&Value::Bool(false)) {
+            return Err(format!("{at}: 'additionalProperties' must be false"));
+        }
+        let required: Vec<&str> = o
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        if let Some(props) = o.get("properties").and_then(Value::as_object) {
+            if let Some(missing) = props.keys().find(|k| !required.contains(&k.as_str())) {
+                return Err(format!(
+                    "{at}: property '{missing}' must be listed in 'required' (make it \
+                     nullable to leave it optional)"
+                ));
+            }
+        }
+    }
+    for (key, sub) in o {
+        match (key.as_str(), sub) {
+            ("properties" | "$defs" | "definitions" | "patternProperties", Value::Object(m)) => {
+                for (name, s) in m {
+                    strict_subset(s, &format!("{at}/{key}/{name}"))?;
+                }
+            }
+            ("anyOf" | "allOf" | "oneOf" | "prefixItems", Value::Array(a)) => {
+                for (i, s) in a.iter().enumerate() {
+                    strict_subset(s, &format!("{at}/{key}/{i}"))?;
+                }
+            }
+            ("items" | "additionalProperties" | "not" | "contains", Value::Object(_)) => {
+                strict_subset(sub, &format!("{at}/{key}"))?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
 
 /// `logit_bias` as OpenAI defines it: an object from token ids (as strings) to biases in
 /// −100..=100, sorted by id. Whether the ids are in the model's vocabulary is checked once the
@@ -268,10 +426,7 @@ impl GenerationFields {
         limits: &GenerationLimits,
         allow_zero_tokens: bool,
     ) -> Result<ValidGeneration, ApiError> {
-        for (name, given) in [
-            ("tools", &self.tools),
-            ("response_format", &self.response_format),
-        ] {
+        for (name, given) in [("tools", &self.tools)] {
             if given.as_ref().is_some_and(|v| !v.is_null()) {
                 return Err(ApiError::invalid(
                     name,
@@ -404,6 +559,7 @@ impl GenerationFields {
                 .stream_options
                 .as_ref()
                 .is_some_and(|o| o.include_usage),
+            grammar: response_format(self.response_format.as_ref())?,
         })
     }
 }

@@ -333,6 +333,7 @@ fn route(
     let (id, out, last) = match e {
         Event::Token { id, token, logprob } => (id, Out::Token { token, logprob }, false),
         Event::Finished { id, reason } => (id, Out::Finished(reason), true),
+        Event::Failed { id, error } => (id, Out::Failed(error), true),
     };
     let Some((tag, tx)) = routes.get(&id) else {
         return;

@@ -36,6 +36,7 @@ use kiln_tokenizer::ChatTemplate;
 
 use crate::api::{ApiError, GenerationLimits};
 use crate::engine::{DecoderEngine, EmbedEngine};
+use crate::grammar::Grammars;
 use crate::metrics::Metrics;
 use crate::responses::{Health, ModelList};
 
@@ -55,6 +56,36 @@ pub struct DecoderEntry {
     pub context: usize,
     /// Tokens that end a generation (end of turn, end of text).
     pub end_ids: Vec<u32>,
+    /// Its token table and compiled grammars (constrained decoding).
+    pub grammars: Arc<Grammars>,
+}
+
+impl DecoderEntry {
+    /// A decoder served as `name` on `engine`; `logits_width` is the width of its output rows
+    /// (the vocabulary, or more where the embedding is padded). Starts building its token
+    /// table in the background.
+    pub fn new(
+        name: String,
+        engine: DecoderEngine,
+        tokenizer: TextTokenizer,
+        chat_template: Option<ChatTemplate>,
+        context: usize,
+        logits_width: usize,
+    ) -> DecoderEntry {
+        let tokenizer = Arc::new(tokenizer);
+        let end_ids = (0..tokenizer.vocab_size() as u32)
+            .filter(|&i| tokenizer.is_end_of_generation(i))
+            .collect();
+        DecoderEntry {
+            name,
+            engine,
+            grammars: Grammars::spawn(tokenizer.clone(), logits_width),
+            tokenizer,
+            chat_template: chat_template.map(Arc::new),
+            context,
+            end_ids,
+        }
+    }
 }
 
 /// An embedding model the server serves.

@@ -9,12 +9,15 @@
 //!   cancellation of a request whose client disconnects.
 //! - [`responses`]: the bodies the server answers with (completions, chunks, embeddings,
 //!   models, health, errors), as types that serialize to OpenAI's JSON.
+//! - [`grammar`]: constrained decoding (`response_format`, tool calls): each decoder's token
+//!   table, grammars compiled off the runtime with a time limit.
 //! - [`metrics`]: `/metrics` in the Prometheus text format.
 //!
 //! The crate is generic over the backend; the CLI picks it.
 
 pub mod api;
 pub mod engine;
+pub mod grammar;
 pub mod http;
 pub mod metrics;
 pub mod responses;

@@ -865,3 +865,217 @@ fn a_shared_prompt_prefix_hits_the_cache() {
     let rate = metric(a, "kiln_prefix_cache_hit_rate");
     assert!(rate > 0.0 && rate <= 1.0, "{rate}");
 }
+
+/// A tiny JSON-schema check for the fixtures' schemas (types, required keys, enums, bounds,
+/// no extra keys), so that these tests need no validator crate.
+fn conforms(v: &Value, schema: &Value) -> bool {
+    if let Some(options) = schema["enum"].as_array() {
+        return options.contains(v);
+    }
+    match schema["type"].as_str() {
+        Some("object") => {
+            let Some(o) = v.as_object() else { return false };
+            let props = schema["properties"]
+                .as_object()
+                .cloned()
+                .unwrap_or_default();
+            let required = schema["required"].as_array().cloned().unwrap_or_default();
+            required.iter().all(|k| o.contains_key(k.as_str().unwrap()))
+                && o.iter()
+                    .all(|(k, x)| props.get(k).is_some_and(|s| conforms(x, s)))
+        }
+        Some("array") => v.as_array().is_some_and(|a| {
+            a.len() as u64 <= schema["maxItems"].as_u64().unwrap_or(u64::MAX)
+                && a.iter().all(|x| conforms(x, &schema["items"]))
+        }),
+        Some("string") => v.as_str().is_some_and(|s| {
+            s.chars().count() as u64 <= schema["maxLength"].as_u64().unwrap_or(u64::MAX)
+        }),
+        Some("integer") => v.as_i64().is_some_and(|i| {
+            i >= schema["minimum"].as_i64().unwrap_or(i64::MIN)
+                && i <= schema["maximum"].as_i64().unwrap_or(i64::MAX)
+        }),
+        Some("boolean") => v.is_boolean(),
+        _ => true,
+    }
+}
+
+#[test]
+fn response_format_constrains_chat_and_completions_to_json_and_regexes() {
+    let server = start(sched(64, 256));
+    let a = server.addr;
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 6},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "pet": {"enum": ["cat", "dog", null]},
+            "tags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3},
+        },
+        "required": ["name", "age", "pet", "tags"],
+        "additionalProperties": false,
+    });
+    let format = json!({"type": "json_schema",
+        "json_schema": {"name": "person", "schema": schema, "strict": true}});
+    let mut stopped = 0;
+    for (path, seed) in [("/v1/chat/completions", 1), ("/v1/completions", 2)] {
+        let mut body = json!({"model": "tiny", "max_tokens": 600, "temperature": 1,
+            "seed": seed, "n": 4, "response_format": format});
+        if path.contains("chat") {
+            body["messages"] = json!([{"role": "user", "content": "Who are you?"}]);
+        } else {
+            body["prompt"] = json!("A person:");
+        }
+        let r = post(a, path, &body);
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        let v = r.json();
+        let mut whole = Vec::new();
+        for c in v["choices"].as_array().unwrap() {
+            let text = c["message"]["content"]
+                .as_str()
+                .or(c["text"].as_str())
+                .unwrap()
+                .to_string();
+            if c["finish_reason"] == "stop" {
+                stopped += 1;
+                let parsed: Value = serde_json::from_str(&text)
+                    .unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {text:?}"));
+                assert!(
+                    conforms(&parsed, &schema),
+                    "{path}: {parsed} breaks the schema"
+                );
+            } else {
+                assert_eq!(c["finish_reason"], "length", "{c}");
+            }
+            whole.push(text);
+        }
+        // Streamed, the same seeds give the same texts.
+        body["stream"] = json!(true);
+        let r = post(a, path, &body);
+        let mut streamed = vec![String::new(); 4];
+        for e in r.events() {
+            if e == "[DONE]" {
+                break;
+            }
+            let c: Value = serde_json::from_str(&e).unwrap();
+            let c = &c["choices"][0];
+            let piece = c["delta"]["content"].as_str().or(c["text"].as_str());
+            streamed[c["index"].as_u64().unwrap() as usize].push_str(piece.unwrap_or(""));
+        }
+        assert_eq!(streamed, whole, "{path}: streamed");
+    }
+    assert!(
+        stopped >= 6,
+        "only {stopped} of 8 outputs ended by the grammar"
+    );
+    // Any JSON object; a regex (kiln's extension), matched whole.
+    for (format, check) in [
+        (
+            json!({"type": "json_object"}),
+            Box::new(|t: &str| serde_json::from_str::<Value>(t).is_ok_and(|v| v.is_object()))
+                as Box<dyn Fn(&str) -> bool>,
+        ),
+        (
+            json!({"type": "regex", "regex": "[0-9]{3}-[a-z]{2}"}),
+            Box::new(|t: &str| {
+                t.len() == 6
+                    && t[..3].bytes().all(|b| b.is_ascii_digit())
+                    && &t[3..4] == "-"
+                    && t[4..].bytes().all(|b| b.is_ascii_lowercase())
+            }),
+        ),
+    ] {
+        for seed in 0..3 {
+            let r = post(
+                a,
+                "/v1/completions",
+                &json!({"model": "tiny", "prompt": "x", "max_tokens": 200, "seed": seed,
+                        "response_format": format}),
+            );
+            assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+            let c = &r.json()["choices"][0];
+            let text = c["text"].as_str().unwrap();
+            if c["finish_reason"] == "stop" {
+                assert!(check(text), "{format}: {text:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_response_formats_are_400s_naming_the_field() {
+    let server = start(sched(64, 256));
+    let a = server.addr;
+    let js = |schema: Value, strict: bool| {
+        json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema,
+                                                       "strict": strict}})
+    };
+    for (format, param) in [
+        (json!("json"), "response_format"),
+        (json!({"type": "yaml"}), "response_format.type"),
+        (json!({}), "response_format.type"),
+        (
+            json!({"type": "json_schema"}),
+            "response_format.json_schema",
+        ),
+        (
+            json!({"type": "json_schema", "json_schema": {"schema": {}}}),
+            "response_format.json_schema.name",
+        ),
+        (
+            json!({"type": "json_schema", "json_schema": {"name": "a b"}}),
+            "response_format.json_schema.name",
+        ),
+        (js(json!([1]), false), "response_format.json_schema.schema"),
+        (
+            js(
+                json!({"type": "object", "properties": {"a": {"type": "string"}}}),
+                true,
+            ),
+            "response_format.json_schema.schema",
+        ),
+        (
+            js(
+                json!({"type": "object", "properties": {"a": {"type": "string"}},
+                       "additionalProperties": false}),
+                true,
+            ),
+            "response_format.json_schema.schema",
+        ),
+        (js(json!({"type": "frobnicate"}), false), "response_format"),
+        (
+            js(json!({"$ref": "#/$defs/missing"}), false),
+            "response_format",
+        ),
+        (
+            json!({"type": "regex", "regex": "(unclosed"}),
+            "response_format",
+        ),
+        (json!({"type": "regex"}), "response_format.regex"),
+        (
+            json!({"type": "lark", "lark": "start: undefined_rule"}),
+            "response_format",
+        ),
+    ] {
+        let r = post(
+            a,
+            "/v1/chat/completions",
+            &json!({"model": "tiny", "messages": [{"role": "user", "content": "x"}],
+                    "response_format": format}),
+        );
+        let (status, err) = error_of(&r);
+        assert_eq!(
+            (status, err["param"].as_str()),
+            (400, Some(param)),
+            "{format}: {err}"
+        );
+    }
+    // The server still serves, constrained and not.
+    let r = post(
+        a,
+        "/v1/completions",
+        &json!({"model": "tiny", "prompt": "x", "max_tokens": 3,
+                "response_format": {"type": "text"}}),
+    );
+    assert_eq!(r.status, 200);
+}

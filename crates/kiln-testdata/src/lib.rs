@@ -29,8 +29,15 @@ pub fn kiln_home() -> PathBuf {
 }
 
 /// The golden data of a model, e.g. `golden_dir("gemma3-270m")`.
+///
+/// Found from the running test's crate (cargo and nextest set `CARGO_MANIFEST_DIR` for test
+/// processes; every crate sits at `crates/NAME`), not from this crate's build: two clones that
+/// share one target folder (as `.ci/run` does) may share this crate's compiled copy.
 pub fn golden_dir(model: &str) -> PathBuf {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/golden")).join(model)
+    let crate_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    crate_dir.join("../../tests/golden").join(model)
 }
 
 /// The Gemma 3 270M GGUF, which `kiln pull gemma3-270m` puts in place.

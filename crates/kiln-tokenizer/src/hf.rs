@@ -29,6 +29,10 @@ pub enum Truncation {
 pub struct HfTokenizer {
     inner: tokenizers::Tokenizer,
     truncation: Truncation,
+    /// Added tokens marked `special` (control tokens), by id.
+    specials: std::collections::HashMap<u32, String>,
+    /// The decoder maps GPT-2's byte stand-ins back to bytes (byte-level BPE).
+    byte_level: bool,
 }
 
 impl HfTokenizer {
@@ -68,7 +72,26 @@ impl HfTokenizer {
         inner
             .with_truncation(params)
             .map_err(|e| err(e.to_string()))?;
-        Ok(HfTokenizer { inner, truncation })
+        let specials = inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special)
+            .map(|(id, t)| (id, t.content))
+            .collect();
+        // The decoder's kind, from the file (the library does not expose it).
+        let byte_level = serde_json::from_slice::<serde_json::Value>(json)
+            .ok()
+            .and_then(|v| {
+                v.get("decoder")
+                    .map(|d| d.to_string().contains("\"ByteLevel\""))
+            })
+            .unwrap_or(false);
+        Ok(HfTokenizer {
+            inner,
+            truncation,
+            specials,
+            byte_level,
+        })
     }
 
     pub fn truncation(&self) -> Truncation {
@@ -105,5 +128,36 @@ impl HfTokenizer {
 
     pub fn id_to_token(&self, id: u32) -> Option<String> {
         self.inner.id_to_token(id)
+    }
+
+    /// The text of token `id` when it is a special (control) token.
+    pub fn special_text(&self, id: u32) -> Option<String> {
+        self.specials.get(&id).cloned()
+    }
+
+    /// The bytes token `id` stands for inside a text (no space stripped, a partial UTF-8
+    /// sequence kept whole): GPT-2's stand-ins mapped back for byte-level BPE; for
+    /// SentencePiece-style vocabularies `▁` is a space and `<0xNN>` its byte. Empty for an
+    /// unknown id.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let Some(tok) = self.inner.id_to_token(id) else {
+            return Vec::new();
+        };
+        if self.specials.contains_key(&id) {
+            return tok.into_bytes();
+        }
+        if self.byte_level {
+            if let Some(b) = tok.chars().map(crate::bpe::char_to_byte).collect() {
+                return b;
+            }
+            return tok.into_bytes();
+        }
+        let b = tok.as_bytes();
+        if b.len() == 6 && b.starts_with(b"<0x") && b[5] == b'>' {
+            if let Ok(v) = u8::from_str_radix(&tok[3..5], 16) {
+                return vec![v];
+            }
+        }
+        tok.replace('\u{2581}', " ").into_bytes()
     }
 }

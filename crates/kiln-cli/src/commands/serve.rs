@@ -222,14 +222,14 @@ pub fn run(a: ServeArgs) -> Result<()> {
             max_waiting: a.max_waiting,
         };
         let engine = DecoderEngine::spawn(&name, m.model, sched).map_err(anyhow::Error::msg)?;
-        decoders.push(DecoderEntry {
+        decoders.push(DecoderEntry::new(
             name,
             engine,
-            tokenizer: Arc::new(m.tokenizer),
-            chat_template: template.map(Arc::new),
+            m.tokenizer,
+            template,
             context,
-            end_ids,
-        });
+            cfg.vocab_size,
+        ));
     }
     if let Some((name, file)) = templates.first() {
         bail!(

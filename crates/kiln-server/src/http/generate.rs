@@ -213,12 +213,18 @@ async fn generate(
             let mut sampling = g.gen.sampling.clone();
             // Choices of one request must differ: each gets its own random stream.
             sampling.seed = sampling.seed.wrapping_add(j as u64);
+            // Each choice steps its own copy of the grammar (compiled once, cached).
+            let constraint = match &g.gen.grammar {
+                Some(spec) => Some(d.grammars.start(spec, "response_format").await?),
+                None => None,
+            };
             let req = Request {
                 prompt: p.ids.clone(),
                 max_tokens: (g.gen.max_tokens as usize).min(d.context - p.ids.len()),
                 sampling,
                 stop_ids: d.end_ids.clone(),
                 logprobs: g.logprobs,
+                constraint,
             };
             let ticket = d
                 .engine

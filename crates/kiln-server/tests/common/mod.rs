@@ -31,23 +31,21 @@ pub fn decoder_entry(name: &str, with_template: bool, cfg: SchedulerConfig) -> D
     .unwrap();
     let model = kiln_models::load_gguf_decoder(&backend, &file).unwrap();
     let tokenizer = TextTokenizer::Gguf(Box::new(Tokenizer::from_gguf(&file).unwrap()));
-    let end_ids = (0..model.config.vocab_size as u32)
-        .filter(|&i| tokenizer.is_end_of_generation(i))
-        .collect();
     let context = model.config.context_length;
+    let width = model.config.vocab_size;
     let chat_template = if with_template {
-        ChatTemplate::from_gguf(&file).unwrap().map(Arc::new)
+        ChatTemplate::from_gguf(&file).unwrap()
     } else {
         None
     };
-    DecoderEntry {
-        name: name.into(),
-        engine: DecoderEngine::spawn(name, kiln_engine::decoder_on(backend, model), cfg).unwrap(),
-        tokenizer: Arc::new(tokenizer),
+    DecoderEntry::new(
+        name.into(),
+        DecoderEngine::spawn(name, kiln_engine::decoder_on(backend, model), cfg).unwrap(),
+        tokenizer,
         chat_template,
         context,
-        end_ids,
-    }
+        width,
+    )
 }
 
 /// The ModernBERT fixture served as `embed`.
