@@ -19,18 +19,20 @@
 //! - transformers' `{% generation %}...{% endgeneration %}` block (which marks assistant text for
 //!   training masks) renders its body.
 //!
-//! Variables: `messages` (a list of `{"role", "content"}` maps), `add_generation_prompt`,
-//! `bos_token`, `eos_token`, `strftime_now`. `tools` and `documents` are left undefined
-//! (transformers passes `None`; templates test `tools is defined` / `tools is not none` and treat
-//! both alike).
+//! Variables: `messages` (a list of `{"role", "content"}` maps, with a message's other fields:
+//! an assistant turn's `tool_calls` with `arguments` as objects, a tool result's
+//! `tool_call_id` and `name`, as transformers passes them), `add_generation_prompt`,
+//! `bos_token`, `eos_token`, `strftime_now`, and `tools` (OpenAI's list of `{"type":
+//! "function", "function": {...}}`) when [`RenderOptions::tools`] gives it. Without tools,
+//! `tools` and `documents` are left undefined (transformers passes `None`; templates test `tools
+//! is defined` / `tools is not none` and treat both alike).
 //!
 //! Checked against Python jinja2 set up as transformers does (`tests/chat_templates.rs`): on the
 //! test conversations, every template llama.cpp ships renders byte for byte as jinja2 renders it,
 //! except one that needs a variable transformers does not pass (and fails in jinja2 too).
 //!
-//! Not supported in this step: message `content` as a list of parts (text/image), tool
-//! definitions, tool calls and tool results as structured fields, extra template variables (such
-//! as Qwen 3's `enable_thinking`), and GGUF's named alternative templates
+//! Not supported in this step: message `content` as a list of parts (text/image), extra template
+//! variables (such as Qwen 3's `enable_thinking`), and GGUF's named alternative templates
 //! (`tokenizer.chat_template.<name>`).
 //!
 //! Invariants:
@@ -64,7 +66,14 @@ pub const FUEL: u64 = 5_000_000;
 fn fuel_for(messages: &[ChatMessage]) -> u64 {
     let bytes: u64 = messages
         .iter()
-        .map(|m| (m.role.len() + m.content.len()) as u64)
+        .map(|m| {
+            let extra = if m.extra.is_empty() {
+                0
+            } else {
+                serde_json::to_string(&m.extra).map_or(0, |s| s.len())
+            };
+            (m.role.len() + m.content.len() + extra) as u64
+        })
         .sum();
     let pieces = 8 * messages.len() as u64 + 8;
     FUEL.saturating_add((bytes / 64 + 1).saturating_mul(pieces))
@@ -79,6 +88,11 @@ pub struct ChatMessage {
     pub role: String,
     /// The message text.
     pub content: String,
+    /// The message's other fields as the template sees them (`tool_calls`, `tool_call_id`,
+    /// `name`, ...); one named `content` replaces the text (`null` for an assistant turn that
+    /// only calls tools).
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
 impl ChatMessage {
@@ -87,6 +101,7 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            extra: serde_json::Map::new(),
         }
     }
 }
@@ -125,6 +140,8 @@ pub struct RenderOptions {
     pub add_generation_prompt: bool,
     /// The time `strftime_now` formats (in UTC); `None`: the current time.
     pub now: Option<SystemTime>,
+    /// The `tools` variable (a list of OpenAI tool objects); `None` leaves it undefined.
+    pub tools: Option<serde_json::Value>,
 }
 
 /// Why a chat template could not be loaded or rendered.
@@ -381,17 +398,29 @@ impl ChatTemplate {
         opts: &RenderOptions,
     ) -> Result<String, ChatTemplateError> {
         let now = unix_seconds(opts.now.unwrap_or_else(SystemTime::now));
-        let fuel = fuel_for(messages);
+        let tools_bytes = opts
+            .tools
+            .as_ref()
+            .map_or(0, |t| t.to_string().len() as u64);
+        let fuel = fuel_for(messages).saturating_add(tools_bytes.saturating_mul(4));
         let messages: Vec<Value> = messages
             .iter()
             .map(|m| {
-                Value::from_pairs([
+                let mut pairs = vec![
                     ("role", Value::from(m.role.as_str())),
                     ("content", Value::from(m.content.as_str())),
-                ])
+                ];
+                for (k, v) in &m.extra {
+                    let v = json_to_value(v);
+                    match pairs.iter_mut().find(|(name, _)| name == k) {
+                        Some(slot) => slot.1 = v,
+                        None => pairs.push((k.as_str(), v)),
+                    }
+                }
+                Value::from_pairs(pairs)
             })
             .collect();
-        let ctx = Value::from_pairs([
+        let mut vars = vec![
             ("messages", Value::from(messages)),
             (
                 "add_generation_prompt",
@@ -403,12 +432,38 @@ impl ChatTemplate {
                 "strftime_now",
                 Value::from_function(move |fmt: &str| strftime(fmt, now)),
             ),
-        ]);
+        ];
+        if let Some(tools) = &opts.tools {
+            vars.push(("tools", json_to_value(tools)));
+        }
+        let ctx = Value::from_pairs(vars);
         // A clone shares the compiled template (an `Arc`); only the fuel differs.
         let mut env = self.env.clone();
         env.set_fuel(Some(fuel));
         let template = env.get_template(TEMPLATE_NAME).map_err(render_error)?;
         template.render(ctx).map_err(render_error)
+    }
+}
+
+/// A JSON value as the template sees it (what Python's `json.loads` would give: objects keep
+/// their key order, integers stay integers).
+fn json_to_value(v: &serde_json::Value) -> Value {
+    use serde_json::Value as J;
+    match v {
+        J::Null => Value::from(()),
+        J::Bool(b) => Value::from(*b),
+        J::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => Value::from(i),
+            (None, Some(u)) => Value::from(u),
+            _ => Value::from(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        J::String(s) => Value::from(s.as_str()),
+        J::Array(a) => Value::from(a.iter().map(json_to_value).collect::<Vec<_>>()),
+        J::Object(o) => Value::from_pairs(
+            o.iter()
+                .map(|(k, v)| (k.as_str(), json_to_value(v)))
+                .collect::<Vec<_>>(),
+        ),
     }
 }
 
@@ -941,6 +996,7 @@ mod tests {
         let opts = RenderOptions {
             add_generation_prompt: true,
             now: Some(UNIX_EPOCH + std::time::Duration::from_secs(1_751_634_309)),
+            tools: None,
         };
         ChatTemplate::new(source, tokens())?.render(messages, &opts)
     }

@@ -55,6 +55,7 @@ fn options(add_generation_prompt: bool) -> RenderOptions {
     RenderOptions {
         add_generation_prompt,
         now: Some(UNIX_EPOCH + Duration::from_secs(1_751_634_309)),
+        tools: None,
     }
 }
 
@@ -189,6 +190,7 @@ fn renders_equal_jinja2() {
             let opts = RenderOptions {
                 add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap(),
                 now: Some(now),
+                tools: None,
             };
             let label = format!("{file} {}", case["name"].as_str().unwrap());
             let got = template.render(&messages, &opts);
@@ -267,6 +269,7 @@ fn every_other_template_renders_equal_jinja2_digests() {
             let opts = RenderOptions {
                 add_generation_prompt: gen == "gen",
                 now: Some(now),
+                tools: None,
             };
             let got = template.render(&conversation(conv), &opts);
             let ok = match (expected.get("sha256"), expected.get("raises"), &got) {

@@ -85,6 +85,7 @@ pub(super) async fn chat_completions(
             &RenderOptions {
                 add_generation_prompt: true,
                 now: None,
+                tools: None,
             },
         )
         .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
