@@ -7,19 +7,31 @@ Face transformers' `apply_chat_template` sets it up (ImmutableSandboxedEnvironme
 trim_blocks and lstrip_blocks, the loopcontrols extension, transformers' `tojson`,
 `raise_exception` and `strftime_now`, and its `{% generation %}` tag), for a few conversations,
 and writes one JSON file per template to crates/kiln-tokenizer/tests/fixtures/chat/: the template
-file's sha256, the special tokens, the fixed date, and per case the messages, add_generation_prompt
-and the expected text (or the message the template raised).
+file's sha256, the special tokens, the fixed date, and per case the messages (and the tools),
+add_generation_prompt and the expected text (or the message the template raised).
 
-Differences from transformers, on purpose and mirrored by kiln: `tools` and `documents` are left
-undefined (transformers passes None; the templates here treat both alike), and `strftime_now`
-uses a fixed UTC time instead of the local clock.
+The conversations: `plain` (user, assistant, user), `system` (the same after a system message),
+and `tools`, rendered with `tools=TOOLS` (two OpenAI-style function tools): a system message, a
+question, an assistant turn that only calls a tool (`content` None, `tool_calls` with `arguments`
+as an object, as transformers expects them), the tool's result (`tool_call_id`, `name`), the
+assistant's answer and a last question; `tools_empty` is the same with `content` "" instead of
+None in the tool-calling turn. In these two conversations only, a template that fails with
+another error than its own `raise_exception` (an undefined value, a TypeError on the None
+content, ...) is an expected outcome too, recorded as `jinja2_error` ("<exception type>:
+<message>").
+
+Differences from transformers, on purpose and mirrored by kiln: without tools (the `plain` and
+`system` conversations) `tools` is left undefined, and `documents` always is (transformers passes
+None; the templates here treat both alike), and `strftime_now` uses a fixed UTC time instead of
+the local clock.
 
 jinja2 is pinned and installed in a venv under $HOME/.cache/kiln/peers/jinja-venv, which this
 script creates and then re-executes itself in.
 
 Every other template of the folder is rendered too (with `<BOS>` / `<EOS>`), and only the sha256 of
 each render is kept, in crates/kiln-tokenizer/tests/fixtures/chat_digests.json (with what jinja2
-says for a template it cannot render), to keep the committed fixtures small.
+says for a template it cannot render, and the conversations and the tools, from which the test
+rebuilds the renders' inputs), to keep the committed fixtures small.
 
 Usage: scripts/gen_chat_template_fixtures.py [--templates DIR]
 (default: extract the templates from ~/.cache/kiln/peers/dl/llama_cpp_python-0.3.36.tar.gz,
@@ -67,6 +79,8 @@ TEMPLATES = {
     "ibm-granite-granite-3.3-2B-Instruct": ("<|end_of_text|>", "<|end_of_text|>"),
     "openai-gpt-oss-120b": ("<|startoftext|>", "<|return|>"),
     "poolside-Laguna-XS.2": ("<s>", "</s>"),
+    # Tool use: tools described as Python signatures, `<tool_call>` with `tojson` arguments.
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": ("<|begin_of_text|>", "<|im_end|>"),
 }
 
 PLAIN = [
@@ -75,6 +89,62 @@ PLAIN = [
     {"role": "user", "content": "Now:\n\t<b>tabs</b> & {{ braces }} and \\backslashes\\"},
 ]
 SYSTEM = [{"role": "system", "content": "You are terse. Answer in one line."}] + PLAIN
+
+# The tools of the tools conversations, as an OpenAI client sends them.
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city (°C or °F).",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "City name"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city"],
+        },
+    }},
+    {"type": "function", "function": {
+        "name": "search_flights",
+        "description": "Find flights between two airports.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "origin": {"type": "string", "description": "IATA code, e.g. \"CDG\""},
+                "destinations": {"type": "array", "items": {"type": "string"}},
+                "passengers": {"type": "integer", "description": "How many travel",
+                               "minimum": 1, "default": 1},
+                "max_price": {"type": "number", "description": "In euros", "default": 499.5},
+            },
+            "required": ["origin", "destinations"],
+        },
+    }},
+]
+# Mistral's templates want tool-call ids of exactly 9 letters and digits.
+CALL_ID = "abc123xyz"
+TOOL_TURNS = [
+    {"role": "system", "content": "You are a helpful assistant with tools."},
+    {"role": "user", "content": "What's the weather in Paris? Use °C."},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": CALL_ID, "type": "function",
+         "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}},
+    ]},
+    {"role": "tool", "content": "{\"temperature\": 21, \"unit\": \"celsius\"}",
+     "tool_call_id": CALL_ID, "name": "get_weather"},
+    {"role": "assistant", "content": "It is 21 °C in Paris."},
+    {"role": "user", "content": "Thanks! Should I take a coat?"},
+]
+# The same with an empty text instead of None in the tool-calling turn (as some clients send it;
+# several templates fail on None but render this).
+TOOL_TURNS_EMPTY = [dict(m, content="") if "tool_calls" in m else m for m in TOOL_TURNS]
+
+# name -> (messages, tools: None leaves the variable undefined)
+CONVERSATIONS = {
+    "plain": (PLAIN, None),
+    "system": (SYSTEM, None),
+    "tools": (TOOL_TURNS, TOOLS),
+    "tools_empty": (TOOL_TURNS_EMPTY, TOOLS),
+}
 
 
 def ensure_venv():
@@ -150,27 +220,47 @@ def environment():
 
 
 def render_cases(template, bos, eos):
-    """The cases of one template: a `raise_exception` is an expected outcome, any other error
-    propagates."""
+    """The cases of one template: a `raise_exception` is an expected outcome; any other error
+    is one in the tools conversations (`jinja2_error`), and propagates in the others."""
     import jinja2
 
     cases = []
-    for conv_name, messages in (("plain", PLAIN), ("system", SYSTEM)):
+    for conv_name, (messages, tools) in CONVERSATIONS.items():
         for agp in (False, True):
             case = {
                 "name": f"{conv_name}-{'gen' if agp else 'nogen'}",
                 "messages": messages,
-                "add_generation_prompt": agp,
             }
+            variables = {}
+            if tools is not None:
+                case["tools"] = tools
+                variables["tools"] = tools
+            case["add_generation_prompt"] = agp
             try:
                 case["expected"] = template.render(messages=messages, add_generation_prompt=agp,
-                                                   bos_token=bos, eos_token=eos)
+                                                   bos_token=bos, eos_token=eos, **variables)
             except jinja2.exceptions.TemplateError as e:
-                if type(e) is not jinja2.exceptions.TemplateError:
+                if type(e) is jinja2.exceptions.TemplateError:
+                    case["raises"] = str(e)
+                elif tools is not None:
+                    case["jinja2_error"] = f"{type(e).__name__}: {e}"
+                else:
                     raise
-                case["raises"] = str(e)
+            except Exception as e:  # TypeError, ... on the tool turns
+                if tools is None:
+                    raise
+                case["jinja2_error"] = f"{type(e).__name__}: {e}"
             cases.append(case)
     return cases
+
+
+def outcome(case):
+    """A case's outcome in the digest file."""
+    if "raises" in case:
+        return {"raises": case["raises"]}
+    if "jinja2_error" in case:
+        return {"jinja2_error": case["jinja2_error"]}
+    return {"sha256": hashlib.sha256(case["expected"].encode()).hexdigest()}
 
 
 def main():
@@ -200,11 +290,7 @@ def main():
             continue
         if stem not in TEMPLATES:
             # Only the digests of the renders, with DIGEST_TOKENS.
-            entry["cases"] = {
-                c["name"]: ({"raises": c["raises"]} if "raises" in c else
-                            {"sha256": hashlib.sha256(c["expected"].encode()).hexdigest()})
-                for c in cases
-            }
+            entry["cases"] = {c["name"]: outcome(c) for c in cases}
             digests[stem + ".jinja"] = entry
             continue
         fixture = {
@@ -220,7 +306,9 @@ def main():
         with open(out, "w", encoding="utf-8") as f:
             json.dump(fixture, f, ensure_ascii=False, indent=1)
             f.write("\n")
-        summary = ", ".join(c["name"] + (" (raises)" if "raises" in c else "") for c in cases)
+        summary = ", ".join(c["name"] + (" (raises)" if "raises" in c else
+                                         " (jinja2 error)" if "jinja2_error" in c else "")
+                            for c in cases)
         print(f"{out}: {summary}")
     missing = sorted(set(TEMPLATES) - set(names))
     if missing:
@@ -230,11 +318,15 @@ def main():
         json.dump({
             "generator": f"scripts/gen_chat_template_fixtures.py, {JINJA2}",
             "note": "the templates without a full fixture in chat/: the sha256 of each render "
-                    "(case `<conversation>-gen` / `-nogen`: add_generation_prompt true / false)",
+                    "(case `<conversation>-gen` / `-nogen`: add_generation_prompt true / false), "
+                    "what the template raised, or (tools conversations only) the error jinja2 "
+                    "failed with; the `tools` and `tools_empty` conversations are rendered "
+                    "with `tools`",
             "bos_token": DIGEST_TOKENS[0],
             "eos_token": DIGEST_TOKENS[1],
             "now_unix": NOW_UNIX,
-            "conversations": {"plain": PLAIN, "system": SYSTEM},
+            "conversations": {name: messages for name, (messages, _) in CONVERSATIONS.items()},
+            "tools": TOOLS,
             "templates": digests,
         }, f, ensure_ascii=False, indent=1)
         f.write("\n")

@@ -8,7 +8,7 @@
 //! `KILN_REQUIRE_OPENAI=1` (CI sets it, with a virtualenv of its own: see `.ci/run`).
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -88,10 +88,10 @@ fn wait_listening(s: &Starting, started: Instant) -> String {
     }
 }
 
-/// Whether `python` can import the client; `Err` says why not.
-fn has_openai(python: &str) -> Result<(), String> {
+/// Whether `python` can import `modules` (comma-separated); `Err` says why not.
+fn has_modules(python: &str, modules: &str) -> Result<(), String> {
     match Command::new(python)
-        .args(["-c", "import openai, httpx"])
+        .args(["-c", &format!("import {modules}")])
         .output()
     {
         Ok(out) if out.status.success() => Ok(()),
@@ -110,15 +110,7 @@ fn has_openai(python: &str) -> Result<(), String> {
 #[test]
 fn openai_client_suite() {
     let python = std::env::var("KILN_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
-    if let Err(why) = has_openai(&python) {
-        let msg = format!(
-            "{python} cannot import the openai client ({why}); set KILN_TEST_PYTHON to an \
-             interpreter that has it (pip install openai)"
-        );
-        if std::env::var("KILN_REQUIRE_OPENAI").as_deref() == Ok("1") {
-            panic!("KILN_REQUIRE_OPENAI=1: {msg}");
-        }
-        eprintln!("SKIPPED openai_client_suite: {msg}");
+    if !python_has(&python, "openai, httpx", "openai_client_suite") {
         return;
     }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
@@ -177,15 +169,29 @@ fn openai_client_suite() {
         started.elapsed().as_secs_f64()
     );
 
+    run_suite(
+        &python,
+        &script,
+        &[
+            url.as_str(),
+            &main.guard.child.id().to_string(),
+            &golden.display().to_string(),
+            "--busy-url",
+            &busy_url,
+        ],
+        started,
+    );
+}
+
+/// Runs `script ARGS` with `python` to its end (at most [`SUITE`]) and fails when it fails.
+fn run_suite(python: &str, script: &Path, args: &[&str], started: Instant) {
+    let name = script.file_name().unwrap().to_string_lossy().to_string();
     let suite_started = Instant::now();
     let mut suite = Guard {
-        name: "test_kiln_serve.py",
-        child: Command::new(&python)
-            .arg(&script)
-            .arg(&url)
-            .arg(main.guard.child.id().to_string())
-            .arg(&golden)
-            .args(["--busy-url", &busy_url])
+        name: "python suite",
+        child: Command::new(python)
+            .arg(script)
+            .args(args)
             .env("PYTHONUNBUFFERED", "1")
             .stdin(Stdio::null())
             .spawn()
@@ -197,17 +203,73 @@ fn openai_client_suite() {
         }
         assert!(
             suite_started.elapsed() < SUITE,
-            "the Python suite ran longer than {SUITE:?}"
+            "{name} ran longer than {SUITE:?}"
         );
         std::thread::sleep(Duration::from_millis(200));
     };
     eprintln!(
-        "the Python suite ran {:.1} s ({:.1} s with the servers' startup)",
+        "{name} ran {:.1} s ({:.1} s with the servers' startup)",
         suite_started.elapsed().as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
     assert!(
         status.success(),
-        "the openai client suite failed ({status}); its FAIL lines and tracebacks are above"
+        "{name} failed ({status}); its FAIL lines and tracebacks are above"
+    );
+}
+
+/// Whether `python` can import `modules`; without them the test says why and passes, unless
+/// `KILN_REQUIRE_OPENAI=1` (CI), which fails it.
+fn python_has(python: &str, modules: &str, test: &str) -> bool {
+    let Err(why) = has_modules(python, modules) else {
+        return true;
+    };
+    let msg = format!(
+        "{python} cannot import {modules} ({why}); set KILN_TEST_PYTHON to an interpreter that \
+         has them (pip install openai jsonschema)"
+    );
+    if std::env::var("KILN_REQUIRE_OPENAI").as_deref() == Ok("1") {
+        panic!("KILN_REQUIRE_OPENAI=1: {msg}");
+    }
+    eprintln!("SKIPPED {test}: {msg}");
+    false
+}
+
+/// Structured outputs and tool calls through the client (`tests/openai/test_structured.py`):
+/// Gemma 3 270M with its chat template, in kiln's generic tool-call format.
+#[test]
+fn openai_structured_outputs_suite() {
+    let python = std::env::var("KILN_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    if !python_has(
+        &python,
+        "openai, jsonschema, pydantic",
+        "openai_structured_outputs_suite",
+    ) {
+        return;
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let template = root.join("tests/fixtures/gemma3-chat-template.jinja");
+    let golden = root.join("../../tests/golden");
+    let template_arg = format!("gemma3-270m={}", template.display());
+    let started = Instant::now();
+    let server = spawn_server(
+        "serve-structured",
+        &[
+            "-m",
+            "gemma3-270m",
+            "--chat-template",
+            &template_arg,
+            "--kv-memory",
+            "256",
+            "--threads",
+            "2",
+        ],
+    );
+    let url = wait_listening(&server, started);
+    run_suite(
+        &python,
+        &root.join("tests/openai/test_structured.py"),
+        &[url.as_str(), &golden.display().to_string()],
+        started,
     );
 }

@@ -19,7 +19,9 @@
 
 mod table;
 
-pub use table::{Constraint, GrammarSpec, Mask, TokenBytes, TokenTable, Vocabulary};
+pub use table::{
+    Constraint, GrammarSpec, Mask, TokenBytes, TokenTable, Vocabulary, JSON_WHITESPACE,
+};
 
 /// What can go wrong building a table, compiling a grammar or stepping a constraint.
 #[derive(Debug, thiserror::Error)]

@@ -12,11 +12,16 @@
 
 use kiln_engine::SamplingParams;
 use kiln_grammar::GrammarSpec;
+use kiln_tokenizer::ChatMessage;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::responses::ErrorBody;
+use crate::tools::{Tool, ToolChoice, ToolRequest};
+
+/// The most tools one request may offer.
+const MAX_TOOLS: usize = 128;
 
 /// An OpenAI-style error: HTTP status and the `error` object.
 #[derive(Clone, Debug, PartialEq)]
@@ -176,8 +181,73 @@ pub struct GenerationFields {
     pub logit_bias: Option<Value>,
     /// `text`, `json_object`, `json_schema` (and kiln's `regex` and `lark`).
     pub response_format: Option<Value>,
-    /// OpenAI fields kiln does not implement: refused by name.
-    pub tools: Option<Value>,
+    /// OpenAI fields kiln does not implement: refused by name (see [`NOT_IMPLEMENTED`]).
+    pub functions: Option<Value>,
+    pub function_call: Option<Value>,
+    pub audio: Option<Value>,
+    pub modalities: Option<Value>,
+    pub prediction: Option<Value>,
+    pub web_search_options: Option<Value>,
+    pub reasoning_effort: Option<Value>,
+    pub verbosity: Option<Value>,
+    pub store: Option<Value>,
+}
+
+/// The OpenAI request fields kiln does not implement, and the values that ask for nothing it
+/// lacks (`modalities: ["text"]`, `store: false`, `best_of: 1`); any other value is refused by
+/// name. Fields that only label a request (`user`, `metadata`, `service_tier`,
+/// `prompt_cache_key`, `safety_identifier`) change nothing in an answer and are accepted.
+pub const NOT_IMPLEMENTED: &[(&str, &str)] = &[
+    ("functions", "the deprecated 'functions'; use 'tools'"),
+    (
+        "function_call",
+        "the deprecated 'function_call'; use 'tool_choice'",
+    ),
+    ("audio", "audio output"),
+    ("modalities", "output modalities other than text"),
+    ("prediction", "predicted outputs"),
+    ("web_search_options", "web search"),
+    ("reasoning_effort", "reasoning effort"),
+    ("verbosity", "verbosity"),
+    ("store", "stored completions"),
+    ("suffix", "suffixes (insertion)"),
+    ("best_of", "best_of above 1"),
+    (
+        "tools",
+        "tools on /v1/completions (use /v1/chat/completions)",
+    ),
+    (
+        "tool_choice",
+        "tool_choice on /v1/completions (use /v1/chat/completions)",
+    ),
+    (
+        "parallel_tool_calls",
+        "parallel_tool_calls on /v1/completions (use /v1/chat/completions)",
+    ),
+];
+
+/// Refuses `name` when `value` asks for something kiln does not implement.
+fn refuse_unimplemented(name: &str, value: Option<&Value>) -> Result<(), ApiError> {
+    let Some(v) = value.filter(|v| !v.is_null()) else {
+        return Ok(());
+    };
+    let harmless = match name {
+        "modalities" => v == &serde_json::json!(["text"]),
+        "store" => v == &Value::Bool(false),
+        "best_of" => v.as_u64() == Some(1),
+        _ => false,
+    };
+    if harmless {
+        return Ok(());
+    }
+    let what = NOT_IMPLEMENTED
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or(name, |(_, w)| w);
+    Err(ApiError::invalid(
+        name,
+        format!("'{name}' is not supported by kiln ({what})"),
+    ))
 }
 
 /// What the server's configuration allows.
@@ -263,16 +333,10 @@ fn json_schema_format(v: Option<&Value>) -> Result<GrammarSpec, ApiError> {
             "an object with 'name' and 'schema' is required with type 'json_schema'",
         ));
     };
-    let good_name = |n: &str| {
-        !n.is_empty()
-            && n.len() <= 64
-            && n.chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-    };
     if !js
         .get("name")
         .and_then(Value::as_str)
-        .is_some_and(good_name)
+        .is_some_and(valid_name)
     {
         return Err(ApiError::invalid(
             &format!("{J}.name"),
@@ -361,6 +425,203 @@ fn strict_subset(schema: &Value, at: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// `tools`, `tool_choice` and `parallel_tool_calls` of a chat request.
+fn tool_request(
+    tools: Option<&Value>,
+    choice: Option<&Value>,
+    parallel: Option<bool>,
+) -> Result<Option<ToolRequest>, ApiError> {
+    let tools = match tools.filter(|v| !v.is_null()) {
+        None => {
+            if choice.is_some_and(|c| !c.is_null() && c != "none") {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    "only allowed when 'tools' are given",
+                ));
+            }
+            return Ok(None);
+        }
+        Some(Value::Array(list)) => list,
+        Some(_) => return Err(ApiError::invalid("tools", "must be a list of tools")),
+    };
+    if tools.len() > MAX_TOOLS {
+        return Err(ApiError::invalid(
+            "tools",
+            format!("at most {MAX_TOOLS} tools per request"),
+        ));
+    }
+    let mut out: Vec<Tool> = Vec::with_capacity(tools.len());
+    for (i, t) in tools.iter().enumerate() {
+        let at = |field: &str| format!("tools[{i}]{field}");
+        if t.get("type").and_then(Value::as_str) != Some("function") {
+            return Err(ApiError::invalid(
+                &at(".type"),
+                "only tools of type 'function' are supported",
+            ));
+        }
+        let Some(f) = t.get("function").and_then(Value::as_object) else {
+            return Err(ApiError::invalid(&at(".function"), "an object is required"));
+        };
+        let name = match f.get("name").and_then(Value::as_str) {
+            Some(n) if valid_name(n) => n.to_string(),
+            _ => {
+                return Err(ApiError::invalid(
+                    &at(".function.name"),
+                    "must be 1 to 64 letters, digits, '_' or '-'",
+                ))
+            }
+        };
+        if out.iter().any(|x| x.name == name) {
+            return Err(ApiError::invalid(
+                &at(".function.name"),
+                format!("two tools are named '{name}'"),
+            ));
+        }
+        let description = match f.get("description") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(d)) => Some(d.clone()),
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    &at(".function.description"),
+                    "must be a string",
+                ))
+            }
+        };
+        let parameters = match f.get("parameters") {
+            None | Some(Value::Null) => serde_json::json!({"type": "object", "properties": {}}),
+            Some(p @ Value::Object(_)) => p.clone(),
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    &at(".function.parameters"),
+                    "must be a JSON schema (an object)",
+                ))
+            }
+        };
+        if f.get("strict") == Some(&Value::Bool(true)) {
+            if let Err(e) = strict_subset(&parameters, "#") {
+                return Err(ApiError::invalid(
+                    &at(".function.parameters"),
+                    format!("not a strict schema: {e}"),
+                ));
+            }
+        }
+        out.push(Tool {
+            name,
+            description,
+            parameters,
+            raw: t.clone(),
+        });
+    }
+    let choice = match choice.filter(|v| !v.is_null()) {
+        None => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!("'{other}' is not 'none', 'auto', 'required' or a function"),
+                ))
+            }
+        },
+        Some(Value::Object(o)) => {
+            let name = o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str);
+            match (o.get("type").and_then(Value::as_str), name) {
+                (Some("function"), Some(n)) if out.iter().any(|t| t.name == n) => {
+                    ToolChoice::Named(n.to_string())
+                }
+                (Some("function"), Some(n)) => {
+                    return Err(ApiError::invalid(
+                        "tool_choice",
+                        format!("no tool is named '{n}'"),
+                    ))
+                }
+                _ => {
+                    return Err(ApiError::invalid(
+                        "tool_choice",
+                        "must be {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                    ))
+                }
+            }
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "must be a string or a function",
+            ))
+        }
+    };
+    if out.is_empty() && matches!(choice, ToolChoice::Required) {
+        return Err(ApiError::invalid(
+            "tool_choice",
+            "'required' needs at least one tool",
+        ));
+    }
+    Ok(Some(ToolRequest {
+        tools: out,
+        choice,
+        parallel: parallel.unwrap_or(true),
+    }))
+}
+
+/// A function or schema name: 1 to 64 letters, digits, `_` or `-`.
+fn valid_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 64
+        && n.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+/// An assistant message's `tool_calls` as the template takes them: OpenAI's list with each
+/// call's `arguments` parsed from its JSON text into an object (as transformers expects; text
+/// that is not a JSON object stays text).
+fn template_tool_calls(v: &Value, at: &str) -> Result<Value, ApiError> {
+    let Some(calls) = v.as_array() else {
+        return Err(ApiError::invalid(at, "must be a list of tool calls"));
+    };
+    let mut out = Vec::with_capacity(calls.len());
+    for (j, c) in calls.iter().enumerate() {
+        let here = format!("{at}[{j}]");
+        let f = c.get("function").and_then(Value::as_object);
+        let name = f.and_then(|f| f.get("name")).and_then(Value::as_str);
+        let (Some(f), Some(name)) = (f, name) else {
+            return Err(ApiError::invalid(
+                &here,
+                "a call needs 'function' with a 'name' and 'arguments'",
+            ));
+        };
+        let arguments = match f.get("arguments") {
+            Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
+                Ok(v @ Value::Object(_)) => v,
+                _ => Value::String(s.clone()),
+            },
+            Some(v @ Value::Object(_)) => v.clone(),
+            None | Some(Value::Null) => Value::Object(Default::default()),
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    &format!("{here}.function.arguments"),
+                    "must be a JSON string",
+                ))
+            }
+        };
+        let mut call = serde_json::Map::new();
+        if let Some(id) = c.get("id") {
+            call.insert("id".into(), id.clone());
+        }
+        call.insert("type".into(), Value::String("function".into()));
+        call.insert(
+            "function".into(),
+            serde_json::json!({"name": name, "arguments": arguments}),
+        );
+        out.push(Value::Object(call));
+    }
+    Ok(Value::Array(out))
+}
+
 /// `logit_bias` as OpenAI defines it: an object from token ids (as strings) to biases in
 /// −100..=100, sorted by id. Whether the ids are in the model's vocabulary is checked once the
 /// model is known.
@@ -426,13 +687,18 @@ impl GenerationFields {
         limits: &GenerationLimits,
         allow_zero_tokens: bool,
     ) -> Result<ValidGeneration, ApiError> {
-        for (name, given) in [("tools", &self.tools)] {
-            if given.as_ref().is_some_and(|v| !v.is_null()) {
-                return Err(ApiError::invalid(
-                    name,
-                    format!("'{name}' is not supported by kiln"),
-                ));
-            }
+        for (name, given) in [
+            ("functions", &self.functions),
+            ("function_call", &self.function_call),
+            ("audio", &self.audio),
+            ("modalities", &self.modalities),
+            ("prediction", &self.prediction),
+            ("web_search_options", &self.web_search_options),
+            ("reasoning_effort", &self.reasoning_effort),
+            ("verbosity", &self.verbosity),
+            ("store", &self.store),
+        ] {
+            refuse_unimplemented(name, given.as_ref())?;
         }
         let max_tokens = match (self.max_completion_tokens, self.max_tokens) {
             (Some(m), _) | (None, Some(m)) => m,
@@ -583,6 +849,11 @@ pub struct ContentPart {
 pub struct MessageIn {
     pub role: String,
     pub content: Option<Content>,
+    /// An assistant turn's calls.
+    pub tool_calls: Option<Value>,
+    /// The call a `tool` message answers.
+    pub tool_call_id: Option<String>,
+    pub name: Option<String>,
 }
 
 /// `POST /v1/chat/completions`.
@@ -595,13 +866,18 @@ pub struct ChatCompletionRequest {
     #[serde(default)]
     pub logprobs: bool,
     pub top_logprobs: Option<u64>,
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
 }
 
 /// A validated chat request.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ValidChat {
-    /// (role, text) per message.
-    pub messages: Vec<(String, String)>,
+    /// The conversation as the template sees it (tool calls and results included).
+    pub messages: Vec<ChatMessage>,
+    /// The tools offered, when any.
+    pub tools: Option<ToolRequest>,
     pub generation: ValidGeneration,
     /// Top alternatives per token when logprobs were asked for.
     pub logprobs: Option<u64>,
@@ -645,7 +921,38 @@ impl ChatCompletionRequest {
                     text
                 }
             };
-            messages.push((m.role.clone(), text));
+            let mut msg = ChatMessage::new(m.role.clone(), text);
+            if let Some(calls) = m.tool_calls.as_ref().filter(|v| !v.is_null()) {
+                if m.role != "assistant" {
+                    return Err(ApiError::invalid(
+                        &format!("messages[{i}].tool_calls"),
+                        "only assistant messages make tool calls",
+                    ));
+                }
+                let calls = template_tool_calls(calls, &format!("messages[{i}].tool_calls"))?;
+                msg.extra.insert("tool_calls".into(), calls);
+                if m.content.is_none() {
+                    msg.extra.insert("content".into(), Value::Null);
+                }
+            }
+            if m.role == "tool" {
+                match &m.tool_call_id {
+                    Some(id) => {
+                        msg.extra
+                            .insert("tool_call_id".into(), Value::String(id.clone()));
+                    }
+                    None => {
+                        return Err(ApiError::invalid(
+                            &format!("messages[{i}].tool_call_id"),
+                            "a tool message must say which call it answers",
+                        ))
+                    }
+                }
+            }
+            if let Some(name) = &m.name {
+                msg.extra.insert("name".into(), Value::String(name.clone()));
+            }
+            messages.push(msg);
         }
         let generation = self.generation.validate(limits, false)?;
         let logprobs = match (self.logprobs, self.top_logprobs) {
@@ -664,8 +971,20 @@ impl ChatCompletionRequest {
             (true, k) => Some(k.unwrap_or(0)),
             (false, None) => None,
         };
+        let tools = tool_request(
+            self.tools.as_ref(),
+            self.tool_choice.as_ref(),
+            self.parallel_tool_calls,
+        )?;
+        if tools.as_ref().is_some_and(ToolRequest::active) && generation.grammar.is_some() {
+            return Err(ApiError::invalid(
+                "response_format",
+                "a response format cannot be combined with tools (unless tool_choice is 'none')",
+            ));
+        }
         Ok(ValidChat {
             messages,
+            tools,
             generation,
             logprobs,
         })
@@ -682,6 +1001,12 @@ pub struct CompletionRequest {
     pub logprobs: Option<u64>,
     #[serde(default)]
     pub echo: bool,
+    /// Refused by name (see [`NOT_IMPLEMENTED`]).
+    pub suffix: Option<Value>,
+    pub best_of: Option<Value>,
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<Value>,
 }
 
 /// A validated completion request.
@@ -696,6 +1021,15 @@ pub struct ValidCompletion {
 
 impl CompletionRequest {
     pub fn validate(&self, limits: &GenerationLimits) -> Result<ValidCompletion, ApiError> {
+        for (name, given) in [
+            ("suffix", &self.suffix),
+            ("best_of", &self.best_of),
+            ("tools", &self.tools),
+            ("tool_choice", &self.tool_choice),
+            ("parallel_tool_calls", &self.parallel_tool_calls),
+        ] {
+            refuse_unimplemented(name, given.as_ref())?;
+        }
         let prompts = self.prompt.inputs();
         if prompts.is_empty() {
             return Err(ApiError::invalid("prompt", "must not be empty"));
@@ -828,8 +1162,8 @@ mod tests {
         assert_eq!(
             v.messages,
             vec![
-                ("system".to_string(), "Be brief.".to_string()),
-                ("user".to_string(), "Hi!".to_string())
+                ChatMessage::new("system", "Be brief."),
+                ChatMessage::new("user", "Hi!")
             ]
         );
         let g = &v.generation;
@@ -884,11 +1218,75 @@ mod tests {
             (r#", "logit_bias": {"-1": 1}"#, "logit_bias"),
             (r#", "logit_bias": [1]"#, "logit_bias"),
             (r#", "logit_bias": {"1": "5"}"#, "logit_bias"),
-            (r#", "tools": []"#, "tools"),
+            (r#", "tools": {}"#, "tools"),
+            (r#", "tools": [{"type": "retrieval"}]"#, "tools[0].type"),
+            (
+                r#", "tools": [{"type": "function", "function": {"name": "a b"}}]"#,
+                "tools[0].function.name",
+            ),
+            (
+                r#", "tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]"#,
+                "tools[0].function.parameters",
+            ),
+            (r#", "tool_choice": "required""#, "tool_choice"),
+            (
+                r#", "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}"#,
+                "tool_choice",
+            ),
+            (
+                r#", "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "sometimes""#,
+                "tool_choice",
+            ),
+            (
+                r#", "tools": [{"type": "function", "function": {"name": "f"}}], "response_format": {"type": "json_object"}"#,
+                "response_format",
+            ),
+            (r#", "functions": []"#, "functions"),
+            (r#", "function_call": "auto""#, "function_call"),
+            (r#", "modalities": ["text", "audio"]"#, "modalities"),
+            (r#", "audio": {"voice": "x"}"#, "audio"),
+            (r#", "store": true"#, "store"),
+            (
+                r#", "prediction": {"type": "content", "content": "x"}"#,
+                "prediction",
+            ),
+            (r#", "reasoning_effort": "high""#, "reasoning_effort"),
         ] {
             assert_eq!(param(chat(&base(extra))), name, "{extra}");
         }
         assert_eq!(param(chat(r#"{"model": "m", "messages": []}"#)), "messages");
+        // Harmless values of fields kiln does not implement pass.
+        chat(&base(
+            r#", "modalities": ["text"], "store": false, "metadata": {"a": "b"}"#,
+        ))
+        .unwrap();
+        assert_eq!(
+            param(chat(
+                r#"{"model": "m", "messages": [{"role": "tool", "content": "x"}]}"#
+            )),
+            "messages[0].tool_call_id"
+        );
+        assert_eq!(
+            param(chat(
+                r#"{"model": "m", "messages": [{"role": "assistant", "tool_calls": [{"id": "x"}]}]}"#
+            )),
+            "messages[0].tool_calls[0]"
+        );
+        for (extra, name) in [
+            (r#", "suffix": "x""#, "suffix"),
+            (r#", "best_of": 2"#, "best_of"),
+            (r#", "tools": []"#, "tools"),
+            (r#", "tool_choice": "none""#, "tool_choice"),
+        ] {
+            assert_eq!(
+                param(completion(&format!(
+                    r#"{{"model": "m", "prompt": "x"{extra}}}"#
+                ))),
+                name,
+                "{extra}"
+            );
+        }
+        completion(r#"{"model": "m", "prompt": "x", "best_of": 1}"#).unwrap();
         assert_eq!(
             param(chat(
                 r#"{"model": "m", "messages": [{"role": "wizard", "content": "x"}]}"#

@@ -62,6 +62,39 @@ impl Grammars {
             .clone()
     }
 
+    /// The ids of those of `texts` that are each one control token of the model's vocabulary
+    /// (tool-call markers such as `[TOOL_CALLS]`), by text.
+    pub async fn controls(
+        self: &Arc<Self>,
+        texts: &[&str],
+    ) -> Result<Vec<(String, u32)>, ApiError> {
+        let g = self.clone();
+        let texts: Vec<String> = texts.iter().map(|t| t.to_string()).collect();
+        let job = tokio::task::spawn_blocking(move || {
+            let table = g.table()?;
+            Ok::<_, String>(
+                texts
+                    .into_iter()
+                    .filter_map(|t| match g.tokenizer.encode(&t, false, true).ok()?[..] {
+                        [id] if table.is_special(id) => Some((t, id)),
+                        _ => None,
+                    })
+                    .collect(),
+            )
+        });
+        match job.await {
+            Ok(Ok(c)) => Ok(c),
+            Ok(Err(e)) => Err(ApiError::invalid(
+                "tools",
+                format!("tool calls are not available for this model: {e}"),
+            )),
+            Err(e) => Err(ApiError::invalid(
+                "tools",
+                format!("tool calls failed: {e}"),
+            )),
+        }
+    }
+
     /// A constraint for one choice of a request: `spec` compiled (or taken from the cache) and
     /// started. `param` names the request field the grammar came from, for a 400.
     pub async fn start(

@@ -39,6 +39,7 @@ use crate::engine::{DecoderEngine, EmbedEngine};
 use crate::grammar::Grammars;
 use crate::metrics::Metrics;
 use crate::responses::{Health, ModelList};
+use crate::tools::ToolFormat;
 
 pub use errors::Failure;
 
@@ -58,6 +59,8 @@ pub struct DecoderEntry {
     pub end_ids: Vec<u32>,
     /// Its token table and compiled grammars (constrained decoding).
     pub grammars: Arc<Grammars>,
+    /// How it writes tool calls (from its chat template, or `--tool-call-format`).
+    pub tool_format: ToolFormat,
 }
 
 impl DecoderEntry {
@@ -76,9 +79,13 @@ impl DecoderEntry {
         let end_ids = (0..tokenizer.vocab_size() as u32)
             .filter(|&i| tokenizer.is_end_of_generation(i))
             .collect();
+        let tool_format = chat_template
+            .as_ref()
+            .map_or(ToolFormat::Generic, |t| ToolFormat::detect(t.source()));
         DecoderEntry {
             name,
             engine,
+            tool_format,
             grammars: Grammars::spawn(tokenizer.clone(), logits_width),
             tokenizer,
             chat_template: chat_template.map(Arc::new),

@@ -21,6 +21,7 @@ pub mod grammar;
 pub mod http;
 pub mod metrics;
 pub mod responses;
+pub mod tools;
 
 pub use api::{
     parse_body, ApiError, ChatCompletionRequest, CompletionRequest, EmbeddingRequest,

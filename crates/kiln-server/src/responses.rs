@@ -175,9 +175,49 @@ pub struct ChatChoice {
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct AssistantMessage {
-    pub content: String,
+    /// `null` when the turn only calls tools.
+    pub content: Option<String>,
     /// `assistant`.
     pub role: &'static str,
+    /// The calls the model made (absent when none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+}
+
+/// One call of a tool: `{"function": {"arguments", "name"}, "id", "type": "function"}`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ToolCall {
+    pub function: FunctionCall,
+    pub id: String,
+    /// `function`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+}
+
+/// The function a call names and its arguments (JSON text).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FunctionCall {
+    pub arguments: String,
+    pub name: String,
+}
+
+/// A streamed piece of a call: its opening (`id`, `type`, the name, empty arguments), then
+/// argument text.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ToolCallDelta {
+    pub function: FunctionDelta,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    pub index: usize,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FunctionDelta {
+    pub arguments: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -264,6 +304,8 @@ pub struct ChatDelta {
     pub content: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -470,8 +512,9 @@ mod tests {
                     index: 0,
                     logprobs: Some(lp),
                     message: AssistantMessage {
-                        content: "Hi".into(),
+                        content: Some("Hi".into()),
                         role: "assistant",
+                        tool_calls: None,
                     },
                 },
                 ChatChoice {
@@ -479,8 +522,9 @@ mod tests {
                     index: 1,
                     logprobs: None,
                     message: AssistantMessage {
-                        content: String::new(),
+                        content: Some(String::new()),
                         role: "assistant",
+                        tool_calls: None,
                     },
                 },
             ],
@@ -594,6 +638,7 @@ mod tests {
                 delta: ChatDelta {
                     content: Some(String::new()),
                     role: Some("assistant"),
+                    tool_calls: None,
                 },
                 finish_reason: None,
                 index: 2,
@@ -616,6 +661,7 @@ mod tests {
                     delta: ChatDelta {
                         content: (!(text.is_empty() && finish.is_some())).then(|| text.to_string()),
                         role: None,
+                        tool_calls: None,
                     },
                     finish_reason: finish,
                     index: 0,

@@ -10,11 +10,13 @@ use std::time::{Duration, Instant};
 use kiln_cpu::CpuBackend;
 use kiln_engine::{generate, GenerateOptions, SamplingParams, SchedulerConfig, TextTokenizer};
 use kiln_formats::GgufFile;
-use kiln_tokenizer::Tokenizer;
+use kiln_tokenizer::{ChatTemplate, Tokenizer};
 use serde_json::{json, Value};
 
 mod common;
-use common::{decoder_entry, embed_entry, llama_path, serve};
+use common::{
+    decoder_entry, decoder_with_template, embed_entry, llama_path, serve, HERMES_TEMPLATE,
+};
 
 struct Server {
     addr: SocketAddr,
@@ -34,9 +36,11 @@ fn sched(max_running: usize, max_waiting: usize) -> SchedulerConfig {
 /// The fixture decoder as `tiny` (with the GGUF's chat template), a copy without a template as
 /// `base`, and the ModernBERT fixture as `embed`.
 fn start(cfg: SchedulerConfig) -> Server {
+    let tools_template = ChatTemplate::new(HERMES_TEMPLATE, Default::default()).unwrap();
     let decoders = vec![
         decoder_entry("tiny", true, cfg.clone()),
-        decoder_entry("base", false, cfg),
+        decoder_entry("base", false, cfg.clone()),
+        decoder_with_template("tools", Some(tools_template), cfg),
     ];
     let (addr, rt) = serve(decoders, vec![embed_entry()]);
     Server { addr, _rt: rt }
@@ -826,7 +830,7 @@ fn models_health_and_metrics() {
         .iter()
         .map(|m| m["id"].as_str().unwrap())
         .collect();
-    assert_eq!(ids, vec!["tiny", "base", "embed"]);
+    assert_eq!(ids, vec!["tiny", "base", "tools", "embed"]);
     assert_eq!(request(a, "GET", "/health", b"").json()["status"], "ok");
     completion(a, "the cat", 5);
     let m = request(a, "GET", "/metrics", b"");
@@ -1078,4 +1082,169 @@ fn bad_response_formats_are_400s_naming_the_field() {
                 "response_format": {"type": "text"}}),
     );
     assert_eq!(r.status, 200);
+}
+
+fn weather_tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "Weather now.",
+            "parameters": {"type": "object", "properties": {
+                "city": {"type": "string", "maxLength": 8},
+                "unit": {"enum": ["celsius", "fahrenheit"]}},
+                "required": ["city", "unit"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "get_time",
+            "parameters": {"type": "object", "properties": {
+                "zone": {"type": "integer", "minimum": -12, "maximum": 14}},
+                "required": ["zone"], "additionalProperties": false}}},
+    ])
+}
+
+/// A chat request's answer, streamed and reassembled as OpenAI's clients do, checking vLLM's
+/// invariants on the way: the role once, each call's id (at least 9 characters) and name once,
+/// then its arguments; one finish_reason. Returns (content, calls as (id, name, arguments),
+/// finish_reason).
+fn streamed_chat(a: SocketAddr, body: &Value) -> (String, Vec<(String, String, String)>, String) {
+    let mut body = body.clone();
+    body["stream"] = json!(true);
+    let r = post(a, "/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let (mut content, mut calls, mut finish, mut roles) = (String::new(), Vec::new(), None, 0);
+    for e in r.events() {
+        if e == "[DONE]" {
+            break;
+        }
+        let c: Value = serde_json::from_str(&e).unwrap();
+        let c = &c["choices"][0];
+        let d = &c["delta"];
+        roles += usize::from(d.get("role").is_some());
+        content.push_str(d["content"].as_str().unwrap_or(""));
+        for t in d["tool_calls"].as_array().into_iter().flatten() {
+            let i = t["index"].as_u64().unwrap() as usize;
+            if let Some(id) = t["id"].as_str() {
+                assert_eq!(i, calls.len(), "a call opens once, in order: {e}");
+                assert!(id.len() >= 9, "{id}");
+                assert_eq!(t["type"], "function");
+                let name = t["function"]["name"]
+                    .as_str()
+                    .expect("the name with the id");
+                calls.push((id.to_string(), name.to_string(), String::new()));
+            } else {
+                assert!(t["function"].get("name").is_none(), "the name once: {e}");
+            }
+            calls[i]
+                .2
+                .push_str(t["function"]["arguments"].as_str().unwrap_or(""));
+        }
+        if let Some(f) = c["finish_reason"].as_str() {
+            assert!(finish.is_none(), "one finish_reason");
+            finish = Some(f.to_string());
+        }
+    }
+    assert_eq!(roles, 1, "the role once");
+    (content, calls, finish.expect("a finish_reason"))
+}
+
+#[test]
+fn tool_choices_constrain_and_report_calls_whole_and_streamed() {
+    let server = start(sched(64, 256));
+    let a = server.addr;
+    let tools = weather_tools();
+    let schemas: Vec<(String, Value)> = tools
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["function"]["name"].as_str().unwrap().to_string(),
+                t["function"]["parameters"].clone(),
+            )
+        })
+        .collect();
+    let messages = json!([
+        {"role": "user", "content": "Time?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_abc123xyz",
+            "type": "function", "function": {"name": "get_time", "arguments": "{\"zone\": 1}"}}]},
+        {"role": "tool", "tool_call_id": "call_abc123xyz", "content": "9:00"},
+        {"role": "user", "content": "Oslo?"},
+    ]);
+    let mut called = 0;
+    for (choice, parallel) in [
+        (json!("required"), false),
+        (json!("required"), true),
+        (
+            json!({"type": "function", "function": {"name": "get_time"}}),
+            true,
+        ),
+    ] {
+        for seed in 0..3 {
+            let body = json!({"model": "tools", "messages": messages, "tools": tools,
+                "tool_choice": choice, "parallel_tool_calls": parallel, "temperature": 1,
+                "seed": seed, "max_tokens": 400});
+            let r = post(a, "/v1/chat/completions", &body);
+            assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+            let v = r.json();
+            let c = &v["choices"][0];
+            let finish = c["finish_reason"].as_str().unwrap().to_string();
+            let list = c["message"]["tool_calls"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let mut whole = Vec::new();
+            for t in &list {
+                let name = t["function"]["name"].as_str().unwrap();
+                let args = t["function"]["arguments"].as_str().unwrap();
+                whole.push((name.to_string(), args.to_string()));
+            }
+            if finish == "tool_calls" {
+                called += 1;
+                assert!(c["message"]["content"].is_null(), "{c}");
+                if !parallel {
+                    assert_eq!(list.len(), 1, "{c}");
+                }
+                for (name, args) in &whole {
+                    if choice.is_object() {
+                        assert_eq!(name, "get_time");
+                    }
+                    let schema = &schemas.iter().find(|(n, _)| n == name).expect("a tool").1;
+                    let parsed: Value = serde_json::from_str(args)
+                        .unwrap_or_else(|e| panic!("arguments not JSON ({e}): {args}"));
+                    assert!(conforms(&parsed, schema), "{name}: {parsed}");
+                }
+            } else {
+                assert_eq!(finish, "length", "{c}");
+            }
+            // Streamed: the same calls, in deltas.
+            let (content, calls, s_finish) = streamed_chat(a, &body);
+            assert_eq!(s_finish, finish);
+            assert_eq!(content, "");
+            let streamed: Vec<(String, String)> =
+                calls.into_iter().map(|(_, n, args)| (n, args)).collect();
+            assert_eq!(streamed, whole, "{choice} seed {seed}");
+        }
+    }
+    assert!(
+        called >= 6,
+        "only {called} of 9 answers ended with their calls"
+    );
+    // `none`: no call, text content.
+    let body = json!({"model": "tools", "messages": messages, "tools": tools,
+        "tool_choice": "none", "max_tokens": 8, "temperature": 0});
+    let v = post(a, "/v1/chat/completions", &body).json();
+    let c = &v["choices"][0];
+    assert!(c["message"].get("tool_calls").is_none(), "{c}");
+    assert!(c["message"]["content"].is_string(), "{c}");
+    assert_ne!(c["finish_reason"], "tool_calls");
+    // `auto`: text or calls; whichever, streamed equals whole.
+    for seed in 0..3 {
+        let body = json!({"model": "tools", "messages": messages, "tools": tools,
+            "temperature": 1, "seed": seed, "max_tokens": 60});
+        let v = post(a, "/v1/chat/completions", &body).json();
+        let c = &v["choices"][0];
+        let (content, calls, finish) = streamed_chat(a, &body);
+        assert_eq!(finish, c["finish_reason"]);
+        assert_eq!(content, c["message"]["content"].as_str().unwrap_or(""));
+        assert_eq!(
+            calls.len(),
+            c["message"]["tool_calls"].as_array().map_or(0, Vec::len)
+        );
+    }
 }

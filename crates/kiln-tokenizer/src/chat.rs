@@ -242,6 +242,8 @@ fn describe(err: &Error) -> String {
 pub struct ChatTemplate {
     env: Environment<'static>,
     tokens: SpecialTokens,
+    /// The template text as given.
+    source: String,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -270,13 +272,20 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_filter("tojson", tojson_filter);
+        // jinja2: `none is iterable` is false (minijinja says true).
+        env.add_test("iterable", |v: &Value| !v.is_none() && v.try_iter().is_ok());
+        let original = source.to_string();
         let source = rewrite_generation_tags(source).into_owned();
         env.add_template_owned(TEMPLATE_NAME, source)
             .map_err(|e| ChatTemplateError::Syntax {
                 line: e.line(),
                 message: describe(&e),
             })?;
-        Ok(ChatTemplate { env, tokens })
+        Ok(ChatTemplate {
+            env,
+            tokens,
+            source: original,
+        })
     }
 
     /// The template of a GGUF file (`tokenizer.chat_template`; `None` when absent), with the texts
@@ -384,6 +393,11 @@ impl ChatTemplate {
             }
         };
         ChatTemplate::new(source, tokens).map(Some)
+    }
+
+    /// The template's text, as given (tool-call formats are recognized from it).
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// The special tokens the template sees.

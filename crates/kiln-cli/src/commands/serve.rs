@@ -24,6 +24,11 @@ pub struct ServeArgs {
     /// Overrides the model's own template; needed for chat on a base model that has none.
     #[arg(long = "chat-template")]
     chat_templates: Vec<String>,
+    /// How the decoders write tool calls: `auto` (recognized from each chat template: Hermes
+    /// `<tool_call>` for Qwen, Llama 3.x JSON, Mistral `[TOOL_CALLS]`, else kiln's generic
+    /// format), or `hermes`, `llama3`, `mistral`, `generic` for every decoder.
+    #[arg(long = "tool-call-format", default_value = "auto")]
+    tool_call_format: String,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -110,6 +115,13 @@ fn chat_template(
 
 pub fn run(a: ServeArgs) -> Result<()> {
     init_logging();
+    let tool_format = match a.tool_call_format.as_str() {
+        "auto" => None,
+        name => Some(
+            kiln_server::tools::ToolFormat::from_name(name)
+                .map_err(|e| anyhow::anyhow!("--tool-call-format: {e}"))?,
+        ),
+    };
     // Which decoder each --chat-template belongs to.
     let mut templates: Vec<(Option<String>, String)> = a
         .chat_templates
@@ -222,14 +234,17 @@ pub fn run(a: ServeArgs) -> Result<()> {
             max_waiting: a.max_waiting,
         };
         let engine = DecoderEngine::spawn(&name, m.model, sched).map_err(anyhow::Error::msg)?;
-        decoders.push(DecoderEntry::new(
-            name,
-            engine,
-            m.tokenizer,
-            template,
-            context,
-            cfg.vocab_size,
-        ));
+        let mut entry =
+            DecoderEntry::new(name, engine, m.tokenizer, template, context, cfg.vocab_size);
+        if let Some(f) = tool_format {
+            entry.tool_format = f;
+        }
+        tracing::info!(
+            "'{}': tool calls in the {} format",
+            entry.name,
+            entry.tool_format.name()
+        );
+        decoders.push(entry);
     }
     if let Some((name, file)) = templates.first() {
         bail!(

@@ -12,6 +12,7 @@ use super::{DecoderEntry, ServerState};
 use crate::engine::{Out, Ticket};
 use crate::metrics::Metrics;
 use crate::responses::{ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob};
+use crate::tools::{ToolDelta, ToolFormat, ToolStream};
 
 /// One token with its log-probability, as reported.
 #[derive(Clone, Debug, PartialEq)]
@@ -50,9 +51,26 @@ fn token_info(tok: &TextTokenizer, id: u32, lp: Option<&TokenLogprob>) -> TokenI
 /// What one event added to a choice.
 #[derive(Default)]
 pub(super) struct Delta {
+    /// Text (with tools: the content, outside the calls).
     pub(super) text: String,
+    /// With tools: calls begun and their arguments.
+    pub(super) calls: Vec<ToolDelta>,
     pub(super) tokens: Vec<TokenInfo>,
     pub(super) finish: Option<&'static str>,
+}
+
+impl Delta {
+    fn is_empty(&self) -> bool {
+        self.text.is_empty() && self.calls.is_empty() && self.finish.is_none()
+    }
+}
+
+/// How a choice's output is read for tool calls: the format, and the control tokens whose text
+/// the parse must see (the detokenizer leaves them out).
+#[derive(Clone, Debug)]
+pub(super) struct ToolParse {
+    pub(super) format: ToolFormat,
+    pub(super) marks: Vec<(u32, String)>,
 }
 
 /// One choice being generated: detokenization, stop strings, and its log-probabilities.
@@ -68,6 +86,10 @@ pub(super) struct Choice<'t> {
     /// Set once the choice has ended.
     pub(super) finish: Option<&'static str>,
     last_token: Option<Instant>,
+    /// With tools: the output's parse, and the marker tokens.
+    tools: Option<(ToolStream, &'t [(u32, String)])>,
+    /// Calls made so far.
+    calls: usize,
 }
 
 fn finish_name(r: FinishReason) -> &'static str {
@@ -79,7 +101,12 @@ fn finish_name(r: FinishReason) -> &'static str {
 }
 
 impl<'t> Choice<'t> {
-    pub(super) fn new(d: &'t DecoderEntry, stop: &[String], ticket: Option<Ticket>) -> Self {
+    pub(super) fn new(
+        d: &'t DecoderEntry,
+        stop: &[String],
+        ticket: Option<Ticket>,
+        tools: Option<&'t ToolParse>,
+    ) -> Self {
         Choice {
             tok: &d.tokenizer,
             end_ids: &d.end_ids,
@@ -94,7 +121,33 @@ impl<'t> Choice<'t> {
             generated: 0,
             pending: Vec::new(),
             last_token: None,
+            tools: tools.map(|t| (ToolStream::new(t.format), t.marks.as_slice())),
+            calls: 0,
         }
+    }
+
+    /// Splits text into content and calls (with tools); all content otherwise.
+    fn split(&mut self, text: String, done: bool) -> (String, Vec<ToolDelta>) {
+        let Some((parse, _)) = self.tools.as_mut() else {
+            return (text, Vec::new());
+        };
+        let mut deltas = parse.push(&text);
+        if done {
+            deltas.extend(parse.finish().0);
+        }
+        let mut content = String::new();
+        let mut calls = Vec::new();
+        for d in deltas {
+            match d {
+                ToolDelta::Content(t) => content.push_str(&t),
+                ToolDelta::Call { .. } => {
+                    self.calls += 1;
+                    calls.push(d);
+                }
+                ToolDelta::Arguments { .. } => calls.push(d),
+            }
+        }
+        (content, calls)
     }
 
     /// Applies one engine event; `Err` when the model failed.
@@ -124,22 +177,29 @@ impl<'t> Choice<'t> {
                 if let Some(lp) = &logprob {
                     self.pending.push(token_info(self.tok, token, Some(lp)));
                 }
-                let piece = self
+                let mut piece = self
                     .stream
                     .as_mut()
                     .map_or(String::new(), |s| s.push(token));
+                if let Some((_, marks)) = &self.tools {
+                    if let Some((_, text)) = marks.iter().find(|(id, _)| *id == token) {
+                        piece.push_str(text);
+                    }
+                }
                 let r = self.stop.push(&piece);
+                let (text, calls) = self.split(r.text, r.stopped);
                 let mut delta = Delta {
-                    text: r.text,
+                    text,
+                    calls,
                     ..Delta::default()
                 };
                 if r.stopped {
-                    self.finish = Some("stop");
+                    self.finish = Some(self.finish_name("stop"));
                     delta.finish = self.finish;
                     // Ends the request in the engine (its blocks go back to the pool).
                     self.ticket = None;
                 }
-                if !delta.text.is_empty() || delta.finish.is_some() {
+                if !delta.is_empty() {
                     delta.tokens = std::mem::take(&mut self.pending);
                 }
                 Ok(delta)
@@ -154,12 +214,15 @@ impl<'t> Choice<'t> {
                     text.push_str(&self.stop.finish());
                     finish_name(reason)
                 };
+                let (text, calls) = self.split(text, true);
+                let finish = self.finish_name(finish);
                 if let Some(t) = self.ticket.take() {
                     t.finished();
                 }
                 self.finish = Some(finish);
                 Ok(Delta {
                     text,
+                    calls,
                     tokens: std::mem::take(&mut self.pending),
                     finish: Some(finish),
                 })
@@ -168,6 +231,17 @@ impl<'t> Choice<'t> {
                 self.finish = Some("error");
                 Err(m)
             }
+        }
+    }
+}
+
+impl Choice<'_> {
+    /// `tool_calls` where a turn that called tools ended by itself, as OpenAI reports it.
+    fn finish_name(&self, finish: &'static str) -> &'static str {
+        if finish == "stop" && self.calls > 0 {
+            "tool_calls"
+        } else {
+            finish
         }
     }
 }

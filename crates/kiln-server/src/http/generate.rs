@@ -18,7 +18,9 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::choice::{chat_logprobs, completion_logprobs, prompt_logprobs, Choice, TokenInfo};
+use super::choice::{
+    chat_logprobs, completion_logprobs, prompt_logprobs, Choice, TokenInfo, ToolParse,
+};
 use super::errors::{body_bytes, context_exceeded, engine_failure, server_error, Failure};
 use super::{response_id, unix_now, DecoderEntry, ServerState};
 use crate::api::{
@@ -27,8 +29,10 @@ use crate::api::{
 use crate::engine::{Out, Ticket};
 use crate::responses::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatDelta, Chunk, CompletionChoice,
-    CompletionChunkChoice, ErrorBody, Generated, Usage,
+    CompletionChunkChoice, ErrorBody, FunctionCall, FunctionDelta, Generated, ToolCall,
+    ToolCallDelta, Usage,
 };
+use crate::tools::{self, ToolDelta, ToolFormat};
 
 /// Which API a generation answers.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -53,6 +57,10 @@ struct Generation {
     logprobs: Option<usize>,
     echo: bool,
     arrived: Instant,
+    /// With tools: how the output is read for calls.
+    tools: Option<ToolParse>,
+    /// The request field a grammar came from (for a 400).
+    grammar_param: &'static str,
 }
 
 pub(super) async fn chat_completions(
@@ -74,21 +82,32 @@ pub(super) async fn chat_completions(
         )
         .into());
     };
-    let messages: Vec<ChatMessage> = v
-        .messages
-        .iter()
-        .map(|(role, content)| ChatMessage::new(role, content))
-        .collect();
+    let (messages, tools_var): (Vec<ChatMessage>, _) =
+        tools::prompt(d.tool_format, v.messages, v.tools.as_ref());
     let text = template
         .render(
             &messages,
             &RenderOptions {
                 add_generation_prompt: true,
                 now: None,
-                tools: None,
+                tools: tools_var,
             },
         )
         .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    let mut gen = v.generation;
+    let mut tool_parse = None;
+    let mut grammar_param = "response_format";
+    if let Some(t) = v.tools.as_ref().filter(|t| t.active()) {
+        let controls = d.grammars.controls(d.tool_format.markers()).await?;
+        gen.grammar = tools::grammar(d.tool_format, t, &|text| {
+            controls.iter().find(|(c, _)| c == text).map(|(_, id)| *id)
+        });
+        grammar_param = "tools";
+        tool_parse = Some(ToolParse {
+            format: d.tool_format,
+            marks: controls.into_iter().map(|(t, id)| (id, t)).collect(),
+        });
+    }
     // The template writes the special tokens (BOS included) itself, as transformers'
     // apply_chat_template expects.
     let ids = d
@@ -98,10 +117,12 @@ pub(super) async fn chat_completions(
     let g = Generation {
         api: Api::Chat,
         prompts: vec![Prompt { ids, text }],
-        gen: v.generation,
+        gen,
         logprobs: v.logprobs.map(|k| k as usize),
         echo: false,
         arrived,
+        tools: tool_parse,
+        grammar_param,
     };
     generate(state.clone(), d, g).await
 }
@@ -141,6 +162,8 @@ pub(super) async fn completions(
         logprobs: v.logprobs.map(|k| k as usize),
         echo: v.echo,
         arrived,
+        tools: None,
+        grammar_param: "response_format",
     };
     generate(state.clone(), d, g).await
 }
@@ -216,7 +239,7 @@ async fn generate(
             sampling.seed = sampling.seed.wrapping_add(j as u64);
             // Each choice steps its own copy of the grammar (compiled once, cached).
             let constraint = match &g.gen.grammar {
-                Some(spec) => Some(d.grammars.start(spec, "response_format").await?),
+                Some(spec) => Some(d.grammars.start(spec, g.grammar_param).await?),
                 None => None,
             };
             let req = Request {
@@ -319,9 +342,10 @@ async fn collect_choices(
 ) -> Result<Response, Failure> {
     let mut choices: Vec<Choice> = tickets
         .into_iter()
-        .map(|t| Choice::new(d, &g.gen.stop, t))
+        .map(|t| Choice::new(d, &g.gen.stop, t, g.tools.as_ref()))
         .collect();
     let mut texts = vec![String::new(); choices.len()];
+    let mut calls: Vec<Vec<ToolCall>> = vec![Vec::new(); choices.len()];
     let mut tokens: Vec<Vec<TokenInfo>> = (0..choices.len()).map(|_| Vec::new()).collect();
     let mut failed = None;
     while choices.iter().any(|c| c.finish.is_none()) {
@@ -333,6 +357,24 @@ async fn collect_choices(
             Ok(delta) => {
                 texts[tag].push_str(&delta.text);
                 tokens[tag].extend(delta.tokens);
+                for c in delta.calls {
+                    match c {
+                        ToolDelta::Call { name, .. } => calls[tag].push(ToolCall {
+                            function: FunctionCall {
+                                arguments: String::new(),
+                                name,
+                            },
+                            id: tool_call_id(g.tools.as_ref().map(|t| t.format)),
+                            kind: "function",
+                        }),
+                        ToolDelta::Arguments { index, text } => {
+                            if let Some(call) = calls[tag].get_mut(index) {
+                                call.function.arguments.push_str(&text);
+                            }
+                        }
+                        ToolDelta::Content(t) => texts[tag].push_str(&t),
+                    }
+                }
             }
             Err(m) => {
                 failed = Some(m);
@@ -351,15 +393,17 @@ async fn collect_choices(
     let resp = match ctx.api {
         Api::Chat => {
             let out = finishes
-                .zip(texts)
+                .zip(texts.into_iter().zip(calls))
                 .enumerate()
-                .map(|(i, (finish, content))| ChatChoice {
+                .map(|(i, (finish, (content, calls)))| ChatChoice {
                     finish_reason: finish,
                     index: i,
                     logprobs: g.logprobs.map(|_| chat_logprobs(&tokens[i])),
                     message: AssistantMessage {
-                        content,
+                        // A turn that only calls tools has no content (`null`).
+                        content: (calls.is_empty() || !content.is_empty()).then_some(content),
                         role: "assistant",
+                        tool_calls: (!calls.is_empty()).then_some(calls),
                     },
                 })
                 .collect();
@@ -428,7 +472,7 @@ async fn stream_choices(
     };
     let mut choices: Vec<Choice> = tickets
         .into_iter()
-        .map(|t| Choice::new(d, &g.gen.stop, t))
+        .map(|t| Choice::new(d, &g.gen.stop, t, g.tools.as_ref()))
         .collect();
     // Opening chunks: the role (chat), the echoed prompt (completions).
     let mut chars: BTreeMap<usize, usize> = BTreeMap::new();
@@ -439,6 +483,7 @@ async fn stream_choices(
                 delta: ChatDelta {
                     content: Some(String::new()),
                     role: Some("assistant"),
+                    tool_calls: None,
                 },
                 finish_reason: None,
                 index: i,
@@ -482,6 +527,8 @@ async fn stream_choices(
             }
         }
     }
+    // Each choice's calls' ids, as they begin.
+    let mut call_ids: Vec<Vec<String>> = vec![Vec::new(); choices.len()];
     let mut error = None;
     while choices.iter().any(|c| c.finish.is_none()) {
         let (tag, out) = tokio::select! {
@@ -502,16 +549,30 @@ async fn stream_choices(
                 break;
             }
         };
-        if delta.text.is_empty() && delta.finish.is_none() && delta.tokens.is_empty() {
+        if delta.text.is_empty()
+            && delta.calls.is_empty()
+            && delta.finish.is_none()
+            && delta.tokens.is_empty()
+        {
             continue;
         }
+        let tool_calls = (!delta.calls.is_empty()).then(|| {
+            call_deltas(
+                delta.calls,
+                &mut call_ids[tag],
+                g.tools.as_ref().map(|t| t.format),
+            )
+        });
         let choice = match ctx.api {
             Api::Chat => StreamChoice::Chat(ChatChunkChoice {
                 delta: ChatDelta {
-                    // The closing chunk without text has an empty delta (`{}`).
-                    content: (!(delta.text.is_empty() && delta.finish.is_some()))
-                        .then(|| delta.text.clone()),
+                    // The closing chunk without text has an empty delta (`{}`); a chunk of
+                    // calls has no content.
+                    content: (!(delta.text.is_empty()
+                        && (delta.finish.is_some() || tool_calls.is_some())))
+                    .then(|| delta.text.clone()),
                     role: None,
+                    tool_calls,
                 },
                 finish_reason: delta.finish,
                 index: tag,
@@ -552,4 +613,70 @@ async fn stream_choices(
         }
     }
     let _ = sse.send(Ok(SseEvent::default().data("[DONE]"))).await;
+}
+
+/// A new tool call's id: `call_` and 24 letters and digits; for Mistral's format 9 letters and
+/// digits (its templates refuse other ids when the call comes back in the conversation).
+fn tool_call_id(format: Option<ToolFormat>) -> String {
+    use std::hash::{BuildHasher, Hasher};
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(unix_now());
+    let mut rng = kiln_engine::Rng::new(h.finish());
+    let n = if format == Some(ToolFormat::Mistral) {
+        9
+    } else {
+        24
+    };
+    let random: String = (0..n)
+        .map(|_| {
+            ALPHABET[(rng.next_f64() * ALPHABET.len() as f64) as usize % ALPHABET.len()] as char
+        })
+        .collect();
+    if n == 9 {
+        random
+    } else {
+        format!("call_{random}")
+    }
+}
+
+/// A chunk's `tool_calls`: a call's opening (id, type, name, no arguments yet) and argument
+/// text, one entry per call (a call's opening and its first arguments together).
+fn call_deltas(
+    deltas: Vec<ToolDelta>,
+    ids: &mut Vec<String>,
+    format: Option<ToolFormat>,
+) -> Vec<ToolCallDelta> {
+    let mut out: Vec<ToolCallDelta> = Vec::new();
+    for d in deltas {
+        match d {
+            ToolDelta::Call { index, name } => {
+                let id = tool_call_id(format);
+                ids.push(id.clone());
+                out.push(ToolCallDelta {
+                    function: FunctionDelta {
+                        arguments: String::new(),
+                        name: Some(name),
+                    },
+                    id: Some(id),
+                    index,
+                    kind: Some("function"),
+                });
+            }
+            ToolDelta::Arguments { index, text } => match out.last_mut() {
+                Some(last) if last.index == index => last.function.arguments.push_str(&text),
+                _ => out.push(ToolCallDelta {
+                    function: FunctionDelta {
+                        arguments: text,
+                        name: None,
+                    },
+                    id: None,
+                    index,
+                    kind: None,
+                }),
+            },
+            ToolDelta::Content(_) => {}
+        }
+    }
+    out
 }

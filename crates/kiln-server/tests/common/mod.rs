@@ -24,6 +24,31 @@ pub fn llama_path() -> PathBuf {
 /// batch-invariant CPU backend (as `kiln serve` runs it).
 pub fn decoder_entry(name: &str, with_template: bool, cfg: SchedulerConfig) -> DecoderEntry {
     let file = GgufFile::open(&llama_path()).unwrap();
+    let template = if with_template {
+        ChatTemplate::from_gguf(&file).unwrap()
+    } else {
+        None
+    };
+    decoder_with_template(name, template, cfg)
+}
+
+/// A chat template in the Hermes tool-call format, short enough for the fixture's 256-token
+/// context: each turn as `role:` and its text, an assistant turn's calls as `<tool_call>`
+/// blocks, a tool result with the id of its call, and the names of the tools offered.
+pub const HERMES_TEMPLATE: &str = "{% if tools %}tools:{% for t in tools %} \
+{{ t.function.name }}{% endfor %}\n{% endif %}{% for m in messages %}{{ m.role }}:\
+{% if m.content %}{{ m.content }}{% endif %}{% if m.tool_calls %}{% for c in m.tool_calls %}\
+<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}{% endif %}\
+{% if m.tool_call_id %} ({{ m.tool_call_id }}){% endif %}\n{% endfor %}\
+{% if add_generation_prompt %}assistant:{% endif %}";
+
+/// The fixture decoder with `template` as its chat template.
+pub fn decoder_with_template(
+    name: &str,
+    template: Option<ChatTemplate>,
+    cfg: SchedulerConfig,
+) -> DecoderEntry {
+    let file = GgufFile::open(&llama_path()).unwrap();
     let backend = CpuBackend::with_options(&CpuOptions {
         batch_invariant: true,
         ..CpuOptions::threads(1)
@@ -33,16 +58,11 @@ pub fn decoder_entry(name: &str, with_template: bool, cfg: SchedulerConfig) -> D
     let tokenizer = TextTokenizer::Gguf(Box::new(Tokenizer::from_gguf(&file).unwrap()));
     let context = model.config.context_length;
     let width = model.config.vocab_size;
-    let chat_template = if with_template {
-        ChatTemplate::from_gguf(&file).unwrap()
-    } else {
-        None
-    };
     DecoderEntry::new(
         name.into(),
         DecoderEngine::spawn(name, kiln_engine::decoder_on(backend, model), cfg).unwrap(),
         tokenizer,
-        chat_template,
+        template,
         context,
         width,
     )
