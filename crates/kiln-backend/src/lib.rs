@@ -83,6 +83,15 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Short name for logs ("cpu", "vulkan:0 (NVIDIA H100)").
     fn name(&self) -> String;
 
+    /// The CPU threads a forward pass keeps busy: the CPU backend's team; a backend that runs
+    /// on a device, the one thread that records its work and waits (the default). The
+    /// scheduler overlaps its own CPU work (grammar masks) with a forward pass only on the
+    /// cores this leaves free: on an oversubscribed CPU a fork-join team waits for its slowest
+    /// member.
+    fn host_threads(&self) -> usize {
+        1
+    }
+
     /// Run a whole computation (a forward pass) in the backend's execution context; a backend
     /// with nothing to set up just calls `f` (the default). The CPU backend has nothing to set
     /// up: its ops take the calling thread into their team of workers.

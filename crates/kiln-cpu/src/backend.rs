@@ -183,6 +183,10 @@ impl Backend for CpuBackend {
         format!("cpu ({} threads, {:?})", self.cx.threads, self.cx.simd)
     }
 
+    fn host_threads(&self) -> usize {
+        self.cx.threads
+    }
+
     fn upload_weight(&self, data: &WeightData) -> Result<CpuWeight> {
         let werr = |detail: String| BackendError::Weight {
             name: data.name.clone(),

@@ -165,8 +165,10 @@ pub struct Scheduler<B: Backend> {
     context: usize,
     vocab: usize,
     preemptions: u64,
-    /// Threads that prepare the constraints' masks (beside the forward pass).
+    /// Threads that prepare the constraints' masks.
     mask_threads: usize,
+    /// Whether they run during the forward pass (there are cores it leaves free) or before it.
+    mask_overlap: bool,
 }
 
 impl<B: Backend> Scheduler<B> {
@@ -180,6 +182,15 @@ impl<B: Backend> Scheduler<B> {
             .map_err(|e| EngineError::Input(e.to_string()))?;
         let context = model.config.context_length;
         let cache = PagedKvCache::new(b, &model.config, cfg.n_blocks, cfg.block_size, context)?;
+        // Masks overlap the forward pass on the cores it leaves free; when it takes them all
+        // (the CPU backend), they run just before it, on all of them.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let free = cores.saturating_sub(b.host_threads());
+        let (mask_threads, mask_overlap) = if free > 0 {
+            (free, true)
+        } else {
+            (cores, false)
+        };
         Ok(Scheduler {
             cfg,
             pool,
@@ -190,7 +201,8 @@ impl<B: Backend> Scheduler<B> {
             context,
             vocab: model.config.vocab_size,
             preemptions: 0,
-            mask_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            mask_threads,
+            mask_overlap,
         })
     }
 
@@ -334,8 +346,10 @@ impl<B: Backend> Scheduler<B> {
         }
         inputs.sort_by_key(|(i, _)| *i);
         let seqs: Vec<&[u32]> = inputs.iter().map(|(_, t)| t.as_slice()).collect();
-        // The constraints of the sequences that sample this step prepare their masks while the
-        // forward pass runs (they depend only on the tokens committed so far).
+        // The constraints of the sequences that sample this step prepare their masks (they
+        // depend only on the tokens committed so far): during the forward pass where it leaves
+        // cores free, else just before it.
+
         let owners: Vec<usize> = inputs
             .iter()
             .filter(|(i, t)| {
@@ -363,6 +377,10 @@ impl<B: Backend> Scheduler<B> {
         let (h, prepared) = if cs.is_empty() {
             let h = model.forward_paged(b, &seqs, cache, &views, &kiln_models::NoTrace);
             (h, Vec::new())
+        } else if !self.mask_overlap {
+            let prepared = prepare_all(&mut cs, threads);
+            let h = model.forward_paged(b, &seqs, cache, &views, &kiln_models::NoTrace);
+            (h, prepared)
         } else {
             std::thread::scope(|sc| {
                 let worker = sc.spawn(|| prepare_all(&mut cs, threads));
