@@ -29,7 +29,8 @@
 mod table;
 
 pub use table::{
-    Constraint, GrammarSpec, Mask, TokenBytes, TokenTable, Vocabulary, JSON_WHITESPACE,
+    bounded_whitespace, Constraint, GrammarSpec, Mask, TokenBytes, TokenTable, Vocabulary,
+    JSON_WHITESPACE,
 };
 
 /// What can go wrong building a table, compiling a grammar or stepping a constraint.

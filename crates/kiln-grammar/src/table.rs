@@ -64,8 +64,9 @@ impl GrammarSpec {
 pub const JSON_WHITESPACE: &str = r"(?:\x20|\n[\x20\t]{0,20})";
 
 /// `schema` with [`JSON_WHITESPACE`] as its whitespace, unless it sets llguidance's own
-/// options (`x-guidance`).
-fn bounded_whitespace(schema: &serde_json::Value) -> serde_json::Value {
+/// options (`x-guidance`). [`GrammarSpec::JsonSchema`] applies it; a JSON schema embedded in a
+/// Lark grammar (`%json {...}`) needs it applied by whoever writes the grammar.
+pub fn bounded_whitespace(schema: &serde_json::Value) -> serde_json::Value {
     let mut s = schema.clone();
     if let Some(o) = s.as_object_mut() {
         o.entry("x-guidance")

@@ -22,15 +22,14 @@ import os
 import random
 import re
 import struct
-import sys
 import threading
 import time
-import traceback
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
+from suite import run_checks
 
 CHAT = "gemma3-270m"
 BASE = "base"
@@ -862,25 +861,7 @@ def main():
     CLIENT = client_for(ARGS.url)
     HTTP = httpx.Client(timeout=300)
     print(f"openai {openai.__version__}, httpx {httpx.__version__}, server {ARGS.url} (pid {ARGS.pid})", flush=True)
-    failed = []
-    start = time.monotonic()
-    for check in CHECKS:
-        name = check.__name__.removeprefix("check_")
-        if ARGS.only and ARGS.only not in name:
-            continue
-        t0 = time.monotonic()
-        try:
-            check()
-            status = "PASS"
-        except Exception:
-            status = "FAIL"
-            failed.append(name)
-            traceback.print_exc(file=sys.stdout)
-        print(f"{status} {name} ({time.monotonic() - t0:.1f} s)", flush=True)
-    total = len([c for c in CHECKS if not ARGS.only or ARGS.only in c.__name__])
-    print(f"openai suite: {total - len(failed)} of {total} checks passed in {time.monotonic() - start:.1f} s"
-          + (f"; failed: {', '.join(failed)}" if failed else ""), flush=True)
-    sys.exit(1 if failed else 0)
+    run_checks(CHECKS, ARGS.only, "openai suite")
 
 
 if __name__ == "__main__":

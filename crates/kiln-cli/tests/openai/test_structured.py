@@ -29,14 +29,12 @@ import importlib.metadata
 import json
 import os
 import random
-import sys
-import time
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import openai
 import pydantic
+from suite import run_checks
 
 CHAT = "gemma3-270m"
 ARGS = None
@@ -334,24 +332,7 @@ def main():
     ARGS = ap.parse_args()
     CLIENT = openai.OpenAI(base_url=ARGS.url.rstrip("/") + "/v1", api_key="x", max_retries=0, timeout=600)
     print(f"openai {openai.__version__}, jsonschema {importlib.metadata.version('jsonschema')}, pydantic {pydantic.VERSION}", flush=True)
-    failed, start = [], time.monotonic()
-    for check in CHECKS:
-        name = check.__name__.removeprefix("check_")
-        if ARGS.only and ARGS.only not in name:
-            continue
-        t0 = time.monotonic()
-        try:
-            check()
-            status = "PASS"
-        except Exception:
-            status = "FAIL"
-            failed.append(name)
-            traceback.print_exc(file=sys.stdout)
-        print(f"{status} {name} ({time.monotonic() - t0:.1f} s)", flush=True)
-    total = len([c for c in CHECKS if not ARGS.only or ARGS.only in c.__name__])
-    print(f"structured suite: {total - len(failed)} of {total} checks passed in {time.monotonic() - start:.1f} s"
-          + (f"; failed: {', '.join(failed)}" if failed else ""), flush=True)
-    sys.exit(1 if failed else 0)
+    run_checks(CHECKS, ARGS.only, "structured suite")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ pub use parse::{parse, Parsed, ParsedCall, ToolDelta, ToolStream};
 /// The marker that closes a Hermes-style call.
 const HERMES_CLOSE: &str = "</tool_call>";
 
-use kiln_grammar::{GrammarSpec, JSON_WHITESPACE};
+use kiln_grammar::{bounded_whitespace, GrammarSpec};
 use kiln_tokenizer::ChatMessage;
 use serde_json::{json, Map, Value};
 
@@ -287,18 +287,11 @@ pub fn grammar(
                 })
             })
             .collect();
-        let mut schema = if options.len() == 1 {
+        bounded_whitespace(&if options.len() == 1 {
             options.into_iter().next().unwrap_or_default()
         } else {
             json!({ "anyOf": options })
-        };
-        if let Some(o) = schema.as_object_mut() {
-            o.insert(
-                "x-guidance".into(),
-                json!({ "whitespace_pattern": JSON_WHITESPACE }),
-            );
-        }
-        schema
+        })
     };
     let mut g = String::new();
     let (calls, trigger) = match format {
@@ -333,13 +326,7 @@ pub fn grammar(
                     let alternatives: Vec<String> = tools
                         .iter()
                         .map(|tool| {
-                            let mut schema = tool.parameters.clone();
-                            if let Some(o) = schema.as_object_mut() {
-                                o.insert(
-                                    "x-guidance".into(),
-                                    json!({ "whitespace_pattern": JSON_WHITESPACE }),
-                                );
-                            }
+                            let schema = bounded_whitespace(&tool.parameters);
                             format!(
                                 "{open} {} <[{args}]> %json {schema}",
                                 serde_json::to_string(&tool.name).unwrap_or_default()
