@@ -1,12 +1,20 @@
 //! Constrained decoding as the scheduler sees it: a per-request [`TokenConstraint`] (a grammar,
 //! in practice kiln-grammar's) that restricts the tokens the sampler may pick at each step.
 //!
-//! Per step, for each constrained sequence that samples: [`TokenConstraint::prepare`] works out
-//! the allowed set (on worker threads, several sequences in parallel, overlapped with the
-//! forward pass: it depends only on the tokens committed so far); then, on the row of logits,
-//! `logit_bias` is added, [`TokenConstraint::apply`] sets every token it does not allow to −∞,
-//! and the sampler picks from what is left; the pick is [`TokenConstraint::commit`]ted. A
-//! constraint that [`TokenConstraint::is_done`] ends its request (`FinishReason::Stop`).
+//! Per step, for each constrained sequence that samples, the row of logits gets `logit_bias` and
+//! the penalties, then the constraint's mask, then the sampler's pick, which is
+//! [`TokenConstraint::commit`]ted; a constraint that [`TokenConstraint::is_done`] ends its
+//! request (`FinishReason::Stop`). The mask ([`TokenConstraint::prepare`], the costly part: a walk
+//! of the vocabulary) is made in one of two ways:
+//! - where the forward pass leaves cores free (a GPU backend), for every constrained sequence
+//!   that samples, on worker threads during the pass (it depends only on the tokens committed so
+//!   far), then [`TokenConstraint::apply`]'d before the pick;
+//! - where the pass takes every core (the CPU backend), after it, and only when needed: the
+//!   sampler picks without a mask, and when the constraint [`TokenConstraint::accepts`] the pick
+//!   (a cheap test) it is kept; else the mask is made (the sequences that need one in parallel)
+//!   and the pick made again from the masked row. This is exact for greedy decoding and for
+//!   draws without top-k/top-p/min-p (see `Sampler::draws_exactly_unmasked`); with those
+//!   filters the mask always comes first.
 //!
 //! Invariants: `prepare` never leaves an empty set (it fails instead, and the request ends with
 //! [`crate::Event::Failed`], never with an arbitrary token); `apply` leaves at least one finite
@@ -21,6 +29,9 @@ pub trait TokenConstraint: Send {
     fn prepare(&mut self) -> Result<(), String>;
     /// Sets the logits of the tokens the prepared set does not allow to −∞.
     fn apply(&self, logits: &mut [f32]);
+    /// Whether `token` may come next, found without working out the whole set (the cheap test
+    /// of a pick made before any mask).
+    fn accepts(&mut self, token: u32) -> bool;
     /// Takes the sampled token (one the prepared set allowed).
     fn commit(&mut self, token: u32) -> Result<(), String>;
     /// Whether the constraint has ended: the request ends with this token.
@@ -80,6 +91,9 @@ mod tests {
             }
         }
         fn apply(&self, _: &mut [f32]) {}
+        fn accepts(&mut self, _: u32) -> bool {
+            true
+        }
         fn commit(&mut self, _: u32) -> Result<(), String> {
             Ok(())
         }

@@ -2,7 +2,7 @@
 //! distribution, then temperature, then a draw — llama.cpp's default order. Temperature 0 is
 //! greedy (arg-max, lowest id on ties) and ignores the filters and the seed.
 
-use crate::{EngineError, Rng, TokenConstraint};
+use crate::{EngineError, Rng};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplingParams {
@@ -103,27 +103,37 @@ impl Sampler {
     /// Pick the next token from `logits` (modified in place by the penalties); `history` is the
     /// sequence so far (prompt and generated tokens).
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
-        self.sample_constrained(logits, history, None)
+        self.adjust(logits, history);
+        self.pick(logits)
     }
 
-    /// [`Sampler::sample`] from the tokens `constraint` allows: the logit biases are added,
-    /// then the constraint's mask applied, then the penalties, filters and draw as usual (the
-    /// constraint must allow at least one token).
-    pub fn sample_constrained(
-        &mut self,
-        logits: &mut [f32],
-        history: &[u32],
-        constraint: Option<&dyn TokenConstraint>,
-    ) -> u32 {
+    /// The part of sampling that does not depend on which tokens are allowed: the logit biases
+    /// added, then the penalties. A constraint's mask may be applied after it as well as
+    /// before (a penalty moves one finite logit; −∞ stays −∞).
+    pub fn adjust(&self, logits: &mut [f32], history: &[u32]) {
         for &(id, bias) in &self.params.logit_bias {
             if let Some(l) = logits.get_mut(id as usize) {
                 *l += bias;
             }
         }
-        if let Some(c) = constraint {
-            c.apply(logits);
-        }
         self.apply_penalties(logits, history);
+    }
+
+    /// Whether drawing from the adjusted logits without a constraint's mask, and keeping the
+    /// draw when the constraint allows it, draws from the masked distribution exactly (the
+    /// caller masks and draws again otherwise): so for greedy decoding (the arg-max over all
+    /// tokens is the arg-max over the allowed ones when allowed) and for a draw without top-k,
+    /// top-p or min-p (rejection sampling: a draw kept when in the allowed set A, else one from
+    /// the masked distribution, has probability p(a) + (1 − p(A)) p(a)/p(A) = p(a)/p(A)). The
+    /// filters are decided on the masked distribution, so with them the mask comes first.
+    pub fn draws_exactly_unmasked(&self) -> bool {
+        let p = &self.params;
+        p.temperature == 0.0 || (p.top_k == 0 && p.top_p >= 1.0 && p.min_p <= 0.0)
+    }
+
+    /// Picks a token from logits already [`Sampler::adjust`]ed (and masked, if constrained):
+    /// the arg-max when greedy, else the filters, the temperature and a draw.
+    pub fn pick(&mut self, logits: &[f32]) -> u32 {
         if self.params.temperature == 0.0 {
             return argmax(logits);
         }

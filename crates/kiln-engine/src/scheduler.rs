@@ -346,15 +346,15 @@ impl<B: Backend> Scheduler<B> {
         }
         inputs.sort_by_key(|(i, _)| *i);
         let seqs: Vec<&[u32]> = inputs.iter().map(|(_, t)| t.as_slice()).collect();
-        // The constraints of the sequences that sample this step prepare their masks (they
-        // depend only on the tokens committed so far): during the forward pass where it leaves
-        // cores free, else just before it.
-
+        // Where the forward pass leaves cores free, the constraints of the sequences that sample
+        // this step prepare their masks during it (they depend only on the tokens committed so
+        // far). Otherwise masks are made after it, and only where the sampler's own pick is one
+        // the constraint refuses (see `sample`).
         let owners: Vec<usize> = inputs
             .iter()
             .filter(|(i, t)| {
                 let s = &self.running[*i];
-                s.computed + t.len() == s.len() && s.constraint.is_some()
+                self.mask_overlap && s.computed + t.len() == s.len() && s.constraint.is_some()
             })
             .map(|(i, _)| *i)
             .collect();
@@ -377,10 +377,6 @@ impl<B: Backend> Scheduler<B> {
         let (h, prepared) = if cs.is_empty() {
             let h = model.forward_paged(b, &seqs, cache, &views, &kiln_models::NoTrace);
             (h, Vec::new())
-        } else if !self.mask_overlap {
-            let prepared = prepare_all(&mut cs, threads);
-            let h = model.forward_paged(b, &seqs, cache, &views, &kiln_models::NoTrace);
-            (h, prepared)
         } else {
             std::thread::scope(|sc| {
                 let worker = sc.spawn(|| prepare_all(&mut cs, threads));
@@ -400,6 +396,7 @@ impl<B: Backend> Scheduler<B> {
                 mask_errors.push((i, e));
             }
         }
+        let masked_already = owners;
         let h = h?;
         // The last row of each sequence whose input reached its end.
         let mut row = 0;
@@ -424,8 +421,20 @@ impl<B: Backend> Scheduler<B> {
             let mut finished = Vec::new();
             // Each sequence's row in place (no copy: a row is a whole vocabulary, 1 MiB for
             // Gemma's 262k tokens).
-            for (&i, l) in sampled.iter().zip(logits.chunks_exact_mut(vocab)) {
+            let mut rows: Vec<&mut [f32]> = logits.chunks_exact_mut(vocab).collect();
+            let mut picks: Vec<Option<u32>> = vec![None; sampled.len()];
+            let mut lps = Vec::with_capacity(sampled.len());
+            let mut unmasked: Vec<usize> = Vec::new();
+            for (k, &i) in sampled.iter().enumerate() {
                 let s = &mut self.running[i];
+                let l = &mut *rows[k];
+                // Log-probabilities of the model's own distribution, before the sampler's
+                // penalties and filters change `l`.
+                lps.push(s.logprobs.map(|top| {
+                    let lp = log_softmax(l);
+                    let best = top_k(&lp, top);
+                    (lp, best)
+                }));
                 if let Some((_, error)) = mask_errors.iter().find(|(j, _)| *j == i) {
                     events.push(Event::Failed {
                         id: s.id,
@@ -434,15 +443,52 @@ impl<B: Backend> Scheduler<B> {
                     finished.push(i);
                     continue;
                 }
-                // Log-probabilities of the model's own distribution, before the sampler's
-                // penalties and filters change `l`.
-                let lp = s.logprobs.map(|top| {
-                    let lp = log_softmax(l);
-                    let best = top_k(&lp, top);
-                    (lp, best)
-                });
-                let constraint = s.constraint.as_ref().map(|c| &*c.0);
-                let token = s.sampler.sample_constrained(l, &s.tokens, constraint);
+                s.sampler.adjust(l, &s.tokens);
+                picks[k] = match s.constraint.as_mut() {
+                    None => Some(s.sampler.pick(l)),
+                    Some(c) if masked_already.contains(&i) => {
+                        c.0.apply(l);
+                        Some(s.sampler.pick(l))
+                    }
+                    // The pick without a mask, kept when the constraint allows it (exact; see
+                    // `Sampler::draws_exactly_unmasked`); a mask only when it does not.
+                    Some(c) if s.sampler.draws_exactly_unmasked() => {
+                        let t = s.sampler.pick(l);
+                        c.0.accepts(t).then_some(t)
+                    }
+                    Some(_) => None,
+                };
+                if picks[k].is_none() {
+                    unmasked.push(k);
+                }
+            }
+            // The masks still needed, in parallel, then the picks from them.
+            if !unmasked.is_empty() {
+                let mut cs: Vec<Constraint> = unmasked
+                    .iter()
+                    .filter_map(|&k| self.running[sampled[k]].constraint.take())
+                    .collect();
+                let prepared = prepare_all(&mut cs, self.mask_threads);
+                for ((&k, c), r) in unmasked.iter().zip(cs).zip(prepared) {
+                    let s = &mut self.running[sampled[k]];
+                    match r {
+                        Ok(()) => {
+                            c.0.apply(rows[k]);
+                            picks[k] = Some(s.sampler.pick(rows[k]));
+                        }
+                        Err(error) => {
+                            events.push(Event::Failed { id: s.id, error });
+                            finished.push(sampled[k]);
+                        }
+                    }
+                    s.constraint = Some(c);
+                }
+            }
+            for ((&i, pick), lp) in sampled.iter().zip(picks).zip(lps) {
+                let Some(token) = pick else {
+                    continue; // failed above
+                };
+                let s = &mut self.running[i];
                 let grammar_done = match s.constraint.as_mut() {
                     Some(c) => match c.0.commit(token) {
                         Ok(()) => c.0.is_done(),

@@ -393,6 +393,10 @@ impl TokenConstraint for Script {
             }
         }
     }
+    fn accepts(&mut self, token: u32) -> bool {
+        let next = self.script[self.at];
+        !self.refuse && token >= next && token <= next + self.alternatives
+    }
     fn commit(&mut self, token: u32) -> Result<(), String> {
         let next = self.script[self.at];
         if self.refuse || token < next || token > next + self.alternatives {

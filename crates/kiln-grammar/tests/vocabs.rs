@@ -86,14 +86,32 @@ fn tokens(table: &TokenTable, t: &Tokenizer, text: &str) -> Vec<u32> {
 }
 
 /// Whether `spec` takes the tokens of `text` one by one (each allowed when it comes) and may
-/// end after them.
+/// end after them. At every step the cheap test (`Constraint::accepts`) agrees with the mask on
+/// the token that comes and on a spread of others (the end-of-generation tokens among them).
 fn accepts(table: &TokenTable, t: &Tokenizer, spec: &GrammarSpec, text: &str) -> bool {
     let mut c = table.start(spec).unwrap();
+    let ends: Vec<u32> = (0..t.vocab_size() as u32)
+        .filter(|&i| t.is_end_of_generation(i))
+        .collect();
+    let step = (table.width() / 97).max(1);
     for id in tokens(table, t, text) {
-        match c.allowed() {
-            Ok(mask) if mask.allows(id) => c.commit(id).unwrap(),
-            _ => return false,
+        let Ok(mask) = c.allowed() else {
+            return false;
+        };
+        let probes = (0..table.width() as u32)
+            .step_by(step)
+            .chain(ends.iter().copied());
+        for probe in probes.chain([id]) {
+            assert_eq!(
+                c.accepts(probe),
+                mask.allows(probe),
+                "token {probe} in {text:?}"
+            );
         }
+        if !mask.allows(id) {
+            return false;
+        }
+        c.commit(id).unwrap();
     }
     c.is_accepting()
 }

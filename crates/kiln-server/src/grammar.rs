@@ -157,6 +157,10 @@ impl TokenConstraint for Grammar {
         }
     }
 
+    fn accepts(&mut self, token: u32) -> bool {
+        self.inner.accepts(token)
+    }
+
     fn commit(&mut self, token: u32) -> Result<(), String> {
         self.mask = None;
         self.inner.commit(token).map_err(|e| e.to_string())
