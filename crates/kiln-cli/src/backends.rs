@@ -7,7 +7,7 @@
 //! (the engine boundary, see `kiln_engine::DecoderRunner`).
 //!
 //! Environment (read here only; a backend takes typed options):
-//! - `KILN_SIMD=scalar|avx2|avx512vnni` caps the CPU kernels' SIMD level (to compare kernel paths
+//! - `KILN_SIMD=scalar|avx2|avx512|avx512vnni` caps the CPU kernels' SIMD level (to compare kernel paths
 //!   on one machine; a level above the CPU's gives the CPU's);
 //! - `KILN_INTERLEAVE=1|0|q8_0,q6_k,...` says which weight types the CPU backend stores in its
 //!   interleaved layout (all by default);

@@ -41,6 +41,7 @@ suite!(scalar_1t, |kv| cpu(SimdLevel::Scalar, 1, kv));
 suite!(scalar_3t, |kv| cpu(SimdLevel::Scalar, 3, kv));
 suite!(avx2_1t, |kv| cpu(SimdLevel::Avx2, 1, kv));
 suite!(avx2_3t, |kv| cpu(SimdLevel::Avx2, 3, kv));
+suite!(avx512_1t, |kv| cpu(SimdLevel::Avx512, 1, kv));
 suite!(avx512vnni_1t, |kv| cpu(SimdLevel::Avx512Vnni, 1, kv));
 suite!(avx512vnni_3t, |kv| cpu(SimdLevel::Avx512Vnni, 3, kv));
 suite!(

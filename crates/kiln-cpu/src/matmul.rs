@@ -119,7 +119,7 @@ pub(crate) fn matmul(
             None => None,
         };
         let exec = Exec {
-            isa: Isa::avx2(cpu.avx2()),
+            isa: Isa::for_level(cpu.simd),
             team: &cpu.team,
         };
         let y = sgemm::sgemm(exec, &x.data, m, packed, bias, gelu)?;

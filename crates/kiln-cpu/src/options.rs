@@ -102,7 +102,7 @@ impl CpuOptions {
     ) -> Result<Self, String> {
         if let Some(name) = simd {
             let level = SimdLevel::parse(name).ok_or_else(|| {
-                format!("KILN_SIMD={name:?} is not a SIMD level (scalar, avx2, avx512vnni)")
+                format!("KILN_SIMD={name:?} is not a SIMD level (scalar, avx2, avx512, avx512vnni)")
             })?;
             self.simd_cap = Some(level);
         }

@@ -206,14 +206,19 @@ fn simd_level_is_what_the_cpu_has() {
         && is_x86_feature_detected!("avx512vl")
         && is_x86_feature_detected!("avx512vnni");
     #[cfg(target_arch = "x86_64")]
+    let avx512 = is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512dq");
+    #[cfg(target_arch = "x86_64")]
     let expected = if is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
         && is_x86_feature_detected!("f16c")
     {
-        if avx512_vnni {
-            SimdLevel::Avx512Vnni
-        } else {
-            SimdLevel::Avx2
+        match (avx512, avx512_vnni) {
+            (true, true) => SimdLevel::Avx512Vnni,
+            (true, false) => SimdLevel::Avx512,
+            _ => SimdLevel::Avx2,
         }
     } else {
         SimdLevel::Scalar
@@ -226,7 +231,12 @@ fn simd_level_is_what_the_cpu_has() {
 
 #[test]
 fn unsupported_types_are_refused_at_every_level() {
-    for level in [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512Vnni] {
+    for level in [
+        SimdLevel::Scalar,
+        SimdLevel::Avx2,
+        SimdLevel::Avx512,
+        SimdLevel::Avx512Vnni,
+    ] {
         for ty in [GgmlType::IQ2_XXS, GgmlType::I32, GgmlType::MXFP4] {
             assert!(vec_dot_fn(ty, level).is_err(), "{ty} at {level:?}");
         }
@@ -519,13 +529,17 @@ fn wrong_lengths_panic_instead_of_reading_out_of_bounds() {
 
 #[test]
 fn simd_levels_are_ordered_and_parsed_by_name() {
-    assert!(SimdLevel::Scalar < SimdLevel::Avx2 && SimdLevel::Avx2 < SimdLevel::Avx512Vnni);
+    assert!(SimdLevel::Scalar < SimdLevel::Avx2 && SimdLevel::Avx2 < SimdLevel::Avx512);
+    assert!(SimdLevel::Avx512 < SimdLevel::Avx512Vnni);
     assert!(!SimdLevel::Scalar.has_avx2());
     assert!(SimdLevel::Avx2.has_avx2() && SimdLevel::Avx512Vnni.has_avx2());
+    assert!(!SimdLevel::Avx2.has_avx512() && SimdLevel::Avx512.has_avx512());
+    assert!(SimdLevel::Avx512Vnni.has_avx512());
     assert_eq!(SimdLevel::parse("scalar"), Some(SimdLevel::Scalar));
     assert_eq!(SimdLevel::parse("AVX2"), Some(SimdLevel::Avx2));
     assert_eq!(SimdLevel::parse("avx512vnni"), Some(SimdLevel::Avx512Vnni));
-    assert_eq!(SimdLevel::parse("avx512"), None);
+    assert_eq!(SimdLevel::parse("AVX512"), Some(SimdLevel::Avx512));
+    assert_eq!(SimdLevel::parse("avx512f"), None);
     assert_eq!(SimdLevel::parse(""), None);
     // A level above the CPU's hands out the CPU's kernels: asking for VNNI on an AVX2-only CPU
     // gives the AVX2 GEMM, never an instruction the CPU lacks.

@@ -66,7 +66,11 @@ pub enum SimdLevel {
     Scalar,
     /// x86-64 with AVX2, FMA and F16C.
     Avx2,
-    /// AVX2 plus AVX-512 F, BW, VL and VNNI (Zen 4, Ice Lake and later Xeons): the integer GEMM
+    /// AVX2 plus AVX-512 F, BW, VL and DQ (Skylake-SP and later Xeons, Zen 4): the float kernels
+    /// (the dense GEMM of [`crate::sgemm`], packed encoder attention) run in 512-bit registers,
+    /// 32 of them. Every integer kernel is the AVX2 one.
+    Avx512,
+    /// AVX-512 as above plus VNNI (Zen 4, Ice Lake and later Xeons): the integer GEMM
     /// tiles use `vpdpbusd` (four u8 x i8 products added into an i32 lane in one instruction)
     /// on 256-bit vectors and the 32 vector registers of AVX-512. Every other kernel is the AVX2
     /// one.
@@ -79,11 +83,18 @@ impl SimdLevel {
         self >= SimdLevel::Avx2
     }
 
-    /// The level named `scalar`, `avx2` or `avx512vnni` (any case), as `KILN_SIMD` takes it.
+    /// Whether float kernels of this level may use AVX-512 F/BW/VL/DQ (true from
+    /// [`SimdLevel::Avx512`] up).
+    pub fn has_avx512(self) -> bool {
+        self >= SimdLevel::Avx512
+    }
+
+    /// The level named `scalar`, `avx2`, `avx512` or `avx512vnni` (any case), as `KILN_SIMD` takes it.
     pub fn parse(name: &str) -> Option<SimdLevel> {
         match name.to_ascii_lowercase().as_str() {
             "scalar" => Some(SimdLevel::Scalar),
             "avx2" => Some(SimdLevel::Avx2),
+            "avx512" => Some(SimdLevel::Avx512),
             "avx512vnni" => Some(SimdLevel::Avx512Vnni),
             _ => None,
         }
@@ -99,8 +110,11 @@ pub fn simd_level() -> SimdLevel {
 fn detect() -> SimdLevel {
     #[cfg(target_arch = "x86_64")]
     if x86::cpu_has_avx2_fma_f16c() {
-        if x86::cpu_has_avx512_vnni() {
-            return SimdLevel::Avx512Vnni;
+        if x86::cpu_has_avx512() {
+            if x86::cpu_has_avx512_vnni() {
+                return SimdLevel::Avx512Vnni;
+            }
+            return SimdLevel::Avx512;
         }
         return SimdLevel::Avx2;
     }
@@ -126,9 +140,11 @@ pub fn vec_dot_fn(ty: GgmlType, level: SimdLevel) -> Result<VecDotFn, QuantError
     Ok(match usable(level) {
         SimdLevel::Scalar => reference,
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2 | SimdLevel::Avx512Vnni => x86::vec_dot_fn(ty).unwrap_or(reference),
+        SimdLevel::Avx2 | SimdLevel::Avx512 | SimdLevel::Avx512Vnni => {
+            x86::vec_dot_fn(ty).unwrap_or(reference)
+        }
         #[cfg(not(target_arch = "x86_64"))]
-        SimdLevel::Avx2 | SimdLevel::Avx512Vnni => reference,
+        SimdLevel::Avx2 | SimdLevel::Avx512 | SimdLevel::Avx512Vnni => reference,
     })
 }
 
@@ -161,11 +177,11 @@ pub fn gemm_fn(ty: GgmlType, level: SimdLevel) -> Result<GemmFn, QuantError> {
     Ok(match usable(level) {
         SimdLevel::Scalar => reference,
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2 => x86::gemm_fn(ty).unwrap_or(reference),
+        SimdLevel::Avx2 | SimdLevel::Avx512 => x86::gemm_fn(ty).unwrap_or(reference),
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx512Vnni => x86::gemm_fn_vnni(ty).unwrap_or(reference),
         #[cfg(not(target_arch = "x86_64"))]
-        SimdLevel::Avx2 | SimdLevel::Avx512Vnni => reference,
+        SimdLevel::Avx2 | SimdLevel::Avx512 | SimdLevel::Avx512Vnni => reference,
     })
 }
 
@@ -177,11 +193,11 @@ pub fn gemm_fn_invariant(ty: GgmlType, level: SimdLevel) -> Result<GemmFn, Quant
     Ok(match usable(level) {
         SimdLevel::Scalar => reference,
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2 => x86::gemm_fn_invariant(ty).unwrap_or(reference),
+        SimdLevel::Avx2 | SimdLevel::Avx512 => x86::gemm_fn_invariant(ty).unwrap_or(reference),
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx512Vnni => x86::gemm_fn_invariant_vnni(ty).unwrap_or(reference),
         #[cfg(not(target_arch = "x86_64"))]
-        SimdLevel::Avx2 | SimdLevel::Avx512Vnni => reference,
+        SimdLevel::Avx2 | SimdLevel::Avx512 | SimdLevel::Avx512Vnni => reference,
     })
 }
 
@@ -244,9 +260,9 @@ pub fn rows_exact_fn(ty: GgmlType, level: SimdLevel) -> Option<RowsFn> {
     match usable(level) {
         SimdLevel::Scalar => None,
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2 | SimdLevel::Avx512Vnni => x86::rows_exact_fn(ty),
+        SimdLevel::Avx2 | SimdLevel::Avx512 | SimdLevel::Avx512Vnni => x86::rows_exact_fn(ty),
         #[cfg(not(target_arch = "x86_64"))]
-        SimdLevel::Avx2 | SimdLevel::Avx512Vnni => None,
+        SimdLevel::Avx2 | SimdLevel::Avx512 | SimdLevel::Avx512Vnni => None,
     }
 }
 
@@ -276,8 +292,10 @@ pub fn quantize_fn(act_ty: GgmlType, level: SimdLevel) -> Result<QuantizeFn, Qua
     Ok(match usable(level) {
         SimdLevel::Scalar => reference,
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2 | SimdLevel::Avx512Vnni => x86::quantize_fn(act_ty).unwrap_or(reference),
+        SimdLevel::Avx2 | SimdLevel::Avx512 | SimdLevel::Avx512Vnni => {
+            x86::quantize_fn(act_ty).unwrap_or(reference)
+        }
         #[cfg(not(target_arch = "x86_64"))]
-        SimdLevel::Avx2 | SimdLevel::Avx512Vnni => reference,
+        SimdLevel::Avx2 | SimdLevel::Avx512 | SimdLevel::Avx512Vnni => reference,
     })
 }

@@ -22,7 +22,8 @@ pub fn values(len: usize, seed: u64) -> Vec<f32> {
 }
 
 /// Every configuration the results must agree across: the scalar kernels on one and three
-/// threads, and the CPU's SIMD level on one, two and three.
+/// threads, the CPU's SIMD level on one, two and three, and (on an AVX-512 CPU) AVX2 on one and
+/// three.
 pub fn backends() -> Vec<CpuBackend> {
     let mut v = vec![
         CpuBackend::with_options(&CpuOptions::threads(1).simd_cap(SimdLevel::Scalar)).unwrap(),
@@ -31,6 +32,14 @@ pub fn backends() -> Vec<CpuBackend> {
     if simd_level() != SimdLevel::Scalar {
         for threads in 1..=3 {
             v.push(CpuBackend::new(threads).unwrap());
+        }
+    }
+    // Where the CPU has AVX-512, the AVX2 build too: the float kernels of the two levels give
+    // the same bits.
+    if simd_level() > SimdLevel::Avx2 {
+        for threads in [1, 3] {
+            let options = CpuOptions::threads(threads).simd_cap(SimdLevel::Avx2);
+            v.push(CpuBackend::with_options(&options).unwrap());
         }
     }
     v

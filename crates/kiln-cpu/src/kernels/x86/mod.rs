@@ -39,6 +39,14 @@ pub(super) fn cpu_has_avx2_fma_f16c() -> bool {
         && is_x86_feature_detected!("f16c")
 }
 
+/// Whether this CPU runs the AVX-512 float kernels: AVX-512 F, BW, VL and DQ.
+pub(super) fn cpu_has_avx512() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512dq")
+}
+
 /// Whether this CPU also runs the VNNI tile kernels (`gemm::*_vnni`): AVX-512 F, BW, VL and VNNI.
 pub(super) fn cpu_has_avx512_vnni() -> bool {
     is_x86_feature_detected!("avx512f")
