@@ -224,7 +224,9 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
             }
         });
         for (d, step) in queries.iter_mut().enumerate() {
-            step.0 = std::array::from_fn(|lane| srcs[lane][d] * b.scale);
+            for (x, src) in step.0.iter_mut().zip(&srcs) {
+                *x = src[d] * b.scale;
+            }
         }
         // Whole key panels [j0, j1) that some query of the group can see, and the keys
         // [all_lo, all_hi) that every query of it sees.
