@@ -11,6 +11,8 @@
 //!   on one machine; a level above the CPU's gives the CPU's);
 //! - `KILN_INTERLEAVE=1|0|q8_0,q6_k,...` says which weight types the CPU backend stores in its
 //!   interleaved layout (all by default);
+//! - `KILN_BF16_DOT=1|0`: products of BF16 weights through `vdpbf16ps` (activations rounded to
+//!   BF16) where the CPU has AVX512_BF16 (1, the default), or exact f32 products (0);
 //! - `KILN_VULKAN_VALIDATION=1` turns on the Khronos validation layer on Vulkan devices (every
 //!   message it reports becomes an error).
 
@@ -25,12 +27,18 @@ use kiln_engine::{
 use kiln_vulkan::{VulkanBackend, VulkanOptions};
 
 /// The CPU backend's options: `threads` (0 = one per core), the KV cache type, batch-invariant
-/// mode, and what `KILN_SIMD` and `KILN_INTERLEAVE` say (an unknown value of either is an error
-/// that names the variable).
+/// mode, and what `KILN_SIMD`, `KILN_INTERLEAVE` and `KILN_BF16_DOT` say (an unknown value of
+/// any is an error that names the variable).
 pub fn cpu_options(threads: usize, kv_dtype: KvDtype, batch_invariant: bool) -> Result<CpuOptions> {
+    let bf16_dot = match std::env::var("KILN_BF16_DOT").ok().as_deref() {
+        None | Some("1") => true,
+        Some("0") => false,
+        Some(other) => bail!("KILN_BF16_DOT={other:?} is neither 1 nor 0"),
+    };
     CpuOptions {
         kv_dtype,
         batch_invariant,
+        bf16_dot,
         ..CpuOptions::threads(threads)
     }
     .with_settings(

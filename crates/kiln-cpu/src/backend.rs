@@ -51,6 +51,7 @@ impl CpuBackend {
                 threads,
                 simd: options.simd_level(),
                 batch_invariant: options.batch_invariant,
+                bf16_dot: options.bf16_dot,
             },
             kv_dtype: options.kv_dtype,
             interleave: options.interleave.clone(),
@@ -66,6 +67,7 @@ impl CpuBackend {
             simd_cap: Some(self.cx.simd),
             interleave: self.interleave.clone(),
             batch_invariant: self.cx.batch_invariant,
+            bf16_dot: self.cx.bf16_dot,
             kv_dtype: self.kv_dtype,
         }
     }

@@ -19,6 +19,8 @@ pub(crate) struct Context {
     pub(crate) simd: SimdLevel,
     /// See [`CpuOptions::batch_invariant`](crate::CpuOptions::batch_invariant).
     pub(crate) batch_invariant: bool,
+    /// See [`CpuOptions::bf16_dot`](crate::CpuOptions::bf16_dot).
+    pub(crate) bf16_dot: bool,
 }
 
 impl Context {

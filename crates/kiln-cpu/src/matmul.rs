@@ -118,10 +118,7 @@ pub(crate) fn matmul(
             Some(b) => Some(b.vector("matmul bias")?),
             None => None,
         };
-        let exec = Exec {
-            isa: Isa::for_level(cpu.simd),
-            team: &cpu.team,
-        };
+        let exec = Exec::new(Isa::for_level(cpu.simd), &cpu.team, cpu.bf16_dot);
         let y = sgemm::sgemm(exec, &x.data, m, packed, bias, gelu)?;
         return CpuTensor::new(y, m, n);
     }

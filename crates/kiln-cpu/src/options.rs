@@ -41,6 +41,14 @@ pub struct CpuOptions {
     /// attention computes each query row on its own, as a decode step would. The cost is in
     /// single-sequence decode (`kiln bench --batch-invariant` measures it).
     pub batch_invariant: bool,
+    /// Products of BF16 weights with at least a few activation rows (prefill, encoders, and
+    /// every product in batch-invariant mode) through `vdpbf16ps` where the CPU has AVX512_BF16
+    /// and the SIMD level is AVX-512: each activation rounded to BF16 (at most 2⁻⁹ relative
+    /// error, as llama.cpp's BF16 path rounds them), twice the products per instruction. Off,
+    /// or on other CPUs: the weights are widened to f32 and the activations kept in f32 (the
+    /// results of every other level, bit for bit). Default on; `KILN_BF16_DOT=0` turns it off in
+    /// the CLI.
+    pub bf16_dot: bool,
     /// The element type of the KV caches the backend makes (`Backend::kv_zeros`): f16 (half the
     /// memory, and half the bytes decode attention reads) or f32 (exactly the keys and values
     /// the model computed).
@@ -54,6 +62,7 @@ impl Default for CpuOptions {
             simd_cap: None,
             interleave: INTERLEAVE_TYPES.to_vec(),
             batch_invariant: false,
+            bf16_dot: true,
             kv_dtype: KvDtype::default(),
         }
     }

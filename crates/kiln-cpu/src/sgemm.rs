@@ -2,11 +2,13 @@
 //!
 //! The BLIS loop nest with the weight packed once and the activations packed per call:
 //!
-//! - **Weight** ([`PackedWeight`]): packed once per weight (F16/BF16 converted while packing) into
-//!   panels of [`NR`] output columns. Panel `j` holds `k` rows of `NR` values,
-//!   `W[j·NR + c][p]` at row `p`, column `c`, each row one 64-byte aligned [`PanelRow`]; columns
-//!   past `n` are zero. A k-block `[k0, k0 + kc)` of a panel is therefore one contiguous run,
-//!   whatever the block size.
+//! - **Weight** ([`PackedWeight`]): packed once per weight into panels of [`NR`] output columns.
+//!   Panel `j` holds `k` rows of `NR` values, `W[j·NR + c][p]` at row `p`, column `c`, each row
+//!   one 64-byte aligned [`PanelRow`] of f32 (F32 weights) or one 32-byte aligned [`HalfRow`]
+//!   of the file's 16-bit values (F16 and BF16 weights: half the memory; the kernels widen each
+//!   row to f32 in registers, exactly, so the sums are those of a converted panel, bit for bit;
+//!   tested). Columns past `n` are zero. A k-block `[k0, k0 + kc)` of a panel is therefore one
+//!   contiguous run, whatever the block size.
 //! - **Activations**: per (m-block, k-block), copied into panels of [`MR`] rows, `kc` steps of
 //!   `MR` values each (rows past `m` are zero). The AVX-512 kernel reads them in place instead
 //!   (twelve row pointers; a row past `m` repeats the last one and is dropped at the store).
@@ -78,13 +80,111 @@ pub(crate) struct PanelRow(pub(crate) [f32; NR]);
 
 const _: () = assert!(std::mem::size_of::<PanelRow>() == NR * 4);
 
+/// One k-step of a weight panel kept in 16 bits, as the file stores it: F16 (`BF = false`) or
+/// BF16 (`BF = true`). Half the memory of [`PanelRow`]; the kernels widen each row to f32 in
+/// registers (`vcvtph2ps`, or a 16-bit shift for BF16). Every F16 and BF16 value is exactly an
+/// f32, so the products equal those of a panel converted while packing, bit for bit.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(C, align(32))]
+pub(crate) struct HalfRow<const BF: bool>(pub(crate) [u16; NR]);
+
+const _: () = assert!(std::mem::size_of::<HalfRow<false>>() == NR * 2);
+
+/// A row type of packed weight panels: [`PanelRow`] (f32) or [`HalfRow`] (F16/BF16 widened on
+/// load). The kernels are generic over it; each load yields exactly the f32 weight.
+pub(crate) trait Panel: Copy + Send + Sync + PartialEq + std::fmt::Debug + 'static {
+    /// A row of zeros (the padding columns past `n`).
+    const ZERO: Self;
+    /// Column `c` as f32.
+    fn get(&self, c: usize) -> f32;
+    /// Columns `8h .. 8h + 8` as f32.
+    ///
+    /// # Safety
+    /// `row` points to a readable, aligned row; `h` is 0 or 1. Only called from functions built
+    /// with AVX2, FMA and F16C, into which it is inlined.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn ymm(row: *const Self, h: usize) -> std::arch::x86_64::__m256;
+    /// All 16 columns as f32.
+    ///
+    /// # Safety
+    /// `row` points to a readable, aligned row. Only called from functions built with AVX-512 F,
+    /// into which it is inlined.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn zmm(row: *const Self) -> std::arch::x86_64::__m512;
+}
+
+impl Panel for PanelRow {
+    const ZERO: Self = PanelRow([0.0; NR]);
+    #[inline(always)]
+    fn get(&self, c: usize) -> f32 {
+        self.0[c]
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn ymm(row: *const Self, h: usize) -> std::arch::x86_64::__m256 {
+        std::arch::x86_64::_mm256_load_ps(row.cast::<f32>().add(8 * h))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn zmm(row: *const Self) -> std::arch::x86_64::__m512 {
+        std::arch::x86_64::_mm512_load_ps(row.cast::<f32>())
+    }
+}
+
+impl<const BF: bool> Panel for HalfRow<BF> {
+    const ZERO: Self = HalfRow([0; NR]);
+    #[inline(always)]
+    fn get(&self, c: usize) -> f32 {
+        if BF {
+            f32::from_bits(u32::from(self.0[c]) << 16)
+        } else {
+            half::f16::from_bits(self.0[c]).to_f32()
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn ymm(row: *const Self, h: usize) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        let v = _mm_load_si128(row.cast::<u16>().add(8 * h).cast());
+        if BF {
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(v)))
+        } else {
+            _mm256_cvtph_ps(v)
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn zmm(row: *const Self) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        let v = _mm256_load_si256(row.cast());
+        if BF {
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(v)))
+        } else {
+            _mm512_cvtph_ps(v)
+        }
+    }
+}
+
+/// F16 weight panel rows.
+pub(crate) type F16Row = HalfRow<false>;
+/// BF16 weight panel rows.
+pub(crate) type Bf16Row = HalfRow<true>;
+
 /// A float weight `[n, k]` packed for the micro-kernel (see the module docs for the layout).
 #[derive(Clone, PartialEq)]
 pub(crate) struct PackedWeight {
     n: usize,
     k: usize,
-    /// `n.div_ceil(NR)` panels of `k` rows.
-    rows: Vec<PanelRow>,
+    /// `n.div_ceil(NR)` panels of `k` rows, in the weight's own float width.
+    panels: Panels,
+}
+
+/// The panels of a [`PackedWeight`]: F32 weights as f32, F16 and BF16 ones in 16 bits.
+#[derive(Clone, PartialEq)]
+enum Panels {
+    F32(Vec<PanelRow>),
+    F16(Vec<F16Row>),
+    Bf16(Vec<Bf16Row>),
 }
 
 impl std::fmt::Debug for PackedWeight {
@@ -107,40 +207,74 @@ impl PackedWeight {
         if !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
             return Err(format!("{ty} is not a float type"));
         }
-        if n == 0 || k == 0 || n.checked_mul(row_bytes) != Some(bytes.len()) {
+        let width = if ty == GgmlType::F32 { 4 } else { 2 };
+        if n == 0
+            || k == 0
+            || k.checked_mul(width) != Some(row_bytes)
+            || n.checked_mul(row_bytes) != Some(bytes.len())
+        {
             return Err(format!(
                 "{} bytes for {n} rows of {k} {ty} ({row_bytes} bytes each)",
                 bytes.len()
             ));
         }
-        let panels = n.div_ceil(NR);
-        let mut rows = vec![PanelRow([0.0; NR]); panels * k];
-        let failed = std::sync::Mutex::new(None);
-        team.for_each_chunk(&mut rows, k, |panel, dst| {
-            let mut row = vec![0.0f32; k];
-            for c in 0..NR.min(n - panel * NR) {
-                let r = panel * NR + c;
-                let src = &bytes[r * row_bytes..(r + 1) * row_bytes];
-                if let Err(e) = kiln_quant::dequantize(ty, src, &mut row) {
-                    *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
-                    return;
-                }
-                for (d, &v) in dst.iter_mut().zip(&row) {
-                    d.0[c] = v;
-                }
+        let panels = match ty {
+            GgmlType::F16 => Panels::F16(pack_halves(team, bytes, n, k, row_bytes)),
+            GgmlType::BF16 => Panels::Bf16(pack_halves(team, bytes, n, k, row_bytes)),
+            _ => {
+                let mut rows = vec![PanelRow::ZERO; n.div_ceil(NR) * k];
+                team.for_each_chunk(&mut rows, k, |panel, dst| {
+                    for c in 0..NR.min(n - panel * NR) {
+                        let r = panel * NR + c;
+                        let src = &bytes[r * row_bytes..(r + 1) * row_bytes];
+                        for (d, v) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                            d.0[c] = f32::from_le_bytes([v[0], v[1], v[2], v[3]]);
+                        }
+                    }
+                });
+                Panels::F32(rows)
             }
-        });
-        if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
-            return Err(e);
-        }
-        Ok(PackedWeight { n, k, rows })
+        };
+        Ok(PackedWeight { n, k, panels })
     }
 
-    /// Rows `[k0, k0 + kc)` of panel `panel`.
-    fn block(&self, panel: usize, k0: usize, kc: usize) -> &[PanelRow] {
-        let start = panel * self.k + k0;
-        &self.rows[start..start + kc]
+    /// The memory the panels take, in bytes.
+    #[cfg(test)]
+    fn bytes(&self) -> usize {
+        match &self.panels {
+            Panels::F32(r) => std::mem::size_of_val(&r[..]),
+            Panels::F16(r) => std::mem::size_of_val(&r[..]),
+            Panels::Bf16(r) => std::mem::size_of_val(&r[..]),
+        }
     }
+}
+
+/// `n` rows of `k` 16-bit floats (`row_bytes` = `2k` each, checked by the caller) as panels of
+/// [`HalfRow`]s, the bits copied unchanged; panels filled in parallel on `team`.
+fn pack_halves<const BF: bool>(
+    team: &Team,
+    bytes: &[u8],
+    n: usize,
+    k: usize,
+    row_bytes: usize,
+) -> Vec<HalfRow<BF>> {
+    let mut rows = vec![HalfRow::<BF>::ZERO; n.div_ceil(NR) * k];
+    team.for_each_chunk(&mut rows, k, |panel, dst| {
+        for c in 0..NR.min(n - panel * NR) {
+            let r = panel * NR + c;
+            let src = &bytes[r * row_bytes..(r + 1) * row_bytes];
+            for (d, v) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                d.0[c] = u16::from_le_bytes([v[0], v[1]]);
+            }
+        }
+    });
+    rows
+}
+
+/// Rows `[k0, k0 + kc)` of panel `panel` of a weight of `k` steps.
+fn block<P>(rows: &[P], k: usize, panel: usize, k0: usize, kc: usize) -> &[P] {
+    let start = panel * k + k0;
+    &rows[start..start + kc]
 }
 
 /// Which micro-kernel runs.
@@ -241,6 +375,42 @@ pub(crate) struct Exec<'a> {
     pub(crate) isa: Isa,
     /// A team of one thread runs every task on the calling thread.
     pub(crate) team: &'a Team,
+    /// BF16 weights go through `vdpbf16ps` (see [`bf16_dot_available`]). Only true where the
+    /// CPU has AVX-512 F/BW and AVX512_BF16 and `isa` is [`Isa::Avx512`] ([`Exec::new`]).
+    bf16_dot: bool,
+}
+
+impl<'a> Exec<'a> {
+    /// `isa` on `team`; with `bf16_dot`, BF16 weights through `vdpbf16ps` where
+    /// [`bf16_dot_available`] says this CPU and `isa` have it (exact f32 products elsewhere).
+    pub(crate) fn new(isa: Isa, team: &'a Team, bf16_dot: bool) -> Exec<'a> {
+        Exec {
+            isa,
+            team,
+            bf16_dot: bf16_dot && bf16_dot_available(isa),
+        }
+    }
+}
+
+/// Whether products of BF16 weights can run on `vdpbf16ps` with `isa`: the AVX-512 kernel on a
+/// CPU with AVX512_BF16 (Cooper Lake, Sapphire Rapids, Zen 4 and later).
+///
+/// That path rounds each activation to BF16 (round to nearest even, subnormals flushed to
+/// zero, as `vcvtneps2bf16` does) and multiplies pairs of BF16 values, each product exact,
+/// added into the f32 sum one at a time: twice the products per instruction of the f32 FMA,
+/// with an activation error of at most 2⁻⁹ relative, as llama.cpp's BF16 path has. Its results
+/// are therefore not those of the other kernels (which widen the weights and keep the
+/// activations in f32); they are the same for any thread count and batch.
+pub(crate) fn bf16_dot_available(isa: Isa) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        isa == Isa::Avx512 && is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        false
+    }
 }
 
 /// `y = x · Wᵀ (+ bias)` as a new row-major `[m, w.n]` vector (`x` row-major `[m, w.k]`), on
@@ -286,17 +456,44 @@ pub(crate) fn sgemm(
         len,
         ld: n,
     };
-    let run = |t: usize| task(exec.isa, &plan, t, x, w, bias, gelu, &out);
-    let flops = len.saturating_mul(k).saturating_mul(2);
-    if exec.team.threads() > 1 && flops >= PARALLEL_MIN_FLOPS && plan.tasks() > 1 {
-        exec.team.run(plan.tasks(), run);
-    } else {
-        (0..plan.tasks()).for_each(run);
+    match &w.panels {
+        Panels::F32(rows) => run_tasks(exec, &plan, x, rows, bias, gelu, &out),
+        Panels::F16(rows) => run_tasks(exec, &plan, x, rows, bias, gelu, &out),
+        #[cfg(target_arch = "x86_64")]
+        Panels::Bf16(rows) if exec.bf16_dot => {
+            bf16_dot::run(exec, &plan, x, rows, bias, gelu, &out)
+        }
+        Panels::Bf16(rows) => run_tasks(exec, &plan, x, rows, bias, gelu, &out),
     }
     // Every element has been written: the tasks' rectangles cover `y` (`Plan::task`), and a
     // task's first k-block stores every element of each tile of its rectangle
     // (`Epilogue::first`, in `store_tile` and the AVX2 kernel).
     Ok(y)
+}
+
+/// Every task of `plan` over the weight panels `w`, on the team when the product is large enough.
+fn run_tasks<P: Panel>(
+    exec: Exec<'_>,
+    plan: &Plan,
+    x: &[f32],
+    w: &[P],
+    bias: Option<&[f32]>,
+    gelu: bool,
+    out: &Out,
+) {
+    each_task(exec, plan, |t| {
+        task(exec.isa, plan, t, x, w, bias, gelu, out)
+    });
+}
+
+/// `run(t)` for every task of `plan`, on the team when the product is large enough.
+fn each_task(exec: Exec<'_>, plan: &Plan, run: impl Fn(usize) + Sync) {
+    let flops = (plan.m * plan.n).saturating_mul(plan.k).saturating_mul(2);
+    if exec.team.threads() > 1 && flops >= PARALLEL_MIN_FLOPS && plan.tasks() > 1 {
+        exec.team.run(plan.tasks(), run);
+    } else {
+        (0..plan.tasks()).for_each(run);
+    }
 }
 
 /// `y` as the tasks see it: a row-major `[len / ld, ld]` buffer, of stale contents until the
@@ -339,12 +536,12 @@ struct Epilogue<'a> {
 
 /// One task: every k-block of the rectangle `plan.task(t)`.
 #[allow(clippy::too_many_arguments)]
-fn task(
+fn task<P: Panel>(
     isa: Isa,
     plan: &Plan,
     t: usize,
     x: &[f32],
-    w: &PackedWeight,
+    w: &[P],
     bias: Option<&[f32]>,
     gelu: bool,
     out: &Out,
@@ -380,11 +577,11 @@ thread_local! {
 
 /// The k-blocks of one task's rectangle, with `apack` holding the task's activation panels.
 #[allow(clippy::too_many_arguments)]
-fn task_blocks(
+fn task_blocks<P: Panel>(
     isa: Isa,
     plan: &Plan,
     x: &[f32],
-    w: &PackedWeight,
+    w: &[P],
     bias: Option<&[f32]>,
     gelu: bool,
     out: &Out,
@@ -412,7 +609,10 @@ fn task_blocks(
                     bias: bias.filter(|_| last).map(|b| &b[c0..c0 + cols]),
                     gelu: gelu && last,
                 };
-                let b = [w.block(panel, k0, kc), w.block(panel + np - 1, k0, kc)];
+                let b = [
+                    block(w, k, panel, k0, kc),
+                    block(w, k, panel + np - 1, k0, kc),
+                ];
                 let mut row = r0;
                 while row < r1 {
                     let n_rows = (r1 - row).min(2 * MR);
@@ -433,7 +633,7 @@ fn task_blocks(
         pack_activations(isa, x, k, r0, r1, k0, kc, apack);
         // The AVX2 and scalar kernels: packed activation panels.
         for panel in p0..p1 {
-            let b = w.block(panel, k0, kc);
+            let b = block(w, k, panel, k0, kc);
             let c0 = panel * NR;
             let cols = NR.min(plan.n - c0);
             let last = k0 + kc == k;
@@ -565,11 +765,11 @@ pub(crate) fn fma_tile(isa: Isa, kc: usize, a: &[f32], b: &[PanelRow]) -> [[f32;
 /// The `rows × cols` tile of `y` at `(r0, c0)` from `kc` steps of an activation panel `a`
 /// (`kc × MR`) and a weight block `b` (`kc` rows).
 #[allow(clippy::too_many_arguments)]
-fn tile(
+fn tile<P: Panel>(
     isa: Isa,
     kc: usize,
     a: &[f32],
-    b: &[PanelRow],
+    b: &[P],
     out: &Out,
     r0: usize,
     c0: usize,
@@ -597,8 +797,8 @@ fn tile(
             let mut acc = [[0.0f32; NR]; MR];
             for (ap, bp) in a.chunks_exact(MR).zip(&b[..kc]) {
                 for (acc_row, &av) in acc.iter_mut().zip(ap) {
-                    for (c, &bv) in acc_row.iter_mut().zip(&bp.0) {
-                        *c += av * bv;
+                    for (col, c) in acc_row.iter_mut().enumerate() {
+                        *c += av * bp.get(col);
                     }
                 }
             }
@@ -623,10 +823,10 @@ struct Rows<'a> {
 /// or two neighbouring ones (`cols` ≤ 16 or ≤ 32), stored at `(r0, c0)` of `y` as `ep` says.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-fn tile_in_place(
+fn tile_in_place<P: Panel>(
     kc: usize,
     a: Rows<'_>,
-    b: [&[PanelRow]; 2],
+    b: [&[P]; 2],
     out: &Out,
     r0: usize,
     c0: usize,
@@ -670,10 +870,10 @@ fn tile_in_place(
     // writes.
     unsafe {
         match (mp, np) {
-            (1, 1) => avx512::tile::<1, 1>(kc, &src, b0, b1, out, r0, c0, rows, cols, ep),
-            (1, _) => avx512::tile::<1, 2>(kc, &src, b0, b1, out, r0, c0, rows, cols, ep),
-            (_, 1) => avx512::tile::<2, 1>(kc, &src, b0, b1, out, r0, c0, rows, cols, ep),
-            _ => avx512::tile::<2, 2>(kc, &src, b0, b1, out, r0, c0, rows, cols, ep),
+            (1, 1) => avx512::tile::<P, 1, 1>(kc, &src, b0, b1, out, r0, c0, rows, cols, ep),
+            (1, _) => avx512::tile::<P, 1, 2>(kc, &src, b0, b1, out, r0, c0, rows, cols, ep),
+            (_, 1) => avx512::tile::<P, 2, 1>(kc, &src, b0, b1, out, r0, c0, rows, cols, ep),
+            _ => avx512::tile::<P, 2, 2>(kc, &src, b0, b1, out, r0, c0, rows, cols, ep),
         }
     }
 }
@@ -713,7 +913,7 @@ fn store_tile(
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{store_tile, Epilogue, Out, PanelRow, MR, NR};
+    use super::{store_tile, Epilogue, Out, Panel, MR, NR};
 
     /// One activation panel: `dst[p·MR + i] = rows[i][p]` for `p < kc`, `kc = dst.len() / MR`,
     /// transposing 6 × 8 blocks in registers (unpack, shuffle, then 4 + 2 value stores per
@@ -786,19 +986,19 @@ mod avx2 {
     /// Only called from functions built with AVX2 and FMA enabled, into which it is inlined
     /// (a function of its own with the features could not be forced inline).
     #[inline(always)]
-    pub(crate) unsafe fn accumulate(
+    pub(crate) unsafe fn accumulate<P: Panel>(
         kc: usize,
         a: *const f32,
-        b: *const PanelRow,
+        b: *const P,
     ) -> [__m256; 2 * MR] {
         let mut acc = [_mm256_setzero_ps(); 2 * MR];
-        let (mut a, mut b) = (a, b.cast::<f32>());
-        // One k-step `s` past the current position: two aligned weight loads (a `PanelRow` is
-        // 16 f32 on a 64-byte boundary), then six broadcasts, each feeding two FMAs.
+        let (mut a, mut b) = (a, b);
+        // One k-step `s` past the current position: two aligned weight loads (widened to f32
+        // for 16-bit panels), then six broadcasts, each feeding two FMAs.
         macro_rules! step {
             ($s:expr) => {
-                let b0 = _mm256_load_ps(b.add($s * NR));
-                let b1 = _mm256_load_ps(b.add($s * NR + 8));
+                let b0 = P::ymm(b.add($s), 0);
+                let b1 = P::ymm(b.add($s), 1);
                 for i in 0..MR {
                     let ai = _mm256_broadcast_ss(&*a.add($s * MR + i));
                     acc[2 * i] = _mm256_fmadd_ps(ai, b0, acc[2 * i]);
@@ -815,12 +1015,12 @@ mod avx2 {
             step!(2);
             step!(3);
             a = a.add(4 * MR);
-            b = b.add(4 * NR);
+            b = b.add(4);
         }
         for _ in 0..kc % 4 {
             step!(0);
             a = a.add(MR);
-            b = b.add(NR);
+            b = b.add(1);
         }
         acc
     }
@@ -832,12 +1032,12 @@ mod avx2 {
     /// The CPU has AVX2 and FMA; `a` points to `kc·MR` readable values and `b` to `kc` rows;
     /// the `rows × cols` tile at `(r0, c0)` fits `out` (`Out::tile_fits`), `ep.bias` holds at
     /// least `cols` values, and no other thread accesses that tile.
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn tile(
+    pub(super) unsafe fn tile<P: Panel>(
         kc: usize,
         a: *const f32,
-        b: *const PanelRow,
+        b: *const P,
         out: &Out,
         r0: usize,
         c0: usize,
@@ -889,7 +1089,7 @@ mod avx2 {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{store_tile, Epilogue, Out, PanelRow, MR, NR};
+    use super::{store_tile, Epilogue, Out, Panel, PanelRow, MR, NR};
 
     /// The sums of one 6 × 16 tile: `acc[i]` holds `Σ_p a[p·MR + i] · b[p]`, one FMA per step
     /// in order `p = 0, 1, …`, as `super::avx2::accumulate` (identical bits) in half the
@@ -917,21 +1117,20 @@ mod avx512 {
     /// # Safety
     /// As [`tile`]'s.
     #[inline(always)]
-    unsafe fn accumulate_wide<const MP: usize, const NP: usize>(
+    unsafe fn accumulate_wide<P: Panel, const MP: usize, const NP: usize>(
         kc: usize,
         a: [*const f32; 2 * MR],
-        b0: *const PanelRow,
-        b1: *const PanelRow,
+        b0: *const P,
+        b1: *const P,
     ) -> [[[__m512; NP]; MR]; MP] {
         let mut acc = [[[_mm512_setzero_ps(); NP]; MR]; MP];
-        let (b0, b1) = (b0.cast::<f32>(), b1.cast::<f32>());
-        // One k-step `p`: the weight rows of the `NP` panels, then one broadcast per activation
-        // row, each feeding `NP` FMAs.
+        // One k-step `p`: the weight rows of the `NP` panels (widened to f32 for 16-bit
+        // panels), then one broadcast per activation row, each feeding `NP` FMAs.
         macro_rules! step {
             ($p:expr) => {
                 let w = [
-                    _mm512_load_ps(b0.add($p * NR)),
-                    _mm512_load_ps(b1.add(if NP == 2 { $p * NR } else { 0 })),
+                    P::zmm(b0.add($p)),
+                    P::zmm(b1.add(if NP == 2 { $p } else { 0 })),
                 ];
                 for (m, rows) in acc.iter_mut().enumerate() {
                     for (i, sums) in rows.iter_mut().enumerate() {
@@ -968,13 +1167,13 @@ mod avx512 {
     /// read only when `NP == 2`); `rows` ≤ `6·MP` and `cols` ≤ `16·NP`, with every sub-tile
     /// inside `out` (`Out::tile_fits`) and not accessed by another thread; `ep.bias` holds at
     /// least `cols` values.
-    #[target_feature(enable = "avx2,fma,avx512f")]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn tile<const MP: usize, const NP: usize>(
+    pub(super) unsafe fn tile<P: Panel, const MP: usize, const NP: usize>(
         kc: usize,
         a: &[*const f32; 2 * MR],
-        b0: *const PanelRow,
-        b1: *const PanelRow,
+        b0: *const P,
+        b1: *const P,
         out: &Out,
         r0: usize,
         c0: usize,
@@ -982,7 +1181,29 @@ mod avx512 {
         cols: usize,
         ep: Epilogue<'_>,
     ) {
-        let acc = accumulate_wide::<MP, NP>(kc, *a, b0, b1);
+        let acc = accumulate_wide::<P, MP, NP>(kc, *a, b0, b1);
+        store(&acc, out, r0, c0, rows, cols, ep);
+    }
+
+    /// Stores the `6·MP × 16·NP` sums of a wide tile at `(r0, c0)` of `y` as `ep` says: full
+    /// 6 × 16 sub-tiles here, with the AVX2 kernel's roundings, the others through
+    /// `store_tile`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F; `rows` ≤ `6·MP` and `cols` ≤ `16·NP`, every sub-tile inside `out`
+    /// (`Out::tile_fits`) and not accessed by another thread; `ep.bias` holds at least `cols`
+    /// values. Only called from functions built with AVX-512 F, into which it is inlined.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn store<const MP: usize, const NP: usize>(
+        acc: &[[[__m512; NP]; MR]; MP],
+        out: &Out,
+        r0: usize,
+        c0: usize,
+        rows: usize,
+        cols: usize,
+        ep: Epilogue<'_>,
+    ) {
         for (m, sub_rows) in acc.iter().enumerate() {
             let (row0, nrows) = (r0 + m * MR, rows.saturating_sub(m * MR).min(MR));
             for j in 0..NP {
@@ -1025,6 +1246,252 @@ mod avx512 {
     }
 }
 
+/// Products of BF16 weights on `vdpbf16ps` (see [`bf16_dot_available`]): the activations are
+/// rounded to BF16 once per call; each task then walks its rectangle as the AVX-512 kernel does
+/// (12 × 32 tiles, activations read in place), two k-steps per instruction.
+#[cfg(target_arch = "x86_64")]
+mod bf16_dot {
+    use std::arch::x86_64::*;
+
+    use super::{each_task, Bf16Row, Epilogue, Exec, Out, Plan, MR, NR};
+
+    /// `y = x · Wᵀ (+ bias)` for BF16 panels `w`, as [`super::sgemm`] runs it.
+    pub(super) fn run(
+        exec: Exec<'_>,
+        plan: &Plan,
+        x: &[f32],
+        w: &[Bf16Row],
+        bias: Option<&[f32]>,
+        gelu: bool,
+        out: &Out,
+    ) {
+        assert!(exec.bf16_dot && x.len() == plan.m * plan.k && w.len() >= plan.k);
+        let xb = to_bf16(x);
+        each_task(exec, plan, |t| task(plan, t, &xb, w, bias, gelu, out));
+    }
+
+    /// `x` rounded to BF16 as `vcvtneps2bf16` rounds (nearest even, subnormals to zero).
+    fn to_bf16(x: &[f32]) -> Vec<u16> {
+        let mut dst = vec![0u16; x.len()];
+        // SAFETY: `run` is only reached with `Exec::bf16_dot`, which `Exec::new` sets only where
+        // the CPU has AVX-512 F/BW and AVX512_BF16; the lengths are equal.
+        unsafe { convert(x, &mut dst) };
+        dst
+    }
+
+    /// # Safety
+    /// The CPU has AVX-512 F, BW and BF16; `dst.len() == src.len()`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn convert(src: &[f32], dst: &mut [u16]) {
+        let n = src.len();
+        let mut i = 0;
+        while i < n {
+            // The tail through a masked load, so every value takes the same instruction.
+            let lanes = (n - i).min(16);
+            let mask: __mmask16 = if lanes == 16 { !0 } else { (1u16 << lanes) - 1 };
+            let v = _mm512_maskz_loadu_ps(mask, src.as_ptr().add(i));
+            let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(v));
+            _mm256_mask_storeu_epi16(dst.as_mut_ptr().add(i).cast(), mask, h);
+            i += 16;
+        }
+    }
+
+    /// Every k-block of the rectangle `plan.task(t)`, in tiles of two weight panels by twelve
+    /// rows (fewer at the ends).
+    fn task(
+        plan: &Plan,
+        t: usize,
+        xb: &[u16],
+        w: &[Bf16Row],
+        bias: Option<&[f32]>,
+        gelu: bool,
+        out: &Out,
+    ) {
+        let (r0, r1, p0, p1) = plan.task(t);
+        let k = plan.k;
+        for k0 in (0..k).step_by(plan.kc) {
+            let kc = plan.kc.min(k - k0);
+            let last = k0 + kc == k;
+            let mut panel = p0;
+            while panel < p1 {
+                let np = (p1 - panel).min(2);
+                let c0 = panel * NR;
+                let cols = (np * NR).min(plan.n - c0);
+                let ep = Epilogue {
+                    first: k0 == 0,
+                    bias: bias.filter(|_| last).map(|b| &b[c0..c0 + cols]),
+                    gelu: gelu && last,
+                };
+                let b = [
+                    super::block(w, k, panel, k0, kc),
+                    super::block(w, k, panel + np - 1, k0, kc),
+                ];
+                let mut row = r0;
+                while row < r1 {
+                    let rows = (r1 - row).min(2 * MR);
+                    tile(kc, xb, k, row, k0, b, out, c0, cols, rows, ep);
+                    row += rows;
+                }
+                panel += np;
+            }
+        }
+    }
+
+    /// The tile of rows `[r0, r0 + rows)` and columns `[c0, c0 + cols)` of `y` (`b[0]` the
+    /// panel of column `c0`, `b[1]` the next one or `b[0]` again) over steps `[k0, k0 + kc)`.
+    #[allow(clippy::too_many_arguments)]
+    fn tile(
+        kc: usize,
+        xb: &[u16],
+        k: usize,
+        r0: usize,
+        k0: usize,
+        b: [&[Bf16Row]; 2],
+        out: &Out,
+        c0: usize,
+        cols: usize,
+        rows: usize,
+        ep: Epilogue<'_>,
+    ) {
+        let (mp, np) = (rows.div_ceil(MR), cols.div_ceil(NR));
+        assert!(
+            kc >= 1
+                && (1..=2 * MR).contains(&rows)
+                && k0 + kc <= k
+                && (r0 + rows)
+                    .checked_mul(k)
+                    .is_some_and(|end| end <= xb.len())
+                && (1..=2).contains(&np)
+                && b.iter().all(|b| b.len() >= kc)
+                && (0..mp).all(|i| {
+                    (0..np).all(|j| {
+                        out.tile_fits(
+                            r0 + i * MR,
+                            c0 + j * NR,
+                            (rows - i * MR).min(MR),
+                            (cols - j * NR).min(NR),
+                        )
+                    })
+                })
+                && ep.bias.is_none_or(|v| v.len() >= cols),
+            "bf16 tile out of bounds"
+        );
+        // Rows past the last are the last one again: computed, then dropped at the store.
+        let src: [*const u16; 2 * MR] =
+            std::array::from_fn(|i| xb[(r0 + i.min(rows - 1)) * k + k0..].as_ptr());
+        let (b0, b1) = (b[0].as_ptr(), b[1].as_ptr());
+        // SAFETY: `Exec::bf16_dot` (checked in `run`) exists only where the CPU has AVX-512
+        // F/BW and AVX512_BF16; the assert proves each source row holds `kc` values from `k0`,
+        // each weight block `kc` rows, and every 6 × 16 sub-tile (and the bias) lies inside
+        // `out`, which no other task writes.
+        unsafe {
+            match (mp, np) {
+                (1, 1) => wide::<1, 1>(kc, &src, b0, b1, out, r0, c0, rows, cols, ep),
+                (1, _) => wide::<1, 2>(kc, &src, b0, b1, out, r0, c0, rows, cols, ep),
+                (_, 1) => wide::<2, 1>(kc, &src, b0, b1, out, r0, c0, rows, cols, ep),
+                _ => wide::<2, 2>(kc, &src, b0, b1, out, r0, c0, rows, cols, ep),
+            }
+        }
+    }
+
+    /// Lane `2c` ← column `c` of the first of two 16-value rows, lane `2c + 1` ← column `c` of
+    /// the second: the pairs `vdpbf16ps` multiplies.
+    const PAIRS: [u16; 32] = {
+        let mut idx = [0u16; 32];
+        let mut l = 0;
+        while l < 32 {
+            idx[l] = if l % 2 == 0 {
+                (l / 2) as u16
+            } else {
+                16 + (l / 2) as u16
+            };
+            l += 1;
+        }
+        idx
+    };
+
+    /// The `6·MP × 16·NP` tile: per pair of k-steps, `NP` weight loads (two panel rows each,
+    /// interleaved into column pairs by one `vpermw`) and `6·MP` broadcasts of an activation
+    /// pair, each feeding `NP` `vdpbf16ps`; an odd last step pairs with zeros. Then the AVX-512
+    /// kernel's stores.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW and AVX512_BF16; `a[i]` points to `kc` readable values, `b0`
+    /// and `b1` to `kc` rows each (`b1` read only when `NP == 2`); `rows` ≤ `6·MP`, `cols` ≤
+    /// `16·NP`, every sub-tile inside `out` and not accessed by another thread; `ep.bias` holds
+    /// at least `cols` values.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512bf16")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn wide<const MP: usize, const NP: usize>(
+        kc: usize,
+        a: &[*const u16; 2 * MR],
+        b0: *const Bf16Row,
+        b1: *const Bf16Row,
+        out: &Out,
+        r0: usize,
+        c0: usize,
+        rows: usize,
+        cols: usize,
+        ep: Epilogue<'_>,
+    ) {
+        let acc = accumulate::<MP, NP>(kc, *a, b0, b1);
+        super::avx512::store(&acc, out, r0, c0, rows, cols, ep);
+    }
+
+    /// The sums of [`wide`], by value (kept in registers).
+    ///
+    /// # Safety
+    /// As [`wide`]'s; inlined into it.
+    #[inline(always)]
+    unsafe fn accumulate<const MP: usize, const NP: usize>(
+        kc: usize,
+        a: [*const u16; 2 * MR],
+        b0: *const Bf16Row,
+        b1: *const Bf16Row,
+    ) -> [[[__m512; NP]; MR]; MP] {
+        let mut acc = [[[_mm512_setzero_ps(); NP]; MR]; MP];
+        let pairs = _mm512_loadu_si512(PAIRS.as_ptr().cast());
+        let b = [b0, b1];
+        let mut p = 0;
+        while p + 2 <= kc {
+            // Rows p and p + 1 of each panel: 64 contiguous bytes.
+            let w: [__m512i; 2] = std::array::from_fn(|j| {
+                let row = b[if NP == 2 { j } else { 0 }].add(p);
+                _mm512_permutexvar_epi16(pairs, _mm512_loadu_si512(row.cast()))
+            });
+            for (m, rows) in acc.iter_mut().enumerate() {
+                for (i, sums) in rows.iter_mut().enumerate() {
+                    let pair = a[m * MR + i].add(p).cast::<i32>().read_unaligned();
+                    let ai: __m512bh = std::mem::transmute(_mm512_set1_epi32(pair));
+                    for (j, s) in sums.iter_mut().enumerate() {
+                        let wj: __m512bh = std::mem::transmute(w[j]);
+                        *s = _mm512_dpbf16_ps(*s, ai, wj);
+                    }
+                }
+            }
+            p += 2;
+        }
+        if p < kc {
+            // The odd last step: each weight with a zero above it, each activation likewise.
+            let w: [__m512i; 2] = std::array::from_fn(|j| {
+                let row = b[if NP == 2 { j } else { 0 }].add(p);
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256(row.cast()))
+            });
+            for (m, rows) in acc.iter_mut().enumerate() {
+                for (i, sums) in rows.iter_mut().enumerate() {
+                    let one = i32::from(a[m * MR + i].add(p).read());
+                    let ai: __m512bh = std::mem::transmute(_mm512_set1_epi32(one));
+                    for (j, s) in sums.iter_mut().enumerate() {
+                        let wj: __m512bh = std::mem::transmute(w[j]);
+                        *s = _mm512_dpbf16_ps(*s, ai, wj);
+                    }
+                }
+            }
+        }
+        acc
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1052,7 +1519,7 @@ mod tests {
     }
 
     fn exec(team: &Team, isa: Isa) -> Exec<'_> {
-        Exec { isa, team }
+        Exec::new(isa, team, false)
     }
 
     fn isas() -> Vec<Isa> {
@@ -1127,9 +1594,12 @@ mod tests {
         let (n, k) = (19, 5);
         let w: Vec<f32> = (0..n * k).map(|i| i as f32).collect();
         let p = pack_f32(&w, n, k);
-        assert_eq!(p.rows.len(), 2 * k);
+        let Panels::F32(rows) = &p.panels else {
+            panic!("F32 weights packed as {:?}", p)
+        };
+        assert_eq!(rows.len(), 2 * k);
         for panel in 0..2 {
-            for (step, row) in p.block(panel, 0, k).iter().enumerate() {
+            for (step, row) in block(rows, k, panel, 0, k).iter().enumerate() {
                 for c in 0..NR {
                     let j = panel * NR + c;
                     let want = if j < n { w[j * k + step] } else { 0.0 };
@@ -1137,23 +1607,91 @@ mod tests {
                 }
             }
         }
-        // Half-precision weights are converted while packing.
-        let h: Vec<u8> = w
-            .iter()
-            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
-            .collect();
-        assert_eq!(
-            PackedWeight::pack(&team(1), GgmlType::F16, &h, n, k, 2 * k).unwrap(),
-            p
-        );
-        let bf: Vec<u8> = w
-            .iter()
-            .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
-            .collect();
-        assert_eq!(
-            PackedWeight::pack(&team(1), GgmlType::BF16, &bf, n, k, 2 * k).unwrap(),
-            p
-        );
+        // Half-precision weights keep their 16 bits, in the same places: half the memory, and
+        // each value read back is the f32 one (these small integers are exact in both).
+        for ty in [GgmlType::F16, GgmlType::BF16] {
+            let h = pack_half(ty, &w, n, k);
+            assert_eq!(2 * h.bytes(), p.bytes());
+            let get = |panel: usize, step: usize, c: usize| match &h.panels {
+                Panels::F16(r) => block(r, k, panel, 0, k)[step].get(c),
+                Panels::Bf16(r) => block(r, k, panel, 0, k)[step].get(c),
+                Panels::F32(_) => panic!("{ty} packed as f32"),
+            };
+            for panel in 0..2 {
+                for step in 0..k {
+                    for c in 0..NR {
+                        assert_eq!(get(panel, step, c), rows[panel * k + step].0[c], "{ty}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// `w` rounded to `ty` (F16 or BF16) and packed from those bytes.
+    fn pack_half(ty: GgmlType, w: &[f32], n: usize, k: usize) -> PackedWeight {
+        let bytes: Vec<u8> = if ty == GgmlType::F16 {
+            w.iter()
+                .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+                .collect()
+        } else {
+            w.iter()
+                .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+                .collect()
+        };
+        PackedWeight::pack(&team(1), ty, &bytes, n, k, 2 * k).unwrap()
+    }
+
+    /// `w` rounded to `ty` (F16 or BF16), back in f32.
+    fn rounded(ty: GgmlType, w: &[f32]) -> Vec<f32> {
+        w.iter()
+            .map(|&v| {
+                if ty == GgmlType::F16 {
+                    half::f16::from_f32(v).to_f32()
+                } else {
+                    half::bf16::from_f32(v).to_f32()
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn half_panels_give_the_bits_of_panels_converted_to_f32() {
+        let (one, three) = (team(1), team(3));
+        // Edge tiles in m and n, one to three k-blocks, every epilogue, 1 and 3 threads, every
+        // kernel; F16 values include subnormals (|w| < 2⁻¹⁴ after the scaling).
+        for (m, n, k) in [
+            (1, 1, 1),
+            (5, 17, 9),
+            (13, 33, 384),
+            (25, 48, 385),
+            (40, 100, 1000),
+        ] {
+            let x = values(m * k, 21);
+            let w: Vec<f32> = values(n * k, 22)
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| if i % 7 == 0 { v * 1e-5 } else { v })
+                .collect();
+            let bias = values(n, 23);
+            for ty in [GgmlType::F16, GgmlType::BF16] {
+                let wide = pack_f32(&rounded(ty, &w), n, k);
+                let half = pack_half(ty, &w, n, k);
+                for isa in isas() {
+                    for (b, gelu) in [(None, false), (Some(&bias[..]), true)] {
+                        let want = sgemm(exec(&one, isa), &x, m, &wide, b, gelu).unwrap();
+                        for t in [&one, &three] {
+                            let got = sgemm(exec(t, isa), &x, m, &half, b, gelu).unwrap();
+                            assert!(
+                                want.iter()
+                                    .zip(&got)
+                                    .all(|(p, q)| p.to_bits() == q.to_bits()),
+                                "{ty} {isa:?} [{m}, {n}, {k}] gelu {gelu}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]
@@ -1163,6 +1701,10 @@ mod tests {
         assert!(PackedWeight::pack(&team(1), GgmlType::F32, &bytes, 3, 3, 12).is_err());
         assert!(PackedWeight::pack(&team(1), GgmlType::F32, &bytes, 2, 0, 0).is_err());
         assert!(PackedWeight::pack(&team(1), GgmlType::F32, &bytes, 2, 3, 12).is_ok());
+        // Rows of the wrong width for the type.
+        assert!(PackedWeight::pack(&team(1), GgmlType::F32, &bytes, 2, 2, 12).is_err());
+        assert!(PackedWeight::pack(&team(1), GgmlType::F16, &bytes, 2, 3, 12).is_err());
+        assert!(PackedWeight::pack(&team(1), GgmlType::BF16, &bytes, 2, 6, 12).is_ok());
     }
 
     #[test]
@@ -1271,6 +1813,54 @@ mod tests {
                         "[{m}, {n}, {k}] bias {} gelu {gelu}",
                         b.is_some()
                     );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_dot_matches_f64_with_activations_rounded_to_bf16() {
+        let isa = Isa::for_level(SimdLevel::Avx512Vnni);
+        if !bf16_dot_available(isa) {
+            eprintln!("skipped: this CPU lacks AVX512_BF16 ({isa:?})");
+            return;
+        }
+        assert!(!bf16_dot_available(Isa::Scalar) && !Exec::new(isa, &team(1), false).bf16_dot);
+        let (one, three) = (team(1), team(3));
+        // Odd and even k (an odd step at the end of a k-block), one to three k-blocks, edge
+        // tiles in m and n, partial two-panel tiles.
+        for (m, n, k) in [
+            (1, 1, 1),
+            (5, 17, 9),
+            (7, 20, 2),
+            (13, 33, 384),
+            (25, 48, 385),
+            (40, 100, 1000),
+        ] {
+            let (x, w, bias) = (values(m * k, 31), values(n * k, 32), values(n, 33));
+            let packed = pack_half(GgmlType::BF16, &w, n, k);
+            let xr = rounded(GgmlType::BF16, &x);
+            let wr = rounded(GgmlType::BF16, &w);
+            for b in [None, Some(&bias[..])] {
+                let y = sgemm(Exec::new(isa, &one, true), &x, m, &packed, b, false).unwrap();
+                check(&y, &xr, &wr, b, m, n, k);
+                let y3 = sgemm(Exec::new(isa, &three, true), &x, m, &packed, b, false).unwrap();
+                assert!(
+                    y.iter().zip(&y3).all(|(p, q)| p.to_bits() == q.to_bits()),
+                    "[{m}, {n}, {k}]: 3 threads differ from 1"
+                );
+                let fused = sgemm(Exec::new(isa, &three, true), &x, m, &packed, b, true).unwrap();
+                assert!(
+                    fused
+                        .iter()
+                        .zip(&y)
+                        .all(|(g, v)| g.to_bits() == crate::math::gelu(*v).to_bits()),
+                    "[{m}, {n}, {k}]: fused GELU"
+                );
+                if k >= 384 {
+                    // The activations' rounding shows: this is not the exact f32 path.
+                    let exact = sgemm(exec(&one, isa), &x, m, &packed, b, false).unwrap();
+                    assert!(exact.iter().zip(&y).any(|(p, q)| p != q), "[{m}, {n}, {k}]");
                 }
             }
         }

@@ -25,7 +25,8 @@ pub struct CpuWeight {
     pub(crate) bytes: SharedBytes,
     pub(crate) values: Option<Vec<f32>>,
     /// A float matrix packed for the dense GEMM (`sgemm`), made on first dense use (F16 and
-    /// BF16 converted while packing); the error is kept so every later call reports it.
+    /// BF16 kept in 16 bits, widened in registers); the error is kept so every later call
+    /// reports it.
     pub(crate) packed: OnceLock<std::result::Result<PackedWeight, String>>,
     /// A GPTQ 4-bit matrix (then `ty` is I32, the checkpoint's word type, and `bytes` empty).
     pub(crate) gptq: Option<Arc<GptqMatrix>>,
