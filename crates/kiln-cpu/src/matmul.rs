@@ -19,7 +19,10 @@
 //! Float weights (F32, F16, BF16) with at least [`DENSE_MIN_ROWS`] activation rows go through the
 //! packed GEMM of `sgemm` instead (weight packed once, bias added in its last store): at encoder
 //! batch sizes the product is bound by arithmetic, and a register-blocked kernel does several
-//! times the flops of row-by-row dots.
+//! times the flops of row-by-row dots. In batch-invariant mode, and at the AVX-512 levels (whose
+//! narrow tiles stream a one-row product's panels at one FMA per weight row), every product of
+//! a float weight goes through its panels, and the file's rows are handed back once packed
+//! (`panels_only`): one resident copy of a 16-bit model, not two.
 
 use kiln_backend::{shape_err, GptqMatrix, Linear, Result};
 
@@ -82,7 +85,16 @@ fn rows_per_task(n: usize, m: usize, threads: usize, row_bytes: usize) -> usize 
 
 /// Whether `x · Wᵀ` goes through the dense GEMM (float weight, enough rows).
 pub(crate) fn is_dense(cpu: &Context, x: &CpuTensor, lin: &Linear<CpuBackend>) -> bool {
-    is_float(lin.weight.ty) && (x.rows >= DENSE_MIN_ROWS || cpu.batch_invariant)
+    is_float(lin.weight.ty) && (x.rows >= DENSE_MIN_ROWS || panels_only(cpu))
+}
+
+/// Whether every product of a float weight goes through its packed panels, whatever the number
+/// of rows: in batch-invariant mode (one path for every batch), and with the AVX-512 kernel,
+/// whose narrow tiles stream a one-row product's panels at one FMA per weight row. The rows of
+/// the file are then never read again after packing, and their pages are handed back: a 16-bit
+/// model keeps one copy of its weights, not the file's and the panels'.
+fn panels_only(cpu: &Context) -> bool {
+    cpu.batch_invariant || Isa::for_level(cpu.simd) == Isa::Avx512
 }
 
 /// `x · Wᵀ (+ bias)`; with `gelu` (dense products only, see [`is_dense`]) the exact GELU of
@@ -113,7 +125,7 @@ pub(crate) fn matmul(
         return CpuTensor::new(y, m, n);
     }
     if is_dense(cpu, x, lin) {
-        let packed = w.dense_packed(&cpu.team)?;
+        let packed = w.dense_packed(&cpu.team, panels_only(cpu))?;
         let bias = match &lin.bias {
             Some(b) => Some(b.vector("matmul bias")?),
             None => None,

@@ -869,7 +869,19 @@ fn tile_in_place<P: Panel>(
     // rows, and every 6 × 16 sub-tile (and the bias) lies inside `out`, which no other task
     // writes.
     unsafe {
+        match (rows, np) {
+            // Few rows (decode): tiles of as many accumulators as rows, so a one-row product
+            // does one FMA per weight row, not six.
+            (1, 1) => avx512::narrow::<P, 1, 1>(kc, &src, b0, b1, out, r0, c0, rows, cols, ep),
+            (1, _) => avx512::narrow::<P, 1, 2>(kc, &src, b0, b1, out, r0, c0, rows, cols, ep),
+            (2, 1) => avx512::narrow::<P, 2, 1>(kc, &src, b0, b1, out, r0, c0, rows, cols, ep),
+            (2, _) => avx512::narrow::<P, 2, 2>(kc, &src, b0, b1, out, r0, c0, rows, cols, ep),
+            (3 | 4, 1) => avx512::narrow::<P, 4, 1>(kc, &src, b0, b1, out, r0, c0, rows, cols, ep),
+            (3 | 4, _) => avx512::narrow::<P, 4, 2>(kc, &src, b0, b1, out, r0, c0, rows, cols, ep),
+            _ => {}
+        }
         match (mp, np) {
+            _ if rows <= 4 => {}
             (1, 1) => avx512::tile::<P, 1, 1>(kc, &src, b0, b1, out, r0, c0, rows, cols, ep),
             (1, _) => avx512::tile::<P, 1, 2>(kc, &src, b0, b1, out, r0, c0, rows, cols, ep),
             (_, 1) => avx512::tile::<P, 2, 1>(kc, &src, b0, b1, out, r0, c0, rows, cols, ep),
@@ -1183,6 +1195,59 @@ mod avx512 {
     ) {
         let acc = accumulate_wide::<P, MP, NP>(kc, *a, b0, b1);
         store(&acc, out, r0, c0, rows, cols, ep);
+    }
+
+    /// The tile of `R` rows or fewer (`rows` ≤ `R` ≤ 6, one or two weight panels): `R·NP`
+    /// accumulators, each sum the FMA chain of [`tile`] (identical bits), so a decode product
+    /// costs one FMA per weight row and activation row rather than a full tile's six.
+    ///
+    /// # Safety
+    /// As [`tile`]'s, with `rows` ≤ `R` ≤ 6 (`a[i]` read for `i < R`).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn narrow<P: Panel, const R: usize, const NP: usize>(
+        kc: usize,
+        a: &[*const f32; 2 * MR],
+        b0: *const P,
+        b1: *const P,
+        out: &Out,
+        r0: usize,
+        c0: usize,
+        rows: usize,
+        cols: usize,
+        ep: Epilogue<'_>,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); NP]; R];
+        macro_rules! step {
+            ($p:expr) => {
+                let w = [
+                    P::zmm(b0.add($p)),
+                    P::zmm(b1.add(if NP == 2 { $p } else { 0 })),
+                ];
+                for (i, sums) in acc.iter_mut().enumerate() {
+                    let ai = _mm512_set1_ps(*a[i].add($p));
+                    for (j, s) in sums.iter_mut().enumerate() {
+                        *s = _mm512_fmadd_ps(ai, w[j], *s);
+                    }
+                }
+            };
+        }
+        let mut p = 0;
+        while p + 4 <= kc {
+            step!(p);
+            step!(p + 1);
+            step!(p + 2);
+            step!(p + 3);
+            p += 4;
+        }
+        while p < kc {
+            step!(p);
+            p += 1;
+        }
+        // Rows past `R` are never stored (`rows` ≤ `R`).
+        let mut full = [[[_mm512_setzero_ps(); NP]; MR]; 1];
+        full[0][..R].copy_from_slice(&acc);
+        store(&full, out, r0, c0, rows, cols, ep);
     }
 
     /// Stores the `6·MP × 16·NP` sums of a wide tile at `(r0, c0)` of `y` as `ep` says: full
@@ -1661,6 +1726,7 @@ mod tests {
         // kernel; F16 values include subnormals (|w| < 2⁻¹⁴ after the scaling).
         for (m, n, k) in [
             (1, 1, 1),
+            (3, 48, 385),
             (5, 17, 9),
             (13, 33, 384),
             (25, 48, 385),
@@ -1789,10 +1855,15 @@ mod tests {
         let (one, three) = (team(1), team(3));
         // Odd and even panel counts in m and n, partial tiles, one to three k-blocks, bias and
         // GELU epilogues.
+        // One to four rows take the narrow tiles (alone, or as the last rows of a product).
         for (m, n, k) in [
             (1, 1, 1),
+            (2, 40, 384),
+            (3, 17, 9),
+            (4, 33, 385),
             (5, 17, 9),
             (13, 33, 384),
+            (16, 48, 385),
             (25, 48, 385),
             (96, 100, 1000),
         ] {

@@ -157,18 +157,24 @@ impl CpuWeight {
         &self.bytes[r * self.row_bytes..(r + 1) * self.row_bytes]
     }
     /// The weight packed for the dense GEMM, for float types: packed on first use (on `team`),
-    /// then shared by every call.
-    pub(crate) fn dense_packed(&self, team: &Team) -> Result<&PackedWeight> {
+    /// then shared by every call. With `release_rows` (every product of this backend reads the
+    /// panels), the pages of the file's rows are handed back once packed: they are read again
+    /// only by an embedding lookup, which faults in just the rows it takes.
+    pub(crate) fn dense_packed(&self, team: &Team, release_rows: bool) -> Result<&PackedWeight> {
         self.packed
             .get_or_init(|| {
-                PackedWeight::pack(
+                let packed = PackedWeight::pack(
                     team,
                     self.ty,
                     &self.bytes,
                     self.n_rows,
                     self.row_len,
                     self.row_bytes,
-                )
+                );
+                if release_rows && packed.is_ok() {
+                    self.bytes.release_pages();
+                }
+                packed
             })
             .as_ref()
             .map_err(|e| shape_err("dense matmul", e.clone()))
@@ -191,6 +197,40 @@ impl CpuWeight {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn packing_for_panels_only_hands_the_rows_pages_back_once() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let team = Team::new(1, "weight-test").unwrap();
+        for release_rows in [false, true] {
+            let released = Arc::new(AtomicUsize::new(0));
+            let seen = released.clone();
+            let data: Vec<u8> = (0..16 * 8).flat_map(|i| (i as f32).to_le_bytes()).collect();
+            let bytes = SharedBytes::with_release(
+                Arc::new(data),
+                Arc::new(move |range: std::ops::Range<usize>| {
+                    assert_eq!(range, 0..16 * 8 * 4);
+                    seen.fetch_add(1, Ordering::SeqCst);
+                }),
+            );
+            let w = CpuWeight {
+                ty: GgmlType::F32,
+                row_len: 8,
+                n_rows: 16,
+                row_bytes: 32,
+                bytes,
+                values: None,
+                packed: OnceLock::new(),
+                gptq: None,
+                interleaved: None,
+            };
+            w.dense_packed(&team, release_rows).unwrap();
+            w.dense_packed(&team, release_rows).unwrap();
+            assert_eq!(released.load(Ordering::SeqCst), usize::from(release_rows));
+            // The rows read the same after the release (a lookup faults them in again).
+            assert_eq!(w.row_bytes_of(3)[..4], 24f32.to_le_bytes());
+        }
+    }
 
     #[test]
     fn arena_regions_are_aligned_disjoint_and_large_ones_stand_alone() {
