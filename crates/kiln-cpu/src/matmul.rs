@@ -19,10 +19,9 @@
 //! Float weights (F32, F16, BF16) with at least [`DENSE_MIN_ROWS`] activation rows go through the
 //! packed GEMM of `sgemm` instead (weight packed once, bias added in its last store): at encoder
 //! batch sizes the product is bound by arithmetic, and a register-blocked kernel does several
-//! times the flops of row-by-row dots. In batch-invariant mode, and at the AVX-512 levels (whose
-//! narrow tiles stream a one-row product's panels at one FMA per weight row), every product of
-//! a float weight goes through its panels, and the file's rows are handed back once packed
-//! (`panels_only`): one resident copy of a 16-bit model, not two.
+//! times the flops of row-by-row dots. In batch-invariant mode every product of a float weight
+//! goes through its panels, and the file's rows are handed back once packed (`panels_only`):
+//! one resident copy of a 16-bit model, not two.
 
 use kiln_backend::{shape_err, GptqMatrix, Linear, Result};
 
@@ -89,12 +88,16 @@ pub(crate) fn is_dense(cpu: &Context, x: &CpuTensor, lin: &Linear<CpuBackend>) -
 }
 
 /// Whether every product of a float weight goes through its packed panels, whatever the number
-/// of rows: in batch-invariant mode (one path for every batch), and with the AVX-512 kernel,
-/// whose narrow tiles stream a one-row product's panels at one FMA per weight row. The rows of
-/// the file are then never read again after packing, and their pages are handed back: a 16-bit
-/// model keeps one copy of its weights, not the file's and the panels'.
+/// of rows: in batch-invariant mode (one path for every batch; the AVX-512 kernel's narrow tiles
+/// stream a one-row product's panels at one FMA per weight row). The rows of the file are then
+/// never read again after packing, and their pages are handed back: a 16-bit model keeps one
+/// copy of its weights, not the file's and the panels'.
+///
+/// Elsewhere one-row products (decode) dot the file's rows: through the panels they measured
+/// about 30 % slower on a 16-bit qwen3-0.6b (the panels' k-blocks read each weight in runs of
+/// a few KiB; docs/BENCHMARKS.md), so both copies stay once a prefill has packed the panels.
 fn panels_only(cpu: &Context) -> bool {
-    cpu.batch_invariant || Isa::for_level(cpu.simd) == Isa::Avx512
+    cpu.batch_invariant
 }
 
 /// `x · Wᵀ (+ bias)`; with `gelu` (dense products only, see [`is_dense`]) the exact GELU of
