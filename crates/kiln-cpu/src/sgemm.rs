@@ -17,8 +17,13 @@
 //!   a portable version of the same blocking elsewhere (and as the test reference). With AVX-512
 //!   ([`Isa::Avx512`]) one call covers two activation panels by two weight panels, 12 × 32 sums
 //!   in 24 of the 32 zmm registers: per k-step two weight loads and twelve broadcasts feed 24
-//!   FMAs of 16 lanes (the AVX2 tile: 2 + 6 for 12 FMAs of 8 lanes). The packed layouts are the
-//!   same for both.
+//!   FMAs of 16 lanes (the AVX2 tile: 2 + 6 for 12 FMAs of 8 lanes); one to four rows take
+//!   narrow tiles of as many accumulators (a decode product: one FMA per weight row). The
+//!   packed layouts are the same for both.
+//! - **BF16 on `vdpbf16ps`** ([`bf16_dot_available`], opt-out through [`Exec::new`]): the
+//!   activations rounded to BF16 once per call, the same 12 × 32 tiles, two k-steps per
+//!   instruction (two panel rows interleaved into pairs by one `vpermw`). Not the other kernels'
+//!   results (stated there), but thread- and batch-invariant in the same way.
 //!
 //! Invariants:
 //!
