@@ -516,6 +516,22 @@ struct Out {
 unsafe impl Sync for Out {}
 
 impl Out {
+    /// Whether every `MR × NR` sub-tile of the wide `rows × cols` tile at `(r0, c0)` (up to
+    /// `2·MR × 2·NR`, as the AVX-512 kernels store it) lies inside the buffer.
+    fn wide_tile_fits(&self, r0: usize, c0: usize, rows: usize, cols: usize) -> bool {
+        (1..=2 * NR).contains(&cols)
+            && (0..rows.div_ceil(MR)).all(|i| {
+                (0..cols.div_ceil(NR)).all(|j| {
+                    self.tile_fits(
+                        r0 + i * MR,
+                        c0 + j * NR,
+                        (rows - i * MR).min(MR),
+                        (cols - j * NR).min(NR),
+                    )
+                })
+            })
+    }
+
     /// Whether the `rows × cols` tile at `(r0, c0)` lies inside the buffer.
     fn tile_fits(&self, r0: usize, c0: usize, rows: usize, cols: usize) -> bool {
         (1..=MR).contains(&rows)
@@ -850,16 +866,7 @@ fn tile_in_place<P: Panel>(
                 .is_some_and(|start| start + a.ld <= a.x.len())
             && (1..=2).contains(&np)
             && b.iter().all(|b| b.len() >= kc)
-            && (0..mp).all(|i| {
-                (0..np).all(|j| {
-                    out.tile_fits(
-                        r0 + i * MR,
-                        c0 + j * NR,
-                        (rows - i * MR).min(MR),
-                        (cols - j * NR).min(NR),
-                    )
-                })
-            })
+            && out.wide_tile_fits(r0, c0, rows, cols)
             && ep.bias.is_none_or(|v| v.len() >= cols),
         "sgemm tile out of bounds"
     );
@@ -1433,16 +1440,7 @@ mod bf16_dot {
                     .is_some_and(|end| end <= xb.len())
                 && (1..=2).contains(&np)
                 && b.iter().all(|b| b.len() >= kc)
-                && (0..mp).all(|i| {
-                    (0..np).all(|j| {
-                        out.tile_fits(
-                            r0 + i * MR,
-                            c0 + j * NR,
-                            (rows - i * MR).min(MR),
-                            (cols - j * NR).min(NR),
-                        )
-                    })
-                })
+                && out.wide_tile_fits(r0, c0, rows, cols)
                 && ep.bias.is_none_or(|v| v.len() >= cols),
             "bf16 tile out of bounds"
         );
