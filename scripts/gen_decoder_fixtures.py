@@ -9,6 +9,7 @@ reference outputs of HF transformers in float32 on the stored (rounded) weights:
     llama/           LlamaForCausalLM, GQA 4q/2kv, llama3 rope scaling, tied       F32   + model-f32.gguf
     mistral/         MistralForCausalLM, sliding_window 8, untied                  BF16  + model-bf16.gguf
     qwen2/           Qwen2ForCausalLM, q/k/v biases, tied, 2 safetensors shards    F16   + model-f16.gguf
+    qwen2-yarn/      Qwen2ForCausalLM with YaRN rope scaling (factor 4 over 256)   F32   + model-f32.gguf
     qwen3/           Qwen3ForCausalLM, QK-norm, head_dim 32 != hidden/heads        BF16  + model-bf16.gguf
     phi3/            Phi3ForCausalLM, fused qkv/gate_up, longrope, sliding 12      F32   + model-f32.gguf
     qwen3moe/        Qwen3MoeForCausalLM, 4 experts top-2, norm_topk_prob false    F32   + model-f32.gguf
@@ -968,6 +969,17 @@ def family_configs(
         "use_sliding_window": False,
         "vocab_size": vocab["qwen"],
     }
+    # Qwen2 with YaRN as Qwen2.5 publishes it for long contexts ("type": "yarn", factor,
+    # original_max_position_embeddings; beta_fast/beta_slow and the attention factor left to
+    # their defaults, as in Qwen's configs). Base 10^4 and 256 original positions put the ramp's
+    # bounds at pairs 0 and 4 of 8, so every kind of pair (kept, blended, interpolated) occurs.
+    qwen2_yarn = {
+        **qwen2,
+        "max_position_embeddings": 1024,
+        "rope_scaling": {"factor": 4.0, "original_max_position_embeddings": 256, "type": "yarn"},
+        "rope_theta": 10000.0,
+        "torch_dtype": "float32",
+    }
     qwen3 = {
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
@@ -1113,6 +1125,7 @@ def family_configs(
         "llama": llama,
         "mistral": mistral,
         "qwen2": qwen2,
+        "qwen2-yarn": qwen2_yarn,
         "qwen3": qwen3,
         "phi3": phi3,
         "qwen3moe": qwen3moe,
@@ -1131,6 +1144,7 @@ FAMILIES: dict[str, tuple[str, str, str | None, int, int]] = {
     "llama": ("F32", "llama3", "llama-bpe", 1, 1),
     "mistral": ("BF16", "spm", None, 1, 2),
     "qwen2": ("F16", "qwen", "qwen2", 2, 3),
+    "qwen2-yarn": ("F32", "qwen", "qwen2", 1, 5),
     "qwen3": ("BF16", "qwen", "qwen2", 1, 4),
     "phi3": ("F32", "phi3", None, 1, 53),
     "qwen3moe": ("F32", "qwen", "qwen2", 1, 23),
@@ -1152,6 +1166,7 @@ EXPECTED_ARCH = {
     "llama": "llama",
     "mistral": "llama",
     "qwen2": "qwen2",
+    "qwen2-yarn": "qwen2",
     "qwen3": "qwen3",
     "phi3": "phi3",
     "qwen3moe": "qwen3moe",
@@ -1317,6 +1332,11 @@ def make_family(
     if name == "phi3":
         model = load_f32(model_dir)
         reference["rope_attention_scaling"] = float(np.float32(model.model.rotary_emb.attention_scaling))
+    if name == "qwen2-yarn":
+        # What transformers computes for YaRN, for kiln's test of its own divisors.
+        rotary = load_f32(model_dir).model.rotary_emb
+        reference["rope_inv_freq"] = [float(v) for v in rotary.inv_freq.tolist()]
+        reference["rope_attention_scaling"] = float(np.float32(rotary.attention_scaling))
     if name == "llama":
         reference["rope_freqs_gguf"] = [
             float(v)
@@ -1629,6 +1649,16 @@ the converter writes no window either. vocab_size {vocab} > the {tokens} tokeniz
 real Qwen is: the GGUF lists `[PAD<n>]` tokens of type UNUSED for the rest; those logits columns
 exist). Tokenizer: byte-level BPE with Qwen2's regex (single digits), NFC, no BOS; GGUF
 `tokenizer.ggml.pre` = "qwen2" (monkeypatched).""",
+    "qwen2-yarn": """\
+### `qwen2-yarn/` — Qwen2ForCausalLM with YaRN rope scaling, F32 (safetensors and GGUF)
+qwen2's shape (hidden 64, 2 layers, 4/2 heads of 16, biases, tied) with rope_theta 1e4,
+max_position_embeddings 1024 and `rope_scaling: {{"type": "yarn", "factor": 4.0,
+"original_max_position_embeddings": 256}}` as Qwen2.5 publishes it. transformers: beta_fast 32 and
+beta_slow 1 put the ramp at pairs floor(0.21) = 0 to ceil(3.22) = 4 of the 8 rotary pairs (pair 0
+keeps its frequency, pairs 1-3 are blended, 4-7 divided by 4) and the attention factor
+0.1 ln 4 + 1 = 1.1386 multiplies cos and sin. The converter writes `qwen2.rope.scaling.type` = "yarn",
+`.factor` 4 and `.original_context_length` 256; llama.cpp derives the same ramp and factor from
+them. Tokenizer: qwen2's.""",
     "qwen3": """\
 ### `qwen3/` — Qwen3ForCausalLM, BF16
 hidden 64, 4 query heads of **head_dim 32** (q_proj 64->128, o_proj 128->64), 2 KV heads, QK-norm

@@ -427,6 +427,7 @@ family_tests! {
     llama: "llama",
     mistral: "mistral",
     qwen2: "qwen2",
+    qwen2_yarn: "qwen2-yarn",
     qwen3: "qwen3",
     phi3: "phi3",
     qwen3moe: "qwen3moe",
@@ -958,7 +959,14 @@ fn configs_agree_across_formats() {
     use kiln_core::config::{LayerAttention, RopeKind};
     let b = exact(1);
     for family in [
-        "llama", "mistral", "qwen2", "qwen3", "phi3", "qwen3moe", "mixtral",
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen2-yarn",
+        "qwen3",
+        "phi3",
+        "qwen3moe",
+        "mixtral",
     ] {
         let hf = load(family, Format::Safetensors, &b).config;
         let gguf = load(family, Format::Gguf, &b).config;
@@ -1043,6 +1051,47 @@ fn configs_agree_across_formats() {
     }
 }
 
+/// YaRN's frequencies and attention factor, as kiln derives them from `config.json` and from
+/// the GGUF's `rope.scaling.*` keys, equal what transformers computed for the fixture
+/// (`rope_inv_freq`, `rope_attention_scaling` in its reference): the ramp keeps pair 0, blends
+/// pairs 1-3 and interpolates the rest.
+#[test]
+fn yarn_frequencies_equal_transformers() {
+    let r = reference("qwen2-yarn");
+    let want: Vec<f64> = r["rope_inv_freq"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    let want_scaling = r["rope_attention_scaling"].as_f64().unwrap();
+    let b = exact(1);
+    for format in [Format::Safetensors, Format::Gguf] {
+        let c = load("qwen2-yarn", format, &b).config;
+        let rope = &c.rope_global;
+        let factors = rope.freq_factors.as_ref().expect("YaRN sets divisors");
+        assert_eq!(factors.len(), want.len());
+        for (i, (&f, &w)) in factors.iter().zip(&want).enumerate() {
+            let got = f64::from(rope.freq_scale)
+                * f64::from(rope.base).powf(-2.0 * i as f64 / c.rope_dim as f64)
+                / f64::from(f);
+            assert!(
+                (got - w).abs() <= 1e-6 * w,
+                "{format:?} pair {i}: {got} vs transformers' {w}"
+            );
+        }
+        assert!(
+            (f64::from(rope.mscale) - want_scaling).abs() < 1e-6,
+            "{format:?}: attention factor {} vs {want_scaling}",
+            rope.mscale
+        );
+        // Kept, blended and interpolated pairs all occur.
+        assert_eq!(factors[0], 1.0);
+        assert!(factors[1] > 1.0 && factors[1] < 4.0);
+        assert_eq!(factors[7], 4.0);
+    }
+}
+
 /// Rope scalings and quantizations kiln does not implement are refused by name, from either
 /// format.
 #[test]
@@ -1062,9 +1111,16 @@ fn unsupported_scalings_and_quantizations_are_refused_by_name() {
             .unwrap_or_default()
     };
     let e = try_config(&|c| {
-        c["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 4.0})
+        c["rope_scaling"] = serde_json::json!({"rope_type": "dynamic", "factor": 4.0})
     });
-    assert!(e.contains("\"yarn\"") && e.contains("not supported"), "{e}");
+    assert!(
+        e.contains("\"dynamic\"") && e.contains("not supported"),
+        "{e}"
+    );
+    let e = try_config(&|c| {
+        c["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": -2.0})
+    });
+    assert!(e.contains("factor") && e.contains("-2"), "{e}");
     let e = try_config(&|c| {
         c["quantization_config"] = serde_json::json!({"quant_method": "awq", "bits": 4})
     });
@@ -1079,27 +1135,32 @@ fn unsupported_scalings_and_quantizations_are_refused_by_name() {
     let e = try_config(&|c| c["model_type"] = "gpt_neox".into());
     assert!(e.contains("gpt_neox") && e.contains("not supported"), "{e}");
 
-    // A GGUF with YaRN scaling.
+    // GGUFs with a scaling kiln does not know, and with YaRN missing its factor.
     let file = GgufFile::open(&dir.join("model-f32.gguf")).unwrap();
-    let mut w = GgufWriter::new();
-    for (k, v) in file.metadata() {
-        if k != "general.alignment" {
-            w.add_meta(k.clone(), v.clone()).unwrap();
+    let with_scaling = |kind: &str| {
+        let mut w = GgufWriter::new();
+        for (k, v) in file.metadata() {
+            if k != "general.alignment" {
+                w.add_meta(k.clone(), v.clone()).unwrap();
+            }
         }
-    }
-    w.add_meta(
-        "llama.rope.scaling.type",
-        kiln_formats::MetaValue::String("yarn".into()),
-    )
-    .unwrap();
-    for t in file.tensors() {
-        w.add_tensor(t.name.clone(), &t.dims, t.ty, &file.tensor_data(t))
-            .unwrap();
-    }
-    let yarn = GgufFile::from_bytes(SharedBytes::from_vec(w.to_bytes())).unwrap();
-    let e = load_gguf_decoder(&b, &yarn).err().unwrap().to_string();
+        w.add_meta(
+            "llama.rope.scaling.type",
+            kiln_formats::MetaValue::String(kind.into()),
+        )
+        .unwrap();
+        for t in file.tensors() {
+            w.add_tensor(t.name.clone(), &t.dims, t.ty, &file.tensor_data(t))
+                .unwrap();
+        }
+        let f = GgufFile::from_bytes(SharedBytes::from_vec(w.to_bytes())).unwrap();
+        load_gguf_decoder(&b, &f).err().unwrap().to_string()
+    };
+    let e = with_scaling("ntk-by-parts");
     assert!(
-        e.contains("\"yarn\"") && e.contains("llama.rope.scaling.type"),
+        e.contains("\"ntk-by-parts\"") && e.contains("llama.rope.scaling.type"),
         "{e}"
     );
+    let e = with_scaling("yarn");
+    assert!(e.contains("llama.rope.scaling.factor"), "{e}");
 }

@@ -10,7 +10,9 @@
 //!   permuted back: the rope style follows the file.
 //! - **Frequency scaling.** Llama 3.1's scaling and Phi-3's long-rope factors are per-pair
 //!   divisors: GGUF stores them as tensors (`rope_freqs`, `rope_factors_short/long`); from HF they
-//!   are computed here from `rope_scaling` / `rope_parameters` as transformers does.
+//!   are computed here from `rope_scaling` / `rope_parameters` as transformers does. YaRN is
+//!   per-pair divisors and an attention factor too, computed from either format's settings
+//!   ([`super::yarn`]); GGUF stores no tensor for it.
 //! - **Sliding windows.** The converter drops Mistral's `sliding_window` (llama.cpp runs Mistral
 //!   with full attention), so a Mistral GGUF attends globally and its HF checkpoint does not;
 //!   kiln follows the file. Phi-3's window is in both.
@@ -26,7 +28,7 @@ use kiln_core::config::{
 use kiln_formats::GgufFile;
 use serde_json::Value;
 
-use super::Meta;
+use super::{yarn, Meta};
 use crate::hf::HfConfig;
 use crate::names::{self, NameTable};
 use crate::ModelError;
@@ -183,20 +185,24 @@ pub(crate) fn gguf_config(arch: &str, file: &GgufFile) -> Result<DecoderConfig, 
     };
 
     let mut rope = RopeConfig::plain(m.f32_or("rope.freq_base", 10_000.0)?);
+    rope.freq_factors = f32_vector(file, "rope_freqs.weight")?;
     let scaling = file
         .get_str(&format!("{arch}.rope.scaling.type"))
         .unwrap_or("none");
     match scaling {
         "none" => {}
         "linear" => rope.freq_scale = 1.0 / m.f32("rope.scaling.factor")?,
+        "yarn" => gguf_yarn(&m, &mut rope, common.rope_dim, common.context_length)
+            .map_err(|detail| bad("rope.scaling", detail))?,
         other => {
             return Err(bad(
                 "rope.scaling.type",
-                format!("rope scaling \"{other}\" is not supported (supported: none, linear)"),
+                format!(
+                    "rope scaling \"{other}\" is not supported (supported: none, linear, yarn)"
+                ),
             ))
         }
     }
-    rope.freq_factors = f32_vector(file, "rope_freqs.weight")?;
     let mut rope_long = None;
     if let Some(long) = f32_vector(file, "rope_factors_long.weight")? {
         // Phi-3 long-rope: short factors up to the original context, long ones beyond.
@@ -319,6 +325,58 @@ pub(crate) fn hf_config(c: &HfConfig) -> Result<(DecoderConfig, &'static NameTab
     Ok((config, table))
 }
 
+/// YaRN from GGUF metadata, as llama.cpp reads it: `rope.scaling.factor`,
+/// `rope.scaling.original_context_length` (default: the context length), the attention factor
+/// `0.1 ln(factor) + 1` (DeepSeek's `yarn_log_multiplier` makes it a ratio) times
+/// `rope.scaling.attn_factor`. Unlike llama.cpp 0c1e570, kiln also reads the keys the converter
+/// copies from `config.json` when they are there (`yarn_beta_fast`, `yarn_beta_slow`,
+/// `yarn_attn_factor`), so that a GGUF computes what its checkpoint did; without them both
+/// agree. The divisors multiply any `rope_freqs` factors already in `rope`.
+fn gguf_yarn(
+    m: &Meta<'_>,
+    rope: &mut RopeConfig,
+    rope_dim: usize,
+    context_length: usize,
+) -> Result<(), String> {
+    let err = |e: ModelError| e.to_string();
+    let factor = f64::from(m.f32("rope.scaling.factor").map_err(err)?);
+    let original = m
+        .usize_or("rope.scaling.original_context_length", context_length)
+        .map_err(err)?;
+    let mut y = yarn::Yarn::new(factor, original as f64);
+    y.beta_fast = f64::from(m.f32_or("rope.scaling.yarn_beta_fast", 32.0).map_err(err)?);
+    y.beta_slow = f64::from(m.f32_or("rope.scaling.yarn_beta_slow", 1.0).map_err(err)?);
+    y.check()?;
+    let log_mul = f64::from(
+        m.f32_or("rope.scaling.yarn_log_multiplier", 0.0)
+            .map_err(err)?,
+    );
+    let attention = if m.has("rope.scaling.yarn_attn_factor") {
+        f64::from(m.f32("rope.scaling.yarn_attn_factor").map_err(err)?)
+    } else if log_mul != 0.0 {
+        yarn::mscale(factor, 1.0) / yarn::mscale(factor, log_mul)
+    } else {
+        yarn::mscale(factor, 1.0)
+    };
+    let attn_factor = f64::from(m.f32_or("rope.scaling.attn_factor", 1.0).map_err(err)?);
+    rope.mscale = (attention * attn_factor) as f32;
+    let divisors = y.divisors(rope_dim, f64::from(rope.base));
+    rope.freq_factors = Some(match rope.freq_factors.as_deref() {
+        None => divisors.into(),
+        Some(e) if e.len() == divisors.len() => {
+            e.iter().zip(&divisors).map(|(a, b)| a * b).collect()
+        }
+        Some(e) => {
+            return Err(format!(
+                "rope_freqs has {} factors for {} rotary pairs",
+                e.len(),
+                divisors.len()
+            ))
+        }
+    });
+    Ok(())
+}
+
 /// The rope scaling dictionary (`rope_parameters` in transformers 5, `rope_scaling` before) and
 /// the base, which transformers 5 moved inside it.
 fn hf_rope(
@@ -374,6 +432,35 @@ fn hf_rope(
                 .collect();
             rope.freq_factors = Some(factors);
         }
+        "yarn" => {
+            // transformers: `original_max_position_embeddings` at the top level wins, then the
+            // dictionary's, then `max_position_embeddings`; a null factor means their ratio.
+            let original = match c.raw("original_max_position_embeddings") {
+                Some(Value::Number(_)) => c.usize("original_max_position_embeddings")? as f64,
+                _ => num("original_max_position_embeddings").unwrap_or(context_length as f64),
+            };
+            let factor = num("factor").unwrap_or(context_length as f64 / original);
+            let mut y = yarn::Yarn::new(factor, original);
+            // `or` in transformers: absent, null or 0 mean the default.
+            let nonzero = |name: &str| num(name).filter(|&v| v != 0.0);
+            y.beta_fast = nonzero("beta_fast").unwrap_or(y.beta_fast);
+            y.beta_slow = nonzero("beta_slow").unwrap_or(y.beta_slow);
+            y.truncate = params
+                .and_then(|p| p.get("truncate"))
+                .and_then(Value::as_bool)
+                .unwrap_or(true);
+            y.check().map_err(|detail| c.error(key, detail))?;
+            rope.mscale = match (
+                num("attention_factor"),
+                nonzero("mscale"),
+                nonzero("mscale_all_dim"),
+            ) {
+                (Some(a), _, _) => a,
+                (None, Some(m), Some(all)) => yarn::mscale(factor, m) / yarn::mscale(factor, all),
+                _ => yarn::mscale(factor, 1.0),
+            } as f32;
+            rope.freq_factors = Some(y.divisors(rope_dim, f64::from(base)).into());
+        }
         "longrope" | "su" => {
             let list = |name: &str| -> Result<Arc<[f32]>, ModelError> {
                 params
@@ -406,7 +493,7 @@ fn hf_rope(
                 key,
                 format!(
                     "rope scaling \"{other}\" is not supported \
-                     (supported: default, linear, llama3, longrope)"
+                     (supported: default, linear, llama3, longrope, yarn)"
                 ),
             ))
         }

@@ -4,6 +4,7 @@
 mod encoders;
 mod gemma3;
 mod llama;
+mod yarn;
 
 pub use encoders::{encoder_config, SUPPORTED_ENCODERS};
 
@@ -131,6 +132,11 @@ impl<'a> Meta<'a> {
             });
         }
         Ok(v as f32)
+    }
+
+    /// Whether `<arch>.key` is there at all.
+    pub(crate) fn has(&self, key: &str) -> bool {
+        self.file.get(&self.key(key)).is_some()
     }
 
     pub(crate) fn f32_or(&self, key: &str, default: f32) -> Result<f32, ModelError> {
