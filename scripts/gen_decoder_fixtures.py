@@ -15,6 +15,9 @@ reference outputs of HF transformers in float32 on the stored (rounded) weights:
     qwen3moe/        Qwen3MoeForCausalLM, 4 experts top-2, norm_topk_prob false    F32   + model-f32.gguf
     qwen3moe-tf5/    Qwen3MoeForCausalLM as transformers 5 saves it (config.json    BF16  (no GGUF)
                      says num_local_experts), norm_topk_prob true
+    qwen2moe/        Qwen2MoeForCausalLM, 4 experts top-2 + a gated shared expert   F32   + model-f32.gguf
+    qwen2moe-mixed/  qwen2moe with 3 layers, decoder_sparse_step 2 (dense, expert,  F32   (no GGUF)
+                     dense)
     mixtral/         MixtralForCausalLM, 4 experts top-2 (renormalized)            BF16  + model-bf16.gguf
     llama-kq/        Llama shaped for k-quants (hidden 256, ffn 512): GGUF only    BF16  model-bf16.gguf
     llama-gptq-g32/  GPTQ v1 4-bit, group 32, act-order (desc_act) + HF reference  (no GGUF committed)
@@ -800,7 +803,9 @@ def run_case(
             top = torch.topk(router_logits.double(), k + 1, dim=-1).values
             router_margin = min(router_margin, float((top[:, k - 1] - top[:, k]).min()))
 
-        hooks = [layer.mlp.gate.register_forward_hook(hook) for layer in model.model.layers]
+        # Layers with a router only (a dense layer of a mixed model has none).
+        routed = [i for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "experts")]
+        hooks = [model.model.layers[i].mlp.gate.register_forward_hook(hook) for i in routed]
     with torch.no_grad():
         logits = model(input_ids).logits[0]
     for h in hooks:
@@ -847,6 +852,7 @@ def run_case(
     if rope is not None:
         case["rope_factors"] = rope
     if moe:
+        case["routing_layers"] = routed
         case["routing"] = routing
         case["routing_weights"] = weights
         case["router_min_gap_kth_vs_next_logit"] = round(router_margin, 6)
@@ -1067,6 +1073,51 @@ def family_configs(
         "use_sliding_window": False,
         "vocab_size": vocab["qwen"],
     }
+    # Qwen2-MoE: routed experts (softmax top-2 of 4, not renormalised, as Qwen1.5-MoE) beside a
+    # shared expert whose output a sigmoid gate scales per token; q/k/v biases (qkv_bias).
+    qwen2moe = {
+        "architectures": ["Qwen2MoeForCausalLM"],
+        "model_type": "qwen2_moe",
+        **COMMON,
+        "bos_token_id": qw["<|endoftext|>"],
+        "decoder_sparse_step": 1,
+        "eos_token_id": qw["<|endoftext|>"],
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "max_position_embeddings": 256,
+        "max_window_layers": 2,
+        "mlp_only_layers": [],
+        "moe_intermediate_size": 32,
+        "norm_topk_prob": False,
+        "num_attention_heads": 4,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "num_hidden_layers": 2,
+        "num_key_value_heads": 2,
+        "output_router_logits": False,
+        "qkv_bias": True,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 1000000.0,
+        "router_aux_loss_coef": 0.001,
+        "shared_expert_intermediate_size": 96,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "transformers_version": version,
+        "use_sliding_window": False,
+        "vocab_size": vocab["qwen"],
+    }
+    # Dense and expert layers mixed: decoder_sparse_step 2 makes layer 1 of 3 route and layers
+    # 0 and 2 dense (intermediate_size); mlp_only_layers [1] would turn that one dense too, so it
+    # stays empty here (kiln's unit tests cover it). llama.cpp's converter has no names for dense
+    # FFNs in a qwen2moe GGUF, so this folder is safetensors only.
+    qwen2moe_mixed = {
+        **qwen2moe,
+        "decoder_sparse_step": 2,
+        "num_hidden_layers": 3,
+        "max_window_layers": 3,
+    }
     mixtral = {
         "architectures": ["MixtralForCausalLM"],
         "model_type": "mixtral",
@@ -1130,6 +1181,8 @@ def family_configs(
         "phi3": phi3,
         "qwen3moe": qwen3moe,
         "qwen3moe-tf5": qwen3moe_tf5,
+        "qwen2moe": qwen2moe,
+        "qwen2moe-mixed": qwen2moe_mixed,
         "mixtral": mixtral,
         "llama-kq": llama_kq,
         "llama-gptq": llama_gptq,
@@ -1137,7 +1190,7 @@ def family_configs(
 
 
 # name -> (storage dtype, tokenizer kind, converter pre-tokenizer name, safetensors shards, seed offset).
-# The seed offsets of phi3, qwen3moe, qwen3moe-tf5 and mixtral were picked (by trying a few) so that
+# The seed offsets of phi3, qwen3moe, qwen3moe-tf5, qwen2moe and mixtral were picked (by trying a few) so that
 # no greedy step of any reference variant is within 0.05 of a tie and no router choice within 0.01;
 # the others passed with their first seed. README.md reports the margins reached.
 FAMILIES: dict[str, tuple[str, str, str | None, int, int]] = {
@@ -1149,11 +1202,13 @@ FAMILIES: dict[str, tuple[str, str, str | None, int, int]] = {
     "phi3": ("F32", "phi3", None, 1, 53),
     "qwen3moe": ("F32", "qwen", "qwen2", 1, 23),
     "qwen3moe-tf5": ("BF16", "qwen", None, 1, 67),
+    "qwen2moe": ("F32", "qwen", "qwen2", 1, 77),
+    "qwen2moe-mixed": ("F32", "qwen", None, 1, 73),
     "mixtral": ("BF16", "spm", None, 1, 38),
     "llama-kq": ("BF16", "llama3", "llama-bpe", 1, 8),
 }
 # Folders without a GGUF (their references apply to the safetensors only).
-NO_GGUF = {"qwen3moe-tf5"}
+NO_GGUF = {"qwen3moe-tf5", "qwen2moe-mixed"}
 # Folders whose config.json is left exactly as transformers' save_pretrained wrote it, and the keys
 # it must (True) or must not (False) contain: the transformers 5 spelling of the expert count.
 SAVED_CONFIG = {"qwen3moe-tf5": {"num_local_experts": True, "num_experts": False}}
@@ -1170,6 +1225,7 @@ EXPECTED_ARCH = {
     "qwen3": "qwen3",
     "phi3": "phi3",
     "qwen3moe": "qwen3moe",
+    "qwen2moe": "qwen2moe",
     "mixtral": "llama",
     "llama-kq": "llama",
 }
@@ -1269,9 +1325,11 @@ def make_family(
         gguf_name = None
         versions = {k: v for k, v in versions.items() if k != "llama.cpp"}
 
-    prompts = {"phi3": PROMPTS_PHI3, "qwen3moe-tf5": PROMPTS_TF5}.get(name, PROMPTS_GENERAL)
+    prompts = {"phi3": PROMPTS_PHI3, "qwen3moe-tf5": PROMPTS_TF5, "qwen2moe-mixed": PROMPTS_TF5}.get(
+        name, PROMPTS_GENERAL
+    )
     hf_tok = check_tokenizer(model_dir, [text for _, text in prompts])
-    moe = name in ("qwen3moe", "qwen3moe-tf5", "mixtral")
+    moe = name in ("qwen3moe", "qwen3moe-tf5", "qwen2moe", "qwen2moe-mixed", "mixtral")
     cases = []
     variant_labels = {}
     for suffix, applies_to, overrides, label in VARIANTS.get(name, DEFAULT_VARIANTS):
@@ -1696,6 +1754,21 @@ qwen3moe graph always renormalizes the top-k weights; so `-renorm` cases (`appli
 ran HF with `norm_topk_prob=True` (what the GGUF means to llama.cpp), the unsuffixed cases
 (`["safetensors"]`) ran as configured. safetensors: per-expert `mlp.experts.<e>.{{gate,up,down}}_proj`
 and `mlp.gate` (router); GGUF: `ffn_gate_inp` (F32) and 3-D `ffn_{{gate,up,down}}_exps`.""",
+    "qwen2moe": """\
+### `qwen2moe/` — Qwen2MoeForCausalLM, F32 (safetensors and GGUF)
+hidden 64, 2 layers, 4/2 heads, q/k/v biases (`qkv_bias`), untied. Every layer routes: softmax over
+4 experts (`moe_intermediate_size` 32), top 2, `norm_topk_prob` false (llama.cpp's qwen2moe never
+renormalises either), plus a **shared expert** (`shared_expert_intermediate_size` 96) every token
+runs, scaled by `sigmoid(h · shared_expert_gate)`; the layer's output is routed sum + gated shared
+output. GGUF arch `qwen2moe` (`ffn_*_exps` stacked, `ffn_*_shexp`, `ffn_gate_inp_shexp`,
+`expert_shared_feed_forward_length` 96). Tokenizer: qwen2's.""",
+    "qwen2moe-mixed": """\
+### `qwen2moe-mixed/` — Qwen2MoeForCausalLM mixing dense and expert layers, F32 (safetensors only)
+qwen2moe's settings with 3 layers and `decoder_sparse_step` 2: transformers routes layer `i` when
+`(i + 1) % 2 == 0` and `i` is not in `mlp_only_layers` (empty), so layer 1 has experts and a shared
+expert, layers 0 and 2 a dense FFN of `intermediate_size` 128 (`mlp.gate_proj/up_proj/down_proj`).
+`routing_layers` in each case lists the layers the routing refers to. No GGUF: llama.cpp's converter
+has no tensor names for a dense FFN in a qwen2moe file.""",
     "qwen3moe-tf5": """\
 ### `qwen3moe-tf5/` — Qwen3MoeForCausalLM as transformers 5 saves it, BF16 (no GGUF)
 The shape of `qwen3moe/` (hidden 64, 2 layers, all sparse, 4 experts, top-2, moe_intermediate_size

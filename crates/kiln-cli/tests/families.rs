@@ -38,7 +38,16 @@ fn run_on_vulkan_reproduces_transformers_greedy_from_folders_and_ggufs() {
 /// Each family fixture, from its folder and its GGUF, run with `extra` arguments: transformers'
 /// prompt ids and greedy continuation, and `kiln tokenize`'s ids.
 fn check_families(extra: &[&str]) {
-    for family in ["llama", "qwen2", "phi3", "mixtral", "llama-gptq-g32"] {
+    for family in [
+        "llama",
+        "qwen2",
+        "qwen2-yarn",
+        "phi3",
+        "mixtral",
+        "qwen2moe",
+        "qwen2moe-mixed",
+        "llama-gptq-g32",
+    ] {
         let dir = fixture(family);
         let r: Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())

@@ -54,7 +54,9 @@ pub struct LongRope {
 /// Mixture-of-experts feed-forward: a router picks `top_k` of `n_experts` expert FFNs per token.
 ///
 /// Gating (Mixtral, Qwen-MoE): `p = softmax(router_logits)`, keep the `top_k` largest, and with
-/// `normalize_top_k` divide them by their sum; the layer's output is `Σ p_e · expert_e(x)`.
+/// `normalize_top_k` divide them by their sum; the layer's output is `Σ p_e · expert_e(x)`,
+/// plus, with a shared expert (Qwen2-MoE), `sigmoid(x · w_gate) · shared(x)`, a gated FFN every
+/// token runs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MoeConfig {
     pub n_experts: usize,
@@ -62,6 +64,18 @@ pub struct MoeConfig {
     pub normalize_top_k: bool,
     /// Inner width of each expert's FFN.
     pub expert_ffn_dim: usize,
+    /// Inner width of the shared expert, where the layers have one (Qwen2-MoE).
+    pub shared_ffn_dim: Option<usize>,
+    /// Layers whose FFN is an ordinary dense one of `ffn_dim` (Qwen-MoE's `mlp_only_layers` and
+    /// `decoder_sparse_step`), ascending; every other layer routes.
+    pub dense_layers: Vec<usize>,
+}
+
+impl MoeConfig {
+    /// Whether layer `layer` routes its tokens to experts (else its FFN is dense).
+    pub fn routes(&self, layer: usize) -> bool {
+        self.dense_layers.binary_search(&layer).is_err()
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

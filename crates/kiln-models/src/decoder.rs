@@ -71,6 +71,16 @@ pub struct MoeFfn<B: Backend> {
     pub gate: Vec<Linear<B>>, // per expert (expert_ffn_dim, d_model)
     pub up: Vec<Linear<B>>,   // per expert (expert_ffn_dim, d_model)
     pub down: Vec<Linear<B>>, // per expert (d_model, expert_ffn_dim)
+    pub shared: Option<SharedExpert<B>>,
+}
+
+/// Qwen2-MoE's shared expert: a gated FFN every token runs, its output scaled per token by
+/// `sigmoid(h · gate_inp)`.
+pub struct SharedExpert<B: Backend> {
+    pub gate_inp: Linear<B>, // (1, d_model)
+    pub gate: Linear<B>,     // (shared_ffn_dim, d_model)
+    pub up: Linear<B>,       // (shared_ffn_dim, d_model)
+    pub down: Linear<B>,     // (d_model, shared_ffn_dim)
 }
 
 /// The router's choice for one token: experts in descending weight order, and their weights.
@@ -593,7 +603,8 @@ impl<B: Backend> LayerRun<'_, B> {
         Ok(x)
     }
 
-    /// `Σ_e p_e · expert_e(h)` over each token's routed experts. Tokens are grouped by expert so
+    /// `Σ_e p_e · expert_e(h)` over each token's routed experts, plus the shared expert's gated
+    /// output where the layer has one. Tokens are grouped by expert so
     /// that each selected expert runs once over all its tokens; experts nobody chose are not
     /// touched. Each token's sum runs over its experts in ascending expert order, so a token's
     /// result does not depend on the other tokens of the batch.
@@ -637,6 +648,18 @@ impl<B: Backend> LayerRun<'_, B> {
             let u = b.matmul(&x, &moe.up[e])?;
             let y = b.matmul(&b.gated_activation(&g, &u, act)?, &moe.down[e])?;
             b.scatter_add_rows(&mut out, &rows[e], &y, &weights[e])?;
+        }
+        // The shared expert last, as transformers adds it to the routed sum.
+        if let Some(s) = &moe.shared {
+            let [g, u] = products(b.matmul_many(h, &[&s.gate, &s.up])?)?;
+            let y = b.matmul(&b.gated_activation(&g, &u, act)?, &s.down)?;
+            let gates: Vec<f32> = b
+                .to_f32(&b.matmul(h, &s.gate_inp)?)?
+                .iter()
+                .map(|&z| 1.0 / (1.0 + (-z).exp()))
+                .collect();
+            let all: Vec<u32> = (0..n as u32).collect();
+            b.scatter_add_rows(&mut out, &all, &y, &gates)?;
         }
         Ok(out)
     }

@@ -18,7 +18,7 @@ use kiln_core::config::{DecoderConfig, EncoderArch, EncoderConfig, EncoderPositi
 use kiln_formats::{GgufFile, SafetensorsModel};
 
 use crate::cache::split_layers;
-use crate::decoder::{Ffn, MoeFfn};
+use crate::decoder::{Ffn, MoeFfn, SharedExpert};
 use crate::encoder::{Encoder, EncoderLayer, Norm};
 use crate::gptq::GptqConfig;
 use crate::hf::HfConfig;
@@ -236,21 +236,31 @@ fn decoder_layers<B: Backend>(
             )
         };
         let ffn = match &c.moe {
-            Some(moe) => {
+            Some(moe) if moe.routes(i) => {
                 let (n, f) = (moe.n_experts, moe.expert_ffn_dim);
                 let stacked = |role, inp, out| {
                     (0..n)
                         .map(|e| l.expert(role, i, (e, n), inp, out))
                         .collect::<Result<Vec<_>, _>>()
                 };
+                let shared = match moe.shared_ffn_dim {
+                    Some(s) => Some(SharedExpert {
+                        gate_inp: lin(Role::FfnGateInpShexp, i, d, 1)?,
+                        gate: lin(Role::FfnGateShexp, i, d, s)?,
+                        up: lin(Role::FfnUpShexp, i, d, s)?,
+                        down: lin(Role::FfnDownShexp, i, s, d)?,
+                    }),
+                    None => None,
+                };
                 Ffn::Moe(MoeFfn {
                     router: lin(Role::FfnGateInp, i, d, n)?,
                     gate: stacked(Role::FfnGateExps, d, f)?,
                     up: stacked(Role::FfnUpExps, d, f)?,
                     down: stacked(Role::FfnDownExps, f, d)?,
+                    shared,
                 })
             }
-            None => {
+            _ => {
                 let f = c.ffn_dim;
                 // Gate and up fused in one matrix of 2·ffn rows, gate first: Phi-3's HF
                 // `gate_up_proj`, its GGUF `ffn_up` (then without `ffn_gate`).

@@ -63,6 +63,12 @@ pub(crate) enum Role {
     FfnGateExps,
     FfnUpExps,
     FfnDownExps,
+    /// The shared expert's gate: one row, `sigmoid(x · w)` scales its output (Qwen2-MoE).
+    FfnGateInpShexp,
+    /// The shared expert's gated FFN (Qwen2-MoE).
+    FfnGateShexp,
+    FfnUpShexp,
+    FfnDownShexp,
 }
 
 /// How the files of a family name one role.
@@ -108,7 +114,7 @@ const fn opt(role: Role, gguf: Option<&'static str>, hf: Option<&'static str>) -
     }
 }
 
-/// Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE and Phi-3 (`qkv_proj`, `gate_up_proj`; its GGUFs
+/// Llama, Mistral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE and Phi-3 (`qkv_proj`, `gate_up_proj`; its GGUFs
 /// fuse gate and up in `ffn_up`).
 pub(crate) static LLAMA: NameTable = NameTable {
     family: "llama",
@@ -200,6 +206,26 @@ pub(crate) static LLAMA: NameTable = NameTable {
             Role::FfnDownExps,
             "blk.{i}.ffn_down_exps",
             "model.layers.{i}.mlp.experts.{e}.down_proj",
+        ),
+        req(
+            Role::FfnGateInpShexp,
+            "blk.{i}.ffn_gate_inp_shexp",
+            "model.layers.{i}.mlp.shared_expert_gate",
+        ),
+        req(
+            Role::FfnGateShexp,
+            "blk.{i}.ffn_gate_shexp",
+            "model.layers.{i}.mlp.shared_expert.gate_proj",
+        ),
+        req(
+            Role::FfnUpShexp,
+            "blk.{i}.ffn_up_shexp",
+            "model.layers.{i}.mlp.shared_expert.up_proj",
+        ),
+        req(
+            Role::FfnDownShexp,
+            "blk.{i}.ffn_down_shexp",
+            "model.layers.{i}.mlp.shared_expert.down_proj",
         ),
     ],
 };

@@ -48,7 +48,17 @@ fn decoder_summary(c: &DecoderConfig) -> String {
                     ""
                 },
                 m.expert_ffn_dim
-            )
+            );
+            if let Some(shared) = m.shared_ffn_dim {
+                s += &format!(", a shared expert of FFN {shared}");
+            }
+            if !m.dense_layers.is_empty() {
+                s += &format!(
+                    ", {} dense layers of FFN {}",
+                    m.dense_layers.len(),
+                    c.ffn_dim
+                );
+            }
         }
         None => s += &format!(", FFN {}", c.ffn_dim),
     }

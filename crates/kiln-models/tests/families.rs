@@ -219,9 +219,14 @@ fn check_family(family: &str, format: Format) {
         if let Some(layers) = case.get("routing").and_then(Value::as_array) {
             let seen = routes.0.lock().unwrap();
             assert_eq!(seen.len(), layers.len(), "{family}/{name}: MoE layers");
-            for (layer, want_layer) in layers.iter().enumerate() {
+            // The layers that route (all of them unless the reference says).
+            let routed: Vec<usize> = match case.get("routing_layers") {
+                Some(l) => u32s(l).into_iter().map(|i| i as usize).collect(),
+                None => (0..layers.len()).collect(),
+            };
+            for ((want_l, want_layer), layer) in routed.iter().zip(layers).zip(0..) {
                 let (l, got_routes) = &seen[layer];
-                assert_eq!(*l, layer);
+                assert_eq!(l, want_l, "{family}/{name}: routing of layer {want_l}");
                 let want_layer = want_layer.as_array().unwrap();
                 assert_eq!(got_routes.len(), want_layer.len());
                 for (t, (g, w)) in got_routes.iter().zip(want_layer).enumerate() {
@@ -431,6 +436,7 @@ family_tests! {
     qwen3: "qwen3",
     phi3: "phi3",
     qwen3moe: "qwen3moe",
+    qwen2moe: "qwen2moe",
     mixtral: "mixtral",
 }
 
@@ -456,6 +462,101 @@ mod qwen3moe_tf5 {
     fn paged() {
         check_paged(FAMILY, Format::Safetensors);
     }
+}
+
+/// Qwen2-MoE mixing dense and expert layers (`decoder_sparse_step` 2: layers 0 and 2 dense, 1
+/// routed with a shared expert). No GGUF (llama.cpp's converter cannot write one): the
+/// safetensors against HF, alone, batched and paged.
+mod qwen2moe_mixed {
+    use super::*;
+
+    const FAMILY: &str = "qwen2moe-mixed";
+
+    #[test]
+    fn safetensors() {
+        check_family(FAMILY, Format::Safetensors);
+    }
+
+    #[test]
+    fn batch() {
+        check_batch(FAMILY, Format::Safetensors);
+    }
+
+    #[test]
+    fn paged() {
+        check_paged(FAMILY, Format::Safetensors);
+    }
+
+    #[test]
+    fn the_config_says_which_layers_route() {
+        let b = exact(1);
+        let c = load(FAMILY, Format::Safetensors, &b).config;
+        let moe = c.moe.expect("experts");
+        assert_eq!(moe.dense_layers, [0, 2]);
+        assert_eq!(moe.shared_ffn_dim, Some(96));
+        assert!(!moe.normalize_top_k);
+        assert!(moe.routes(1) && !moe.routes(0) && !moe.routes(2));
+    }
+}
+
+/// `mlp_only_layers` and `decoder_sparse_step` pick the dense layers of both Qwen-MoE families
+/// as transformers does; nonsense values are refused naming the key.
+#[test]
+fn qwen_moe_dense_layers_follow_the_config() {
+    use kiln_models::arch::hf_decoder_shape;
+    use kiln_models::hf::HfConfig;
+    let base: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("qwen2moe").join("config.json")).unwrap(),
+    )
+    .unwrap();
+    let dense = |edit: &dyn Fn(&mut Value)| {
+        let mut c = base.clone();
+        c["num_hidden_layers"] = 6.into();
+        edit(&mut c);
+        let hf = HfConfig::parse("config.json", &c.to_string()).unwrap();
+        hf_decoder_shape(&hf).map(|s| s.moe.unwrap().dense_layers)
+    };
+    assert_eq!(dense(&|_| {}).unwrap(), Vec::<usize>::new());
+    assert_eq!(
+        dense(&|c| c["mlp_only_layers"] = serde_json::json!([0, 4])).unwrap(),
+        [0, 4]
+    );
+    assert_eq!(
+        dense(&|c| c["decoder_sparse_step"] = 3.into()).unwrap(),
+        [0, 1, 3, 4]
+    );
+    assert_eq!(
+        dense(&|c| {
+            c["decoder_sparse_step"] = 2.into();
+            c["mlp_only_layers"] = serde_json::json!([1]);
+        })
+        .unwrap(),
+        [0, 1, 2, 4]
+    );
+    // Qwen3-MoE reads the same keys (and has no shared expert).
+    let e = dense(&|c| {
+        c["model_type"] = "qwen3_moe".into();
+        c["mlp_only_layers"] = serde_json::json!([5]);
+    })
+    .unwrap();
+    assert_eq!(e, [5]);
+    for (key, value) in [
+        ("decoder_sparse_step", serde_json::json!(0)),
+        ("mlp_only_layers", serde_json::json!(["a"])),
+        ("mlp_only_layers", serde_json::json!(3)),
+    ] {
+        let err = dense(&|c| c[key] = value.clone()).unwrap_err().to_string();
+        assert!(err.contains(key), "{err}");
+    }
+    // A Qwen2-MoE config without its shared expert's width is refused naming it.
+    let err = dense(&|c| {
+        c.as_object_mut()
+            .unwrap()
+            .remove("shared_expert_intermediate_size");
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("shared_expert_intermediate_size"), "{err}");
 }
 
 /// transformers 5's `Qwen3MoeConfig` and `MixtralConfig` both store the expert count as
@@ -966,6 +1067,7 @@ fn configs_agree_across_formats() {
         "qwen3",
         "phi3",
         "qwen3moe",
+        "qwen2moe",
         "mixtral",
     ] {
         let hf = load(family, Format::Safetensors, &b).config;
@@ -1040,10 +1142,12 @@ fn configs_agree_across_formats() {
             (None, None) => {}
             (Some(a), Some(b)) => {
                 assert_eq!(
-                    (a.n_experts, a.top_k, a.expert_ffn_dim),
-                    (b.n_experts, b.top_k, b.expert_ffn_dim)
+                    (a.n_experts, a.top_k, a.expert_ffn_dim, a.shared_ffn_dim),
+                    (b.n_experts, b.top_k, b.expert_ffn_dim, b.shared_ffn_dim)
                 );
-                assert!(b.normalize_top_k, "{family}: llama.cpp renormalises");
+                assert_eq!(a.dense_layers, b.dense_layers, "{family}");
+                // llama.cpp renormalises Qwen3-MoE's and Mixtral's weights, not Qwen2-MoE's.
+                assert_eq!(b.normalize_top_k, family != "qwen2moe", "{family}");
                 assert_eq!(a.normalize_top_k, family == "mixtral", "{family}");
             }
             _ => panic!("{family}: MoE in one format only"),

@@ -352,6 +352,8 @@ split_tests! {
     qwen3: "qwen3" [Safetensors, Gguf],
     phi3: "phi3" [Safetensors, Gguf],
     qwen3moe: "qwen3moe" [Safetensors, Gguf],
+    qwen2moe: "qwen2moe" [Safetensors, Gguf],
+    qwen2moe_mixed: "qwen2moe-mixed" [Safetensors],
     mixtral: "mixtral" [Safetensors, Gguf],
     llama_kq: "llama-kq" [Gguf],
     llama_gptq: "llama-gptq-g32" [Safetensors],

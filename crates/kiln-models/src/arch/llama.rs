@@ -1,7 +1,7 @@
-//! The Llama lineage: Llama 2/3.x, Mistral, Mixtral, Qwen2/2.5, Qwen3, Qwen3-MoE and Phi-3, from
-//! GGUF metadata or a Hugging Face `config.json`. They share one block (pre-norm RMSNorm, rotary
-//! attention with grouped KV heads, SiLU-gated FFN) and differ only in the fields of
-//! [`DecoderConfig`] set here.
+//! The Llama lineage: Llama 2/3.x, Mistral, Mixtral, Qwen2/2.5, Qwen2-MoE, Qwen3, Qwen3-MoE and
+//! Phi-3, from GGUF metadata or a Hugging Face `config.json`. They share one block (pre-norm
+//! RMSNorm, rotary attention with grouped KV heads, SiLU-gated FFN) and differ only in the fields
+//! of [`DecoderConfig`] set here.
 //!
 //! Facts that differ between the two formats:
 //! - **Rotary layout.** llama.cpp's converter permutes the Q/K rows of `llama`-architecture GGUFs
@@ -17,7 +17,9 @@
 //!   with full attention), so a Mistral GGUF attends globally and its HF checkpoint does not;
 //!   kiln follows the file. Phi-3's window is in both.
 //! - **Expert weights normalisation.** llama.cpp always renormalises Qwen3-MoE's top-k weights
-//!   (`expert_weights_norm` absent); HF follows `norm_topk_prob`.
+//!   (`expert_weights_norm` absent) and never Qwen2-MoE's; HF follows `norm_topk_prob`.
+//! - **Dense layers among expert ones** (Qwen-MoE's `mlp_only_layers`, `decoder_sparse_step`):
+//!   from HF as transformers decides; in a GGUF, a layer without a router is dense.
 
 use std::f64::consts::PI;
 use std::sync::Arc;
@@ -34,7 +36,8 @@ use crate::names::{self, NameTable};
 use crate::ModelError;
 
 /// GGUF architectures of this lineage.
-pub(crate) const GGUF_ARCHES: &[&str] = &["llama", "qwen2", "qwen3", "qwen3moe", "phi3"];
+pub(crate) const GGUF_ARCHES: &[&str] =
+    &["llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3"];
 
 /// HF `model_type`s of this lineage.
 pub(crate) const HF_TYPES: &[&str] = &[
@@ -42,6 +45,7 @@ pub(crate) const HF_TYPES: &[&str] = &[
     "mistral",
     "mixtral",
     "qwen2",
+    "qwen2_moe",
     "qwen3",
     "qwen3_moe",
     "phi3",
@@ -229,13 +233,28 @@ pub(crate) fn gguf_config(arch: &str, file: &GgufFile) -> Result<DecoderConfig, 
     ];
     let n_experts = m.usize_or_zero("expert_count")?;
     let moe = if n_experts > 0 {
+        // llama.cpp renormalises Qwen3-MoE's and Mixtral's top-k weights, not Qwen2-MoE's.
+        let qwen2moe = arch == "qwen2moe";
+        // A layer routes where it has a router; the converter writes the others (Qwen-MoE's
+        // `mlp_only_layers`) as dense FFNs, which llama.cpp itself does not load.
+        let dense_layers = (0..n_layers)
+            .filter(|i| {
+                file.tensor(&format!("blk.{i}.ffn_gate_inp.weight"))
+                    .is_none()
+            })
+            .collect();
         Some(MoeConfig {
             n_experts,
             top_k: m.usize("expert_used_count")?,
             normalize_top_k: file
                 .get_bool(&format!("{arch}.expert_weights_norm"))
-                .unwrap_or(true),
+                .unwrap_or(!qwen2moe),
             expert_ffn_dim: m.usize_or("expert_feed_forward_length", common.ffn_dim)?,
+            // llama.cpp: the shared expert's width defaults to the FFN's.
+            shared_ffn_dim: qwen2moe
+                .then(|| m.usize_or("expert_shared_feed_forward_length", common.ffn_dim))
+                .transpose()?,
+            dense_layers,
         })
     } else {
         None
@@ -288,23 +307,18 @@ pub(crate) fn hf_config(c: &HfConfig) -> Result<(DecoderConfig, &'static NameTab
     let (rope, rope_long) = hf_rope(c, rope_dim, context_length)?;
     let layer_attention = hf_layer_attention(c, &model_type, n_layers)?;
     let (moe, table) = match model_type.as_str() {
-        "qwen3_moe" => {
-            let step = c.usize_or("decoder_sparse_step", 1)?;
-            let dense_layers = c
-                .raw("mlp_only_layers")
-                .and_then(Value::as_array)
-                .is_some_and(|a| !a.is_empty());
-            if step != 1 || dense_layers {
-                return Err(c.error(
-                    "decoder_sparse_step",
-                    "models that mix dense and expert layers are not supported",
-                ));
-            }
+        "qwen3_moe" | "qwen2_moe" => {
             let moe = MoeConfig {
                 n_experts: c.usize_any(EXPERT_COUNT)?,
                 top_k: c.usize("num_experts_per_tok")?,
                 normalize_top_k: c.bool_or("norm_topk_prob", false)?,
                 expert_ffn_dim: c.usize("moe_intermediate_size")?,
+                shared_ffn_dim: if model_type == "qwen2_moe" {
+                    Some(c.usize("shared_expert_intermediate_size")?)
+                } else {
+                    None
+                },
+                dense_layers: qwen_dense_layers(c, n_layers)?,
             };
             (Some(moe), &names::LLAMA)
         }
@@ -314,6 +328,8 @@ pub(crate) fn hf_config(c: &HfConfig) -> Result<(DecoderConfig, &'static NameTab
                 top_k: c.usize("num_experts_per_tok")?,
                 normalize_top_k: true,
                 expert_ffn_dim: c.usize("intermediate_size")?,
+                shared_ffn_dim: None,
+                dense_layers: Vec::new(),
             };
             (Some(moe), &names::MIXTRAL)
         }
@@ -375,6 +391,27 @@ fn gguf_yarn(
         }
     });
     Ok(())
+}
+
+/// The dense layers of a Qwen-MoE config, as transformers decides them: layer `i` routes when
+/// it is not in `mlp_only_layers` and `(i + 1) % decoder_sparse_step == 0`.
+fn qwen_dense_layers(c: &HfConfig, n_layers: usize) -> Result<Vec<usize>, ModelError> {
+    let step = c.usize_or("decoder_sparse_step", 1)?;
+    if step == 0 {
+        return Err(c.error("decoder_sparse_step", "must be at least 1"));
+    }
+    let only = match c.raw("mlp_only_layers") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_u64().and_then(|i| usize::try_from(i).ok()))
+            .collect::<Option<Vec<usize>>>()
+            .ok_or_else(|| c.error("mlp_only_layers", "must be a list of layer indices"))?,
+        Some(_) => return Err(c.error("mlp_only_layers", "must be a list of layer indices")),
+    };
+    Ok((0..n_layers)
+        .filter(|i| only.contains(i) || (i + 1) % step != 0)
+        .collect())
 }
 
 /// The rope scaling dictionary (`rope_parameters` in transformers 5, `rope_scaling` before) and
@@ -533,7 +570,7 @@ fn hf_layer_attention(
     }
     let sliding_from = match model_type {
         // Qwen: only with `use_sliding_window`, and only from `max_window_layers` on.
-        "qwen2" | "qwen3" | "qwen3_moe" => {
+        "qwen2" | "qwen2_moe" | "qwen3" | "qwen3_moe" => {
             if c.bool_or("use_sliding_window", false)? {
                 c.usize_or("max_window_layers", 0)?
             } else {

@@ -16,7 +16,9 @@ use crate::names::{self, NameTable};
 use crate::ModelError;
 
 /// GGUF architectures (`general.architecture`) kiln can run as decoders.
-pub const SUPPORTED: &[&str] = &["gemma3", "llama", "qwen2", "qwen3", "qwen3moe", "phi3"];
+pub const SUPPORTED: &[&str] = &[
+    "gemma3", "llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3",
+];
 
 /// Hugging Face `model_type`s kiln can run as decoders from safetensors.
 pub const SUPPORTED_HF_DECODERS: &[&str] = llama::HF_TYPES;
