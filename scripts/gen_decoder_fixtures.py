@@ -18,6 +18,10 @@ reference outputs of HF transformers in float32 on the stored (rounded) weights:
     qwen2moe/        Qwen2MoeForCausalLM, 4 experts top-2 + a gated shared expert   F32   + model-f32.gguf
     qwen2moe-mixed/  qwen2moe with 3 layers, decoder_sparse_step 2 (dense, expert,  F32   (no GGUF)
                      dense)
+    gemma3/          Gemma3ForCausalLM, 6 layers (5 windowed of 8, 1 global),      BF16  + model-bf16.gguf
+                     QK-norm, sandwich norms, linear rope scaling on the global one
+    gemma3-mm/       Gemma3ForConditionalGeneration: gemma3's text model settings  BF16  (no GGUF)
+                     and a 1-layer vision tower
     mixtral/         MixtralForCausalLM, 4 experts top-2 (renormalized)            BF16  + model-bf16.gguf
     llama-kq/        Llama shaped for k-quants (hidden 256, ffn 512): GGUF only    BF16  model-bf16.gguf
     llama-gptq-g32/  GPTQ v1 4-bit, group 32, act-order (desc_act) + HF reference  (no GGUF committed)
@@ -583,17 +587,24 @@ def is_norm(name: str) -> bool:
     return "norm" in name.rsplit(".", 2)[-2]
 
 
-def randomize_(model: torch.nn.Module, gen: torch.Generator, hidden: int, gain: float = 1.3) -> None:
-    """Redraw every parameter (see the module docstring, step 2); `gain` scales the layer matrices."""
+def randomize_(
+    model: torch.nn.Module, gen: torch.Generator, hidden: int, gain: float = 1.3, gemma: bool = False
+) -> None:
+    """Redraw every parameter (see the module docstring, step 2); `gain` scales the layer matrices.
+    `gemma`: norm weights are the `w` of a `1 + w` scale, so they are drawn around 0, and the
+    embeddings (multiplied by sqrt(hidden) in the model) are drawn that much smaller, so that the
+    scales the layers see are the other families'."""
+    norm_center = 0.0 if gemma else 1.0
+    embed_std = 6.0 / hidden if gemma else 6.0 / math.sqrt(hidden)
     with torch.no_grad():
         for name, p in model.named_parameters():
             shape = tuple(p.shape)
             if is_norm(name):
-                value = 1.0 + 0.3 * torch.randn(shape, generator=gen)
+                value = norm_center + 0.3 * torch.randn(shape, generator=gen)
             elif name.endswith(".bias"):
                 value = 0.5 * torch.randn(shape, generator=gen)
             elif "embed_tokens" in name or name.startswith("lm_head"):
-                value = (6.0 / math.sqrt(hidden)) * torch.randn(shape, generator=gen)
+                value = embed_std * torch.randn(shape, generator=gen)
             else:
                 # MoE routers (mlp.gate) get a larger gain so that expert choices are clear-cut.
                 g = 2.5 if name.endswith(".mlp.gate.weight") else gain
@@ -619,7 +630,14 @@ def save_checkpoint(
     config.architectures = legacy_config["architectures"]
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    randomize_(model, torch.Generator().manual_seed(seed), legacy_config["hidden_size"], gain)
+    text = legacy_config.get("text_config", legacy_config)
+    randomize_(
+        model,
+        torch.Generator().manual_seed(seed),
+        text["hidden_size"],
+        gain,
+        gemma=text["model_type"] == "gemma3_text",
+    )
     model = model.to(TORCH_DTYPE[dtype])
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     # The smallest shard size (in steps of 5% of the total) that gives exactly `shards` files.
@@ -634,9 +652,17 @@ def save_checkpoint(
         raise SystemExit(f"{folder.name}: could not split the weights into {shards} safetensors files")
     if keep_saved_config:
         return
-    expected = AutoConfig.from_pretrained(folder).to_dict()
+    def without_dtypes(d: dict) -> dict:
+        # Sub-configs (a multimodal model's text_config) record the dtype they were built with.
+        return {
+            k: without_dtypes(v) if isinstance(v, dict) else v
+            for k, v in d.items()
+            if not (k == "dtype" and isinstance(v, (str, type(None))))
+        }
+
+    expected = without_dtypes(AutoConfig.from_pretrained(folder).to_dict())
     write_json(folder / "config.json", legacy_config)
-    reloaded = AutoConfig.from_pretrained(folder).to_dict()
+    reloaded = without_dtypes(AutoConfig.from_pretrained(folder).to_dict())
     diffs = {
         k: (expected.get(k), reloaded.get(k))
         for k in set(expected) | set(reloaded)
@@ -733,11 +759,16 @@ def gguf_summary(lc: LlamaCpp, path: Path) -> dict:
 GENERATED_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
 
-def check_same_weights(lc: LlamaCpp, folder: Path, gguf_path: Path) -> int:
-    """The GGUF holds exactly the safetensors values: equal sorted multisets of all elements."""
+def check_same_weights(lc: LlamaCpp, folder: Path, gguf_path: Path, norm_plus_one: bool = False) -> int:
+    """The GGUF holds exactly the safetensors values: equal sorted multisets of all elements.
+    With norm_plus_one (Gemma) the converter's `w + 1` of every `*norm.weight` (in f32: norms are
+    written as F32, widened before the 1 is added, so exactly transformers' `1 + w.float()`) stands
+    for the stored `w`."""
     st_values = []
     for name in safetensors_files(folder):
-        for tensor in load_torch(folder / name).values():
+        for key, tensor in load_torch(folder / name).items():
+            if norm_plus_one and key.endswith("norm.weight"):
+                tensor = tensor.float() + 1
             st_values.append(tensor.float().numpy().ravel())
     gg_values = [
         lc.tensor_f32(t).ravel() for t in lc.read(gguf_path).tensors if t.name not in GENERATED_TENSORS
@@ -1118,6 +1149,73 @@ def family_configs(
         "num_hidden_layers": 3,
         "max_window_layers": 3,
     }
+    # Gemma 3 text as google/gemma-3-270m publishes it (Gemma3ForCausalLM, model_type
+    # gemma3_text), shrunk: 6 layers so that the pattern of 6 has its global layer (5), a window
+    # of 8 so that prompts cross it, head_dim 32 != hidden / heads, and the linear scaling of the
+    # larger Gemma 3 models on the global layers. The spm tokenizer stands in for Gemma's.
+    gemma3 = {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "_sliding_window_pattern": 6,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "attn_logit_softcapping": None,
+        "bos_token_id": sp["<s>"],
+        "eos_token_id": sp["</s>"],
+        "final_logit_softcapping": None,
+        "head_dim": 32,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size": 64,
+        "initializer_range": 0.02,
+        "intermediate_size": 128,
+        "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+        "max_position_embeddings": 256,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 6,
+        "num_key_value_heads": 2,
+        "pad_token_id": 0,
+        "query_pre_attn_scalar": 32,
+        "rms_norm_eps": 1e-06,
+        "rope_local_base_freq": 10000.0,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "rope_theta": 1000000.0,
+        "sliding_window": 8,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+        "transformers_version": version,
+        "use_cache": True,
+        "vocab_size": vocab["spm"],
+    }
+    # The same text model inside Gemma3ForConditionalGeneration (model_type gemma3, the text
+    # settings under text_config, weights under language_model.), with a one-layer SigLIP vision
+    # tower that a text prompt never runs. image_token_index is <unk> (0, in no prompt); the
+    # begin/end-of-image ids are only read by the processor.
+    gemma3_mm = {
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "model_type": "gemma3",
+        "boi_token_index": vocab["spm"] - 2,
+        "eoi_token_index": vocab["spm"] - 1,
+        "image_token_index": 0,
+        "initializer_range": 0.02,
+        "mm_tokens_per_image": 4,
+        "text_config": {
+            k: v
+            for k, v in gemma3.items()
+            if k not in ("architectures", "torch_dtype", "transformers_version")
+        },
+        "torch_dtype": "bfloat16",
+        "transformers_version": version,
+        "vision_config": {
+            "model_type": "siglip_vision_model",
+            "hidden_size": 32,
+            "image_size": 28,
+            "intermediate_size": 64,
+            "num_attention_heads": 2,
+            "num_hidden_layers": 1,
+            "patch_size": 14,
+            "vision_use_head": False,
+        },
+    }
     mixtral = {
         "architectures": ["MixtralForCausalLM"],
         "model_type": "mixtral",
@@ -1183,6 +1281,8 @@ def family_configs(
         "qwen3moe-tf5": qwen3moe_tf5,
         "qwen2moe": qwen2moe,
         "qwen2moe-mixed": qwen2moe_mixed,
+        "gemma3": gemma3,
+        "gemma3-mm": gemma3_mm,
         "mixtral": mixtral,
         "llama-kq": llama_kq,
         "llama-gptq": llama_gptq,
@@ -1190,7 +1290,7 @@ def family_configs(
 
 
 # name -> (storage dtype, tokenizer kind, converter pre-tokenizer name, safetensors shards, seed offset).
-# The seed offsets of phi3, qwen3moe, qwen3moe-tf5, qwen2moe and mixtral were picked (by trying a few) so that
+# The seed offsets of phi3, qwen3moe, qwen3moe-tf5, qwen2moe, gemma3, gemma3-mm and mixtral were picked (by trying a few) so that
 # no greedy step of any reference variant is within 0.05 of a tie and no router choice within 0.01;
 # the others passed with their first seed. README.md reports the margins reached.
 FAMILIES: dict[str, tuple[str, str, str | None, int, int]] = {
@@ -1204,11 +1304,13 @@ FAMILIES: dict[str, tuple[str, str, str | None, int, int]] = {
     "qwen3moe-tf5": ("BF16", "qwen", None, 1, 67),
     "qwen2moe": ("F32", "qwen", "qwen2", 1, 77),
     "qwen2moe-mixed": ("F32", "qwen", None, 1, 73),
+    "gemma3": ("BF16", "spm", None, 1, 84),
+    "gemma3-mm": ("BF16", "spm", None, 1, 116),
     "mixtral": ("BF16", "spm", None, 1, 38),
     "llama-kq": ("BF16", "llama3", "llama-bpe", 1, 8),
 }
 # Folders without a GGUF (their references apply to the safetensors only).
-NO_GGUF = {"qwen3moe-tf5", "qwen2moe-mixed"}
+NO_GGUF = {"qwen3moe-tf5", "qwen2moe-mixed", "gemma3-mm"}
 # Folders whose config.json is left exactly as transformers' save_pretrained wrote it, and the keys
 # it must (True) or must not (False) contain: the transformers 5 spelling of the expert count.
 SAVED_CONFIG = {"qwen3moe-tf5": {"num_local_experts": True, "num_experts": False}}
@@ -1226,6 +1328,7 @@ EXPECTED_ARCH = {
     "phi3": "phi3",
     "qwen3moe": "qwen3moe",
     "qwen2moe": "qwen2moe",
+    "gemma3": "gemma3",
     "mixtral": "llama",
     "llama-kq": "llama",
 }
@@ -1320,7 +1423,7 @@ def make_family(
         summary = gguf_summary(lc, gguf_path)
         if summary["architecture"] != EXPECTED_ARCH[name]:
             raise SystemExit(f"{name}: GGUF architecture {summary['architecture']}")
-        n_values = check_same_weights(lc, model_dir, gguf_path)
+        n_values = check_same_weights(lc, model_dir, gguf_path, norm_plus_one=name == "gemma3")
     else:
         gguf_name = None
         versions = {k: v for k, v in versions.items() if k != "llama.cpp"}
@@ -1769,6 +1872,23 @@ qwen2moe's settings with 3 layers and `decoder_sparse_step` 2: transformers rout
 expert, layers 0 and 2 a dense FFN of `intermediate_size` 128 (`mlp.gate_proj/up_proj/down_proj`).
 `routing_layers` in each case lists the layers the routing refers to. No GGUF: llama.cpp's converter
 has no tensor names for a dense FFN in a qwen2moe file.""",
+    "gemma3": """\
+### `gemma3/` — Gemma3ForCausalLM (`gemma3_text`), BF16 (safetensors and GGUF)
+hidden 64, 6 layers, 4 query heads of **head_dim 32**, 2 KV heads, ffn 128 (GELU-tanh gated), tied,
+`query_pre_attn_scalar` 32, rms eps 1e-6, embeddings scaled by sqrt(64) = 8. Layers 0-4 attend
+through a **window of 8** with rope base 1e4 (`rope_local_base_freq`), layer 5 globally with base
+1e6 and **linear scaling 8** (`rope_scaling`, as the 4B-27B models). QK-norm, and the sandwich
+norms (`post_attention_layernorm`, `pre_feedforward_layernorm`, `post_feedforward_layernorm`).
+Gemma's RMSNorm scales by `1 + w`: the safetensors store `w`, the converter writes `1 + w`. The
+tokenizer is the spm one (mistral's), standing in for Gemma's 262k-piece one; the converter writes
+it with `add_space_prefix` false, as it does for every Gemma 3.""",
+    "gemma3-mm": """\
+### `gemma3-mm/` — Gemma3ForConditionalGeneration (`gemma3`), BF16 (safetensors only)
+A multimodal Gemma 3 checkpoint as published ones are laid out: `model_type` gemma3, the text
+model's settings under `text_config` (gemma3's), its weights under `language_model.model.` (what
+transformers 5 writes, and google/gemma-3-4b-it has), a SigLIP vision tower (1 layer, hidden 32,
+patches of 14 on 28x28 images) and projector that text prompts never run. The references are the
+whole model's on text alone (its own seed: the vision tower's parameters change the draw).""",
     "qwen3moe-tf5": """\
 ### `qwen3moe-tf5/` — Qwen3MoeForCausalLM as transformers 5 saves it, BF16 (no GGUF)
 The shape of `qwen3moe/` (hidden 64, 2 layers, all sparse, 4 experts, top-2, moe_intermediate_size

@@ -46,6 +46,7 @@ fn check_families(extra: &[&str]) {
         "mixtral",
         "qwen2moe",
         "qwen2moe-mixed",
+        "gemma3-mm",
         "llama-gptq-g32",
     ] {
         let dir = fixture(family);

@@ -213,14 +213,18 @@ impl ModelFile {
         Ok(match &self.source {
             Source::Gguf(f) => ModelCost::from_gguf(f, self.decoder_config()?),
             Source::Folder(f) if f.kind == ModelKind::HfDecoder => {
-                let tied = f.config.bool_or("tie_word_embeddings", false)?
-                    && f.checkpoint.tensor("lm_head.weight").is_none();
+                // A multimodal checkpoint's text model: only its tensors count.
+                let prefix = kiln_models::arch::hf_weight_prefix(&f.config)?;
+                let tied = kiln_models::arch::hf_tied(&f.config)?
+                    && f.checkpoint
+                        .tensor(&format!("{prefix}lm_head.weight"))
+                        .is_none();
                 let shape = ModelShape::Decoder(self.decoder_config()?);
-                ModelCost::from_safetensors(&f.checkpoint, shape, tied)
+                ModelCost::from_safetensors(&f.checkpoint, shape, tied, prefix)
             }
             Source::Folder(f) => {
                 let shape = ModelShape::Encoder(self.encoder_config()?);
-                ModelCost::from_safetensors(&f.checkpoint, shape, false)
+                ModelCost::from_safetensors(&f.checkpoint, shape, false, "")
             }
         })
     }

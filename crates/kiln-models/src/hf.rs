@@ -43,6 +43,17 @@ impl HfConfig {
         Self::from_value(file, v)
     }
 
+    /// The configuration nested under `key` (a multimodal model's `text_config`); its errors
+    /// name it as `config.json (text_config)`.
+    pub fn nested(&self, key: &str) -> Result<Self, ModelError> {
+        match self.json.get(key) {
+            Some(v @ Value::Object(_)) => {
+                Self::from_value(&format!("{} ({key})", self.file), v.clone())
+            }
+            _ => Err(self.error(key, "missing, or not a JSON object")),
+        }
+    }
+
     fn from_value(file: &str, v: Value) -> Result<Self, ModelError> {
         match v {
             Value::Object(json) => Ok(HfConfig {

@@ -116,15 +116,16 @@ fn hf_decoder_source<'a>(
     st: &'a SafetensorsModel,
 ) -> Result<(DecoderConfig, Source<'a>), ModelError> {
     let (config, names) = arch::hf_decoder_config(hf)?;
-    let plain = Source::checkpoint(st, names, None);
-    if !hf.bool_or("tie_word_embeddings", false)? && !plain.has(Role::Output, 0) {
+    let prefix = arch::hf_weight_prefix(hf)?;
+    let plain = Source::checkpoint(st, names, None).under(prefix);
+    if !arch::hf_tied(hf)? && !plain.has(Role::Output, 0) {
         let name = plain.name(Role::Output, 0, 0, "weight").unwrap_or_default();
         return Err(ModelError::MissingTensor(format!(
             "{name} (config.json says the output is not tied to the embeddings)"
         )));
     }
     let gptq = GptqConfig::read(hf)?;
-    Ok((config, Source::checkpoint(st, names, gptq)))
+    Ok((config, Source::checkpoint(st, names, gptq).under(prefix)))
 }
 
 /// The whole model on `backend`.

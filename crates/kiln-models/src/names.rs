@@ -85,6 +85,9 @@ pub(crate) struct Entry {
 pub(crate) struct NameTable {
     pub family: &'static str,
     entries: &'static [Entry],
+    /// The family's Hugging Face checkpoints store RMSNorm weights as `w` for a scale of
+    /// `1 + w` (Gemma); its GGUFs store `1 + w` (the converter adds the 1), as kiln computes.
+    pub hf_norm_plus_one: bool,
 }
 
 impl NameTable {
@@ -118,6 +121,7 @@ const fn opt(role: Role, gguf: Option<&'static str>, hf: Option<&'static str>) -
 /// fuse gate and up in `ffn_up`).
 pub(crate) static LLAMA: NameTable = NameTable {
     family: "llama",
+    hf_norm_plus_one: false,
     entries: &[
         req(Role::TokenEmbd, "token_embd", "model.embed_tokens"),
         req(Role::OutputNorm, "output_norm", "model.norm"),
@@ -233,6 +237,7 @@ pub(crate) static LLAMA: NameTable = NameTable {
 /// Mixtral: Llama's names, but `block_sparse_moe.gate` and `block_sparse_moe.experts.E.w1/w3/w2`.
 pub(crate) static MIXTRAL: NameTable = NameTable {
     family: "mixtral",
+    hf_norm_plus_one: false,
     entries: &[
         req(Role::TokenEmbd, "token_embd", "model.embed_tokens"),
         req(Role::OutputNorm, "output_norm", "model.norm"),
@@ -290,43 +295,88 @@ pub(crate) static MIXTRAL: NameTable = NameTable {
     ],
 };
 
-/// A GGUF-only role.
-const fn gguf(role: Role, name: &'static str, optional: bool) -> Entry {
-    Entry {
-        role,
-        gguf: Some(name),
-        hf: None,
-        optional,
-    }
-}
-
-/// Gemma 3 (GGUF only): Llama's block names plus QK-norm and the sandwich norms; the output is
-/// tied to the embeddings.
+/// Gemma 3 (text): Llama's block names plus QK-norm and the sandwich norms; the output is tied to
+/// the embeddings. Hugging Face: `Gemma3ForCausalLM`'s names (the text model of a
+/// `Gemma3ForConditionalGeneration` checkpoint has them under a prefix, see the loader).
 pub(crate) static GEMMA3: NameTable = NameTable {
     family: "gemma3",
+    hf_norm_plus_one: true,
     entries: &[
-        gguf(Role::TokenEmbd, "token_embd", false),
-        gguf(Role::OutputNorm, "output_norm", false),
-        gguf(Role::Output, "output", true),
-        gguf(Role::AttnNorm, "blk.{i}.attn_norm", false),
-        gguf(Role::AttnQ, "blk.{i}.attn_q", false),
-        gguf(Role::AttnK, "blk.{i}.attn_k", false),
-        gguf(Role::AttnV, "blk.{i}.attn_v", false),
-        gguf(Role::AttnQNorm, "blk.{i}.attn_q_norm", true),
-        gguf(Role::AttnKNorm, "blk.{i}.attn_k_norm", true),
-        gguf(Role::AttnOut, "blk.{i}.attn_output", false),
-        gguf(Role::PostAttnNorm, "blk.{i}.post_attention_norm", true),
-        gguf(Role::FfnNorm, "blk.{i}.ffn_norm", false),
-        gguf(Role::FfnGate, "blk.{i}.ffn_gate", false),
-        gguf(Role::FfnUp, "blk.{i}.ffn_up", false),
-        gguf(Role::FfnDown, "blk.{i}.ffn_down", false),
-        gguf(Role::PostFfnNorm, "blk.{i}.post_ffw_norm", true),
+        req(Role::TokenEmbd, "token_embd", "model.embed_tokens"),
+        req(Role::OutputNorm, "output_norm", "model.norm"),
+        opt(Role::Output, Some("output"), Some("lm_head")),
+        req(
+            Role::AttnNorm,
+            "blk.{i}.attn_norm",
+            "model.layers.{i}.input_layernorm",
+        ),
+        req(
+            Role::AttnQ,
+            "blk.{i}.attn_q",
+            "model.layers.{i}.self_attn.q_proj",
+        ),
+        req(
+            Role::AttnK,
+            "blk.{i}.attn_k",
+            "model.layers.{i}.self_attn.k_proj",
+        ),
+        req(
+            Role::AttnV,
+            "blk.{i}.attn_v",
+            "model.layers.{i}.self_attn.v_proj",
+        ),
+        opt(
+            Role::AttnQNorm,
+            Some("blk.{i}.attn_q_norm"),
+            Some("model.layers.{i}.self_attn.q_norm"),
+        ),
+        opt(
+            Role::AttnKNorm,
+            Some("blk.{i}.attn_k_norm"),
+            Some("model.layers.{i}.self_attn.k_norm"),
+        ),
+        req(
+            Role::AttnOut,
+            "blk.{i}.attn_output",
+            "model.layers.{i}.self_attn.o_proj",
+        ),
+        opt(
+            Role::PostAttnNorm,
+            Some("blk.{i}.post_attention_norm"),
+            Some("model.layers.{i}.post_attention_layernorm"),
+        ),
+        req(
+            Role::FfnNorm,
+            "blk.{i}.ffn_norm",
+            "model.layers.{i}.pre_feedforward_layernorm",
+        ),
+        req(
+            Role::FfnGate,
+            "blk.{i}.ffn_gate",
+            "model.layers.{i}.mlp.gate_proj",
+        ),
+        req(
+            Role::FfnUp,
+            "blk.{i}.ffn_up",
+            "model.layers.{i}.mlp.up_proj",
+        ),
+        req(
+            Role::FfnDown,
+            "blk.{i}.ffn_down",
+            "model.layers.{i}.mlp.down_proj",
+        ),
+        opt(
+            Role::PostFfnNorm,
+            Some("blk.{i}.post_ffw_norm"),
+            Some("model.layers.{i}.post_feedforward_layernorm"),
+        ),
     ],
 };
 
 /// BERT and (XLM-)RoBERTa.
 pub(crate) static BERT: NameTable = NameTable {
     family: "bert",
+    hf_norm_plus_one: false,
     entries: &[
         req(Role::TokenEmbd, "token_embd", "embeddings.word_embeddings"),
         req(
@@ -387,6 +437,7 @@ pub(crate) static BERT: NameTable = NameTable {
 /// The first layer has no attention norm.
 pub(crate) static MODERNBERT: NameTable = NameTable {
     family: "modernbert",
+    hf_norm_plus_one: false,
     entries: &[
         req(Role::TokenEmbd, "token_embd", "embeddings.tok_embeddings"),
         req(Role::EmbdNorm, "token_embd_norm", "embeddings.norm"),

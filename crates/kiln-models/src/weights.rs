@@ -20,6 +20,7 @@
 use std::sync::Arc;
 
 use kiln_backend::{Backend, GptqMatrix, Linear, WeightData};
+use kiln_core::{GgmlType, SharedBytes};
 use kiln_formats::{GgufFile, SafetensorsModel};
 
 use crate::gptq::GptqConfig;
@@ -78,6 +79,14 @@ impl<'a> Source<'a> {
             },
             names,
         }
+    }
+
+    /// This checkpoint with every name under `prefix` (the text model of a multimodal one).
+    pub(crate) fn under(mut self, prefix: &'static str) -> Self {
+        if let File::Checkpoint { prefix: p, .. } = &mut self.file {
+            *p = prefix;
+        }
+        self
     }
 
     /// A Hugging Face checkpoint whose names start with whichever of `prefixes` makes its token
@@ -369,14 +378,15 @@ impl<B: Backend> Loader<'_, B> {
         Ok(self.backend.upload_weight(data)?)
     }
 
-    /// The 1-D weight of `role` in layer `layer`, of `len` elements.
+    /// The 1-D weight of `role` in layer `layer`, of `len` elements (a decoder's norm weight:
+    /// see [`Loader::norm_scale`]).
     pub(crate) fn vector(
         &self,
         role: Role,
         layer: usize,
         len: usize,
     ) -> Result<B::Weight, ModelError> {
-        self.upload(&self.required(role, layer, "weight", &[len])?)
+        self.upload(&self.norm_scale(self.required(role, layer, "weight", &[len])?)?)
     }
 
     /// [`Loader::vector`] of an optional role.
@@ -387,8 +397,35 @@ impl<B: Backend> Loader<'_, B> {
         len: usize,
     ) -> Result<Option<B::Weight>, ModelError> {
         self.optional(role, layer, &[len])?
-            .map(|d| self.upload(&d))
+            .map(|d| self.upload(&self.norm_scale(d)?))
             .transpose()
+    }
+
+    /// An RMSNorm weight as the scale kiln multiplies by: as stored, or for a checkpoint of a
+    /// family that stores `w` for `1 + w` (Gemma) the f32 values `1 + w`, computed in f32 as
+    /// transformers does.
+    fn norm_scale(&self, data: WeightData) -> Result<WeightData, ModelError> {
+        if !(self.source.names.hf_norm_plus_one
+            && matches!(self.source.file, File::Checkpoint { .. }))
+        {
+            return Ok(data);
+        }
+        let mut values = vec![0.0f32; data.n_elements()];
+        kiln_quant::dequantize(data.ty, &data.bytes, &mut values).map_err(|e| {
+            ModelError::File {
+                file: data.name.clone(),
+                detail: e.to_string(),
+            }
+        })?;
+        let bytes = values
+            .iter()
+            .flat_map(|w| (1.0 + w).to_le_bytes())
+            .collect();
+        Ok(WeightData {
+            ty: GgmlType::F32,
+            bytes: SharedBytes::from_vec(bytes),
+            ..data
+        })
     }
 
     /// The layer norm `role` of `d` elements: its weight, and its bias when `bias`. Older BERT

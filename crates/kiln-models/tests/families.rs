@@ -437,6 +437,7 @@ family_tests! {
     phi3: "phi3",
     qwen3moe: "qwen3moe",
     qwen2moe: "qwen2moe",
+    gemma3: "gemma3",
     mixtral: "mixtral",
 }
 
@@ -496,6 +497,105 @@ mod qwen2moe_mixed {
         assert_eq!(moe.shared_ffn_dim, Some(96));
         assert!(!moe.normalize_top_k);
         assert!(moe.routes(1) && !moe.routes(0) && !moe.routes(2));
+    }
+}
+
+/// The text model of a multimodal Gemma 3 checkpoint (`Gemma3ForConditionalGeneration`: settings
+/// under `text_config`, weights under `language_model.`, a vision tower kiln leaves alone).
+/// No GGUF: the safetensors against HF, alone, batched and paged.
+mod gemma3_mm {
+    use super::*;
+
+    const FAMILY: &str = "gemma3-mm";
+
+    #[test]
+    fn safetensors() {
+        check_family(FAMILY, Format::Safetensors);
+    }
+
+    #[test]
+    fn batch() {
+        check_batch(FAMILY, Format::Safetensors);
+    }
+
+    #[test]
+    fn paged() {
+        check_paged(FAMILY, Format::Safetensors);
+    }
+
+    /// The text model's configuration equals the one `Gemma3ForCausalLM`'s `config.json` gives.
+    #[test]
+    fn reads_the_text_config() {
+        let b = exact(1);
+        let mm = load(FAMILY, Format::Safetensors, &b).config;
+        let text = load("gemma3", Format::Safetensors, &b).config;
+        assert_eq!(mm, text);
+    }
+}
+
+/// Gemma 3 settings kiln cannot honour are refused naming the key; transformers' defaults fill
+/// the keys a `config.json` leaves out (`layer_types` from the pattern of 6, the rope bases).
+#[test]
+fn gemma3_configs_are_read_with_transformers_defaults() {
+    use kiln_core::config::LayerAttention;
+    use kiln_models::arch::hf_decoder_shape;
+    use kiln_models::hf::HfConfig;
+    let base: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("gemma3").join("config.json")).unwrap(),
+    )
+    .unwrap();
+    let shape = |edit: &dyn Fn(&mut serde_json::Map<String, Value>)| {
+        let mut c = base.clone();
+        edit(c.as_object_mut().unwrap());
+        let hf = HfConfig::parse("config.json", &c.to_string()).unwrap();
+        hf_decoder_shape(&hf)
+    };
+    let c = shape(&|c| {
+        for k in [
+            "layer_types",
+            "_sliding_window_pattern",
+            "rope_theta",
+            "rope_local_base_freq",
+            "rope_scaling",
+            "query_pre_attn_scalar",
+        ] {
+            c.remove(k);
+        }
+        c["num_hidden_layers"] = 12.into();
+    })
+    .unwrap();
+    let global: Vec<usize> = (0..12)
+        .filter(|&i| c.layer_attention[i] == LayerAttention::Global)
+        .collect();
+    assert_eq!(global, [5, 11]);
+    assert_eq!(c.rope_global.base, 1e6);
+    assert_eq!(c.rope_global.freq_scale, 1.0);
+    assert_eq!(c.rope_local.base, 1e4);
+    assert_eq!(c.attention_scale, 1.0 / 16.0);
+    for (key, value, want) in [
+        ("hidden_activation", serde_json::json!("gelu"), "gelu"),
+        (
+            "final_logit_softcapping",
+            serde_json::json!(30.0),
+            "final_logit_softcapping",
+        ),
+        (
+            "use_bidirectional_attention",
+            serde_json::json!(true),
+            "EmbeddingGemma",
+        ),
+        (
+            "layer_types",
+            serde_json::json!(["full_attention"]),
+            "layer_types",
+        ),
+    ] {
+        let e = shape(&|c| {
+            c.insert(key.into(), value.clone());
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains(want), "{key}: {e}");
     }
 }
 
@@ -1068,6 +1168,7 @@ fn configs_agree_across_formats() {
         "phi3",
         "qwen3moe",
         "qwen2moe",
+        "gemma3",
         "mixtral",
     ] {
         let hf = load(family, Format::Safetensors, &b).config;
@@ -1094,6 +1195,22 @@ fn configs_agree_across_formats() {
             "{family}"
         );
         assert_eq!(hf.rope_global.base, gguf.rope_global.base, "{family}");
+        assert_eq!(
+            hf.rope_global.freq_scale, gguf.rope_global.freq_scale,
+            "{family}"
+        );
+        let (hl, gl) = (&hf.rope_local, &gguf.rope_local);
+        assert_eq!(
+            (hl.base, hl.freq_scale, hl.mscale),
+            (gl.base, gl.freq_scale, gl.mscale),
+            "{family}: local rope"
+        );
+        assert!(close(&hl.freq_factors, &gl.freq_factors), "{family}");
+        assert_eq!(hf.attention_scale, gguf.attention_scale, "{family}");
+        assert_eq!(hf.embed_scale, gguf.embed_scale, "{family}");
+        assert_eq!(hf.activation, gguf.activation, "{family}");
+        assert_eq!(hf.attn_logit_softcap, gguf.attn_logit_softcap, "{family}");
+        assert_eq!(hf.head_dim_v, gguf.head_dim_v, "{family}");
         assert_eq!(hf.rope_long.is_some(), gguf.rope_long.is_some(), "{family}");
         if let (Some(a), Some(b)) = (&hf.rope_long, &gguf.rope_long) {
             assert_eq!(a.original_context, b.original_context);

@@ -354,6 +354,8 @@ split_tests! {
     qwen3moe: "qwen3moe" [Safetensors, Gguf],
     qwen2moe: "qwen2moe" [Safetensors, Gguf],
     qwen2moe_mixed: "qwen2moe-mixed" [Safetensors],
+    gemma3: "gemma3" [Safetensors, Gguf],
+    gemma3_mm: "gemma3-mm" [Safetensors],
     mixtral: "mixtral" [Safetensors, Gguf],
     llama_kq: "llama-kq" [Gguf],
     llama_gptq: "llama-gptq-g32" [Safetensors],

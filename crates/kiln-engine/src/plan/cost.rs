@@ -129,12 +129,19 @@ impl ModelCost {
         }
     }
 
-    /// The costs of a safetensors checkpoint (decoder or encoder). `tied_output` as the
-    /// configuration says (`tie_word_embeddings` without an `lm_head`); false for encoders.
-    pub fn from_safetensors(st: &SafetensorsModel, shape: ModelShape, tied_output: bool) -> Self {
+    /// The costs of a safetensors checkpoint (decoder or encoder): its tensors whose names start
+    /// with `prefix` (the text model of a multimodal checkpoint; `""` for all). `tied_output` as
+    /// the configuration says (`tie_word_embeddings` without an `lm_head`); false for encoders.
+    pub fn from_safetensors(
+        st: &SafetensorsModel,
+        shape: ModelShape,
+        tied_output: bool,
+        prefix: &str,
+    ) -> Self {
         let tensors = st
             .tensors()
             .into_iter()
+            .filter(|t| t.name.starts_with(prefix))
             .map(|t| {
                 let dims: Vec<u64> = t.ggml_dims().iter().map(|&d| d as u64).collect();
                 // GPTQ checkpoints store I32 words; their element type is counted by bytes only.

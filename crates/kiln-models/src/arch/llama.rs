@@ -39,18 +39,6 @@ use crate::ModelError;
 pub(crate) const GGUF_ARCHES: &[&str] =
     &["llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3"];
 
-/// HF `model_type`s of this lineage.
-pub(crate) const HF_TYPES: &[&str] = &[
-    "llama",
-    "mistral",
-    "mixtral",
-    "qwen2",
-    "qwen2_moe",
-    "qwen3",
-    "qwen3_moe",
-    "phi3",
-];
-
 /// The expert count of `qwen3_moe` and `mixtral` configs. Both transformers 5 config classes
 /// (`Qwen3MoeConfig`, `MixtralConfig`) store it as `num_local_experts` and alias `num_experts` to
 /// it (`attribute_map`), so either spelling loads into either class: transformers 5 writes
@@ -428,11 +416,27 @@ fn hf_rope(
             _ => None,
         })
         .unwrap_or(("rope_scaling", None));
-    let num = |name: &str| params.and_then(|p| p.get(name)).and_then(Value::as_f64);
-    let base = match num("rope_theta") {
+    let base = match params
+        .and_then(|p| p.get("rope_theta"))
+        .and_then(Value::as_f64)
+    {
         Some(b) => b as f32,
         None => c.f32_or("rope_theta", 10_000.0)?,
     };
+    rope_from_params(c, key, params, base, rope_dim, context_length)
+}
+
+/// The rope that one scaling dictionary (`params`, found under `key` of `config.json`; `None`:
+/// no scaling) describes for base `base`, as transformers computes it.
+pub(super) fn rope_from_params(
+    c: &HfConfig,
+    key: &str,
+    params: Option<&serde_json::Map<String, Value>>,
+    base: f32,
+    rope_dim: usize,
+    context_length: usize,
+) -> Result<(RopeConfig, Option<LongRope>), ModelError> {
+    let num = |name: &str| params.and_then(|p| p.get(name)).and_then(Value::as_f64);
     let mut rope = RopeConfig::plain(base);
     let kind = params
         .and_then(|p| p.get("rope_type").or_else(|| p.get("type")))

@@ -20,8 +20,20 @@ pub const SUPPORTED: &[&str] = &[
     "gemma3", "llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3",
 ];
 
-/// Hugging Face `model_type`s kiln can run as decoders from safetensors.
-pub const SUPPORTED_HF_DECODERS: &[&str] = llama::HF_TYPES;
+/// Hugging Face `model_type`s kiln can run as decoders from safetensors (`gemma3` is the text
+/// model of a `Gemma3ForConditionalGeneration` checkpoint).
+pub const SUPPORTED_HF_DECODERS: &[&str] = &[
+    "gemma3_text",
+    "gemma3",
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "phi3",
+];
 
 /// Read the decoder configuration of architecture `arch` from a GGUF file.
 pub fn decoder_config(arch: &str, file: &GgufFile) -> Result<DecoderConfig, ModelError> {
@@ -56,7 +68,35 @@ pub(crate) fn hf_decoder_config(
     if !SUPPORTED_HF_DECODERS.contains(&model_type) {
         return Err(ModelError::UnsupportedHfModel(model_type.to_string()));
     }
+    if gemma3::HF_TYPES.contains(&model_type) {
+        return Ok((gemma3::hf_config(c)?, &names::GEMMA3));
+    }
     llama::hf_config(c)
+}
+
+/// Whether a checkpoint's output matrix is its token embedding table (`tie_word_embeddings`,
+/// whose default is the family's: true for Gemma 3, at the top or in `text_config`).
+pub fn hf_tied(c: &HfConfig) -> Result<bool, ModelError> {
+    let model_type = c.model_type()?;
+    if !gemma3::HF_TYPES.contains(&model_type) {
+        return c.bool_or("tie_word_embeddings", false);
+    }
+    if c.has("tie_word_embeddings") || model_type != "gemma3" {
+        return c.bool_or("tie_word_embeddings", true);
+    }
+    c.nested("text_config")?
+        .bool_or("tie_word_embeddings", true)
+}
+
+/// Where a checkpoint's decoder weights are: under `language_model.` for the text model of a
+/// multimodal Gemma 3 (as its published checkpoints and transformers 5 save them), at the top
+/// otherwise.
+pub fn hf_weight_prefix(c: &HfConfig) -> Result<&'static str, ModelError> {
+    Ok(if c.model_type()? == "gemma3" {
+        "language_model."
+    } else {
+        ""
+    })
 }
 
 /// Vocabulary size: the rows of `token_embd.weight` (the metadata has no reliable key for it).

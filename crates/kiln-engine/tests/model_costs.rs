@@ -1,0 +1,36 @@
+//! What the planner counts for a checkpoint (`ModelFile::cost`) on the decoder fixtures
+//! (`tests/fixtures/decoders`): the text model of a multimodal Gemma 3 costs what the same text
+//! model alone does (its vision tower is not counted), and Gemma's tied output is not counted
+//! twice.
+
+use std::path::PathBuf;
+
+use kiln_engine::plan::Place;
+use kiln_engine::ModelFile;
+use kiln_formats::LoadMode;
+
+fn fixture(family: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/decoders")
+        .join(family)
+}
+
+#[test]
+fn a_multimodal_gemma3_costs_its_text_model() {
+    let text = ModelFile::open(&fixture("gemma3"), LoadMode::Map)
+        .unwrap()
+        .cost()
+        .unwrap();
+    let mm = ModelFile::open(&fixture("gemma3-mm"), LoadMode::Map)
+        .unwrap()
+        .cost()
+        .unwrap();
+    assert!(text.tied_output && mm.tied_output);
+    for place in [Place::Embedding, Place::Head]
+        .into_iter()
+        .chain((0..6).map(Place::Layer))
+    {
+        assert_eq!(text.bytes_at(place), mm.bytes_at(place), "{place:?}");
+    }
+    assert_eq!(text.total_bytes(), mm.total_bytes());
+}
