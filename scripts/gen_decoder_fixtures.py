@@ -23,6 +23,7 @@ reference outputs of HF transformers in float32 on the stored (rounded) weights:
     gemma3-mm/       Gemma3ForConditionalGeneration: gemma3's text model settings  BF16  (no GGUF)
                      and a 1-layer vision tower
     mixtral/         MixtralForCausalLM, 4 experts top-2 (renormalized)            BF16  + model-bf16.gguf
+    llama-dynamic/   Llama with dynamic NTK rope scaling (factor 4 over 16 positions) F32  (no GGUF)
     llama-kq/        Llama shaped for k-quants (hidden 256, ffn 512): GGUF only    BF16  model-bf16.gguf
     llama-gptq-g32/  GPTQ v1 4-bit, group 32, act-order (desc_act) + HF reference  (no GGUF committed)
     llama-gptq-g64/  GPTQ v1 4-bit, group 64, no act-order                         (no GGUF committed)
@@ -819,6 +820,8 @@ def run_case(
 ) -> dict:
     """Prompt logits, greedy continuation with per-step margins, and MoE routing, for one prompt."""
     input_ids = torch.tensor([ids])
+    dynamic = getattr(model.config, "rope_parameters", {}).get("rope_type") == "dynamic"
+    reset_dynamic_rope(model)
     routing: list[list] = []
     weights: list[list] = []
     router_margin = math.inf
@@ -847,6 +850,7 @@ def run_case(
     gen_config = GenerationConfig(
         do_sample=False, max_new_tokens=8, eos_token_id=None, bos_token_id=None, pad_token_id=0
     )
+    reset_dynamic_rope(model)
     with torch.no_grad():
         out = model.generate(
             input_ids,
@@ -861,10 +865,14 @@ def run_case(
     step_margins = [margins(step[0]) for step in out.logits]
     prefill_diff = float((out.logits[0][0].float() - logits[-1]).abs().max())
     # One forward over prompt + continuation must pick the same tokens (no KV-cache/window slip).
-    with torch.no_grad():
-        full = model(torch.tensor([ids + greedy[:-1]])).logits[0]
-    if full[len(ids) - 1 :].argmax(-1).tolist() != greedy:
-        raise SystemExit(f"{folder.name}/{name}: full forward disagrees with generate")
+    # Not with dynamic NTK: there each decode step rotates with its own base, one long forward
+    # with the last one's.
+    if not dynamic:
+        with torch.no_grad():
+            full = model(torch.tensor([ids + greedy[:-1]])).logits[0]
+        if full[len(ids) - 1 :].argmax(-1).tolist() != greedy:
+            raise SystemExit(f"{folder.name}/{name}: full forward disagrees with generate")
+    reset_dynamic_rope(model)
     if rope is not None and rope != rope_factors_used(model, folder):
         raise SystemExit(f"{folder.name}/{name}: longrope factors changed during generation")
     logits_file = f"logits-{name}.f32"
@@ -889,6 +897,16 @@ def run_case(
         case["router_min_gap_kth_vs_next_logit"] = round(router_margin, 6)
     case.update(extra or {})
     return case
+
+
+def reset_dynamic_rope(model: Any) -> None:
+    """Dynamic NTK keeps the largest base it has grown to (`max_seq_len_cached`) across calls;
+    each prompt starts from the original one, as a freshly loaded model does."""
+    rotary = model.model.rotary_emb
+    if getattr(rotary, "rope_type", None) != "dynamic":
+        return
+    rotary.register_buffer("inv_freq", rotary.original_inv_freq.clone(), persistent=False)
+    rotary.max_seq_len_cached = rotary.original_max_seq_len
 
 
 def rope_factors_used(model: Any, folder: Path) -> str:
@@ -1251,6 +1269,16 @@ def family_configs(
     }
     qwen3moe_tf5["norm_topk_prob"] = True  # as Qwen3-30B-A3B; qwen3moe/ covers false
     qwen3moe_tf5["rope_parameters"] = {"rope_type": "default", "rope_theta": 1000000.0}
+    # Dynamic NTK on a Llama (rope_type dynamic, factor 4) trained at 16 positions, so that every
+    # prompt (23-45 ids) runs past it: transformers recomputes the base per forward pass from
+    # the pass's last position, `base * (factor * len / 16 - 3) ** (d / (d - 2))`.
+    llama_dynamic = {
+        **llama,
+        "max_position_embeddings": 16,
+        "rope_scaling": {"factor": 4.0, "rope_type": "dynamic"},
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+    }
     llama_kq = {
         **llama,
         "head_dim": 64,
@@ -1284,6 +1312,7 @@ def family_configs(
         "gemma3": gemma3,
         "gemma3-mm": gemma3_mm,
         "mixtral": mixtral,
+        "llama-dynamic": llama_dynamic,
         "llama-kq": llama_kq,
         "llama-gptq": llama_gptq,
     }
@@ -1308,9 +1337,10 @@ FAMILIES: dict[str, tuple[str, str, str | None, int, int]] = {
     "gemma3-mm": ("BF16", "spm", None, 1, 116),
     "mixtral": ("BF16", "spm", None, 1, 38),
     "llama-kq": ("BF16", "llama3", "llama-bpe", 1, 8),
+    "llama-dynamic": ("F32", "llama3", None, 1, 9),
 }
 # Folders without a GGUF (their references apply to the safetensors only).
-NO_GGUF = {"qwen3moe-tf5", "qwen2moe-mixed", "gemma3-mm"}
+NO_GGUF = {"qwen3moe-tf5", "qwen2moe-mixed", "gemma3-mm", "llama-dynamic"}
 # Folders whose config.json is left exactly as transformers' save_pretrained wrote it, and the keys
 # it must (True) or must not (False) contain: the transformers 5 spelling of the expert count.
 SAVED_CONFIG = {"qwen3moe-tf5": {"num_local_experts": True, "num_experts": False}}
@@ -1889,6 +1919,16 @@ model's settings under `text_config` (gemma3's), its weights under `language_mod
 transformers 5 writes, and google/gemma-3-4b-it has), a SigLIP vision tower (1 layer, hidden 32,
 patches of 14 on 28x28 images) and projector that text prompts never run. The references are the
 whole model's on text alone (its own seed: the vision tower's parameters change the draw).""",
+    "llama-dynamic": """\
+### `llama-dynamic/` — LlamaForCausalLM with dynamic NTK rope scaling, F32 (safetensors only)
+llama's shape (untied) with rope_theta 1e4, max_position_embeddings **16** and `rope_scaling:
+{{"rope_type": "dynamic", "factor": 4.0}}`: every prompt runs past 16 positions, where transformers
+recomputes the base at each forward pass from the pass's length `L` (its last position + 1):
+`1e4 * (4 L / 16 - 3) ** (16 / 14)`. The prompt's logits come from one pass (base for the prompt's
+length); `generate` then rotates each new token with the base for its own position + 1 while the
+cached keys keep theirs, so the usual check that one long forward repeats the greedy tokens is
+skipped here. The rope state is reset before every call (transformers keeps the largest base it
+has grown to). No GGUF: llama.cpp has no dynamic NTK.""",
     "qwen3moe-tf5": """\
 ### `qwen3moe-tf5/` — Qwen3MoeForCausalLM as transformers 5 saves it, BF16 (no GGUF)
 The shape of `qwen3moe/` (hidden 64, 2 layers, all sparse, 4 experts, top-2, moe_intermediate_size

@@ -47,6 +47,7 @@ fn check_families(extra: &[&str]) {
         "qwen2moe",
         "qwen2moe-mixed",
         "gemma3-mm",
+        "llama-dynamic",
         "llama-gptq-g32",
     ] {
         let dir = fixture(family);

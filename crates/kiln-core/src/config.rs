@@ -43,6 +43,27 @@ impl RopeConfig {
     }
 }
 
+/// Dynamic NTK rope scaling (transformers' `rope_type: dynamic`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DynamicNtk {
+    pub factor: f32,
+    /// The context the base is for (`max_position_embeddings`).
+    pub original_context: usize,
+}
+
+impl DynamicNtk {
+    /// `rope` with the base of a pass reaching `extent` positions (`extent` past the original
+    /// context; see [`DecoderConfig::rope_for`]), computed in f64.
+    pub fn scaled(&self, rope: &RopeConfig, rope_dim: usize, extent: usize) -> RopeConfig {
+        let (f, d) = (f64::from(self.factor), rope_dim as f64);
+        let grow = f * extent as f64 / self.original_context as f64 - (f - 1.0);
+        RopeConfig {
+            base: (f64::from(rope.base) * grow.powf(d / (d - 2.0))) as f32,
+            ..rope.clone()
+        }
+    }
+}
+
 /// Phi-3's long-rope: a second rope for contexts longer than the training one.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LongRope {
@@ -125,6 +146,9 @@ pub struct DecoderConfig {
     pub rope_local: RopeConfig,
     /// Phi-3 long-rope: replaces both ropes when the context exceeds its original length.
     pub rope_long: Option<LongRope>,
+    /// Dynamic NTK scaling: past its original context, a forward pass's base grows with how far
+    /// the sequence reaches (see [`DecoderConfig::rope_for`]).
+    pub rope_dynamic: Option<DynamicNtk>,
     /// One entry per layer.
     pub layer_attention: Vec<LayerAttention>,
     /// Multiplies `q·k` before the softmax.
@@ -151,12 +175,27 @@ impl DecoderConfig {
         self.n_kv_heads * self.head_dim_v
     }
 
-    /// The rope of a layer kind for a context of `context` positions (the KV cache's capacity).
-    pub fn rope_for(&self, attention: LayerAttention, context: usize) -> &RopeConfig {
-        match (&self.rope_long, attention) {
+    /// The rope of a layer kind for a forward pass of one sequence whose KV cache holds
+    /// `context` positions (long-rope picks its factors by it) and whose rows end at position
+    /// `extent - 1` (dynamic NTK scales by it: the base of the pass is
+    /// `base · (factor · extent / original − (factor − 1))^(d / (d − 2))` for `extent` past the
+    /// original context, `d` the rotary dims, as transformers recomputes it per forward pass).
+    pub fn rope_for(
+        &self,
+        attention: LayerAttention,
+        context: usize,
+        extent: usize,
+    ) -> std::borrow::Cow<'_, RopeConfig> {
+        let rope = match (&self.rope_long, attention) {
             (Some(long), _) if context > long.original_context => &long.rope,
             (_, LayerAttention::Global) => &self.rope_global,
             (_, LayerAttention::Sliding { .. }) => &self.rope_local,
+        };
+        match &self.rope_dynamic {
+            Some(ntk) if extent > ntk.original_context => {
+                std::borrow::Cow::Owned(ntk.scaled(rope, self.rope_dim, extent))
+            }
+            _ => std::borrow::Cow::Borrowed(rope),
         }
     }
 }

@@ -31,6 +31,7 @@ fn llama8b() -> ModelCost {
         rope_global: RopeConfig::plain(5e5),
         rope_local: RopeConfig::plain(5e5),
         rope_long: None,
+        rope_dynamic: None,
         layer_attention: vec![LayerAttention::Global; layers],
         attention_scale: 1.0 / (hd as f32).sqrt(),
         attn_logit_softcap: None,

@@ -507,13 +507,18 @@ impl<B: Backend> LayerRun<'_, B> {
             // Rope is row by row: when every sequence takes the same rope (the usual case; long
             // rope depends on each cache's capacity), the whole batch is rotated in two calls
             // rather than two per sequence, and the sequences' rows are cut from the result.
-            let ropes: Vec<_> = (0..spans.len())
-                .map(|i| c.rope_for(attention, caches.capacity(i)))
+            let ropes: Vec<_> = spans
+                .iter()
+                .enumerate()
+                .map(|(i, (rows, pos0))| {
+                    c.rope_for(attention, caches.capacity(i), pos0 + rows.len())
+                })
                 .collect();
-            let shared = (!single && ropes.windows(2).all(|w| std::ptr::eq(w[0], w[1])))
+            let shared = (!single && ropes.windows(2).all(|w| w[0] == w[1]))
                 .then(|| -> Result<_, ModelError> {
-                    let params =
-                        |n_heads| RopeParams::new(ropes[0], n_heads, c.head_dim, c.rope_dim, style);
+                    let params = |n_heads| {
+                        RopeParams::new(&ropes[0], n_heads, c.head_dim, c.rope_dim, style)
+                    };
                     Ok((
                         b.rope(&q, positions, &params(c.n_heads))?,
                         b.rope(&k, positions, &params(c.n_kv_heads))?,
@@ -521,7 +526,7 @@ impl<B: Backend> LayerRun<'_, B> {
                 })
                 .transpose()?;
             for (i, (rows, pos0)) in spans.iter().enumerate() {
-                let rope = ropes[i];
+                let rope = &*ropes[i];
                 let rope_params =
                     |n_heads| RopeParams::new(rope, n_heads, c.head_dim, c.rope_dim, style);
                 let pos = &positions[rows.clone()];

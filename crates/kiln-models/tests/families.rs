@@ -533,6 +533,48 @@ mod gemma3_mm {
     }
 }
 
+/// Dynamic NTK rope scaling on a Llama trained at 16 positions (every prompt runs past them). No
+/// GGUF (llama.cpp has no dynamic NTK): the safetensors against HF, alone, batched and paged;
+/// the prompt's logits need the base of a pass over the whole prompt, each greedy step the base
+/// of its own position.
+mod llama_dynamic {
+    use super::*;
+
+    const FAMILY: &str = "llama-dynamic";
+
+    #[test]
+    fn safetensors() {
+        check_family(FAMILY, Format::Safetensors);
+    }
+
+    #[test]
+    fn batch() {
+        check_batch(FAMILY, Format::Safetensors);
+    }
+
+    #[test]
+    fn paged() {
+        check_paged(FAMILY, Format::Safetensors);
+    }
+
+    /// The base a pass uses, against transformers' formula worked by hand; within the original
+    /// context the base is the plain one; the usable context is 4 × 16.
+    #[test]
+    fn the_base_grows_with_the_pass() {
+        use kiln_core::config::LayerAttention;
+        let b = exact(1);
+        let c = load(FAMILY, Format::Safetensors, &b).config;
+        assert_eq!(c.context_length, 64);
+        assert_eq!(c.rope_for(LayerAttention::Global, 64, 16).base, 1e4);
+        let grown = c.rope_for(LayerAttention::Global, 64, 40).base;
+        let want = 1e4 * (4.0f64 * 40.0 / 16.0 - 3.0).powf(16.0 / 14.0);
+        assert!(
+            (f64::from(grown) - want).abs() < 1e-3 * want,
+            "{grown} vs {want}"
+        );
+    }
+}
+
 /// Gemma 3 settings kiln cannot honour are refused naming the key; transformers' defaults fill
 /// the keys a `config.json` leaves out (`layer_types` from the pattern of 6, the rope bases).
 #[test]
@@ -1332,12 +1374,16 @@ fn unsupported_scalings_and_quantizations_are_refused_by_name() {
             .unwrap_or_default()
     };
     let e = try_config(&|c| {
-        c["rope_scaling"] = serde_json::json!({"rope_type": "dynamic", "factor": 4.0})
+        c["rope_scaling"] = serde_json::json!({"rope_type": "fourier", "factor": 4.0})
     });
     assert!(
-        e.contains("\"dynamic\"") && e.contains("not supported"),
+        e.contains("\"fourier\"") && e.contains("not supported"),
         "{e}"
     );
+    let e = try_config(&|c| {
+        c["rope_scaling"] = serde_json::json!({"rope_type": "dynamic", "factor": 0.5})
+    });
+    assert!(e.contains("dynamic") && e.contains("factor"), "{e}");
     let e = try_config(&|c| {
         c["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": -2.0})
     });

@@ -69,6 +69,7 @@ pub(crate) fn config(file: &GgufFile) -> Result<DecoderConfig, ModelError> {
         },
         rope_local: RopeConfig::plain(m.f32_or("rope.freq_base_swa", LOCAL_ROPE_BASE)?),
         rope_long: None,
+        rope_dynamic: None,
         layer_attention: (0..n_layers)
             .map(|i| {
                 if (i + 1) % SLIDING_WINDOW_PATTERN == 0 {
@@ -183,6 +184,7 @@ pub(crate) fn hf_config(outer: &HfConfig) -> Result<DecoderConfig, ModelError> {
         rope_global,
         rope_local,
         rope_long: None,
+        rope_dynamic: None,
         layer_attention,
         attention_scale: 1.0 / c.f32_or("query_pre_attn_scalar", 256.0)?.sqrt(),
         attn_logit_softcap,

@@ -25,7 +25,8 @@ use std::f64::consts::PI;
 use std::sync::Arc;
 
 use kiln_core::config::{
-    DecoderConfig, FfnActivation, LayerAttention, LongRope, MoeConfig, RopeConfig, RopeKind,
+    DecoderConfig, DynamicNtk, FfnActivation, LayerAttention, LongRope, MoeConfig, RopeConfig,
+    RopeKind,
 };
 use kiln_formats::GgufFile;
 use serde_json::Value;
@@ -66,6 +67,7 @@ impl Common {
         rope_kind: RopeKind,
         rope: RopeConfig,
         rope_long: Option<LongRope>,
+        rope_dynamic: Option<DynamicNtk>,
         layer_attention: Vec<LayerAttention>,
         moe: Option<MoeConfig>,
     ) -> Result<DecoderConfig, String> {
@@ -118,6 +120,7 @@ impl Common {
             rope_global: rope.clone(),
             rope_local: rope,
             rope_long,
+            rope_dynamic,
             layer_attention,
             attention_scale: 1.0 / (self.head_dim as f32).sqrt(),
             attn_logit_softcap: None,
@@ -162,7 +165,7 @@ pub(crate) fn gguf_config(arch: &str, file: &GgufFile) -> Result<DecoderConfig, 
     let n_layers = m.usize("block_count")?;
     let n_heads = m.usize("attention.head_count")?;
     let head_dim = m.usize_or("attention.key_length", d_model / n_heads)?;
-    let common = Common {
+    let mut common = Common {
         arch: arch.to_string(),
         vocab_size: super::gguf_vocab_size(file)?,
         d_model,
@@ -184,8 +187,12 @@ pub(crate) fn gguf_config(arch: &str, file: &GgufFile) -> Result<DecoderConfig, 
     match scaling {
         "none" => {}
         "linear" => rope.freq_scale = 1.0 / m.f32("rope.scaling.factor")?,
-        "yarn" => gguf_yarn(&m, &mut rope, common.rope_dim, common.context_length)
-            .map_err(|detail| bad("rope.scaling", detail))?,
+        "yarn" => {
+            let original = gguf_yarn(&m, &mut rope, common.rope_dim, common.context_length)
+                .map_err(|detail| bad("rope.scaling", detail))?;
+            // The extended context, as from config.json (`hf_scaled_context`).
+            common.context_length = common.context_length.max(original);
+        }
         other => {
             return Err(bad(
                 "rope.scaling.type",
@@ -253,7 +260,7 @@ pub(crate) fn gguf_config(arch: &str, file: &GgufFile) -> Result<DecoderConfig, 
         RopeKind::Neox
     };
     common
-        .build(rope_kind, rope, rope_long, layer_attention, moe)
+        .build(rope_kind, rope, rope_long, None, layer_attention, moe)
         .map_err(|detail| bad("", detail))
 }
 
@@ -271,7 +278,7 @@ pub(crate) fn hf_config(c: &HfConfig) -> Result<(DecoderConfig, &'static NameTab
         ((head_dim as f32 * partial) as usize) & !1
     };
     let context_length = c.usize("max_position_embeddings")?;
-    let common = Common {
+    let mut common = Common {
         arch: model_type.clone(),
         vocab_size: c.usize("vocab_size")?,
         d_model,
@@ -292,7 +299,8 @@ pub(crate) fn hf_config(c: &HfConfig) -> Result<(DecoderConfig, &'static NameTab
         ));
     }
 
-    let (rope, rope_long) = hf_rope(c, rope_dim, context_length)?;
+    let (rope, rope_long, dynamic) = hf_rope(c, rope_dim, context_length)?;
+    common.context_length = hf_scaled_context(c, context_length, dynamic.as_ref())?;
     let layer_attention = hf_layer_attention(c, &model_type, n_layers)?;
     let (moe, table) = match model_type.as_str() {
         "qwen3_moe" | "qwen2_moe" => {
@@ -324,7 +332,14 @@ pub(crate) fn hf_config(c: &HfConfig) -> Result<(DecoderConfig, &'static NameTab
         _ => (None, &names::LLAMA),
     };
     let config = common
-        .build(RopeKind::Neox, rope, rope_long, layer_attention, moe)
+        .build(
+            RopeKind::Neox,
+            rope,
+            rope_long,
+            dynamic,
+            layer_attention,
+            moe,
+        )
         .map_err(|detail| c.error("", detail))?;
     Ok((config, table))
 }
@@ -335,13 +350,14 @@ pub(crate) fn hf_config(c: &HfConfig) -> Result<(DecoderConfig, &'static NameTab
 /// `rope.scaling.attn_factor`. Unlike llama.cpp 0c1e570, kiln also reads the keys the converter
 /// copies from `config.json` when they are there (`yarn_beta_fast`, `yarn_beta_slow`,
 /// `yarn_attn_factor`), so that a GGUF computes what its checkpoint did; without them both
-/// agree. The divisors multiply any `rope_freqs` factors already in `rope`.
+/// agree. The divisors multiply any `rope_freqs` factors already in `rope`. Returns the
+/// extended context, `original × factor`.
 fn gguf_yarn(
     m: &Meta<'_>,
     rope: &mut RopeConfig,
     rope_dim: usize,
     context_length: usize,
-) -> Result<(), String> {
+) -> Result<usize, String> {
     let err = |e: ModelError| e.to_string();
     let factor = f64::from(m.f32("rope.scaling.factor").map_err(err)?);
     let original = m
@@ -378,7 +394,7 @@ fn gguf_yarn(
             ))
         }
     });
-    Ok(())
+    Ok((original as f64 * factor) as usize)
 }
 
 /// The dense layers of a Qwen-MoE config, as transformers decides them: layer `i` routes when
@@ -408,14 +424,8 @@ fn hf_rope(
     c: &HfConfig,
     rope_dim: usize,
     context_length: usize,
-) -> Result<(RopeConfig, Option<LongRope>), ModelError> {
-    let (key, params) = ["rope_parameters", "rope_scaling"]
-        .into_iter()
-        .find_map(|k| match c.raw(k) {
-            Some(Value::Object(o)) => Some((k, Some(o))),
-            _ => None,
-        })
-        .unwrap_or(("rope_scaling", None));
+) -> Result<(RopeConfig, Option<LongRope>, Option<DynamicNtk>), ModelError> {
+    let (key, params) = hf_rope_params(c);
     let base = match params
         .and_then(|p| p.get("rope_theta"))
         .and_then(Value::as_f64)
@@ -423,7 +433,68 @@ fn hf_rope(
         Some(b) => b as f32,
         None => c.f32_or("rope_theta", 10_000.0)?,
     };
-    rope_from_params(c, key, params, base, rope_dim, context_length)
+    if rope_type(params) == "dynamic" {
+        let factor = params
+            .and_then(|p| p.get("factor"))
+            .and_then(Value::as_f64)
+            .filter(|f| f.is_finite() && *f >= 1.0)
+            .ok_or_else(|| c.error(key, "\"dynamic\" scaling needs a \"factor\" of at least 1"))?;
+        if rope_dim <= 2 {
+            return Err(c.error(key, "\"dynamic\" scaling needs more than 2 rotary dims"));
+        }
+        let dynamic = DynamicNtk {
+            factor: factor as f32,
+            original_context: context_length,
+        };
+        return Ok((RopeConfig::plain(base), None, Some(dynamic)));
+    }
+    let (rope, long) = rope_from_params(c, key, params, base, rope_dim, context_length)?;
+    Ok((rope, long, None))
+}
+
+/// The scaling dictionary of a `config.json` (`rope_parameters` in transformers 5,
+/// `rope_scaling` before) and the key it is under.
+fn hf_rope_params(c: &HfConfig) -> (&'static str, Option<&serde_json::Map<String, Value>>) {
+    ["rope_parameters", "rope_scaling"]
+        .into_iter()
+        .find_map(|k| match c.raw(k) {
+            Some(Value::Object(o)) => Some((k, Some(o))),
+            _ => None,
+        })
+        .unwrap_or(("rope_scaling", None))
+}
+
+/// A scaling dictionary's `rope_type` (or the older `type`), `default` without one.
+fn rope_type(params: Option<&serde_json::Map<String, Value>>) -> &str {
+    params
+        .and_then(|p| p.get("rope_type").or_else(|| p.get("type")))
+        .and_then(Value::as_str)
+        .unwrap_or("default")
+}
+
+/// The longest context a scaled model runs: YaRN's `original × factor` where it exceeds
+/// `max_position_embeddings` (Qwen2.5 publishes 32,768 with factor 4 for 131,072), dynamic NTK's
+/// `max_position_embeddings × factor`, as vLLM derives its maximum length. Unscaled and other
+/// scalings: `max_position_embeddings`.
+fn hf_scaled_context(
+    c: &HfConfig,
+    context_length: usize,
+    dynamic: Option<&DynamicNtk>,
+) -> Result<usize, ModelError> {
+    if let Some(d) = dynamic {
+        return Ok((context_length as f64 * f64::from(d.factor)) as usize);
+    }
+    let (_, params) = hf_rope_params(c);
+    if rope_type(params) != "yarn" {
+        return Ok(context_length);
+    }
+    let num = |name: &str| params.and_then(|p| p.get(name)).and_then(Value::as_f64);
+    let original = match c.raw("original_max_position_embeddings") {
+        Some(Value::Number(_)) => c.usize("original_max_position_embeddings")? as f64,
+        _ => num("original_max_position_embeddings").unwrap_or(context_length as f64),
+    };
+    let extended = num("factor").map_or(0.0, |f| original * f);
+    Ok(context_length.max(extended as usize))
 }
 
 /// The rope that one scaling dictionary (`params`, found under `key` of `config.json`; `None`:
@@ -438,10 +509,7 @@ pub(super) fn rope_from_params(
 ) -> Result<(RopeConfig, Option<LongRope>), ModelError> {
     let num = |name: &str| params.and_then(|p| p.get(name)).and_then(Value::as_f64);
     let mut rope = RopeConfig::plain(base);
-    let kind = params
-        .and_then(|p| p.get("rope_type").or_else(|| p.get("type")))
-        .and_then(Value::as_str)
-        .unwrap_or("default");
+    let kind = rope_type(params);
     let need = |name: &str| {
         num(name).ok_or_else(|| c.error(key, format!("\"{kind}\" scaling needs \"{name}\"")))
     };
