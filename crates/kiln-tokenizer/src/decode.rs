@@ -42,7 +42,7 @@ impl Tokenizer {
         } else if a & attr::NORMAL != 0 {
             let byte_level = match &self.kind {
                 Kind::Bpe(bpe) => !bpe.settings().escape_whitespaces,
-                Kind::Spm | Kind::Wpm(_) => false,
+                Kind::Spm | Kind::Wpm(_) | Kind::Ugm(_) => false,
             };
             if byte_level {
                 decode_byte_level(text, out);

@@ -141,6 +141,13 @@ pub(crate) fn spec_from_gguf(file: &GgufFile) -> Result<VocabSpec, TokenizerErro
         add_bos: boolean(file, keys::ADD_BOS)?,
         add_eos: boolean(file, keys::ADD_EOS)?,
         add_space_prefix: boolean(file, keys::ADD_SPACE_PREFIX)?,
+        remove_extra_whitespaces: boolean(file, keys::REMOVE_EXTRA_WHITESPACES)?,
+        precompiled_charsmap: numbers(
+            file,
+            keys::PRECOMPILED_CHARSMAP,
+            &[MetaType::U8, MetaType::I8],
+            |v| v.as_i64().map(|x| x as u8),
+        )?,
         normalizer_lowercase: boolean(file, keys::NORMALIZER_LOWERCASE)?,
         normalizer_strip_accents: boolean(file, keys::NORMALIZER_STRIP_ACCENTS)?,
         model_name: string(file, keys::GENERAL_NAME)?,

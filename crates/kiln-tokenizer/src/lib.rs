@@ -15,7 +15,11 @@
 //!   word-initial pieces and `[UNK]` for words it cannot cut; `add_special` wraps the text in
 //!   CLS (BOS) and SEP.
 //!
-//! Other kinds (`t5`/UGM, `rwkv`, `plamo2`, ...) are refused by name.
+//! - `"t5"` (UGM): SentencePiece Unigram (T5, XLM-RoBERTa): the precompiled normalization
+//!   charsmap, `▁`-escaped spaces, then the Viterbi best split by piece log-probabilities (see
+//!   `ugm.rs`).
+//!
+//! Other kinds (`rwkv`, `plamo2`, ...) are refused by name.
 //!
 //! The reference is llama.cpp's `src/llama-vocab.cpp` and `src/unicode.cpp` as vendored in
 //! llama-cpp-python 0.3.36 (upstream `0c1e57098`). Behaviour is ported, not approximated: the
@@ -53,6 +57,7 @@ mod pretokenize;
 mod regex_split;
 mod special;
 mod spm;
+mod ugm;
 mod unicode;
 mod unicode_tables;
 mod vocab;
@@ -67,6 +72,7 @@ pub use vocab::VocabSpec;
 use bpe::Bpe;
 use bpe_pre::bpe_settings;
 use special::{partition, Fragment, SpecialMatcher};
+use ugm::Unigram;
 use vocab::{attr, keys, KindDefaults, Vocab};
 use wpm::WordPiece;
 
@@ -75,6 +81,7 @@ pub(crate) enum Kind {
     Spm,
     Bpe(Bpe),
     Wpm(WordPiece),
+    Ugm(Unigram),
 }
 
 /// A tokenizer: encodes text to ids and decodes ids to text as llama.cpp does for the same GGUF.
@@ -91,6 +98,7 @@ impl std::fmt::Debug for Tokenizer {
             Kind::Spm => "SentencePiece".to_string(),
             Kind::Bpe(bpe) => format!("BPE ({})", bpe.settings().kind),
             Kind::Wpm(_) => "WordPiece".to_string(),
+            Kind::Ugm(_) => "Unigram".to_string(),
         };
         f.debug_struct("Tokenizer")
             .field("kind", &kind)
@@ -132,6 +140,16 @@ impl Tokenizer {
                 };
                 (spm, None)
             }
+            "t5" => {
+                // llama.cpp's UGM defaults: EOS 1, UNK 2, EOS appended, no BOS.
+                let ugm = KindDefaults {
+                    eos: Some(1),
+                    unk: Some(2),
+                    add_eos: true,
+                    ..none
+                };
+                (ugm, None)
+            }
             "bert" => {
                 let wpm = KindDefaults {
                     bos: Some(101),
@@ -170,14 +188,24 @@ impl Tokenizer {
         };
         let wordpiece = (spec.model == "bert")
             .then_some((spec.normalizer_lowercase, spec.normalizer_strip_accents));
+        let unigram = (spec.model == "t5").then(|| {
+            (
+                spec.precompiled_charsmap.take(),
+                spec.remove_extra_whitespaces.unwrap_or(false),
+            )
+        });
         let vocab = Vocab::build(spec, defaults)?;
-        let kind = match (bpe, wordpiece) {
-            (Some(bpe), _) => Kind::Bpe(bpe),
-            (None, Some((lowercase, strip_accents))) => {
-                Kind::Wpm(WordPiece::new(&vocab, lowercase, strip_accents))
-            }
-            (None, None) => Kind::Spm,
-        };
+        let kind =
+            match (bpe, wordpiece, unigram) {
+                (Some(bpe), _, _) => Kind::Bpe(bpe),
+                (None, Some((lowercase, strip_accents)), _) => {
+                    Kind::Wpm(WordPiece::new(&vocab, lowercase, strip_accents))
+                }
+                (None, None, Some((charsmap, remove_extra_whitespaces))) => Kind::Ugm(
+                    Unigram::new(&vocab, charsmap.as_deref(), remove_extra_whitespaces)?,
+                ),
+                (None, None, None) => Kind::Spm,
+            };
         let special = SpecialMatcher::new(&vocab);
         Ok(Tokenizer {
             vocab,
@@ -241,6 +269,19 @@ impl Tokenizer {
                         Fragment::Text(range) => wpm.encode_fragment(
                             vocab,
                             text.get(range.clone()).unwrap_or(""),
+                            &mut out,
+                        ),
+                        Fragment::Token(id) => out.push(*id),
+                    }
+                }
+            }
+            Kind::Ugm(ugm) => {
+                for fragment in &fragments {
+                    match fragment {
+                        Fragment::Text(range) => ugm.encode_fragment(
+                            vocab,
+                            text.get(range.clone()).unwrap_or(""),
+                            vocab.add_space_prefix,
                             &mut out,
                         ),
                         Fragment::Token(id) => out.push(*id),

@@ -60,6 +60,8 @@ pub(crate) mod keys {
     pub const ADD_BOS: &str = "tokenizer.ggml.add_bos_token";
     pub const ADD_EOS: &str = "tokenizer.ggml.add_eos_token";
     pub const ADD_SPACE_PREFIX: &str = "tokenizer.ggml.add_space_prefix";
+    pub const REMOVE_EXTRA_WHITESPACES: &str = "tokenizer.ggml.remove_extra_whitespaces";
+    pub const PRECOMPILED_CHARSMAP: &str = "tokenizer.ggml.precompiled_charsmap";
     pub const NORMALIZER_LOWERCASE: &str = "tokenizer.ggml.normalizer.lowercase";
     pub const NORMALIZER_STRIP_ACCENTS: &str = "tokenizer.ggml.normalizer.strip_accents";
     pub const GENERAL_NAME: &str = "general.name";
@@ -71,7 +73,7 @@ pub(crate) mod keys {
 #[derive(Debug, Clone, Default)]
 pub struct VocabSpec {
     /// `tokenizer.ggml.model`: `"llama"` (SentencePiece), `"gpt2"` (BPE), `"gemma4"` (BPE over
-    /// `▁`-escaped text) or `"bert"` (WordPiece).
+    /// `▁`-escaped text), `"bert"` (WordPiece) or `"t5"` (Unigram).
     pub model: String,
     /// `tokenizer.ggml.pre`: the BPE pre-tokenizer name (`"llama-bpe"`, `"qwen2"`, `"gpt-2"`, ...).
     pub pre: Option<String>,
@@ -117,6 +119,10 @@ pub struct VocabSpec {
     pub add_eos: Option<bool>,
     /// `tokenizer.ggml.add_space_prefix`.
     pub add_space_prefix: Option<bool>,
+    /// `tokenizer.ggml.precompiled_charsmap`: SentencePiece's normalization rules (Unigram).
+    pub precompiled_charsmap: Option<Vec<u8>>,
+    /// `tokenizer.ggml.remove_extra_whitespaces` (Unigram; default false).
+    pub remove_extra_whitespaces: Option<bool>,
     /// `tokenizer.ggml.normalizer.lowercase` (WordPiece; llama.cpp's default is true).
     pub normalizer_lowercase: Option<bool>,
     /// `tokenizer.ggml.normalizer.strip_accents` (WordPiece; defaults to `normalizer_lowercase`).

@@ -13,11 +13,10 @@ use std::path::Path;
 use kiln_tokenizer::{Tokenizer, TokenizerError};
 use support::{llama_vocab_dir, read_vocab_cases, tokenizer_from_file, VOCABS};
 
-/// The vocabulary files kiln refuses, and a word the error must contain.
-const REFUSED: &[(&str, &str)] = &[
-    // Unigram (T5 / XLM-R SentencePiece with a precompiled charsmap): not implemented; no cases.
-    ("nomic-bert-moe", "`t5`"),
-];
+/// The vocabulary files kiln refuses, and a word the error must contain (none since the Unigram
+/// `t5` kind; nomic-bert-moe, which llama.cpp ships without cases, is checked against
+/// SentencePiece in `unigram_matches_sentencepiece`).
+const REFUSED: &[(&str, &str)] = &[];
 
 /// Byte-level BPE and SentencePiece-style BPE lose nothing: every case decodes back to its text.
 /// So does SentencePiece with a space prefix (the prefix is the space the first token loses).
@@ -185,4 +184,49 @@ fn wordpiece_adds_cls_and_sep() {
     assert_eq!(t.decode(&[7592, 2088], false), " hello world");
     assert_eq!(t.decode(&[2023, 2003, 100, 1012], false), " this is .");
     assert_eq!(t.decode(&[100], true), "[UNK]");
+}
+
+/// The Unigram (`t5`) vocabulary llama.cpp ships without test cases, XLM-RoBERTa's (250,048
+/// pieces and a precompiled charsmap, in `ggml-vocab-nomic-bert-moe.gguf`), against
+/// SentencePiece itself on the same model rebuilt from the GGUF's fields: every string of
+/// llama.cpp's tokenizer suite plus normalization cases (`scripts/gen_ugm_fixture.py`, committed
+/// as `tests/fixtures/tokenizers/nomic-bert-moe-ugm.json`). With specials, EOS closes the text
+/// (llama.cpp's UGM default; XLM-R's `</s>` is 2), and BOS opens it because the file asks.
+#[test]
+fn unigram_matches_sentencepiece() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/tokenizers/nomic-bert-moe-ugm.json");
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
+    let file = reference["vocab_file"].as_str().unwrap();
+    let t = tokenizer_from_file(&llama_vocab_dir().join(file));
+    let mut failures = Vec::new();
+    let cases = reference["cases"].as_array().unwrap();
+    assert!(cases.len() > 50);
+    for c in cases {
+        let text = c["text"].as_str().unwrap();
+        let want: Vec<u32> = c["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let got = t.encode(text, false, false);
+        if got != want {
+            failures.push(format!("{text:?}\n  want {want:?}\n  got  {got:?}"));
+        }
+        check_stream(&t, &got);
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases differ:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+    // <s> Hello </s>: the file's add_bos and llama.cpp's add_eos.
+    let ids = t.encode("Hello", true, false);
+    assert_eq!((ids[0], *ids.last().unwrap()), (0, 2), "{ids:?}");
+    // Decoding drops the prefixed space from the first piece (as llama.cpp: the first token's).
+    assert_eq!(t.decode(&ids[1..ids.len() - 1], false), "Hello");
 }
