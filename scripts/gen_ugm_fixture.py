@@ -9,7 +9,9 @@ fields (pieces, scores, token types, `precompiled_charsmap`, `add_space_prefix`,
 string of llama.cpp's tokenizer suite (all `models/ggml-vocab-*.gguf.inp` files, deduplicated)
 plus strings that exercise the normalization (NFKC forms, full-width and compatibility
 characters, white space runs, unknown characters). The ids are what `SentencePieceProcessor
-.encode` returns (no BOS/EOS: llama.cpp's test-tokenizer-0 runs without specials).
+.encode` returns (no BOS/EOS: llama.cpp's test-tokenizer-0 runs without specials). llama.cpp's
+own `llama-tokenize --ids --no-bos` on the same GGUF (the scripts/build-llamacpp peer) gave the
+same ids for every case, once the EOS it appends is dropped (checked when the file was made).
 
 Run from the repository root (CPU, offline, seconds), and commit the output:
 
