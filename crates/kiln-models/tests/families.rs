@@ -441,138 +441,87 @@ family_tests! {
     mixtral: "mixtral",
 }
 
-/// Qwen3-MoE as transformers 5 saves it: `config.json` untouched from `save_pretrained`, so the
-/// expert count is spelled `num_local_experts` (and the rope base sits in `rope_parameters`,
-/// the dtype in `dtype`). No GGUF: the safetensors against HF, alone, batched and paged.
-mod qwen3moe_tf5 {
-    use super::*;
-
-    const FAMILY: &str = "qwen3moe-tf5";
-
-    #[test]
-    fn safetensors() {
-        check_family(FAMILY, Format::Safetensors);
-    }
-
-    #[test]
-    fn batch() {
-        check_batch(FAMILY, Format::Safetensors);
-    }
-
-    #[test]
-    fn paged() {
-        check_paged(FAMILY, Format::Safetensors);
-    }
+/// Families whose fixture has no GGUF: the safetensors against HF, alone, batched and paged.
+macro_rules! safetensors_family_tests {
+    ($($(#[$doc:meta])* $name:ident: $family:literal,)*) => {
+        $(
+            $(#[$doc])*
+            mod $name {
+                use super::*;
+                #[test]
+                fn safetensors() {
+                    check_family($family, Format::Safetensors);
+                }
+                #[test]
+                fn batch() {
+                    check_batch($family, Format::Safetensors);
+                }
+                #[test]
+                fn paged() {
+                    check_paged($family, Format::Safetensors);
+                }
+            }
+        )*
+    };
 }
 
-/// Qwen2-MoE mixing dense and expert layers (`decoder_sparse_step` 2: layers 0 and 2 dense, 1
-/// routed with a shared expert). No GGUF (llama.cpp's converter cannot write one): the
-/// safetensors against HF, alone, batched and paged.
-mod qwen2moe_mixed {
-    use super::*;
-
-    const FAMILY: &str = "qwen2moe-mixed";
-
-    #[test]
-    fn safetensors() {
-        check_family(FAMILY, Format::Safetensors);
-    }
-
-    #[test]
-    fn batch() {
-        check_batch(FAMILY, Format::Safetensors);
-    }
-
-    #[test]
-    fn paged() {
-        check_paged(FAMILY, Format::Safetensors);
-    }
-
-    #[test]
-    fn the_config_says_which_layers_route() {
-        let b = exact(1);
-        let c = load(FAMILY, Format::Safetensors, &b).config;
-        let moe = c.moe.expect("experts");
-        assert_eq!(moe.dense_layers, [0, 2]);
-        assert_eq!(moe.shared_ffn_dim, Some(96));
-        assert!(!moe.normalize_top_k);
-        assert!(moe.routes(1) && !moe.routes(0) && !moe.routes(2));
-    }
+safetensors_family_tests! {
+    /// Qwen3-MoE as transformers 5 saves it: `config.json` untouched from `save_pretrained`, so the
+    /// expert count is spelled `num_local_experts` (and the rope base sits in `rope_parameters`,
+    /// the dtype in `dtype`). No GGUF: the safetensors against HF, alone, batched and paged.
+    qwen3moe_tf5: "qwen3moe-tf5",
+    /// Qwen2-MoE mixing dense and expert layers (`decoder_sparse_step` 2: layers 0 and 2 dense, 1
+    /// routed with a shared expert). No GGUF (llama.cpp's converter cannot write one): the
+    /// safetensors against HF, alone, batched and paged.
+    qwen2moe_mixed: "qwen2moe-mixed",
+    /// The text model of a multimodal Gemma 3 checkpoint (`Gemma3ForConditionalGeneration`: settings
+    /// under `text_config`, weights under `language_model.`, a vision tower kiln leaves alone).
+    /// No GGUF: the safetensors against HF, alone, batched and paged.
+    gemma3_mm: "gemma3-mm",
+    /// Dynamic NTK rope scaling on a Llama trained at 16 positions (every prompt runs past them). No
+    /// GGUF (llama.cpp has no dynamic NTK): the safetensors against HF, alone, batched and paged;
+    /// the prompt's logits need the base of a pass over the whole prompt, each greedy step the base
+    /// of its own position.
+    llama_dynamic: "llama-dynamic",
 }
 
-/// The text model of a multimodal Gemma 3 checkpoint (`Gemma3ForConditionalGeneration`: settings
-/// under `text_config`, weights under `language_model.`, a vision tower kiln leaves alone).
-/// No GGUF: the safetensors against HF, alone, batched and paged.
-mod gemma3_mm {
-    use super::*;
-
-    const FAMILY: &str = "gemma3-mm";
-
-    #[test]
-    fn safetensors() {
-        check_family(FAMILY, Format::Safetensors);
-    }
-
-    #[test]
-    fn batch() {
-        check_batch(FAMILY, Format::Safetensors);
-    }
-
-    #[test]
-    fn paged() {
-        check_paged(FAMILY, Format::Safetensors);
-    }
-
-    /// The text model's configuration equals the one `Gemma3ForCausalLM`'s `config.json` gives.
-    #[test]
-    fn reads_the_text_config() {
-        let b = exact(1);
-        let mm = load(FAMILY, Format::Safetensors, &b).config;
-        let text = load("gemma3", Format::Safetensors, &b).config;
-        assert_eq!(mm, text);
-    }
+/// The mixed Qwen2-MoE's configuration: which layers route, the shared expert, no
+/// renormalisation.
+#[test]
+fn qwen2moe_mixed_config_says_which_layers_route() {
+    let b = exact(1);
+    let c = load("qwen2moe-mixed", Format::Safetensors, &b).config;
+    let moe = c.moe.expect("experts");
+    assert_eq!(moe.dense_layers, [0, 2]);
+    assert_eq!(moe.shared_ffn_dim, Some(96));
+    assert!(!moe.normalize_top_k);
+    assert!(moe.routes(1) && !moe.routes(0) && !moe.routes(2));
 }
 
-/// Dynamic NTK rope scaling on a Llama trained at 16 positions (every prompt runs past them). No
-/// GGUF (llama.cpp has no dynamic NTK): the safetensors against HF, alone, batched and paged;
-/// the prompt's logits need the base of a pass over the whole prompt, each greedy step the base
-/// of its own position.
-mod llama_dynamic {
-    use super::*;
+/// The text model's configuration equals the one `Gemma3ForCausalLM`'s `config.json` gives.
+#[test]
+fn gemma3_mm_reads_the_text_config() {
+    let b = exact(1);
+    let mm = load("gemma3-mm", Format::Safetensors, &b).config;
+    let text = load("gemma3", Format::Safetensors, &b).config;
+    assert_eq!(mm, text);
+}
 
-    const FAMILY: &str = "llama-dynamic";
-
-    #[test]
-    fn safetensors() {
-        check_family(FAMILY, Format::Safetensors);
-    }
-
-    #[test]
-    fn batch() {
-        check_batch(FAMILY, Format::Safetensors);
-    }
-
-    #[test]
-    fn paged() {
-        check_paged(FAMILY, Format::Safetensors);
-    }
-
-    /// The base a pass uses, against transformers' formula worked by hand; within the original
-    /// context the base is the plain one; the usable context is 4 × 16.
-    #[test]
-    fn the_base_grows_with_the_pass() {
-        use kiln_core::config::LayerAttention;
-        let b = exact(1);
-        let c = load(FAMILY, Format::Safetensors, &b).config;
-        assert_eq!(c.context_length, 64);
-        assert_eq!(c.rope_for(LayerAttention::Global, 64, 16).base, 1e4);
-        let grown = c.rope_for(LayerAttention::Global, 64, 40).base;
-        let want = 1e4 * (4.0f64 * 40.0 / 16.0 - 3.0).powf(16.0 / 14.0);
-        assert!(
-            (f64::from(grown) - want).abs() < 1e-3 * want,
-            "{grown} vs {want}"
-        );
-    }
+/// The base a pass uses, against transformers' formula worked by hand; within the original
+/// context the base is the plain one; the usable context is 4 × 16.
+#[test]
+fn dynamic_ntk_base_grows_with_the_pass() {
+    use kiln_core::config::LayerAttention;
+    let b = exact(1);
+    let c = load("llama-dynamic", Format::Safetensors, &b).config;
+    assert_eq!(c.context_length, 64);
+    assert_eq!(c.rope_for(LayerAttention::Global, 64, 16).base, 1e4);
+    let grown = c.rope_for(LayerAttention::Global, 64, 40).base;
+    let want = 1e4 * (4.0f64 * 40.0 / 16.0 - 3.0).powf(16.0 / 14.0);
+    assert!(
+        (f64::from(grown) - want).abs() < 1e-3 * want,
+        "{grown} vs {want}"
+    );
 }
 
 /// Gemma 3 settings kiln cannot honour are refused naming the key; transformers' defaults fill

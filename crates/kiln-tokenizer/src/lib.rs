@@ -84,6 +84,22 @@ pub(crate) enum Kind {
     Ugm(Unigram),
 }
 
+impl Kind {
+    /// Encodes one text fragment on its own onto `out` (SentencePiece: spaces escaped, no prefix
+    /// space; [`Tokenizer::encode`] adds that where llama.cpp does).
+    fn encode_fragment(&self, vocab: &Vocab, piece: &str, out: &mut Vec<u32>) {
+        match self {
+            Kind::Bpe(bpe) => bpe.encode_fragment(vocab, piece, out),
+            Kind::Wpm(wpm) => wpm.encode_fragment(vocab, piece, out),
+            Kind::Ugm(ugm) => ugm.encode_fragment(vocab, piece, vocab.add_space_prefix, out),
+            Kind::Spm => {
+                let escaped = piece.replace(' ', "\u{2581}");
+                spm::encode_fragment(vocab, escaped.as_bytes(), out)
+            }
+        }
+    }
+}
+
 /// A tokenizer: encodes text to ids and decodes ids to text as llama.cpp does for the same GGUF.
 pub struct Tokenizer {
     vocab: Vocab,
@@ -251,41 +267,17 @@ impl Tokenizer {
                     }
                 }
             }
-            Kind::Bpe(bpe) => {
+            // The other kinds encode each text fragment alone; special tokens pass through.
+            kind => {
                 for fragment in &fragments {
-                    match fragment {
-                        Fragment::Text(range) => bpe.encode_fragment(
-                            vocab,
-                            text.get(range.clone()).unwrap_or(""),
-                            &mut out,
-                        ),
-                        Fragment::Token(id) => out.push(*id),
-                    }
-                }
-            }
-            Kind::Wpm(wpm) => {
-                for fragment in &fragments {
-                    match fragment {
-                        Fragment::Text(range) => wpm.encode_fragment(
-                            vocab,
-                            text.get(range.clone()).unwrap_or(""),
-                            &mut out,
-                        ),
-                        Fragment::Token(id) => out.push(*id),
-                    }
-                }
-            }
-            Kind::Ugm(ugm) => {
-                for fragment in &fragments {
-                    match fragment {
-                        Fragment::Text(range) => ugm.encode_fragment(
-                            vocab,
-                            text.get(range.clone()).unwrap_or(""),
-                            vocab.add_space_prefix,
-                            &mut out,
-                        ),
-                        Fragment::Token(id) => out.push(*id),
-                    }
+                    let range = match fragment {
+                        Fragment::Text(range) => range,
+                        Fragment::Token(id) => {
+                            out.push(*id);
+                            continue;
+                        }
+                    };
+                    kind.encode_fragment(vocab, text.get(range.clone()).unwrap_or(""), &mut out);
                 }
             }
         }
@@ -464,14 +456,46 @@ mod tests {
     }
 
     #[test]
+    fn unigram_takes_the_most_probable_split() {
+        let spec = |charsmap: Option<Vec<u8>>| VocabSpec {
+            model: "t5".into(),
+            tokens: [
+                "<pad>",
+                "</s>",
+                "<unk>",
+                "\u{2581}a",
+                "\u{2581}b",
+                "\u{2581}ab",
+                "b",
+            ]
+            .map(String::from)
+            .to_vec(),
+            scores: Some(vec![0.0, 0.0, 0.0, -1.0, -1.0, -1.5, -3.0]),
+            token_types: Some(vec![3, 3, 2, 1, 1, 1, 1]),
+            add_space_prefix: Some(true),
+            remove_extra_whitespaces: Some(true),
+            precompiled_charsmap: charsmap,
+            ..VocabSpec::default()
+        };
+        let t = Tokenizer::from_spec(spec(None)).unwrap();
+        // "▁ab" (-1.5) beats "▁a" + "b" (-4); spaces collapse; "c" is unknown, with EOS (1) after
+        // it when specials are added (llama.cpp's UGM default).
+        assert_eq!(t.encode("ab   b", false, false), [5, 4]);
+        assert_eq!(t.encode(" ab c", true, false), [5, 2, 1]);
+        assert_eq!(t.decode(&[5, 4], false), "ab b");
+        let err = Tokenizer::from_spec(spec(Some(vec![9, 0]))).unwrap_err();
+        assert!(err.to_string().contains("precompiled_charsmap"), "{err}");
+    }
+
+    #[test]
     fn unsupported_kinds_are_named() {
         let err = Tokenizer::from_spec(VocabSpec {
-            model: "t5".into(),
+            model: "rwkv".into(),
             tokens: vec!["a".into()],
             ..VocabSpec::default()
         })
         .unwrap_err();
-        assert!(matches!(err, TokenizerError::UnsupportedModel(ref m) if m == "t5"));
+        assert!(matches!(err, TokenizerError::UnsupportedModel(ref m) if m == "rwkv"));
         let err = Tokenizer::from_spec(VocabSpec {
             model: "gpt2".into(),
             pre: Some("kimi-k2".into()),
