@@ -101,6 +101,18 @@ fn products<T, const N: usize>(ys: Vec<T>) -> Result<[T; N], ModelError> {
     })
 }
 
+/// `act(h·gate) * (h·up)`, both products in one call: the inner activation of a gated FFN.
+fn gated<B: Backend>(
+    b: &B,
+    h: &B::Tensor,
+    gate: &Linear<B>,
+    up: &Linear<B>,
+    act: Activation,
+) -> Result<B::Tensor, ModelError> {
+    let [g, u] = products(b.matmul_many(h, &[gate, up])?)?;
+    Ok(b.gated_activation(&g, &u, act)?)
+}
+
 /// Softmax over `logits`, the `top_k` largest probabilities (ties to the lower index, as
 /// `torch.topk` on CPU), divided by their sum when `normalize`.
 pub fn route(logits: &[f32], top_k: usize, normalize: bool) -> Route {
@@ -591,8 +603,7 @@ impl<B: Backend> LayerRun<'_, B> {
             trace.trace(b, "ffn_norm", il, &h);
             let f = match &layer.ffn {
                 Ffn::Dense { gate, up, down } => {
-                    let [g, u] = products(b.matmul_many(&h, &[gate, up])?)?;
-                    let f = b.gated_activation(&g, &u, act)?;
+                    let f = gated(b, &h, gate, up, act)?;
                     trace.trace(b, "ffn_act", il, &f);
                     b.matmul(&f, down)?
                 }
@@ -656,8 +667,7 @@ impl<B: Backend> LayerRun<'_, B> {
         }
         // The shared expert last, as transformers adds it to the routed sum.
         if let Some(s) = &moe.shared {
-            let [g, u] = products(b.matmul_many(h, &[&s.gate, &s.up])?)?;
-            let y = b.matmul(&b.gated_activation(&g, &u, act)?, &s.down)?;
+            let y = b.matmul(&gated(b, h, &s.gate, &s.up, act)?, &s.down)?;
             let gates: Vec<f32> = b
                 .to_f32(&b.matmul(h, &s.gate_inp)?)?
                 .iter()

@@ -85,15 +85,22 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
-    /// Encodes one text fragment on its own onto `out` (SentencePiece: spaces escaped, no prefix
-    /// space; [`Tokenizer::encode`] adds that where llama.cpp does).
-    fn encode_fragment(&self, vocab: &Vocab, piece: &str, out: &mut Vec<u32>) {
+    /// Encodes one text fragment onto `out`. `after_special`: the fragment starts the text or
+    /// follows a special token, where llama.cpp gives SentencePiece its prefix space (when the
+    /// vocabulary asks for it); the other kinds encode every fragment alike.
+    fn encode_fragment(&self, vocab: &Vocab, piece: &str, after_special: bool, out: &mut Vec<u32>) {
         match self {
             Kind::Bpe(bpe) => bpe.encode_fragment(vocab, piece, out),
             Kind::Wpm(wpm) => wpm.encode_fragment(vocab, piece, out),
             Kind::Ugm(ugm) => ugm.encode_fragment(vocab, piece, vocab.add_space_prefix, out),
             Kind::Spm => {
-                let escaped = piece.replace(' ', "\u{2581}");
+                let mut escaped = String::with_capacity(piece.len() + 3);
+                if vocab.add_space_prefix && after_special {
+                    escaped.push('\u{2581}');
+                }
+                for c in piece.chars() {
+                    escaped.push(if c == ' ' { '\u{2581}' } else { c });
+                }
                 spm::encode_fragment(vocab, escaped.as_bytes(), out)
             }
         }
@@ -241,43 +248,18 @@ impl Tokenizer {
         if add_special && self.add_bos() {
             out.extend(vocab.bos);
         }
-        match &self.kind {
-            Kind::Spm => {
-                // llama.cpp prefixes a space to a text fragment that follows a special token or
-                // starts the text, when the vocabulary asks for it.
-                let mut prev_special = true;
-                let mut escaped = String::new();
-                for fragment in &fragments {
-                    match fragment {
-                        Fragment::Text(range) => {
-                            escaped.clear();
-                            if vocab.add_space_prefix && prev_special {
-                                escaped.push('\u{2581}');
-                            }
-                            for c in text.get(range.clone()).unwrap_or("").chars() {
-                                escaped.push(if c == ' ' { '\u{2581}' } else { c });
-                            }
-                            spm::encode_fragment(vocab, escaped.as_bytes(), &mut out);
-                            prev_special = false;
-                        }
-                        Fragment::Token(id) => {
-                            out.push(*id);
-                            prev_special = true;
-                        }
-                    }
+        let mut after_special = true;
+        for fragment in &fragments {
+            match fragment {
+                Fragment::Text(range) => {
+                    let piece = text.get(range.clone()).unwrap_or("");
+                    self.kind
+                        .encode_fragment(vocab, piece, after_special, &mut out);
+                    after_special = false;
                 }
-            }
-            // The other kinds encode each text fragment alone; special tokens pass through.
-            kind => {
-                for fragment in &fragments {
-                    let range = match fragment {
-                        Fragment::Text(range) => range,
-                        Fragment::Token(id) => {
-                            out.push(*id);
-                            continue;
-                        }
-                    };
-                    kind.encode_fragment(vocab, text.get(range.clone()).unwrap_or(""), &mut out);
+                Fragment::Token(id) => {
+                    out.push(*id);
+                    after_special = true;
                 }
             }
         }

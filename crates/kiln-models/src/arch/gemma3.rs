@@ -70,21 +70,26 @@ pub(crate) fn config(file: &GgufFile) -> Result<DecoderConfig, ModelError> {
         rope_local: RopeConfig::plain(m.f32_or("rope.freq_base_swa", LOCAL_ROPE_BASE)?),
         rope_long: None,
         rope_dynamic: None,
-        layer_attention: (0..n_layers)
-            .map(|i| {
-                if (i + 1) % SLIDING_WINDOW_PATTERN == 0 {
-                    LayerAttention::Global
-                } else {
-                    LayerAttention::Sliding { window }
-                }
-            })
-            .collect(),
+        layer_attention: every_nth_global(n_layers, SLIDING_WINDOW_PATTERN, window),
         attention_scale: 1.0 / (query_pre_attn_scalar as f32).sqrt(),
         attn_logit_softcap: None,
         activation: FfnActivation::GeluTanh,
         embed_scale: Some((d_model as f32).sqrt()),
         moe: None,
     })
+}
+
+/// Layer `i` global when `(i + 1) % pattern == 0`, the others windowed (Gemma 3's 5:1 rule).
+fn every_nth_global(n_layers: usize, pattern: usize, window: usize) -> Vec<LayerAttention> {
+    (0..n_layers)
+        .map(|i| {
+            if (i + 1) % pattern == 0 {
+                LayerAttention::Global
+            } else {
+                LayerAttention::Sliding { window }
+            }
+        })
+        .collect()
 }
 
 /// The decoder configuration of a Gemma 3 `config.json` (`gemma3_text`, or `gemma3` with the
@@ -133,36 +138,15 @@ pub(crate) fn hf_config(outer: &HfConfig) -> Result<DecoderConfig, ModelError> {
         ));
     }
     let window = c.usize_or("sliding_window", 4096)?;
-    let layer_attention = match c.raw("layer_types") {
-        Some(Value::Array(types)) if types.len() == n_layers => types
-            .iter()
-            .map(|t| match t.as_str() {
-                Some("full_attention") => Ok(LayerAttention::Global),
-                Some("sliding_attention") => Ok(LayerAttention::Sliding { window }),
-                _ => Err(c.error("layer_types", format!("layer type {t} is not supported"))),
-            })
-            .collect::<Result<Vec<_>, _>>()?,
-        Some(Value::Array(types)) => {
-            return Err(c.error(
-                "layer_types",
-                format!("{} entries for {n_layers} layers", types.len()),
-            ))
-        }
-        _ => {
+    let layer_attention = match super::llama::hf_layer_types(c, n_layers, Some(window))? {
+        Some(types) => types,
+        None => {
             // transformers: `sliding_window_pattern` (saved as `_sliding_window_pattern` too).
             let pattern = match c.raw("sliding_window_pattern") {
                 Some(_) => c.usize("sliding_window_pattern")?,
                 None => c.usize_or("_sliding_window_pattern", SLIDING_WINDOW_PATTERN)?,
             };
-            (0..n_layers)
-                .map(|i| {
-                    if (i + 1) % pattern == 0 {
-                        LayerAttention::Global
-                    } else {
-                        LayerAttention::Sliding { window }
-                    }
-                })
-                .collect()
+            every_nth_global(n_layers, pattern, window)
         }
     };
     let context_length = c.usize_or("max_position_embeddings", 131_072)?;
@@ -227,7 +211,8 @@ fn hf_ropes(
             Some(b) => b as f32,
             None => c.f32_or(legacy_base, default_base as f32)?,
         };
-        let (rope, long) =
+        // Gemma 3 keeps `max_position_embeddings` as its context whatever the scaling.
+        let (rope, long, _) =
             super::llama::rope_from_params(c, key, params, base, rope_dim, context_length)?;
         if long.is_some() {
             return Err(c.error(key, "long-rope scaling is not supported for Gemma 3"));

@@ -190,7 +190,7 @@ pub(crate) fn gguf_config(arch: &str, file: &GgufFile) -> Result<DecoderConfig, 
         "yarn" => {
             let original = gguf_yarn(&m, &mut rope, common.rope_dim, common.context_length)
                 .map_err(|detail| bad("rope.scaling", detail))?;
-            // The extended context, as from config.json (`hf_scaled_context`).
+            // The extended context, as from config.json (`rope_from_params`).
             common.context_length = common.context_length.max(original);
         }
         other => {
@@ -299,8 +299,8 @@ pub(crate) fn hf_config(c: &HfConfig) -> Result<(DecoderConfig, &'static NameTab
         ));
     }
 
-    let (rope, rope_long, dynamic) = hf_rope(c, rope_dim, context_length)?;
-    common.context_length = hf_scaled_context(c, context_length, dynamic.as_ref())?;
+    let (rope, rope_long, dynamic, scaled_context) = hf_rope(c, rope_dim, context_length)?;
+    common.context_length = scaled_context;
     let layer_attention = hf_layer_attention(c, &model_type, n_layers)?;
     let (moe, table) = match model_type.as_str() {
         "qwen3_moe" | "qwen2_moe" => {
@@ -400,10 +400,8 @@ fn gguf_yarn(
 /// The dense layers of a Qwen-MoE config, as transformers decides them: layer `i` routes when
 /// it is not in `mlp_only_layers` and `(i + 1) % decoder_sparse_step == 0`.
 fn qwen_dense_layers(c: &HfConfig, n_layers: usize) -> Result<Vec<usize>, ModelError> {
+    // At least 1: `usize` refuses 0.
     let step = c.usize_or("decoder_sparse_step", 1)?;
-    if step == 0 {
-        return Err(c.error("decoder_sparse_step", "must be at least 1"));
-    }
     let only = match c.raw("mlp_only_layers") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(a)) => a
@@ -419,12 +417,13 @@ fn qwen_dense_layers(c: &HfConfig, n_layers: usize) -> Result<Vec<usize>, ModelE
 }
 
 /// The rope scaling dictionary (`rope_parameters` in transformers 5, `rope_scaling` before) and
-/// the base, which transformers 5 moved inside it.
+/// the base, which transformers 5 moved inside it; with the longest context the scaling runs
+/// (see [`rope_from_params`]; dynamic NTK: `max_position_embeddings × factor`, vLLM's rule).
 fn hf_rope(
     c: &HfConfig,
     rope_dim: usize,
     context_length: usize,
-) -> Result<(RopeConfig, Option<LongRope>, Option<DynamicNtk>), ModelError> {
+) -> Result<(RopeConfig, Option<LongRope>, Option<DynamicNtk>, usize), ModelError> {
     let (key, params) = hf_rope_params(c);
     let base = match params
         .and_then(|p| p.get("rope_theta"))
@@ -446,10 +445,12 @@ fn hf_rope(
             factor: factor as f32,
             original_context: context_length,
         };
-        return Ok((RopeConfig::plain(base), None, Some(dynamic)));
+        let scaled_context = (context_length as f64 * factor) as usize;
+        return Ok((RopeConfig::plain(base), None, Some(dynamic), scaled_context));
     }
-    let (rope, long) = rope_from_params(c, key, params, base, rope_dim, context_length)?;
-    Ok((rope, long, None))
+    let (rope, long, scaled_context) =
+        rope_from_params(c, key, params, base, rope_dim, context_length)?;
+    Ok((rope, long, None, scaled_context))
 }
 
 /// The scaling dictionary of a `config.json` (`rope_parameters` in transformers 5,
@@ -472,33 +473,11 @@ fn rope_type(params: Option<&serde_json::Map<String, Value>>) -> &str {
         .unwrap_or("default")
 }
 
-/// The longest context a scaled model runs: YaRN's `original × factor` where it exceeds
-/// `max_position_embeddings` (Qwen2.5 publishes 32,768 with factor 4 for 131,072), dynamic NTK's
-/// `max_position_embeddings × factor`, as vLLM derives its maximum length. Unscaled and other
-/// scalings: `max_position_embeddings`.
-fn hf_scaled_context(
-    c: &HfConfig,
-    context_length: usize,
-    dynamic: Option<&DynamicNtk>,
-) -> Result<usize, ModelError> {
-    if let Some(d) = dynamic {
-        return Ok((context_length as f64 * f64::from(d.factor)) as usize);
-    }
-    let (_, params) = hf_rope_params(c);
-    if rope_type(params) != "yarn" {
-        return Ok(context_length);
-    }
-    let num = |name: &str| params.and_then(|p| p.get(name)).and_then(Value::as_f64);
-    let original = match c.raw("original_max_position_embeddings") {
-        Some(Value::Number(_)) => c.usize("original_max_position_embeddings")? as f64,
-        _ => num("original_max_position_embeddings").unwrap_or(context_length as f64),
-    };
-    let extended = num("factor").map_or(0.0, |f| original * f);
-    Ok(context_length.max(extended as usize))
-}
-
 /// The rope that one scaling dictionary (`params`, found under `key` of `config.json`; `None`:
-/// no scaling) describes for base `base`, as transformers computes it.
+/// no scaling) describes for base `base`, as transformers computes it, and the longest context
+/// it runs: YaRN's `original × factor` where that exceeds `context_length`
+/// (`max_position_embeddings`; Qwen2.5 publishes 32,768 with factor 4 for 131,072), as vLLM
+/// derives its maximum length; `context_length` for the other scalings.
 pub(super) fn rope_from_params(
     c: &HfConfig,
     key: &str,
@@ -506,9 +485,10 @@ pub(super) fn rope_from_params(
     base: f32,
     rope_dim: usize,
     context_length: usize,
-) -> Result<(RopeConfig, Option<LongRope>), ModelError> {
+) -> Result<(RopeConfig, Option<LongRope>, usize), ModelError> {
     let num = |name: &str| params.and_then(|p| p.get(name)).and_then(Value::as_f64);
     let mut rope = RopeConfig::plain(base);
+    let mut scaled_context = context_length;
     let kind = rope_type(params);
     let need = |name: &str| {
         num(name).ok_or_else(|| c.error(key, format!("\"{kind}\" scaling needs \"{name}\"")))
@@ -569,6 +549,7 @@ pub(super) fn rope_from_params(
                 _ => yarn::mscale(factor, 1.0),
             } as f32;
             rope.freq_factors = Some(y.divisors(rope_dim, f64::from(base)).into());
+            scaled_context = context_length.max((original * factor) as usize);
         }
         "longrope" | "su" => {
             let list = |name: &str| -> Result<Arc<[f32]>, ModelError> {
@@ -607,7 +588,37 @@ pub(super) fn rope_from_params(
             ))
         }
     }
-    Ok((rope, long))
+    Ok((rope, long, scaled_context))
+}
+
+/// Each layer's attention as `layer_types` lists it (`full_attention`, `sliding_attention`
+/// with `window`), `None` when the config has no such list.
+pub(super) fn hf_layer_types(
+    c: &HfConfig,
+    n_layers: usize,
+    window: Option<usize>,
+) -> Result<Option<Vec<LayerAttention>>, ModelError> {
+    let Some(types) = c.raw("layer_types").and_then(Value::as_array) else {
+        return Ok(None);
+    };
+    if types.len() != n_layers {
+        return Err(c.error(
+            "layer_types",
+            format!("{} entries for {n_layers} layers", types.len()),
+        ));
+    }
+    types
+        .iter()
+        .map(|t| match (t.as_str(), window) {
+            (Some("full_attention"), _) => Ok(LayerAttention::Global),
+            (Some("sliding_attention"), Some(window)) => Ok(LayerAttention::Sliding { window }),
+            _ => Err(c.error(
+                "layer_types",
+                format!("layer type {t} is not supported (or no sliding_window is given)"),
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
 }
 
 /// Which layers attend through a sliding window: `layer_types` when the config lists them,
@@ -621,24 +632,8 @@ fn hf_layer_attention(
         None | Some(Value::Null) => None,
         Some(_) => Some(c.usize("sliding_window")?),
     };
-    if let Some(types) = c.raw("layer_types").and_then(Value::as_array) {
-        if types.len() != n_layers {
-            return Err(c.error(
-                "layer_types",
-                format!("{} entries for {n_layers} layers", types.len()),
-            ));
-        }
-        return types
-            .iter()
-            .map(|t| match (t.as_str(), window) {
-                (Some("full_attention"), _) => Ok(LayerAttention::Global),
-                (Some("sliding_attention"), Some(window)) => Ok(LayerAttention::Sliding { window }),
-                _ => Err(c.error(
-                    "layer_types",
-                    format!("layer type {t} is not supported (or no sliding_window is given)"),
-                )),
-            })
-            .collect();
+    if let Some(types) = hf_layer_types(c, n_layers, window)? {
+        return Ok(types);
     }
     let sliding_from = match model_type {
         // Qwen: only with `use_sliding_window`, and only from `max_window_layers` on.
