@@ -1,9 +1,23 @@
 use std::ops::Range;
 
-use kiln_backend::{Backend, KvDtype};
-use kiln_core::config::DecoderConfig;
+use kiln_backend::{Backend, KvDtype, KvPages};
+use kiln_core::config::{DecoderConfig, LayerAttention};
 
 use crate::ModelError;
+
+/// How a cache stores the layers of sliding-window attention.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WindowedLayers {
+    /// Only the rows a layer's window can still see (a ring; see [`KvCache`]). Outputs are
+    /// bit-identical to [`WindowedLayers::Full`]'s.
+    #[default]
+    Ring,
+    /// Every position, like a global layer (for comparisons).
+    Full,
+}
+
+/// Rows per block of a windowed layer's ring in a [`KvCache`].
+pub const RING_BLOCK: usize = 32;
 
 /// A contiguous KV cache for one sequence: per layer, `capacity` rows of keys and values; row
 /// `j` holds position `j`.
@@ -12,24 +26,54 @@ use crate::ModelError;
 /// advances `len`. The engine's paged cache (several sequences, shared prefixes) replaces this
 /// for serving; this one serves single-sequence generation, scoring and perplexity.
 ///
+/// **Windowed layers** (sliding-window attention of `window` positions) keep a ring instead
+/// (unless built with [`WindowedLayers::Full`]): `ring_blocks` blocks of [`RING_BLOCK`] rows,
+/// position `j` in row `j % RING_BLOCK` of block `(j / RING_BLOCK) % ring_blocks`, which the
+/// attention ops read through a block table (`ring_table`, one entry per block of the capacity),
+/// so they compute exactly what they compute over the full rows. A pass of `n` positions from
+/// `len` reads positions `len + 1 - window .. len + n`, `window - 1 + n` consecutive positions,
+/// and position `j` sits in ring row `j mod ring_rows`: so the ring holds all of them (and the
+/// rows the pass writes overwrite none) when it has `ceil((window - 1 + n) / RING_BLOCK)`
+/// blocks. It grows (keeping the rows still in the window) before a pass that needs more. So a
+/// windowed layer holds about `window` plus the longest pass's rows, whatever the context;
+/// positions before `kept_from()` are gone.
+///
 /// A cache holds a contiguous range of the model's layers (all of them, except for the part of a
 /// [`crate::SplitDecoder`] on one backend): `k[j]` and `v[j]` belong to layer `layers.start + j`.
 pub struct KvCache<B: Backend> {
-    pub(crate) k: Vec<B::Kv>, // per layer: (capacity, n_kv_heads * head_dim)
-    pub(crate) v: Vec<B::Kv>, // per layer: (capacity, n_kv_heads * head_dim_v)
+    pub(crate) k: Vec<B::Kv>, // per layer: (rows, n_kv_heads * head_dim)
+    pub(crate) v: Vec<B::Kv>, // per layer: (rows, n_kv_heads * head_dim_v)
     layers: Range<usize>,
     len: usize,
     capacity: usize,
+    /// Per local layer: its window when it keeps a ring.
+    windows: Vec<Option<usize>>,
+    /// Blocks of every ring (0 when no layer keeps one).
+    ring_blocks: usize,
+    /// Logical block `t` → ring block `t % ring_blocks`, for every block of the capacity.
+    ring_table: Vec<u32>,
 }
 
-/// Per layer of `layers`, a `(rows, kv_dim)` tensor of keys and a `(rows, v_dim)` one of values.
+/// Per layer of `layers`, a `(rows, kv_dim)` tensor of keys and a `(rows, v_dim)` one of values;
+/// `rows(layer)` says how many rows.
 #[allow(clippy::type_complexity)]
 fn kv_pools<B: Backend>(
     backend: &B,
     config: &DecoderConfig,
     layers: &Range<usize>,
-    rows: usize,
+    rows: impl Fn(usize) -> usize,
 ) -> Result<(Vec<B::Kv>, Vec<B::Kv>), ModelError> {
+    check_layer_range(config, layers)?;
+    let mut k = Vec::with_capacity(layers.len());
+    let mut v = Vec::with_capacity(layers.len());
+    for layer in layers.clone() {
+        k.push(backend.kv_zeros(rows(layer), config.kv_dim())?);
+        v.push(backend.kv_zeros(rows(layer), config.v_dim())?);
+    }
+    Ok((k, v))
+}
+
+fn check_layer_range(config: &DecoderConfig, layers: &Range<usize>) -> Result<(), ModelError> {
     if layers.start > layers.end || layers.end > config.n_layers {
         return Err(ModelError::LayerRange {
             start: layers.start,
@@ -37,17 +81,24 @@ fn kv_pools<B: Backend>(
             n_layers: config.n_layers,
         });
     }
-    let mut k = Vec::with_capacity(layers.len());
-    let mut v = Vec::with_capacity(layers.len());
-    for _ in layers.clone() {
-        k.push(backend.kv_zeros(rows, config.kv_dim())?);
-        v.push(backend.kv_zeros(rows, config.v_dim())?);
+    Ok(())
+}
+
+/// The sliding window of `layer`, if it has one.
+pub(crate) fn layer_window(config: &DecoderConfig, layer: usize) -> Option<usize> {
+    match config.layer_attention.get(layer) {
+        Some(LayerAttention::Sliding { window }) => Some(*window),
+        _ => None,
     }
-    Ok((k, v))
+}
+
+/// Ring blocks of `block` rows that a pass of `n` positions needs under a window of `window`.
+pub(crate) fn ring_blocks_for(window: usize, n: usize, block: usize) -> usize {
+    (window.saturating_sub(1) + n).div_ceil(block)
 }
 
 impl<B: Backend> KvCache<B> {
-    /// A cache of every layer of the model.
+    /// A cache of every layer of the model (windowed layers in rings).
     pub fn new(backend: &B, config: &DecoderConfig, capacity: usize) -> Result<Self, ModelError> {
         Self::for_layers(backend, config, 0..config.n_layers, capacity)
     }
@@ -59,14 +110,56 @@ impl<B: Backend> KvCache<B> {
         layers: Range<usize>,
         capacity: usize,
     ) -> Result<Self, ModelError> {
-        let (k, v) = kv_pools(backend, config, &layers, capacity)?;
-        Ok(KvCache {
+        Self::with_layout(backend, config, layers, capacity, WindowedLayers::Ring)
+    }
+
+    /// [`KvCache::for_layers`], storing windowed layers as `windowed` says.
+    pub fn with_layout(
+        backend: &B,
+        config: &DecoderConfig,
+        layers: Range<usize>,
+        capacity: usize,
+        windowed: WindowedLayers,
+    ) -> Result<Self, ModelError> {
+        check_layer_range(config, &layers)?;
+        let capacity_blocks = capacity.div_ceil(RING_BLOCK);
+        let windows: Vec<Option<usize>> = layers
+            .clone()
+            .map(|l| layer_window(config, l).filter(|_| windowed == WindowedLayers::Ring))
+            .collect();
+        // A ring for one-position passes to start with; the first longer pass grows it.
+        let ring_blocks = windows
+            .iter()
+            .flatten()
+            .map(|&w| ring_blocks_for(w, 1, RING_BLOCK).min(capacity_blocks))
+            .max()
+            .unwrap_or(0);
+        let local = |l: usize| l - layers.start;
+        let (k, v) = kv_pools(backend, config, &layers, |l| match windows[local(l)] {
+            Some(_) => ring_blocks * RING_BLOCK,
+            None => capacity,
+        })?;
+        let mut cache = KvCache {
             k,
             v,
             layers,
             len: 0,
             capacity,
-        })
+            windows,
+            ring_blocks,
+            ring_table: Vec::new(),
+        };
+        cache.ring_table = cache.make_ring_table(ring_blocks);
+        Ok(cache)
+    }
+
+    fn make_ring_table(&self, ring_blocks: usize) -> Vec<u32> {
+        if ring_blocks == 0 {
+            return Vec::new();
+        }
+        (0..self.capacity.div_ceil(RING_BLOCK))
+            .map(|t| (t % ring_blocks) as u32)
+            .collect()
     }
 
     /// The model layers whose keys and values this cache holds.
@@ -87,14 +180,49 @@ impl<B: Backend> KvCache<B> {
         self.capacity
     }
 
+    /// Rows of keys (and of values) each layer holds now: the capacity, or a ring's rows.
+    pub fn layer_rows(&self) -> Vec<usize> {
+        self.windows
+            .iter()
+            .map(|w| match w {
+                Some(_) => self.ring_blocks * RING_BLOCK,
+                None => self.capacity,
+            })
+            .collect()
+    }
+
+    /// The first position whose keys and values every layer still holds (0 without rings).
+    pub fn kept_from(&self) -> usize {
+        if self.ring_blocks == 0 {
+            return 0;
+        }
+        self.len.saturating_sub(self.ring_blocks * RING_BLOCK)
+    }
+
     /// Forget everything (the buffers are reused).
     pub fn clear(&mut self) {
         self.len = 0;
     }
 
-    /// Forget positions `len..` (to re-run from an earlier point).
-    pub fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
+    /// Forget positions `len..` (to re-run from an earlier point). Refused, changing nothing,
+    /// when a windowed layer's ring no longer holds what a pass from `len` would read.
+    pub fn truncate(&mut self, len: usize) -> Result<(), ModelError> {
+        if len >= self.len {
+            return Ok(());
+        }
+        let kept = self.kept_from();
+        if let Some(w) = self.windows.iter().flatten().max() {
+            let needs = (len + 1).saturating_sub(*w);
+            if len > 0 && needs < kept {
+                return Err(ModelError::WindowOverwritten {
+                    len,
+                    needs,
+                    kept_from: kept,
+                });
+            }
+        }
+        self.len = len;
+        Ok(())
     }
 
     pub(crate) fn check_room(&self, n: usize) -> Result<(), ModelError> {
@@ -105,6 +233,92 @@ impl<B: Backend> KvCache<B> {
                 capacity: self.capacity,
             });
         }
+        Ok(())
+    }
+
+    /// The ring pages of local layer `il`, if it keeps a ring.
+    pub(crate) fn ring_pages(&self, il: usize) -> Option<KvPages<'_>> {
+        self.windows[il].map(|_| KvPages {
+            table: &self.ring_table,
+            block_size: RING_BLOCK,
+        })
+    }
+
+    /// Writes the keys `k` and values `v` of positions `pos0..` into local layer `il`.
+    pub(crate) fn store(
+        &mut self,
+        b: &B,
+        il: usize,
+        pos0: usize,
+        k: &B::Tensor,
+        v: &B::Tensor,
+    ) -> Result<(), ModelError> {
+        if self.windows[il].is_some() {
+            let pages = KvPages {
+                table: &self.ring_table,
+                block_size: RING_BLOCK,
+            };
+            b.write_paged_rows(&mut self.k[il], &pages, pos0, k)?;
+            b.write_paged_rows(&mut self.v[il], &pages, pos0, v)?;
+        } else {
+            b.write_kv_rows(&mut self.k[il], pos0, k)?;
+            b.write_kv_rows(&mut self.v[il], pos0, v)?;
+        }
+        Ok(())
+    }
+
+    /// Grows the rings (if any) so that a pass of `n` positions from `len` finds every row it
+    /// reads: new buffers, with the rows the pass's window still sees copied over.
+    pub(crate) fn make_room(&mut self, b: &B, n: usize) -> Result<(), ModelError> {
+        let capacity_blocks = self.capacity.div_ceil(RING_BLOCK);
+        let Some(&window) = self.windows.iter().flatten().max() else {
+            return Ok(());
+        };
+        let want = ring_blocks_for(window, n, RING_BLOCK).min(capacity_blocks);
+        if want <= self.ring_blocks {
+            return Ok(());
+        }
+        let new_table = self.make_ring_table(want);
+        let keep = (self.len + 1).saturating_sub(window)..self.len;
+        let old_pages = KvPages {
+            table: &self.ring_table,
+            block_size: RING_BLOCK,
+        };
+        let new_pages = KvPages {
+            table: &new_table,
+            block_size: RING_BLOCK,
+        };
+        let rows = want * RING_BLOCK;
+        let mut grown = Vec::new();
+        for (il, w) in self.windows.iter().enumerate() {
+            if w.is_none() {
+                continue;
+            }
+            let moved = |old: &B::Kv| -> Result<B::Kv, ModelError> {
+                let (old_rows, cols) = b.kv_shape(old);
+                let mut new = b.kv_zeros(rows, cols)?;
+                if !keep.is_empty() {
+                    let all = b.kv_to_f32(old)?;
+                    let mut live = Vec::with_capacity(keep.len() * cols);
+                    for j in keep.clone() {
+                        let r = old_pages.physical_row(j, old_rows).ok_or_else(|| {
+                            ModelError::Batch(format!("ring row {j} outside the ring"))
+                        })?;
+                        live.extend_from_slice(&all[r * cols..(r + 1) * cols]);
+                    }
+                    let t = b.tensor_from_f32(&live, keep.len(), cols)?;
+                    b.write_paged_rows(&mut new, &new_pages, keep.start, &t)?;
+                }
+                Ok(new)
+            };
+            grown.push((il, moved(&self.k[il])?, moved(&self.v[il])?));
+        }
+        for (il, k, v) in grown {
+            self.k[il] = k;
+            self.v[il] = v;
+        }
+        self.ring_blocks = want;
+        self.ring_table = new_table;
         Ok(())
     }
 
@@ -172,7 +386,7 @@ impl<B: Backend> PagedKvCache<B> {
                 "a paged KV cache of {n_blocks} blocks of {block_size} positions"
             )));
         };
-        let (k, v) = kv_pools(backend, config, &layers, rows)?;
+        let (k, v) = kv_pools(backend, config, &layers, |_| rows)?;
         Ok(PagedKvCache {
             k,
             v,
@@ -278,10 +492,17 @@ impl<F: Backend, R: Backend> SplitKvCache<F, R> {
         self.back.clear();
     }
 
-    /// Forget positions `len..` (to re-run from an earlier point).
-    pub fn truncate(&mut self, len: usize) {
-        self.front.truncate(len);
-        self.back.truncate(len);
+    /// Forget positions `len..` (to re-run from an earlier point); refused, changing nothing,
+    /// as [`KvCache::truncate`] refuses it.
+    pub fn truncate(&mut self, len: usize) -> Result<(), ModelError> {
+        let (front_len, back_len) = (self.front.len, self.back.len);
+        self.front.truncate(len)?;
+        if let Err(e) = self.back.truncate(len) {
+            self.front.len = front_len;
+            self.back.len = back_len;
+            return Err(e);
+        }
+        Ok(())
     }
 
     /// The front backend's part (layers `0..front_layers`).

@@ -229,11 +229,7 @@ impl<B: Backend> Caches<'_, '_, B> {
         v: &B::Tensor,
     ) -> Result<(), ModelError> {
         match self {
-            Caches::Contiguous(c) => {
-                let cache = &mut c[i];
-                b.write_kv_rows(&mut cache.k[il], pos0, k)?;
-                b.write_kv_rows(&mut cache.v[il], pos0, v)?;
-            }
+            Caches::Contiguous(c) => c[i].store(b, il, pos0, k, v)?,
             Caches::Paged { cache, views } => {
                 let pages = KvPages {
                     table: views[i].table,
@@ -262,7 +258,7 @@ impl<B: Backend> Caches<'_, '_, B> {
                 q,
                 k: &c[i].k[il],
                 v: &c[i].v[il],
-                pages: None,
+                pages: c[i].ring_pages(il),
                 q_pos: pos0,
                 n_kv,
             },
@@ -278,6 +274,17 @@ impl<B: Backend> Caches<'_, '_, B> {
                 n_kv,
             },
         }
+    }
+
+    /// Grows the windowed layers' rings of contiguous caches for the pass `batch` (see
+    /// [`KvCache`]); paged caches hold what their tables map.
+    fn make_room(&mut self, b: &B, batch: &Batch) -> Result<(), ModelError> {
+        if let Caches::Contiguous(c) = self {
+            for (cache, (rows, _)) in c.iter_mut().zip(&batch.spans) {
+                cache.make_room(b, rows.len())?;
+            }
+        }
+        Ok(())
     }
 
     /// Counts the new positions of contiguous caches (paged ones are counted by the caller).
@@ -476,6 +483,7 @@ impl<B: Backend> LayerRun<'_, B> {
     ) -> Result<B::Tensor, ModelError> {
         let (c, first) = (self.config, self.first);
         caches.check_layers(&(first..first + self.layers.len()))?;
+        caches.make_room(b, batch)?;
         let (spans, positions) = (&batch.spans, &batch.positions);
         let single = spans.len() == 1;
         let act = Activation::from(c.activation);

@@ -25,6 +25,15 @@ pub enum ModelError {
     UnsupportedType { name: String, ty: GgmlType },
     #[error("context full: {needed} positions needed, the KV cache holds {capacity}")]
     ContextFull { needed: usize, capacity: usize },
+    #[error(
+        "cannot go back to position {len}: its window reads from position {needs}, but the \
+         windowed layers' ring holds positions from {kept_from} only"
+    )]
+    WindowOverwritten {
+        len: usize,
+        needs: usize,
+        kept_from: usize,
+    },
     #[error("layers {start}..{end} are not a range of the model's {n_layers} layers")]
     LayerRange {
         start: usize,

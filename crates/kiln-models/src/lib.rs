@@ -35,7 +35,9 @@ pub mod split;
 mod support;
 mod weights;
 
-pub use cache::{KvCache, PagedKvCache, PagedSeq, SplitKvCache, SplitPagedKvCache};
+pub use cache::{
+    KvCache, PagedKvCache, PagedSeq, SplitKvCache, SplitPagedKvCache, WindowedLayers, RING_BLOCK,
+};
 pub use decoder::{route, Decoder, DecoderLayer, Ffn, MoeFfn, NoTrace, Route, Trace};
 pub use encoder::{Encoder, EncoderLayer, Norm};
 pub use error::ModelError;
