@@ -205,7 +205,9 @@ pub trait Backend: Send + Sync + Sized + 'static {
     ) -> Result<Self::Tensor>;
     /// [`Backend::attention`] over a paged cache: logical row `j` of the caches is the row
     /// `pages` maps it to in `k_pool`/`v_pool` (`[n_blocks * block_size, kv_cols]`); otherwise
-    /// the same operation, with the same results as over a contiguous copy of those rows.
+    /// the same operation, with the same results as over a contiguous copy of those rows. Only
+    /// the rows the queries see are read and checked (from
+    /// [`AttentionParams::first_key`]`(q_pos)` on): a windowed table may hold anything below.
     #[allow(clippy::too_many_arguments)]
     fn paged_attention(
         &self,
@@ -239,7 +241,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         let (n, _) = self.shape(src);
         let (pool_rows, _) = self.kv_shape(pool);
         pages
-            .check(first + n, pool_rows)
+            .check(first..first + n, pool_rows)
             .map_err(|e| shape_err("write_paged_rows", e))?;
         let mut i = 0;
         while i < n {

@@ -207,6 +207,12 @@ pub struct AttentionParams {
 }
 
 impl AttentionParams {
+    /// The first key position a query at `q_pos` sees (its window's start, or 0).
+    pub fn first_key(&self, q_pos: usize) -> usize {
+        self.sliding_window
+            .map_or(0, |w| (q_pos + 1).saturating_sub(w))
+    }
+
     /// Checks the operands of [`crate::Backend::attention`] (`op` names it in the error): `q`
     /// of `n_heads × head_dim` columns at `q_pos`, caches `k`, `v` (`(rows, cols)`) of
     /// `n_kv_heads × head_dim` columns holding at least `n_kv` rows (not checked when `paged`:
@@ -299,28 +305,37 @@ impl KvPages<'_> {
         (row < pool_rows).then_some(row)
     }
 
-    /// Checks that logical rows `0..n` all map into a pool of `pool_rows` rows (a block of
-    /// the table past them is not looked at); describes the first problem otherwise.
-    pub fn check(&self, n: usize, pool_rows: usize) -> Result<(), String> {
+    /// Checks that logical rows `rows` all map into a pool of `pool_rows` rows (entries of the
+    /// table outside them are not looked at: a sliding window's table may hold no block for the
+    /// rows it can no longer see); describes the first problem otherwise.
+    pub fn check(&self, rows: std::ops::Range<usize>, pool_rows: usize) -> Result<(), String> {
         if self.block_size == 0 {
             return Err("block size 0".into());
         }
-        let blocks = n.div_ceil(self.block_size);
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let (first, blocks) = (
+            rows.start / self.block_size,
+            rows.end.div_ceil(self.block_size),
+        );
         if self.table.len() < blocks {
             return Err(format!(
-                "{n} rows need {blocks} blocks of {}, the table has {}",
+                "{} rows need {blocks} blocks of {}, the table has {}",
+                rows.end,
                 self.block_size,
                 self.table.len()
             ));
         }
         let pool_blocks = pool_rows / self.block_size;
-        match self.table[..blocks]
+        match self.table[first..blocks]
             .iter()
             .position(|&b| b as usize >= pool_blocks)
         {
             Some(i) => Err(format!(
-                "block {} (entry {i}) is outside a pool of {pool_blocks} blocks",
-                self.table[i]
+                "block {} (entry {}) is outside a pool of {pool_blocks} blocks",
+                self.table[first + i],
+                first + i
             )),
             None => Ok(()),
         }
@@ -354,15 +369,21 @@ mod tests {
         assert_eq!(pages.physical_row(11, 16), Some(11));
         assert_eq!(pages.physical_row(12, 16), None, "past the table");
         assert_eq!(pages.physical_row(0, 12), None, "past the pool");
-        assert!(pages.check(12, 16).is_ok());
-        assert!(pages.check(13, 16).unwrap_err().contains("need 4 blocks"));
-        assert!(pages.check(1, 12).unwrap_err().contains("block 3"));
+        assert!(pages.check(0..12, 16).is_ok());
+        assert!(pages
+            .check(0..13, 16)
+            .unwrap_err()
+            .contains("need 4 blocks"));
+        assert!(pages.check(0..1, 12).unwrap_err().contains("block 3"));
+        // Only the rows asked about: block 3 (entry 0) is past a pool of 12 rows.
+        assert!(pages.check(4..12, 12).is_ok());
+        assert!(pages.check(3..12, 12).unwrap_err().contains("entry 0"));
         let empty = KvPages {
             table: &[],
             block_size: 0,
         };
         assert_eq!(empty.physical_row(0, 8), None);
-        assert!(empty.check(0, 8).is_err());
+        assert!(empty.check(0..0, 8).is_err());
     }
 
     #[test]

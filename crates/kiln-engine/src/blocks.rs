@@ -80,6 +80,12 @@ impl BlockTable {
     pub fn tokens(&self) -> &[u32] {
         &self.tokens
     }
+
+    /// The prefix hashes of the full blocks accounted for so far (shared at allocation or
+    /// registered since).
+    pub fn prefix_hashes(&self) -> &[u64] {
+        &self.hashes
+    }
 }
 
 /// What [`BlockPool::allocate_prompt`] found in the prefix cache.
@@ -184,6 +190,16 @@ impl BlockPool {
         &mut self,
         prompt: &[u32],
     ) -> Result<(BlockTable, PrefixHit), OutOfBlocks> {
+        self.allocate_prompt_within(prompt, usize::MAX)
+    }
+
+    /// [`BlockPool::allocate_prompt`], sharing at most `max_shared` leading blocks (a sequence
+    /// whose windowed layers find fewer cached blocks computes the rest again).
+    pub fn allocate_prompt_within(
+        &mut self,
+        prompt: &[u32],
+        max_shared: usize,
+    ) -> Result<(BlockTable, PrefixHit), OutOfBlocks> {
         let bs = self.block_size;
         // Full blocks that may be shared: never the one holding the last token.
         let shareable = prompt.len().saturating_sub(1) / bs;
@@ -192,15 +208,9 @@ impl BlockPool {
         let mut hits = Vec::new();
         let mut hashes = Vec::new();
         let mut parent = 0u64;
-        for chunk in prompt.chunks_exact(bs).take(shareable) {
+        for chunk in prompt.chunks_exact(bs).take(shareable.min(max_shared)) {
             let h = chain_hash(parent, chunk);
-            let hit = self.by_hash.get(&h).copied().filter(|&b| {
-                self.blocks[b as usize]
-                    .registered
-                    .as_ref()
-                    .is_some_and(|(rh, toks)| *rh == h && **toks == *chunk)
-            });
-            let Some(b) = hit else {
+            let Some(b) = self.cached(h, chunk) else {
                 break;
             };
             hits.push(b);
@@ -234,6 +244,34 @@ impl BlockPool {
         }
         let cached_tokens = hits.len() * bs;
         Ok((table, PrefixHit { cached_tokens }))
+    }
+
+    /// The registered block of prefix hash `hash` holding `tokens`, if one is cached (in use or
+    /// idle).
+    pub fn cached(&self, hash: u64, tokens: &[u32]) -> Option<BlockId> {
+        self.by_hash.get(&hash).copied().filter(|&b| {
+            self.blocks[b as usize]
+                .registered
+                .as_ref()
+                .is_some_and(|(rh, toks)| *rh == hash && **toks == *tokens)
+        })
+    }
+
+    /// The prefix hashes of the leading full blocks of `prompt` that are cached, as
+    /// [`BlockPool::allocate_prompt`] would share them (nothing is taken).
+    pub fn cached_prefix(&self, prompt: &[u32]) -> Vec<u64> {
+        let shareable = prompt.len().saturating_sub(1) / self.block_size;
+        let mut hashes = Vec::new();
+        let mut parent = 0u64;
+        for chunk in prompt.chunks_exact(self.block_size).take(shareable) {
+            let h = chain_hash(parent, chunk);
+            if self.cached(h, chunk).is_none() {
+                break;
+            }
+            hashes.push(h);
+            parent = h;
+        }
+        hashes
     }
 
     /// Room for `n` more tokens at the end of `table` (allocating blocks as needed). Fails,
@@ -290,18 +328,23 @@ impl BlockPool {
         // Later blocks first: of one sequence's idle blocks, its deepest prefix is evicted
         // first, so a shorter shared prefix outlives it.
         for &b in table.blocks.iter().rev() {
-            let block = &mut self.blocks[b as usize];
-            debug_assert!(block.refs > 0, "block {b} released more often than taken");
-            block.refs = block.refs.saturating_sub(1);
-            if block.refs == 0 {
-                if block.registered.is_some() {
-                    let stamp = self.next_stamp;
-                    self.next_stamp += 1;
-                    block.lru_stamp = Some(stamp);
-                    self.lru.insert(stamp, b);
-                } else {
-                    self.free.push(b);
-                }
+            self.drop_ref(b);
+        }
+    }
+
+    /// Drops one reference to block `b`: unused, it becomes idle cached (registered) or free.
+    fn drop_ref(&mut self, b: BlockId) {
+        let block = &mut self.blocks[b as usize];
+        debug_assert!(block.refs > 0, "block {b} released more often than taken");
+        block.refs = block.refs.saturating_sub(1);
+        if block.refs == 0 {
+            if block.registered.is_some() {
+                let stamp = self.next_stamp;
+                self.next_stamp += 1;
+                block.lru_stamp = Some(stamp);
+                self.lru.insert(stamp, b);
+            } else {
+                self.free.push(b);
             }
         }
     }
@@ -339,7 +382,6 @@ impl BlockPool {
     /// Verifies the module invariants against the given live tables (tests and debugging);
     /// returns a description of the first violation.
     pub fn check(&self, live: &[&BlockTable]) -> Result<(), String> {
-        let mut refs = vec![0u32; self.blocks.len()];
         for t in live {
             if t.blocks.len() != self.blocks_for(t.len()) {
                 return Err(format!(
@@ -348,8 +390,21 @@ impl BlockPool {
                     t.blocks.len()
                 ));
             }
-            for &b in &t.blocks {
-                refs[b as usize] += 1;
+        }
+        let held: Vec<&[BlockId]> = live.iter().map(|t| t.blocks()).collect();
+        self.check_held(&held)
+    }
+
+    /// [`BlockPool::check`] for the blocks that live tables hold, whatever kind of table
+    /// ([`WindowTable::held`] for a window's).
+    pub fn check_held(&self, live: &[&[BlockId]]) -> Result<(), String> {
+        let mut refs = vec![0u32; self.blocks.len()];
+        for t in live {
+            for &b in t.iter() {
+                let Some(r) = refs.get_mut(b as usize) else {
+                    return Err(format!("block {b} is outside the pool"));
+                };
+                *r += 1;
             }
         }
         let mut seen = vec![false; self.blocks.len()];
@@ -390,6 +445,132 @@ impl BlockPool {
             return Err("hash map and blocks disagree".into());
         }
         Ok(())
+    }
+}
+
+/// The blocks of one sequence's windowed layers, in a pool of their own: entry `t` holds
+/// logical block `t` (tokens `t * block_size..`) while some query can still see it, else
+/// [`WindowTable::UNMAPPED`]. The scheduler maps the blocks a pass needs before it
+/// ([`BlockPool::map_window`]) and hands back those that fall out of every window after it
+/// ([`BlockPool::release_window_below`]), so a sequence holds about `window + pass` positions
+/// of these layers however long it grows.
+///
+/// Prefix caching works as in the main pool: a full block whose rows are computed is
+/// registered under the same prefix hash as the sequence's block in the main table
+/// ([`BlockPool::register_window`]), so a later prompt can share it while it stays cached.
+#[derive(Debug, Default)]
+pub struct WindowTable {
+    blocks: Vec<BlockId>,
+    /// Entries below this one are registered or were never full-and-held.
+    registered: usize,
+}
+
+impl WindowTable {
+    /// The entry of a block not held.
+    pub const UNMAPPED: BlockId = BlockId::MAX;
+
+    /// The table, one entry per logical block so far ([`WindowTable::UNMAPPED`] where none is
+    /// held).
+    pub fn entries(&self) -> &[BlockId] {
+        &self.blocks
+    }
+
+    /// The blocks held.
+    pub fn held(&self) -> Vec<BlockId> {
+        self.blocks
+            .iter()
+            .copied()
+            .filter(|&b| b != Self::UNMAPPED)
+            .collect()
+    }
+}
+
+impl BlockPool {
+    /// A window table holding the cached blocks `first..hashes.len()` of a prompt whose leading
+    /// full blocks have the prefix hashes `hashes` (the caller checked with
+    /// [`BlockPool::cached`] that each is cached).
+    pub fn share_window(&mut self, prompt: &[u32], hashes: &[u64], first: usize) -> WindowTable {
+        let bs = self.block_size;
+        let mut t = WindowTable {
+            blocks: vec![WindowTable::UNMAPPED; hashes.len()],
+            registered: hashes.len(),
+        };
+        for (i, &h) in hashes.iter().enumerate().skip(first) {
+            if let Some(b) = self.cached(h, &prompt[i * bs..(i + 1) * bs]) {
+                self.retain(b);
+                t.blocks[i] = b;
+            }
+        }
+        t
+    }
+
+    /// Maps every block of tokens `rows` in `t` (allocating the missing ones). Fails, changing
+    /// nothing, when the pool cannot supply them.
+    pub fn map_window(
+        &mut self,
+        t: &mut WindowTable,
+        rows: std::ops::Range<usize>,
+    ) -> Result<(), OutOfBlocks> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let bs = self.block_size;
+        let (first, end) = (rows.start / bs, rows.end.div_ceil(bs));
+        let missing = (first..end)
+            .filter(|&i| t.blocks.get(i).is_none_or(|&b| b == WindowTable::UNMAPPED))
+            .count();
+        if missing > self.available() {
+            return Err(OutOfBlocks {
+                needed: missing,
+                available: self.available(),
+            });
+        }
+        if t.blocks.len() < end {
+            t.blocks.resize(end, WindowTable::UNMAPPED);
+        }
+        for i in first..end {
+            if t.blocks[i] == WindowTable::UNMAPPED {
+                t.blocks[i] = self.take_block().expect("checked above: enough blocks");
+            }
+        }
+        Ok(())
+    }
+
+    /// Registers the held full blocks of `t` that `main` has registered (same prefix hashes;
+    /// see [`BlockPool::register_computed`]), so that later prompts can share them.
+    pub fn register_window(&mut self, t: &mut WindowTable, main: &BlockTable) {
+        let bs = self.block_size;
+        while t.registered < main.hashes.len().min(t.blocks.len()) {
+            let i = t.registered;
+            t.registered += 1;
+            let b = t.blocks[i];
+            if b == WindowTable::UNMAPPED {
+                continue;
+            }
+            let h = main.hashes[i];
+            let block = &mut self.blocks[b as usize];
+            if block.registered.is_none() && !self.by_hash.contains_key(&h) {
+                block.registered = Some((h, main.tokens[i * bs..(i + 1) * bs].into()));
+                self.by_hash.insert(h, b);
+            }
+        }
+    }
+
+    /// Releases the blocks of `t` that hold only tokens before `row` (no window sees them any
+    /// more).
+    pub fn release_window_below(&mut self, t: &mut WindowTable, row: usize) {
+        let below = (row / self.block_size).min(t.blocks.len());
+        for i in (0..below).rev() {
+            let b = std::mem::replace(&mut t.blocks[i], WindowTable::UNMAPPED);
+            if b != WindowTable::UNMAPPED {
+                self.drop_ref(b);
+            }
+        }
+    }
+
+    /// Releases every block of `t` (the sequence ended, was cancelled or preempted).
+    pub fn release_window(&mut self, mut t: WindowTable) {
+        self.release_window_below(&mut t, usize::MAX);
     }
 }
 

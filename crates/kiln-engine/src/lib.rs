@@ -20,7 +20,7 @@ mod stop;
 mod text;
 
 pub use blocks::{
-    BlockId, BlockPool, BlockTable, OutOfBlocks, PoolSizeError, PrefixHit, PrefixStats,
+    BlockId, BlockPool, BlockTable, OutOfBlocks, PoolSizeError, PrefixHit, PrefixStats, WindowTable,
 };
 pub use constraint::{Constraint, TokenConstraint};
 pub use embed::{Embedding, EmbeddingModel};

@@ -10,7 +10,7 @@
 
 use kiln_backend::{Backend, KvDtype};
 use kiln_core::config::DecoderConfig;
-use kiln_models::{Decoder, PagedKvCache, SplitDecoder};
+use kiln_models::{Decoder, SplitDecoder};
 
 use crate::{
     generate, perplexity, score, BlockPool, Embedding, EmbeddingModel, EngineError, Event,
@@ -70,9 +70,6 @@ pub trait DecoderRunner: Send {
         n_ctx: usize,
         on_chunk: &mut dyn FnMut(usize, usize, f64),
     ) -> Result<Perplexity, EngineError>;
-
-    /// Bytes of one block of `block_size` positions of a paged KV cache for this model.
-    fn kv_bytes_per_block(&self, block_size: usize) -> usize;
 
     /// A continuous-batching scheduler that owns this model (the server's engine thread).
     fn into_batcher(self: Box<Self>, cfg: SchedulerConfig)
@@ -147,10 +144,6 @@ where
 
     fn check(&self, _usage: DecoderUse) -> Result<(), EngineError> {
         Ok(())
-    }
-
-    fn kv_bytes_per_block(&self, block_size: usize) -> usize {
-        PagedKvCache::<B>::bytes_per_block(&self.model.config, block_size, self.kv_dtype())
     }
 
     fn generate(
@@ -303,10 +296,6 @@ where
             DecoderUse::Serve => "serving",
             _ => "scoring",
         }))
-    }
-
-    fn kv_bytes_per_block(&self, block_size: usize) -> usize {
-        PagedKvCache::<R>::bytes_per_block(&self.model.config, block_size, self.kv_dtype())
     }
 
     fn generate(

@@ -27,10 +27,11 @@
 
 use std::collections::VecDeque;
 
-use kiln_backend::Backend;
-use kiln_models::{Decoder, PagedKvCache, PagedSeq};
+use kiln_backend::{Backend, KvDtype};
+use kiln_core::config::{DecoderConfig, LayerAttention};
+use kiln_models::{Decoder, PagedKvCache, PagedLayout, PagedSeq};
 
-use crate::blocks::{BlockPool, BlockTable, PrefixStats};
+use crate::blocks::{BlockPool, BlockTable, PrefixStats, WindowTable};
 use crate::constraint::prepare_all;
 use crate::score::top_k;
 use crate::{log_softmax, Constraint, EngineError, Sampler, SamplingParams};
@@ -40,6 +41,10 @@ use crate::{log_softmax, Constraint, EngineError, Sampler, SamplingParams};
 pub struct SchedulerConfig {
     /// Blocks in the KV pool, and positions per block.
     pub n_blocks: usize,
+    /// Blocks of the sliding-window layers' own pool (see [`crate::blocks::WindowTable`]);
+    /// `None`, or a model without windowed layers: those layers use the main pool like the
+    /// others and hold every position. [`SchedulerConfig::for_memory`] sizes both.
+    pub window_blocks: Option<usize>,
     pub block_size: usize,
     /// Tokens one step may carry (decode tokens plus prefill chunks).
     pub max_step_tokens: usize,
@@ -47,6 +52,72 @@ pub struct SchedulerConfig {
     pub max_running: usize,
     /// Requests that may wait; beyond it [`Scheduler::submit`] refuses.
     pub max_waiting: usize,
+}
+
+impl SchedulerConfig {
+    /// This configuration with its pools sized to `bytes` of KV memory for `config`, stored as
+    /// `dtype` (`n_blocks` and `window_blocks` are replaced; the other fields say how the pool
+    /// is used). `n_blocks` is 0 when `bytes` cannot hold one block of every layer.
+    ///
+    /// A model without sliding-window layers gets one pool: `bytes / bytes per block`. With
+    /// windowed layers, those get a pool of their own sized for the most they can ever hold at
+    /// once: every running sequence's window (`max_running × (⌈(window − 1) / block⌉ + 3)`
+    /// blocks, each sequence's window rows plus the blocks its next pass starts) and one step's
+    /// new tokens (`⌈max_step_tokens / block⌉`); the global layers get the rest. So the
+    /// positions the pool holds grow by the share of windowed layers (Gemma 3: five of six).
+    /// When that reservation would leave the global layers fewer blocks than one pool of
+    /// whole-model blocks has (a small budget, or many running sequences), both pools get the
+    /// same count: what a single pool holds.
+    pub fn sized_for(mut self, config: &DecoderConfig, dtype: KvDtype, bytes: usize) -> Self {
+        let bs = self.block_size.max(1);
+        let row = (config.kv_dim() + config.v_dim()) * dtype.bytes() * bs;
+        let windowed = config
+            .layer_attention
+            .iter()
+            .filter(|a| matches!(a, LayerAttention::Sliding { .. }))
+            .count();
+        let (global_block, window_block) = (row * (config.n_layers - windowed), row * windowed);
+        let whole = bytes / (global_block + window_block).max(1);
+        let Some(w) = widest_window(config) else {
+            self.n_blocks = whole;
+            self.window_blocks = None;
+            return self;
+        };
+        let reserve = self.max_running * (w.saturating_sub(1).div_ceil(bs) + 3)
+            + self.max_step_tokens.div_ceil(bs);
+        let window_blocks = reserve.min(bytes / window_block.max(1));
+        self.n_blocks = match bytes.checked_sub(window_blocks * window_block) {
+            // Every layer windowed: the main pool only numbers positions (no memory).
+            Some(_) if global_block == 0 => {
+                (self.max_running * config.context_length.div_ceil(bs)).max(whole)
+            }
+            Some(rest) => rest / global_block,
+            None => 0,
+        };
+        if self.n_blocks < whole {
+            self.n_blocks = whole;
+            self.window_blocks = Some(whole);
+        } else {
+            self.window_blocks = Some(window_blocks);
+        }
+        self
+    }
+
+    /// Bytes of KV memory the pools of this configuration take for `config` (stored as
+    /// `dtype`).
+    pub fn kv_bytes(&self, config: &DecoderConfig, dtype: KvDtype) -> usize {
+        let row = (config.kv_dim() + config.v_dim()) * dtype.bytes() * self.block_size;
+        let windowed = match (self.window_blocks, widest_window(config)) {
+            (Some(_), Some(_)) => config
+                .layer_attention
+                .iter()
+                .filter(|a| matches!(a, LayerAttention::Sliding { .. }))
+                .count(),
+            _ => 0,
+        };
+        row * ((config.n_layers - windowed) * self.n_blocks
+            + windowed * self.window_blocks.unwrap_or(0))
+    }
 }
 
 /// One generation request.
@@ -139,6 +210,8 @@ struct Seq {
     constraint: Option<Constraint>,
     /// The blocks while running (`None` while waiting).
     table: Option<BlockTable>,
+    /// The windowed layers' blocks while running, when they have a pool of their own.
+    window: Option<WindowTable>,
     /// Positions whose KV rows are in the table's blocks.
     computed: usize,
 }
@@ -157,6 +230,8 @@ impl Seq {
 pub struct Scheduler<B: Backend> {
     cfg: SchedulerConfig,
     pool: BlockPool,
+    /// The windowed layers' pool, and the widest window (when they have a pool of their own).
+    window_pool: Option<(BlockPool, usize)>,
     cache: PagedKvCache<B>,
     waiting: VecDeque<Seq>,
     /// In admission order (the last is preempted first).
@@ -178,10 +253,23 @@ impl<B: Backend> Scheduler<B> {
                 "a scheduler step needs room for at least one token and one sequence".into(),
             ));
         }
-        let pool = BlockPool::new(cfg.n_blocks, cfg.block_size)
-            .map_err(|e| EngineError::Input(e.to_string()))?;
+        let pool_of =
+            |n| BlockPool::new(n, cfg.block_size).map_err(|e| EngineError::Input(e.to_string()));
+        let pool = pool_of(cfg.n_blocks)?;
         let context = model.config.context_length;
-        let cache = PagedKvCache::new(b, &model.config, cfg.n_blocks, cfg.block_size, context)?;
+        let widest = widest_window(&model.config);
+        let window_pool = match (cfg.window_blocks, widest) {
+            (Some(n), Some(w)) => Some((pool_of(n)?, w)),
+            _ => None,
+        };
+        let layout = PagedLayout {
+            n_blocks: cfg.n_blocks,
+            window_blocks: window_pool.as_ref().map(|(p, _)| p.n_blocks()),
+            block_size: cfg.block_size,
+            max_positions: context,
+        };
+        let c = &model.config;
+        let cache = PagedKvCache::with_layout(b, c, 0..c.n_layers, &layout)?;
         // Masks overlap the forward pass on the cores it leaves free; when it takes them all
         // (the CPU backend), they run just before it, on all of them.
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -194,6 +282,7 @@ impl<B: Backend> Scheduler<B> {
         Ok(Scheduler {
             cfg,
             pool,
+            window_pool,
             cache,
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -251,6 +340,7 @@ impl<B: Backend> Scheduler<B> {
             sampler,
             constraint: req.constraint,
             table: None,
+            window: None,
             computed: 0,
         });
         Ok(id)
@@ -265,9 +355,7 @@ impl<B: Backend> Scheduler<B> {
         }
         if let Some(i) = self.running.iter().position(|s| s.id == id) {
             let mut seq = self.running.remove(i);
-            if let Some(t) = seq.table.take() {
-                self.pool.release(t);
-            }
+            self.release(&mut seq);
             return true;
         }
         false
@@ -290,6 +378,21 @@ impl<B: Backend> Scheduler<B> {
         &self.pool
     }
 
+    /// The windowed layers' pool, when they have one of their own.
+    pub fn window_pool(&self) -> Option<&BlockPool> {
+        self.window_pool.as_ref().map(|(p, _)| p)
+    }
+
+    /// Releases the blocks of a sequence taken out of `running`.
+    fn release(&mut self, s: &mut Seq) {
+        if let Some(t) = s.table.take() {
+            self.pool.release(t);
+        }
+        if let (Some(t), Some((wp, _))) = (s.window.take(), self.window_pool.as_mut()) {
+            wp.release_window(t);
+        }
+    }
+
     pub fn prefix_stats(&self) -> PrefixStats {
         self.pool.prefix_stats()
     }
@@ -301,7 +404,11 @@ impl<B: Backend> Scheduler<B> {
 
     /// Verifies the block invariants (tests).
     pub fn check(&self) -> Result<(), String> {
-        if self.waiting.iter().any(|s| s.table.is_some()) {
+        if self
+            .waiting
+            .iter()
+            .any(|s| s.table.is_some() || s.window.is_some())
+        {
             return Err("a waiting sequence holds blocks".into());
         }
         let tables: Vec<&BlockTable> = self
@@ -309,7 +416,28 @@ impl<B: Backend> Scheduler<B> {
             .iter()
             .map(|s| s.table.as_ref().ok_or("a running sequence holds no table"))
             .collect::<Result<_, _>>()?;
-        self.pool.check(&tables)
+        self.pool.check(&tables)?;
+        if let Some((wp, w)) = &self.window_pool {
+            let mut held = Vec::new();
+            for s in &self.running {
+                let t = s
+                    .window
+                    .as_ref()
+                    .ok_or("a running sequence holds no window table")?;
+                // Below the window of the next pass, nothing is held.
+                let first = (s.computed + 1).saturating_sub(*w) / self.cfg.block_size;
+                if t.entries()[..first.min(t.entries().len())]
+                    .iter()
+                    .any(|&b| b != WindowTable::UNMAPPED)
+                {
+                    return Err("a window table holds a block no window sees".into());
+                }
+                held.push(t.held());
+            }
+            let held: Vec<&[u32]> = held.iter().map(|h| h.as_slice()).collect();
+            wp.check_held(&held)?;
+        }
+        Ok(())
     }
 
     /// Admits what fits, runs one forward pass over the running sequences, samples, and
@@ -345,6 +473,28 @@ impl<B: Backend> Scheduler<B> {
             budget -= n;
         }
         inputs.sort_by_key(|(i, _)| *i);
+        // The windowed layers' blocks for the rows each pass reads and writes; a sequence whose
+        // blocks the window pool cannot supply now waits a step (the pool is sized so that
+        // every running sequence finds them: see `SchedulerConfig::for_memory`).
+        if let Some((wp, w)) = self.window_pool.as_mut() {
+            let running = &mut self.running;
+            inputs.retain(|(i, t)| {
+                let s = &mut running[*i];
+                let rows = (s.computed + 1).saturating_sub(*w)..s.computed + t.len();
+                s.window
+                    .as_mut()
+                    .is_some_and(|wt| wp.map_window(wt, rows).is_ok())
+            });
+            if inputs.is_empty() {
+                let mut s = self.running.remove(0);
+                self.release(&mut s);
+                events.push(Event::Finished {
+                    id: s.id,
+                    reason: FinishReason::CacheFull,
+                });
+                return Ok(events);
+            }
+        }
         let seqs: Vec<&[u32]> = inputs.iter().map(|(_, t)| t.as_slice()).collect();
         // Where the forward pass leaves cores free, the constraints of the sequences that sample
         // this step prepare their masks during it (they depend only on the tokens committed so
@@ -368,6 +518,7 @@ impl<B: Backend> Scheduler<B> {
                 let s = &self.running[*i];
                 PagedSeq {
                     table: s.table.as_ref().map_or(&[], |t| t.blocks()),
+                    window_table: s.window.as_ref().map_or(&[], |t| t.entries()),
                     len: s.computed,
                 }
             })
@@ -408,6 +559,11 @@ impl<B: Backend> Scheduler<B> {
             s.computed += t.len();
             if let Some(table) = s.table.as_mut() {
                 self.pool.register_computed(table, s.computed);
+                if let (Some(wt), Some((wp, w))) = (s.window.as_mut(), self.window_pool.as_mut()) {
+                    wp.register_window(wt, table);
+                    // The next pass starts at `computed`: nothing before its window is read.
+                    wp.release_window_below(wt, (s.computed + 1).saturating_sub(*w));
+                }
             }
             if s.computed == s.len() {
                 last_rows.push(row as u32 - 1);
@@ -526,9 +682,7 @@ impl<B: Backend> Scheduler<B> {
             finished.sort_unstable();
             for &i in finished.iter().rev() {
                 let mut s = self.running.remove(i);
-                if let Some(t) = s.table.take() {
-                    self.pool.release(t);
-                }
+                self.release(&mut s);
             }
             self.grow_tables(&mut events);
         }
@@ -558,9 +712,7 @@ impl<B: Backend> Scheduler<B> {
             }
             if self.running.len() == 1 {
                 let mut s = self.running.remove(0);
-                if let Some(t) = s.table.take() {
-                    self.pool.release(t);
-                }
+                self.release(&mut s);
                 events.push(Event::Finished {
                     id: s.id,
                     reason: FinishReason::CacheFull,
@@ -576,9 +728,7 @@ impl<B: Backend> Scheduler<B> {
     /// Sends running sequence `i` back to the front of the queue, releasing its blocks.
     fn preempt(&mut self, i: usize) {
         let mut s = self.running.remove(i);
-        if let Some(t) = s.table.take() {
-            self.pool.release(t);
-        }
+        self.release(&mut s);
         s.computed = 0;
         self.preemptions += 1;
         self.waiting.push_front(s);
@@ -590,15 +740,51 @@ impl<B: Backend> Scheduler<B> {
             let Some(s) = self.waiting.front() else {
                 break;
             };
-            let Ok((table, hit)) = self.pool.allocate_prompt(&s.tokens) else {
+            // With a window pool, a shared prefix helps only as far as the windowed layers'
+            // blocks that its end still sees are cached too.
+            let bs = self.cfg.block_size;
+            let share = match &self.window_pool {
+                None => usize::MAX,
+                Some((wp, w)) => {
+                    let hashes = self.pool.cached_prefix(&s.tokens);
+                    let window_cached = |k: usize| {
+                        let first = (k * bs + 1).saturating_sub(*w) / bs;
+                        (first..k).all(|i| {
+                            wp.cached(hashes[i], &s.tokens[i * bs..(i + 1) * bs])
+                                .is_some()
+                        })
+                    };
+                    (0..=hashes.len())
+                        .rev()
+                        .find(|&k| window_cached(k))
+                        .unwrap_or(0)
+                }
+            };
+            let Ok((table, hit)) = self.pool.allocate_prompt_within(&s.tokens, share) else {
                 break;
             };
             let Some(mut s) = self.waiting.pop_front() else {
                 break;
             };
             s.computed = hit.cached_tokens;
+            if let Some((wp, w)) = self.window_pool.as_mut() {
+                let hashes = &table.prefix_hashes()[..hit.cached_tokens / bs];
+                let first = (hit.cached_tokens + 1).saturating_sub(*w) / bs;
+                s.window = Some(wp.share_window(&s.tokens, hashes, first));
+            }
             s.table = Some(table);
             self.running.push(s);
         }
     }
+}
+
+/// The widest sliding window of the model's layers, if any layer has one.
+pub(crate) fn widest_window(c: &DecoderConfig) -> Option<usize> {
+    c.layer_attention
+        .iter()
+        .filter_map(|a| match a {
+            LayerAttention::Sliding { window } => Some(*window),
+            LayerAttention::Global => None,
+        })
+        .max()
 }

@@ -34,3 +34,23 @@ fn a_multimodal_gemma3_costs_its_text_model() {
     }
     assert_eq!(text.total_bytes(), mm.total_bytes());
 }
+
+#[test]
+fn windowed_layers_count_their_ring_only() {
+    let cost = ModelFile::open(&fixture("gemma3"), LoadMode::Map)
+        .unwrap()
+        .cost()
+        .unwrap();
+    let c = cost.decoder().unwrap().clone();
+    // One global layer of six, five with a window of 8: a ring of 8 - 1 + 512 rows (one prompt
+    // piece), rounded up to ring blocks of 32, at long contexts; the whole context when short.
+    let row = ((c.kv_dim() + c.v_dim()) * cost.kv_dtype.bytes()) as u64;
+    let ring = kiln_models::ring_rows(8, kiln_engine::PREFILL_CHUNK, 32768) as u64;
+    assert_eq!(ring, 544);
+    assert_eq!(
+        cost.kv_cache_bytes(0..6, 32768, 2),
+        2 * (32768 + 5 * ring) * row
+    );
+    assert_eq!(cost.kv_cache_bytes(0..6, 100, 1), 6 * 100 * row);
+    assert_eq!(cost.kv_cache_bytes(1..2, 32768, 1), ring * row);
+}

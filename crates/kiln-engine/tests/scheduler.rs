@@ -23,6 +23,7 @@ fn model(b: &CpuBackend) -> Decoder<CpuBackend> {
 fn config(n_blocks: usize, block_size: usize, max_step_tokens: usize) -> SchedulerConfig {
     SchedulerConfig {
         n_blocks,
+        window_blocks: None,
         block_size,
         max_step_tokens,
         max_running: 16,

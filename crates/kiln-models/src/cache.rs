@@ -92,6 +92,14 @@ pub(crate) fn layer_window(config: &DecoderConfig, layer: usize) -> Option<usize
     }
 }
 
+/// Rows a windowed layer of a [`KvCache`] of `capacity` positions holds when its longest pass
+/// is `longest_pass` positions (a global layer holds `capacity`).
+pub fn ring_rows(window: usize, longest_pass: usize, capacity: usize) -> usize {
+    let blocks =
+        ring_blocks_for(window, longest_pass.max(1), RING_BLOCK).min(capacity.div_ceil(RING_BLOCK));
+    blocks * RING_BLOCK
+}
+
 /// Ring blocks of `block` rows that a pass of `n` positions needs under a window of `window`.
 pub(crate) fn ring_blocks_for(window: usize, n: usize, block: usize) -> usize {
     (window.saturating_sub(1) + n).div_ceil(block)
@@ -327,26 +335,47 @@ impl<B: Backend> KvCache<B> {
     }
 }
 
+/// The sizes of a [`PagedKvCache`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PagedLayout {
+    /// Blocks of the global layers' pools (and of every layer's, without `window_blocks`).
+    pub n_blocks: usize,
+    /// Blocks of the windowed layers' own pools, addressed by [`PagedSeq::window_table`];
+    /// `None`: windowed layers have pools of `n_blocks` like the others, addressed by
+    /// [`PagedSeq::table`].
+    pub window_blocks: Option<usize>,
+    pub block_size: usize,
+    /// The most positions one sequence may hold.
+    pub max_positions: usize,
+}
+
 /// A paged KV cache shared by many sequences: per layer, one pool of `n_blocks * block_size`
 /// rows of keys and one of values. Which blocks a sequence owns is the engine's business (its
 /// block manager keeps a table per sequence); a forward pass gets each sequence's view as a
 /// [`PagedSeq`], and row `j` of a sequence lives in row `j % block_size` of block
 /// `table[j / block_size]`.
 ///
-/// Invariant: the pools of every layer have `n_blocks * block_size` rows; a forward pass writes
-/// only the rows its sequences' tables map for their new positions, and reads only rows their
-/// tables map below their lengths (the backend checks every table against the pool).
+/// **Windowed layers** may have pools of their own ([`PagedLayout::window_blocks`]), smaller
+/// than the global layers': a sequence then has a second table for them
+/// ([`PagedSeq::window_table`]), which need map only the blocks its window still sees (the
+/// engine recycles the others), since attention reads nothing below a query's window.
+///
+/// Invariant: the pools of every layer have `n_blocks * block_size` rows (windowed layers with
+/// their own pools: `window_blocks * block_size`); a forward pass writes only the rows its
+/// sequences' tables map for their new positions, and reads only rows their tables map below
+/// their lengths, inside each query's window (the backend checks those entries against the
+/// pool).
 ///
 /// Like [`KvCache`], it holds a contiguous range of the model's layers: the pools `k[j]`, `v[j]`
-/// belong to layer `layers.start + j`. Two paged caches of the same block size and count, for
-/// complementary layer ranges, serve a [`crate::SplitDecoder`] under one set of block tables.
+/// belong to layer `layers.start + j`. Two paged caches of the same layout, for complementary
+/// layer ranges, serve a [`crate::SplitDecoder`] under one set of block tables.
 pub struct PagedKvCache<B: Backend> {
-    pub(crate) k: Vec<B::Kv>, // per layer: (n_blocks * block_size, n_kv_heads * head_dim)
-    pub(crate) v: Vec<B::Kv>, // per layer: (n_blocks * block_size, n_kv_heads * head_dim_v)
+    pub(crate) k: Vec<B::Kv>, // per layer: (blocks * block_size, n_kv_heads * head_dim)
+    pub(crate) v: Vec<B::Kv>, // per layer: (blocks * block_size, n_kv_heads * head_dim_v)
     layers: Range<usize>,
-    block_size: usize,
-    n_blocks: usize,
-    max_positions: usize,
+    layout: PagedLayout,
+    /// Per local layer: whether it reads the window table (a windowed layer with its own pool).
+    windowed: Vec<bool>,
 }
 
 impl<B: Backend> PagedKvCache<B> {
@@ -360,40 +389,55 @@ impl<B: Backend> PagedKvCache<B> {
         block_size: usize,
         max_positions: usize,
     ) -> Result<Self, ModelError> {
-        Self::for_layers(
-            backend,
-            config,
-            0..config.n_layers,
+        let layout = PagedLayout {
             n_blocks,
+            window_blocks: None,
             block_size,
             max_positions,
-        )
+        };
+        Self::with_layout(backend, config, 0..config.n_layers, &layout)
     }
 
-    /// [`PagedKvCache::new`] for layers `layers` of the model only (a range of
-    /// `0..config.n_layers`).
-    pub fn for_layers(
+    /// The pools of layers `layers` of the model (a range of `0..config.n_layers`), sized as
+    /// `layout` says.
+    pub fn with_layout(
         backend: &B,
         config: &DecoderConfig,
         layers: Range<usize>,
-        n_blocks: usize,
-        block_size: usize,
-        max_positions: usize,
+        layout: &PagedLayout,
     ) -> Result<Self, ModelError> {
-        let rows = n_blocks.checked_mul(block_size).filter(|_| block_size > 0);
-        let Some(rows) = rows else {
-            return Err(ModelError::Batch(format!(
-                "a paged KV cache of {n_blocks} blocks of {block_size} positions"
-            )));
+        let rows = |blocks: usize| {
+            blocks
+                .checked_mul(layout.block_size)
+                .filter(|_| layout.block_size > 0)
+                .ok_or_else(|| {
+                    ModelError::Batch(format!(
+                        "a paged KV cache of {blocks} blocks of {} positions",
+                        layout.block_size
+                    ))
+                })
         };
-        let (k, v) = kv_pools(backend, config, &layers, |_| rows)?;
+        let global_rows = rows(layout.n_blocks)?;
+        let window_rows = rows(layout.window_blocks.unwrap_or(0))?;
+        check_layer_range(config, &layers)?;
+        let windowed: Vec<bool> = layers
+            .clone()
+            .map(|l| layout.window_blocks.is_some() && layer_window(config, l).is_some())
+            .collect();
+        let first = layers.start;
+        let (k, v) = kv_pools(backend, config, &layers, |l| {
+            if windowed[l - first] {
+                window_rows
+            } else {
+                global_rows
+            }
+        })?;
         Ok(PagedKvCache {
             k,
             v,
             layers,
-            block_size,
-            n_blocks,
-            max_positions,
+            layout: *layout,
+            windowed,
         })
     }
 
@@ -402,17 +446,34 @@ impl<B: Backend> PagedKvCache<B> {
         self.layers.clone()
     }
 
+    pub fn layout(&self) -> &PagedLayout {
+        &self.layout
+    }
+
     pub fn block_size(&self) -> usize {
-        self.block_size
+        self.layout.block_size
     }
 
     pub fn n_blocks(&self) -> usize {
-        self.n_blocks
+        self.layout.n_blocks
     }
 
     /// The most positions one sequence may hold.
     pub fn max_positions(&self) -> usize {
-        self.max_positions
+        self.layout.max_positions
+    }
+
+    /// The pages of local layer `il` for sequence `seq`: its window table when the layer has a
+    /// pool of its own, else its table.
+    pub(crate) fn pages<'s>(&self, il: usize, seq: &PagedSeq<'s>) -> KvPages<'s> {
+        KvPages {
+            table: if self.windowed[il] {
+                seq.window_table
+            } else {
+                seq.table
+            },
+            block_size: self.layout.block_size,
+        }
     }
 
     /// Bytes of KV memory per block (all layers, keys and values, stored as `dtype`).
@@ -424,11 +485,28 @@ impl<B: Backend> PagedKvCache<B> {
 /// One sequence's part of a [`PagedKvCache`] in a forward pass: its block table and how many
 /// positions are already filled (the new tokens go at `len..`). The table must cover the new
 /// positions too; the caller (the engine's block manager) allocates before the pass and counts
-/// the new tokens after it.
+/// the new tokens after it. `window_table` addresses the windowed layers' own pools (when the
+/// cache has them): it must map the new positions and every position the pass's windows see;
+/// its other entries are not read (the engine sets them to [`PagedSeq::UNMAPPED`]).
 #[derive(Clone, Copy, Debug)]
 pub struct PagedSeq<'a> {
     pub table: &'a [u32],
+    pub window_table: &'a [u32],
     pub len: usize,
+}
+
+impl<'a> PagedSeq<'a> {
+    /// A window table's entry for a block it holds no longer (or not yet).
+    pub const UNMAPPED: u32 = u32::MAX;
+
+    /// A sequence of a cache without windowed pools (one table for every layer).
+    pub fn new(table: &'a [u32], len: usize) -> Self {
+        PagedSeq {
+            table,
+            window_table: &[],
+            len,
+        }
+    }
 }
 
 /// The layers of each side of a split after layer `front_layers`: `0..front_layers` and
@@ -526,21 +604,18 @@ pub struct SplitPagedKvCache<F: Backend, R: Backend> {
 }
 
 impl<F: Backend, R: Backend> SplitPagedKvCache<F, R> {
-    /// [`PagedKvCache::new`] for a model split after layer `front_layers`.
+    /// [`PagedKvCache::with_layout`] for a model split after layer `front_layers`.
     pub fn new(
         front: &F,
         back: &R,
         config: &DecoderConfig,
         front_layers: usize,
-        n_blocks: usize,
-        block_size: usize,
-        max_positions: usize,
+        layout: &PagedLayout,
     ) -> Result<Self, ModelError> {
         let (front_range, back_range) = split_layers(config, front_layers)?;
-        let (blocks, size, max) = (n_blocks, block_size, max_positions);
         Ok(SplitPagedKvCache {
-            front: PagedKvCache::for_layers(front, config, front_range, blocks, size, max)?,
-            back: PagedKvCache::for_layers(back, config, back_range, blocks, size, max)?,
+            front: PagedKvCache::with_layout(front, config, front_range, layout)?,
+            back: PagedKvCache::with_layout(back, config, back_range, layout)?,
         })
     }
 

@@ -13,7 +13,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use kiln_backend::{
-    Activation, AttentionJob, AttentionParams, Backend, KvPages, Linear, RopeParams, RopeStyle,
+    Activation, AttentionJob, AttentionParams, Backend, Linear, RopeParams, RopeStyle,
 };
 use kiln_core::config::{DecoderConfig, LayerAttention};
 
@@ -231,10 +231,7 @@ impl<B: Backend> Caches<'_, '_, B> {
         match self {
             Caches::Contiguous(c) => c[i].store(b, il, pos0, k, v)?,
             Caches::Paged { cache, views } => {
-                let pages = KvPages {
-                    table: views[i].table,
-                    block_size: cache.block_size(),
-                };
+                let pages = cache.pages(il, &views[i]);
                 b.write_paged_rows(&mut cache.k[il], &pages, pos0, k)?;
                 b.write_paged_rows(&mut cache.v[il], &pages, pos0, v)?;
             }
@@ -266,10 +263,7 @@ impl<B: Backend> Caches<'_, '_, B> {
                 q,
                 k: &cache.k[il],
                 v: &cache.v[il],
-                pages: Some(KvPages {
-                    table: views[i].table,
-                    block_size: cache.block_size(),
-                }),
+                pages: Some(cache.pages(il, &views[i])),
                 q_pos: pos0,
                 n_kv,
             },

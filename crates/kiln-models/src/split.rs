@@ -32,7 +32,10 @@ use kiln_backend::{Backend, Linear};
 use kiln_core::config::DecoderConfig;
 
 use crate::decoder::{embed, Batch, Caches, LayerRun};
-use crate::{DecoderLayer, ModelError, NoTrace, PagedSeq, SplitKvCache, SplitPagedKvCache, Trace};
+use crate::{
+    DecoderLayer, ModelError, NoTrace, PagedLayout, PagedSeq, SplitKvCache, SplitPagedKvCache,
+    Trace,
+};
 
 /// A decoder-only language model split over two backends: layers `0..front.len()` on `F`, the
 /// rest on `R` (see the module documentation for the invariants).
@@ -193,25 +196,14 @@ impl<F: Backend, R: Backend> SplitDecoder<F, R> {
         SplitKvCache::new(front, back, &self.config, self.front.len(), capacity)
     }
 
-    /// A paged KV cache for this model (see [`crate::PagedKvCache::new`]), each part on its
-    /// backend, both under the same block tables.
+    /// A paged KV cache for this model (see [`crate::PagedKvCache::with_layout`]), each part on
+    /// its backend, both under the same block tables.
     pub fn new_paged_cache(
         &self,
         front: &F,
         back: &R,
-        n_blocks: usize,
-        block_size: usize,
-        max_positions: usize,
+        layout: &PagedLayout,
     ) -> Result<SplitPagedKvCache<F, R>, ModelError> {
-        let n = self.front.len();
-        SplitPagedKvCache::new(
-            front,
-            back,
-            &self.config,
-            n,
-            n_blocks,
-            block_size,
-            max_positions,
-        )
+        SplitPagedKvCache::new(front, back, &self.config, self.front.len(), layout)
     }
 }

@@ -367,7 +367,7 @@ fn check_paged(family: &str, format: Format) {
         let views: Vec<kiln_models::PagedSeq<'_>> = tables
             .iter()
             .zip(&lens)
-            .map(|(&table, &len)| kiln_models::PagedSeq { table, len })
+            .map(|(&table, &len)| kiln_models::PagedSeq::new(table, len))
             .collect();
         let got = model
             .forward_paged(&b, &seqs, &mut paged, &views, &kiln_models::NoTrace)
@@ -386,10 +386,7 @@ fn check_paged(family: &str, format: Format) {
         inputs = greedy.iter().map(|g| vec![g[step]]).collect();
     }
     // A table that does not cover the new positions is an error, not a panic.
-    let short = [kiln_models::PagedSeq {
-        table: &tables[0][..1],
-        len: 0,
-    }];
+    let short = [kiln_models::PagedSeq::new(&tables[0][..1], 0)];
     assert!(model
         .forward_paged(
             &b,

@@ -21,8 +21,8 @@ use kiln_cpu::CpuBackend;
 use kiln_formats::GgufFile;
 use kiln_models::{
     load_gguf_decoder, load_gguf_decoder_split, load_hf_decoder, load_hf_decoder_split, CausalLm,
-    Decoder, KvCache, ModelError, NoTrace, PagedKvCache, PagedSeq, SplitDecoder, SplitKvCache,
-    Trace,
+    Decoder, KvCache, ModelError, NoTrace, PagedKvCache, PagedLayout, PagedSeq, SplitDecoder,
+    SplitKvCache, Trace,
 };
 use serde_json::Value;
 
@@ -274,9 +274,13 @@ fn check_paged(label: &str, bk: &Backends, model: &Decoder<Cpu>, split: &SplitDe
     let tables: Vec<&[u32]> = ids.chunks(per_seq).take(cases.len()).collect();
     let mut paged =
         PagedKvCache::new(b, &model.config, n_blocks, block_size, max_positions).unwrap();
-    let mut split_paged = split
-        .new_paged_cache(f, r, n_blocks, block_size, max_positions)
-        .unwrap();
+    let layout = PagedLayout {
+        n_blocks,
+        window_blocks: None,
+        block_size,
+        max_positions,
+    };
+    let mut split_paged = split.new_paged_cache(f, r, &layout).unwrap();
     assert_eq!(split_paged.front().layers(), 0..n);
     assert_eq!(split_paged.back().n_blocks(), n_blocks);
     let mut lens = vec![0usize; cases.len()];
@@ -286,7 +290,7 @@ fn check_paged(label: &str, bk: &Backends, model: &Decoder<Cpu>, split: &SplitDe
         let views: Vec<PagedSeq<'_>> = tables
             .iter()
             .zip(&lens)
-            .map(|(&table, &len)| PagedSeq { table, len })
+            .map(|(&table, &len)| PagedSeq::new(table, len))
             .collect();
         let want = model
             .forward_paged(b, &seqs, &mut paged, &views, &NoTrace)
@@ -423,7 +427,13 @@ fn mismatched_caches_and_layer_ranges_are_errors() {
     // Ranges outside the model.
     let e = KvCache::for_layers(&bk.single, c, 1..3, 8).err().unwrap();
     assert!(matches!(e, ModelError::LayerRange { .. }), "{e}");
-    let e = PagedKvCache::for_layers(&bk.single, c, 0..3, 4, 4, 16)
+    let layout = PagedLayout {
+        n_blocks: 4,
+        window_blocks: None,
+        block_size: 4,
+        max_positions: 16,
+    };
+    let e = PagedKvCache::with_layout(&bk.single, c, 0..3, &layout)
         .err()
         .unwrap();
     assert!(matches!(e, ModelError::LayerRange { .. }), "{e}");

@@ -26,6 +26,7 @@ struct Server {
 fn sched(max_running: usize, max_waiting: usize) -> SchedulerConfig {
     SchedulerConfig {
         n_blocks: 256,
+        window_blocks: None,
         block_size: 16,
         max_step_tokens: 256,
         max_running,

@@ -21,6 +21,7 @@ use common::{decoder_entry, embed_entry, serve};
 fn start() -> (SocketAddr, tokio::runtime::Runtime) {
     let sched = SchedulerConfig {
         n_blocks: 256,
+        window_blocks: None,
         block_size: 16,
         max_step_tokens: 256,
         max_running: 64,

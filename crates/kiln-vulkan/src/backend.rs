@@ -841,14 +841,16 @@ impl VulkanBackend {
         }
         let table = match pages {
             Some(pg) => {
-                pg.check(n_kv, k.rows.min(v.rows))
+                let first_key = p.first_key(q_pos);
+                pg.check(first_key..n_kv, k.rows.min(v.rows))
                     .map_err(|e| shape_err(op, e))?;
                 let blocks = n_kv.div_ceil(pg.block_size);
-                Some(self.upload_u32(
-                    &pg.table[..blocks.max(1).min(pg.table.len())],
-                    Place::Scratch,
-                    "a block table",
-                )?)
+                // Entries below the window (never read, not checked) become block 0, so that
+                // the device never holds an address outside the pools.
+                let mut table = pg.table[..blocks.max(1).min(pg.table.len())].to_vec();
+                let unseen = (first_key / pg.block_size).min(table.len());
+                table[..unseen].fill(0);
+                Some(self.upload_u32(&table, Place::Scratch, "a block table")?)
             }
             None => None,
         };

@@ -189,14 +189,28 @@ pub fn run(a: ServeArgs) -> Result<()> {
             chat_template(&file, template_file.as_deref(), &m.tokenizer, &end_ids)?;
         // The file's parsed header (a large vocabulary's strings) is not needed past here.
         drop(file);
-        let bytes_per_block = m.model.kv_bytes_per_block(a.block_size);
-        let n_blocks = (a.kv_memory_mib << 20) / bytes_per_block.max(1);
+        let budget = a.kv_memory_mib << 20;
+        let sched = SchedulerConfig {
+            n_blocks: 0,
+            window_blocks: None,
+            block_size: a.block_size,
+            max_step_tokens: a.max_step_tokens,
+            max_running: a.max_running,
+            max_waiting: a.max_waiting,
+        }
+        .sized_for(&cfg, m.model.kv_dtype(), budget);
+        let n_blocks = sched.n_blocks;
         if n_blocks == 0 {
+            let one = SchedulerConfig {
+                n_blocks: 1,
+                window_blocks: None,
+                ..sched.clone()
+            };
             bail!(
                 "--kv-memory {} MiB holds no block of {} positions ({} KiB each for this model)",
                 a.kv_memory_mib,
                 a.block_size,
-                bytes_per_block >> 10
+                one.kv_bytes(&cfg, m.model.kv_dtype()) >> 10
             );
         }
         let positions = n_blocks * a.block_size;
@@ -209,11 +223,18 @@ pub fn run(a: ServeArgs) -> Result<()> {
             m.model.placement(),
             m.load_ms,
         );
+        let windowed = match sched.window_blocks {
+            Some(w) => format!(
+                " (sliding-window layers: {w} blocks of their own, {} positions)",
+                w * a.block_size
+            ),
+            None => String::new(),
+        };
         tracing::info!(
-            "'{name}' KV cache: {n_blocks} blocks of {} positions ({positions} positions in all), \
-             {:.0} MiB of {}; up to {} sequences decoded together, {} waiting",
+            "'{name}' KV cache: {n_blocks} blocks of {} positions ({positions} positions in \
+             all){windowed}, {:.0} MiB of {}; up to {} sequences decoded together, {} waiting",
             a.block_size,
-            (n_blocks * bytes_per_block) as f64 / (1 << 20) as f64,
+            sched.kv_bytes(&cfg, m.model.kv_dtype()) as f64 / (1 << 20) as f64,
             m.model.kv_dtype(),
             a.max_running,
             a.max_waiting
@@ -226,13 +247,6 @@ pub fn run(a: ServeArgs) -> Result<()> {
             );
         }
         let context = cfg.context_length;
-        let sched = SchedulerConfig {
-            n_blocks,
-            block_size: a.block_size,
-            max_step_tokens: a.max_step_tokens,
-            max_running: a.max_running,
-            max_waiting: a.max_waiting,
-        };
         let engine = DecoderEngine::spawn(&name, m.model, sched).map_err(anyhow::Error::msg)?;
         let mut entry =
             DecoderEntry::new(name, engine, m.tokenizer, template, context, cfg.vocab_size);

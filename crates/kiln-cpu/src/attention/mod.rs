@@ -90,7 +90,7 @@ pub(crate) fn paged_attention(
 ) -> Result<CpuTensor> {
     let pool_rows = k_pool.rows.min(v_pool.rows);
     pages
-        .check(n_kv, pool_rows)
+        .check(p.first_key(q_pos)..n_kv, pool_rows)
         .map_err(|e| shape_err("paged_attention", e))?;
     attention_over(cpu, q, k_pool, v_pool, Some(*pages), q_pos, n_kv, p)
 }

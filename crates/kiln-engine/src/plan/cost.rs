@@ -418,10 +418,21 @@ impl ModelCost {
         }
     }
 
-    /// Bytes of the KV cache for `batch` sequences of `ctx` positions, in layers `layers`.
+    /// Bytes of the contiguous KV caches of `batch` sequences of `ctx` positions, in layers
+    /// `layers`: a sliding-window layer keeps a ring of its window plus one prompt piece
+    /// ([`crate::PREFILL_CHUNK`]) of rows, at most `ctx` (see `kiln_models::KvCache`).
     pub fn kv_cache_bytes(&self, layers: std::ops::Range<usize>, ctx: usize, batch: usize) -> u64 {
         let Some(c) = self.decoder() else { return 0 };
-        (layers.len() * (c.kv_dim() + c.v_dim()) * self.kv_dtype.bytes() * ctx * batch) as u64
+        let rows: usize = c.layer_attention[layers]
+            .iter()
+            .map(|a| match a {
+                LayerAttention::Global => ctx,
+                LayerAttention::Sliding { window } => {
+                    kiln_models::ring_rows(*window, crate::PREFILL_CHUNK, ctx).min(ctx)
+                }
+            })
+            .sum();
+        (rows * (c.kv_dim() + c.v_dim()) * self.kv_dtype.bytes() * batch) as u64
     }
 
     /// Bytes of the activations of one forward pass over `rows` tokens (the largest tensors a
