@@ -118,66 +118,37 @@ fn auto_never_picks_a_software_device() {
     assert!(err.contains("plan: vulkan:"), "{err}");
 }
 
-/// A POST of `body` (JSON) to `path` on `addr` (`host:port`): the response body.
-fn post(addr: &str, path: &str, body: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connecting to kiln serve");
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let (head, body) = out.split_once("\r\n\r\n").expect("an HTTP response");
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}\n{body}");
-    body.to_string()
-}
-
 /// `kiln serve --backend vulkan` (continuous batching, paged KV cache) on a decoder fixture: a
 /// greedy request gives the same tokens alone and among 16 others decoded with it.
 #[test]
 fn serve_on_vulkan_gives_a_request_the_same_tokens_alone_and_batched() {
-    use std::io::{BufRead, BufReader};
     if !common::vulkan("serve_on_vulkan") {
         return;
     }
+    serve_on_vulkan("llama", 12);
+}
+
+/// The same on Gemma 3 (window 8 on five layers of six), whose windowed layers have a KV pool
+/// of their own in `kiln serve`: requests run far past the window, alone and batched.
+#[test]
+fn serve_on_vulkan_with_a_window_pool_gives_the_same_tokens_alone_and_batched() {
+    if !common::vulkan("serve_on_vulkan_windowed") {
+        return;
+    }
+    serve_on_vulkan("gemma3", 40);
+}
+
+fn serve_on_vulkan(family: &str, max_tokens: usize) {
     let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/decoders/llama");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args([
-            "serve",
-            "-m",
-            fixture.to_str().unwrap(),
-            "--backend",
-            "vulkan",
-        ])
-        .args(["--port", "0", "--kv-memory", "64"])
-        .env("NO_COLOR", "1")
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("starting kiln serve");
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = loop {
-        let line = match lines.next() {
-            Some(Ok(l)) => l,
-            _ => {
-                let _ = child.kill();
-                panic!("kiln serve ended before listening");
-            }
-        };
-        eprintln!("[serve] {line}");
-        if let Some(at) = line.find("listening on http://") {
-            let rest = &line[at + "listening on http://".len()..];
-            break rest.split(['/', ' ']).next().unwrap().to_string();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
+        .join("../../tests/fixtures/decoders")
+        .join(family);
+    let fixture = fixture.to_str().unwrap();
+    let (mut child, addr) =
+        common::serve(&["-m", fixture, "--backend", "vulkan", "--kv-memory", "64"]);
     let request = |prompt: &str| {
         serde_json::json!({
-            "model": "llama", "prompt": prompt, "max_tokens": 12, "temperature": 0, "logprobs": 1,
+            "model": family, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "logprobs": 1,
         })
         .to_string()
     };
@@ -185,7 +156,7 @@ fn serve_on_vulkan_gives_a_request_the_same_tokens_alone_and_batched() {
         let v: serde_json::Value = serde_json::from_str(body).unwrap();
         v["choices"][0]["logprobs"]["tokens"].clone()
     };
-    let alone = tokens(&post(
+    let alone = tokens(&common::post(
         &addr,
         "/v1/completions",
         &request("The keeper wrote"),
@@ -193,13 +164,13 @@ fn serve_on_vulkan_gives_a_request_the_same_tokens_alone_and_batched() {
     let others: Vec<_> = (0..16)
         .map(|i| {
             let (addr, body) = (
-                addr.clone(),
+                addr.to_string(),
                 request(&format!("Another prompt, number {i}, about the sea")),
             );
-            std::thread::spawn(move || post(&addr, "/v1/completions", &body))
+            std::thread::spawn(move || common::post(&addr, "/v1/completions", &body))
         })
         .collect();
-    let batched = tokens(&post(
+    let batched = tokens(&common::post(
         &addr,
         "/v1/completions",
         &request("The keeper wrote"),

@@ -85,6 +85,7 @@ pub trait Batcher: Send {
     fn running(&self) -> usize;
     fn is_idle(&self) -> bool;
     fn pool(&self) -> &BlockPool;
+    fn window_pool(&self) -> Option<&BlockPool>;
     fn prefix_stats(&self) -> PrefixStats;
     fn preemptions(&self) -> u64;
     fn check(&self) -> Result<(), String>;
@@ -219,6 +220,9 @@ where
     }
     fn pool(&self) -> &BlockPool {
         self.scheduler.pool()
+    }
+    fn window_pool(&self) -> Option<&BlockPool> {
+        self.scheduler.window_pool()
     }
     fn prefix_stats(&self) -> PrefixStats {
         self.scheduler.prefix_stats()

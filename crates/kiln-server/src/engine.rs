@@ -73,6 +73,9 @@ pub struct DecoderStats {
     pub prefix_queried_blocks: AtomicU64,
     pub prefix_hit_blocks: AtomicU64,
     pub preemptions: AtomicU64,
+    /// The sliding-window layers' own pool (0 and 0 when they have none).
+    pub window_blocks_total: AtomicU64,
+    pub window_blocks_used: AtomicU64,
     /// False once the thread has stopped (it only stops when the server does, or on a bug).
     pub alive: AtomicBool,
 }
@@ -94,6 +97,13 @@ impl DecoderStats {
         self.prefix_hit_blocks
             .store(p.hit_blocks, Ordering::Relaxed);
         self.preemptions.store(s.preemptions(), Ordering::Relaxed);
+        let (total, used) = s
+            .window_pool()
+            .map_or((0, 0), |p| (p.n_blocks(), p.in_use()));
+        self.window_blocks_total
+            .store(total as u64, Ordering::Relaxed);
+        self.window_blocks_used
+            .store(used as u64, Ordering::Relaxed);
     }
 
     pub fn get(a: &AtomicU64) -> u64 {

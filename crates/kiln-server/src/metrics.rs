@@ -183,7 +183,7 @@ impl Metrics {
             }
         });
         type Read = fn(&DecoderStats) -> f64;
-        let gauges: [(&str, &str, &str, Read); 8] = [
+        let gauges: [(&str, &str, &str, Read); 10] = [
             (
                 "kiln_running_sequences",
                 "gauge",
@@ -213,6 +213,21 @@ impl Metrics {
                 "gauge",
                 "Free KV-cache blocks that still hold a cached prefix.",
                 |s| DecoderStats::get(&s.blocks_cached) as f64,
+            ),
+            (
+                "kiln_kv_window_blocks_used",
+                "gauge",
+                "Blocks of the sliding-window layers' own KV pool held by sequences.",
+                |s| DecoderStats::get(&s.window_blocks_used) as f64,
+            ),
+            (
+                "kiln_kv_window_blocks_free",
+                "gauge",
+                "Blocks of the sliding-window layers' own KV pool free (0 without one).",
+                |s| {
+                    let total = DecoderStats::get(&s.window_blocks_total);
+                    total.saturating_sub(DecoderStats::get(&s.window_blocks_used)) as f64
+                },
             ),
             (
                 "kiln_prefix_cache_queried_blocks_total",

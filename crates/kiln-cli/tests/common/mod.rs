@@ -1,9 +1,9 @@
 //! Running the `kiln` binary from the integration tests (each test file uses part of this).
 #![allow(dead_code)]
 
-use std::io::Write;
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 
 use serde_json::Value;
 
@@ -85,4 +85,61 @@ pub fn vulkan(test: &str) -> bool {
     };
     kiln_vulkan::testing::unavailable(test, &why);
     false
+}
+
+/// Starts `kiln serve ARGS --port 0`: the child (kill it when done) and the `host:port` it
+/// listens on. Its stderr is forwarded to ours, prefixed `[serve]`.
+pub fn serve(args: &[&str]) -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .arg("serve")
+        .args(args)
+        .args(["--port", "0"])
+        .env("NO_COLOR", "1")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("starting kiln serve");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let line = match lines.next() {
+            Some(Ok(l)) => l,
+            _ => {
+                let _ = child.kill();
+                panic!("kiln serve ended before listening");
+            }
+        };
+        eprintln!("[serve] {line}");
+        if let Some(at) = line.find("listening on http://") {
+            let rest = &line[at + "listening on http://".len()..];
+            break rest.split(['/', ' ']).next().unwrap().to_string();
+        }
+    };
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            eprintln!("[serve] {line}");
+        }
+    });
+    (child, addr)
+}
+
+/// `method` (`GET` or `POST`) of `path` on `addr` (`host:port`) with a JSON `body` (POST): the
+/// response body, which must come with status 200.
+pub fn http(method: &str, addr: &str, path: &str, body: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).expect("connecting to kiln serve");
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}\n{body}");
+    body.to_string()
+}
+
+/// A POST of `body` (JSON) to `path` on `addr`: the response body (status 200).
+pub fn post(addr: &str, path: &str, body: &str) -> String {
+    http("POST", addr, path, body)
 }
