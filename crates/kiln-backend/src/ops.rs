@@ -149,7 +149,10 @@ impl RopeParams {
 /// The element type a backend stores its KV cache in ([`crate::Backend::kv_zeros`]). Keys and
 /// values are computed in f32 either way; `F16` rounds them once, when they are stored (to the
 /// nearest, ties to even), which halves the cache's memory and what attention reads from it.
-/// llama.cpp stores its cache in f16 by default as well.
+/// llama.cpp stores its cache in f16 by default as well. `Q8_0` and `Q4_0` store llama.cpp's
+/// blocks of 32 (an f16 scale and 32 8-bit or 4-bit integers: 8.5 and 4.5 bits a value), as its
+/// `--cache-type-k/v q8_0|q4_0` do; a row's blocks never straddle two heads, so a head's size
+/// must be a multiple of 32 ([`KvDtype::block`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum KvDtype {
     /// Exactly the f32 keys and values the model computed.
@@ -157,32 +160,55 @@ pub enum KvDtype {
     /// IEEE half precision: 11 significant bits, largest finite value 65504.
     #[default]
     F16,
+    /// Blocks of 32: `x = d · q`, `q` in −127..=127, `d = max|x| / 127` (f16).
+    Q8_0,
+    /// Blocks of 32: `x = d · (q − 8)`, `q` in 0..16, `d = −(the x of largest |x|) / 8` (f16).
+    Q4_0,
 }
 
 impl KvDtype {
-    /// Bytes of one stored element.
-    pub fn bytes(self) -> usize {
+    /// Every type, in the order the docs list them.
+    pub const ALL: [KvDtype; 4] = [KvDtype::F32, KvDtype::F16, KvDtype::Q8_0, KvDtype::Q4_0];
+
+    /// Elements per stored block: 1 for the float types, 32 for the block types. A cache's rows
+    /// (and the heads in them) hold whole blocks.
+    pub fn block(self) -> usize {
         match self {
-            KvDtype::F32 => 4,
-            KvDtype::F16 => 2,
+            KvDtype::F32 | KvDtype::F16 => 1,
+            KvDtype::Q8_0 | KvDtype::Q4_0 => 32,
         }
     }
 
-    /// `"f32"` or `"f16"`, as [`KvDtype::parse`] reads it.
+    /// Bytes of one stored block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+            KvDtype::Q8_0 => 34,
+            KvDtype::Q4_0 => 18,
+        }
+    }
+
+    /// Bytes of a row of `cols` elements (a multiple of [`KvDtype::block`]; a partial block
+    /// counts whole).
+    pub fn row_bytes(self, cols: usize) -> usize {
+        cols.div_ceil(self.block()) * self.block_bytes()
+    }
+
+    /// `"f32"`, `"f16"`, `"q8_0"` or `"q4_0"`, as [`KvDtype::parse`] reads it.
     pub fn name(self) -> &'static str {
         match self {
             KvDtype::F32 => "f32",
             KvDtype::F16 => "f16",
+            KvDtype::Q8_0 => "q8_0",
+            KvDtype::Q4_0 => "q4_0",
         }
     }
 
-    /// `"f32"` or `"f16"` (any case).
+    /// A [`KvDtype::name`] (any case).
     pub fn parse(s: &str) -> Option<KvDtype> {
-        match s.to_ascii_lowercase().as_str() {
-            "f32" => Some(KvDtype::F32),
-            "f16" => Some(KvDtype::F16),
-            _ => None,
-        }
+        let s = s.to_ascii_lowercase();
+        KvDtype::ALL.into_iter().find(|t| t.name() == s)
     }
 }
 

@@ -46,13 +46,15 @@ pub struct LoadArgs {
 #[derive(clap::Args, Clone, Copy, Debug)]
 pub struct KvTypeArg {
     /// What the KV cache stores keys and values as: `f16` (half the memory, and half the bytes
-    /// decode attention reads; llama.cpp's default too) or `f32` (exactly the values computed).
-    #[arg(long = "kv-type", value_name = "f16|f32", default_value = "f16", value_parser = parse_kv_type)]
+    /// decode attention reads; llama.cpp's default too), `f32` (exactly the values computed),
+    /// or llama.cpp's blocks `q8_0` (8.5 bits a value) and `q4_0` (4.5 bits; heads must be
+    /// multiples of 32).
+    #[arg(long = "kv-type", value_name = "f16|f32|q8_0|q4_0", default_value = "f16", value_parser = parse_kv_type)]
     pub kv_type: KvDtype,
 }
 
 fn parse_kv_type(s: &str) -> std::result::Result<KvDtype, String> {
-    KvDtype::parse(s).ok_or_else(|| format!("{s:?} is not a KV cache type (f16, f32)"))
+    KvDtype::parse(s).ok_or_else(|| format!("{s:?} is not a KV cache type (f16, f32, q8_0, q4_0)"))
 }
 
 impl LoadArgs {

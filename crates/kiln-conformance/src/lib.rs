@@ -87,14 +87,14 @@ pub struct Claims {
 }
 
 impl Default for Claims {
-    /// Everything the trait describes: all weight types, GPTQ, f32 and f16 KV caches; no batch
+    /// Everything the trait describes: all weight types, GPTQ, every KV cache type; no batch
     /// invariance.
     fn default() -> Self {
         Claims {
             batch_invariant: false,
             weight_types: ALL_WEIGHT_TYPES.to_vec(),
             gptq: true,
-            kv_dtypes: vec![KvDtype::F32, KvDtype::F16],
+            kv_dtypes: KvDtype::ALL.to_vec(),
             half_products: false,
             int8_activations: false,
         }

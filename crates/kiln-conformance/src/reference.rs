@@ -420,6 +420,64 @@ pub fn packed_attention(
     Expected { value, tol }
 }
 
+/// What a fresh KV cache of `ty` reads as: zeros, which a Q4_0 block of zero bytes reads as
+/// `0 · (0 − 8) = −0`.
+pub fn kv_zero(ty: kiln_backend::KvDtype) -> f32 {
+    if ty == kiln_backend::KvDtype::Q4_0 {
+        -0.0
+    } else {
+        0.0
+    }
+}
+
+/// What a KV cache of `ty` stores for `x` (rows of whole blocks for the block types), written
+/// from ggml's definitions: f16 rounds to nearest-even; Q8_0 (`quantize_row_q8_0_ref`) takes
+/// `d = max|x| / 127`, codes `roundf(x / d)` (as `x · (1/d)`), and stores `d` as f16; Q4_0
+/// (`quantize_row_q4_0_ref`) takes `d = −m / 8` for the `m` of largest magnitude (the first
+/// of equals), codes `min(15, trunc(x · (1/d) + 8.5))`; both read back `d16 · q` (Q4_0:
+/// `d16 · (q − 8)`).
+pub fn kv_stored(ty: kiln_backend::KvDtype, x: &[f32]) -> Vec<f32> {
+    use half::f16;
+    use kiln_backend::KvDtype;
+    match ty {
+        KvDtype::F32 => x.to_vec(),
+        KvDtype::F16 => x.iter().map(|&v| f16::from_f32(v).to_f32()).collect(),
+        KvDtype::Q8_0 => x
+            .chunks(32)
+            .flat_map(|b| {
+                let amax = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let d = amax / 127.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                let d16 = f16::from_f32(d).to_f32();
+                b.iter()
+                    .map(move |&v| d16 * (v * id).round() as i8 as f32)
+                    .collect::<Vec<_>>()
+            })
+            .collect(),
+        KvDtype::Q4_0 => x
+            .chunks(32)
+            .flat_map(|b| {
+                let (mut amax, mut m) = (0.0f32, 0.0f32);
+                for &v in b {
+                    if amax < v.abs() {
+                        amax = v.abs();
+                        m = v;
+                    }
+                }
+                let d = m / -8.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                let d16 = f16::from_f32(d).to_f32();
+                b.iter()
+                    .map(move |&v| {
+                        let q = ((v * id + 8.5) as i8).min(15);
+                        d16 * (q as i32 - 8) as f32
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -68,7 +68,7 @@ fn main() {
             step();
             best = best.min(t.elapsed().as_secs_f64());
         }
-        let bytes = (seqs * layers * ctx * hd * 2 * dtype.bytes()) as f64;
+        let bytes = (seqs * layers * ctx * 2 * dtype.row_bytes(hd)) as f64;
         println!(
             "{threads} threads, ctx {ctx}, {dtype} cache: {:.3} ms per step, {:.1} GB/s of K/V",
             best * 1e3,

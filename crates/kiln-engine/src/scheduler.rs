@@ -70,7 +70,7 @@ impl SchedulerConfig {
     /// same count: what a single pool holds.
     pub fn sized_for(mut self, config: &DecoderConfig, dtype: KvDtype, bytes: usize) -> Self {
         let bs = self.block_size.max(1);
-        let row = (config.kv_dim() + config.v_dim()) * dtype.bytes() * bs;
+        let row = (dtype.row_bytes(config.kv_dim()) + dtype.row_bytes(config.v_dim())) * bs;
         let windowed = config
             .layer_attention
             .iter()
@@ -106,7 +106,8 @@ impl SchedulerConfig {
     /// Bytes of KV memory the pools of this configuration take for `config` (stored as
     /// `dtype`).
     pub fn kv_bytes(&self, config: &DecoderConfig, dtype: KvDtype) -> usize {
-        let row = (config.kv_dim() + config.v_dim()) * dtype.bytes() * self.block_size;
+        let row =
+            (dtype.row_bytes(config.kv_dim()) + dtype.row_bytes(config.v_dim())) * self.block_size;
         let windowed = match (self.window_blocks, widest_window(config)) {
             (Some(_), Some(_)) => config
                 .layer_attention

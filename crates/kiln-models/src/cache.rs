@@ -64,6 +64,16 @@ fn kv_pools<B: Backend>(
     rows: impl Fn(usize) -> usize,
 ) -> Result<(Vec<B::Kv>, Vec<B::Kv>), ModelError> {
     check_layer_range(config, layers)?;
+    let dtype = backend.kv_dtype();
+    for hd in [config.head_dim, config.head_dim_v] {
+        if !hd.is_multiple_of(dtype.block()) {
+            return Err(ModelError::Batch(format!(
+                "a {dtype} KV cache stores blocks of {} values, which heads of {hd} do not \
+                 divide into (use f16 or f32)",
+                dtype.block()
+            )));
+        }
+    }
     let mut k = Vec::with_capacity(layers.len());
     let mut v = Vec::with_capacity(layers.len());
     for layer in layers.clone() {
@@ -478,7 +488,9 @@ impl<B: Backend> PagedKvCache<B> {
 
     /// Bytes of KV memory per block (all layers, keys and values, stored as `dtype`).
     pub fn bytes_per_block(config: &DecoderConfig, block_size: usize, dtype: KvDtype) -> usize {
-        config.n_layers * block_size * (config.kv_dim() + config.v_dim()) * dtype.bytes()
+        config.n_layers
+            * block_size
+            * (dtype.row_bytes(config.kv_dim()) + dtype.row_bytes(config.v_dim()))
     }
 }
 

@@ -1,6 +1,6 @@
 #version 450
 // Attention of one query row, one head and one chunk of keys per workgroup, over keys and values
-// stored as f32 (KV_F32) or f16 (KV_F16).
+// stored as f32 (KV_F32), f16 (KV_F16), or Q8_0 / Q4_0 blocks (KV_Q8_0, KV_Q4_0).
 //
 // mode 0 (causal, decoders): query row i is at position q_pos + i and sees keys j with
 //   max(0, pos + 1 − window) ≤ j ≤ pos (window 0: no window); logical key row j is physical row
@@ -51,9 +51,25 @@ shared float qs[MAX_HD];
 shared float sc[WG];
 shared uint rows[WG];
 
+// Element i (row-major over [rows, kv_cols]) of a cache, as f32: exactly the value it stores.
+// The block types hold rows of whole blocks of 32 (kv_cols a multiple of 32), so element i is
+// element i % 32 of block i / 32: Q8_0 `d · q`, Q4_0 `d · (q − 8)`, the scale an f16 at the
+// block's start (the CPU backend computes the same products).
 float kv_at(Bytes b, uint i) {
 #if defined(KV_F16)
     return half_to_float(uint(Halves(b).v[i]));
+#elif defined(KV_Q8_0)
+    uint base = (i / 32u) * 34u;
+    float d = half_to_float(uint(b.v[base]) | (uint(b.v[base + 1u]) << 8));
+    int q = int(uint(b.v[base + 2u + i % 32u]));
+    return d * float(q > 127 ? q - 256 : q);
+#elif defined(KV_Q4_0)
+    uint base = (i / 32u) * 18u;
+    uint j = i % 32u;
+    float d = half_to_float(uint(b.v[base]) | (uint(b.v[base + 1u]) << 8));
+    uint byte = uint(b.v[base + 2u + (j & 15u)]);
+    uint q = (j < 16u) ? (byte & 15u) : (byte >> 4);
+    return d * float(int(q) - 8);
 #else
     return Floats(b).v[i];
 #endif

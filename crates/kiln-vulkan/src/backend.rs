@@ -344,7 +344,8 @@ struct KvWritePush {
     n: u32,
     dst_offset: u32,
     mode: u32,
-    _pad: u32,
+    /// 0: f16, 1: Q8_0, 2: Q4_0.
+    kind: u32,
 }
 
 #[repr(C)]
@@ -517,11 +518,15 @@ impl VulkanBackend {
         let flag = u32::from_le_bytes(all[slot as usize..].try_into().expect("4 bytes"));
         if flag != 0 {
             self.shared.exec.fill(&self.shared.flag, 0, 4, 0)?;
+            let detail = if flag & 1 != 0 {
+                "a key or value of magnitude 65520 or more cannot be stored in an f16 KV cache \
+                 (it would be an infinity); the write was refused"
+            } else {
+                "a NaN or infinite key or value has no Q8_0/Q4_0 encoding; the write was refused"
+            };
             return Err(BackendError::Range {
                 op: "write_kv_rows",
-                detail: "a key or value of magnitude 65520 or more cannot be stored in an f16 KV \
-                         cache (it would be an infinity); the write was refused"
-                    .into(),
+                detail: detail.into(),
             });
         }
         Ok(all[..len].to_vec())
@@ -883,7 +888,19 @@ impl VulkanBackend {
         let kernel = match k.dtype {
             KvDtype::F32 => Kernel::AttentionF32,
             KvDtype::F16 => Kernel::AttentionF16,
+            KvDtype::Q8_0 => Kernel::AttentionQ80,
+            KvDtype::Q4_0 => Kernel::AttentionQ40,
         };
+        if !hd.is_multiple_of(k.dtype.block()) {
+            return Err(shape_err(
+                op,
+                format!(
+                    "a {} KV cache needs heads of whole blocks of {}, not {hd}",
+                    k.dtype,
+                    k.dtype.block()
+                ),
+            ));
+        }
         // The last row sees the most keys.
         let widest = (q_pos + q.rows).min(window);
         let mut uses = vec![&q.buf, &k.buf, &v.buf, &y.buf];
@@ -1080,7 +1097,17 @@ impl Backend for VulkanBackend {
             .checked_mul(cols)
             .ok_or_else(|| shape_err("kv_zeros", format!("[{rows}, {cols}] overflows")))?;
         u32_of(n, "KV cache elements")?;
-        let buf = self.alloc(n * self.kv_dtype.bytes(), Place::Device, "a KV cache")?;
+        let dtype = self.kv_dtype;
+        if !cols.is_multiple_of(dtype.block()) {
+            return Err(shape_err(
+                "kv_zeros",
+                format!(
+                    "a {dtype} KV cache stores whole blocks of {}: rows of {cols} values",
+                    dtype.block()
+                ),
+            ));
+        }
+        let buf = self.alloc(rows * dtype.row_bytes(cols), Place::Device, "a KV cache")?;
         self.shared.exec.fill(&buf, 0, buf.size, 0)?;
         Ok(VkKv {
             buf,
@@ -1100,8 +1127,19 @@ impl Backend for VulkanBackend {
 
     fn kv_to_f32(&self, x: &VkKv) -> Result<Vec<f32>> {
         let n = x.rows * x.cols;
-        let bytes = self.read_back(&x.buf, n * x.dtype.bytes())?;
+        let bytes = self.read_back(&x.buf, x.rows * x.dtype.row_bytes(x.cols))?;
         Ok(match x.dtype {
+            KvDtype::Q8_0 | KvDtype::Q4_0 => {
+                let ty = if x.dtype == KvDtype::Q8_0 {
+                    kiln_core::GgmlType::Q8_0
+                } else {
+                    kiln_core::GgmlType::Q4_0
+                };
+                let mut out = vec![0.0; n];
+                kiln_quant::dequantize(ty, &bytes, &mut out)
+                    .map_err(|e| shape_err("kv_to_f32", e.to_string()))?;
+                out
+            }
             KvDtype::F32 => bytes
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
@@ -1195,7 +1233,12 @@ impl Backend for VulkanBackend {
                     .size((n * 4) as u64)];
                 self.shared.exec.copy(&src.buf, &dst.buf, &region)
             }
-            KvDtype::F16 => {
+            KvDtype::F16 | KvDtype::Q8_0 | KvDtype::Q4_0 => {
+                let kind = match dst.dtype {
+                    KvDtype::Q8_0 => 1,
+                    KvDtype::Q4_0 => 2,
+                    _ => 0,
+                };
                 for mode in [0, 1] {
                     let push = KvWritePush {
                         src: src.buf.addr,
@@ -1204,7 +1247,7 @@ impl Backend for VulkanBackend {
                         n: n as u32,
                         dst_offset: (dst_row * dst.cols) as u32,
                         mode,
-                        _pad: 0,
+                        kind,
                     };
                     self.shared.exec.dispatch(
                         Kernel::KvWrite,

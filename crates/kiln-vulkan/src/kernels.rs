@@ -74,6 +74,8 @@ pub(crate) enum Kernel {
     Rope,
     AttentionF32,
     AttentionF16,
+    AttentionQ80,
+    AttentionQ40,
     AttentionMerge,
     KvWrite,
     QuantAct,
@@ -81,7 +83,7 @@ pub(crate) enum Kernel {
 }
 
 /// Number of kernels.
-pub(crate) const COUNT: usize = 75;
+pub(crate) const COUNT: usize = 77;
 
 /// Each kernel's name and SPIR-V (compiled by glslc from shaderc 2023.2; coop_* by
 /// glslang 15.1.0).
@@ -157,6 +159,8 @@ pub(crate) const SPIRV: [(&str, &[u8]); COUNT] = [
     ("rope", include_bytes!("../spv/rope.spv")),
     ("attention_f32", include_bytes!("../spv/attention_f32.spv")),
     ("attention_f16", include_bytes!("../spv/attention_f16.spv")),
+    ("attention_q8_0", include_bytes!("../spv/attention_q8_0.spv")),
+    ("attention_q4_0", include_bytes!("../spv/attention_q4_0.spv")),
     ("attention_merge", include_bytes!("../spv/attention_merge.spv")),
     ("kv_write", include_bytes!("../spv/kv_write.spv")),
     ("quant_act", include_bytes!("../spv/quant_act.spv")),

@@ -10,8 +10,8 @@ use crate::Target;
 
 /// `(n_heads, n_kv_heads, head_dim)`: grouped-query, multi-head, multi-query with a head size
 /// that is not a power of two, and Gemma-like groups of 4.
-pub(crate) const HEADS: [(usize, usize, usize); 4] =
-    [(4, 2, 8), (3, 3, 16), (4, 1, 40), (8, 2, 16)];
+pub(crate) const HEADS: [(usize, usize, usize); 5] =
+    [(4, 2, 8), (3, 3, 16), (4, 1, 40), (8, 2, 16), (4, 2, 64)];
 
 /// `(sliding_window, softcap)`: none, a window of 3 and of 5 with a soft cap of 2 (scores of the
 /// inputs below reach past it), a wide window.
@@ -53,7 +53,11 @@ const CALLS: [(usize, usize, usize, usize); 7] = [
 /// values the caches hold: every head layout of `HEADS`, mask of `MASKS`, call of `CALLS`.
 pub fn attention<B: Backend>(t: &Target<B>) {
     for (dtype, b) in t.kv_backends() {
-        for heads in HEADS {
+        // The block types: the heads that hold whole blocks.
+        for heads in HEADS
+            .into_iter()
+            .filter(|h| h.2.is_multiple_of(dtype.block()))
+        {
             let (n_heads, n_kv_heads, hd) = heads;
             let kv_cols = n_kv_heads * hd;
             for (c, &(q_pos, n, n_kv, cap)) in CALLS.iter().enumerate() {
@@ -87,12 +91,13 @@ pub fn attention<B: Backend>(t: &Target<B>) {
 /// trait's promise), and within bounds of the definition; block tables out of order, blocks of 16
 /// and of 5 rows, rows that end mid-block.
 pub fn paged_attention<B: Backend>(t: &Target<B>) {
-    let heads = (8, 2, 16);
-    let (n_heads, n_kv_heads, hd) = heads;
-    let kv_cols = n_kv_heads * hd;
-    let cap = 70;
-    let (k, v) = (values(cap * kv_cols, 5), values(cap * kv_cols, 6));
     for (dtype, b) in t.kv_backends() {
+        // Heads of 16, or of one block for the block types.
+        let heads = (8, 2, 16usize.next_multiple_of(dtype.block()));
+        let (n_heads, n_kv_heads, hd) = heads;
+        let kv_cols = n_kv_heads * hd;
+        let cap = 70;
+        let (k, v) = (values(cap * kv_cols, 5), values(cap * kv_cols, 6));
         let (kc, ks) = kv(&b, &k, cap, kv_cols);
         let (vc, vs) = kv(&b, &v, cap, kv_cols);
         for bs in [16, 5] {

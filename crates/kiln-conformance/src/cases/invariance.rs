@@ -78,11 +78,7 @@ pub fn batch_invariant_attention<B: Backend>(t: &Target<B>) {
     if !claimed(t, "batch_invariant_attention") {
         return;
     }
-    let heads = (8, 2, 16);
-    let (n_heads, n_kv_heads, hd) = heads;
-    let cap = 300;
-    let kv_cols = n_kv_heads * hd;
-    let (k, v) = (values(cap * kv_cols, 5), values(cap * kv_cols, 6));
+    let cap = 300usize;
     let bs = 16;
     let table: Vec<u32> = (0..cap.div_ceil(bs) as u32).rev().collect();
     let pages = KvPages {
@@ -90,6 +86,11 @@ pub fn batch_invariant_attention<B: Backend>(t: &Target<B>) {
         block_size: bs,
     };
     for (dtype, b) in t.kv_backends() {
+        // Heads of 16, or of one block for the block types.
+        let heads = (8, 2, 16usize.next_multiple_of(dtype.block()));
+        let (n_heads, n_kv_heads, hd) = heads;
+        let kv_cols = n_kv_heads * hd;
+        let (k, v) = (values(cap * kv_cols, 5), values(cap * kv_cols, 6));
         let (kc, _) = kv(&b, &k, cap, kv_cols);
         let (vc, _) = kv(&b, &v, cap, kv_cols);
         let pool = |data: &[f32]| {

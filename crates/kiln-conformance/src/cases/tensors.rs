@@ -1,11 +1,10 @@
 //! Tensors and caches: making, reading, copying rows, MoE gather/scatter, KV writes.
 
-use half::f16;
 use kiln_backend::{Backend, BackendError, KvDtype, KvPages};
 
-use crate::check;
 use crate::data::{host, indices, kv, scaled, shuffled_table, tensor, values};
 use crate::Target;
+use crate::{check, reference};
 
 /// Shapes of the element-wise and row cases: one element, rows of odd length, 70 rows, and one
 /// above the CPU's parallel threshold (32 Ki elements).
@@ -134,29 +133,33 @@ pub fn kv_cache_round_trip<B: Backend>(t: &Target<B>) {
     ];
     for (dtype, b) in t.kv_backends() {
         let what = |op: &str| format!("{}: {dtype} KV cache: {op}", b.name());
-        let stored = |v: &[f32]| -> Vec<f32> {
-            match dtype {
-                KvDtype::F32 => v.to_vec(),
-                KvDtype::F16 => v.iter().map(|&x| f16::from_f32(x).to_f32()).collect(),
-            }
-        };
-        let fresh = b.kv_zeros(4, 5).unwrap();
-        assert_eq!(b.kv_shape(&fresh), (4, 5), "{}", what("kv_shape"));
+        let stored = |v: &[f32]| reference::kv_stored(dtype, v);
+        // Rows of 5 (the block types: of one block) and, below, 33 (three blocks).
+        let blocks = dtype.block() > 1;
+        let c5 = if blocks { 32 } else { 5 };
+        let fresh = b.kv_zeros(4, c5).unwrap();
+        assert_eq!(b.kv_shape(&fresh), (4, c5), "{}", what("kv_shape"));
         check::bits(
             &what("kv_zeros"),
             &b.kv_to_f32(&fresh).unwrap(),
-            &[0.0; 20],
-            5,
+            &vec![reference::kv_zero(dtype); 4 * c5],
+            c5,
         );
+        if blocks {
+            check::shape_error(
+                &what("rows of part of a block"),
+                b.kv_zeros(2, 48).map(|_| ()),
+            );
+        }
 
-        for (rows, cols) in [(2, 5), (70, 33)] {
+        for (rows, cols) in [(2, c5), (70, if blocks { 96 } else { 33 })] {
             let mut x = scaled(rows * cols, 20 + rows as u64, 3.0);
             let s = special.len().min(x.len());
             x[..s].copy_from_slice(&special[..s]);
             let mut cache = b.kv_zeros(rows + 3, cols).unwrap();
             b.write_kv_rows(&mut cache, 2, &tensor(&b, &x, rows, cols))
                 .unwrap();
-            let mut want = vec![0.0; (rows + 3) * cols];
+            let mut want = vec![reference::kv_zero(dtype); (rows + 3) * cols];
             want[2 * cols..(2 + rows) * cols].copy_from_slice(&stored(&x));
             check::bits(
                 &what(&format!("write_kv_rows [{rows}, {cols}] at row 2")),
@@ -167,42 +170,64 @@ pub fn kv_cache_round_trip<B: Backend>(t: &Target<B>) {
         }
 
         // Past the end of the cache.
-        let mut cache = b.kv_zeros(4, 5).unwrap();
-        let three = tensor(&b, &values(15, 1), 3, 5);
+        let mut cache = b.kv_zeros(4, c5).unwrap();
+        let three = tensor(&b, &values(3 * c5, 1), 3, c5);
         check::shape_error(
             &what("rows past the end"),
             b.write_kv_rows(&mut cache, 2, &three),
         );
-        let wide = tensor(&b, &values(6, 1), 1, 6);
+        let wide = tensor(&b, &values(c5 + 1, 1), 1, c5 + 1);
         check::shape_error(
             &what("a row too wide"),
             b.write_kv_rows(&mut cache, 0, &wide),
         );
 
-        // Beyond f16: refused in an f16 cache (rather than stored as an infinity), kept in f32.
-        // A backend that records work for later (a GPU) may report the refusal at the next read
-        // back instead; the cache then keeps the rows it had.
+        // Beyond f16: refused in an f16 cache (rather than stored as an infinity), kept in f32
+        // and in the block types (a scale of 1e6 / 127); a NaN, which no block can encode, is
+        // refused there. A backend that records work for later (a GPU) may report the refusal
+        // at the next read back instead; the cache then keeps the rows it had.
         let before = b.kv_to_f32(&cache).unwrap();
-        let big = tensor(&b, &[1.0, 2.0, 1.0e6, 3.0, 4.0], 1, 5);
+        let mut row = values(c5, 3);
+        row[2] = 1.0e6;
+        let big = tensor(&b, &row, 1, c5);
         let r = b
             .write_kv_rows(&mut cache, 1, &big)
             .and_then(|()| b.kv_to_f32(&cache).map(|_| ()));
-        if dtype == KvDtype::F16 {
+        match dtype {
+            KvDtype::F16 => {
+                check::bits(
+                    &what("a refused write leaves the cache as it was"),
+                    &b.kv_to_f32(&cache).unwrap(),
+                    &before,
+                    c5,
+                );
+                assert!(
+                    matches!(r, Err(BackendError::Range { .. })),
+                    "{}: got {:?}",
+                    what("1e6 in f16"),
+                    r.err()
+                )
+            }
+            _ => r.unwrap(),
+        }
+        if blocks {
+            let before = b.kv_to_f32(&cache).unwrap();
+            row[2] = f32::NAN;
+            let r = b
+                .write_kv_rows(&mut cache, 2, &tensor(&b, &row, 1, c5))
+                .and_then(|()| b.kv_to_f32(&cache).map(|_| ()));
+            assert!(
+                matches!(r, Err(BackendError::Range { .. })),
+                "{}: got {:?}",
+                what("NaN in a block cache"),
+                r.err()
+            );
             check::bits(
                 &what("a refused write leaves the cache as it was"),
                 &b.kv_to_f32(&cache).unwrap(),
                 &before,
-                5,
+                c5,
             );
-        }
-        match dtype {
-            KvDtype::F16 => assert!(
-                matches!(r, Err(BackendError::Range { .. })),
-                "{}: got {:?}",
-                what("1e6 in f16"),
-                r.err()
-            ),
-            KvDtype::F32 => r.unwrap(),
         }
     }
 }
@@ -210,8 +235,13 @@ pub fn kv_cache_round_trip<B: Backend>(t: &Target<B>) {
 /// The default `write_paged_rows`: row `i` of `src` at logical row `first + i` through a block
 /// table, runs that cross blocks included; an unmapped row is an error.
 pub fn write_paged_rows<B: Backend>(t: &Target<B>) {
-    let cols = 6;
     for (dtype, b) in t.kv_backends() {
+        // Rows of 6, or of two blocks for the block types.
+        let cols = if dtype.block() > 1 {
+            2 * dtype.block()
+        } else {
+            6
+        };
         for (bs, first, n) in [(4usize, 3usize, 11usize), (5, 0, 1), (16, 7, 40)] {
             let blocks = (first + n).div_ceil(bs) + 1;
             let table = shuffled_table(blocks);
@@ -224,7 +254,7 @@ pub fn write_paged_rows<B: Backend>(t: &Target<B>) {
             b.write_paged_rows(&mut pool, &pages, first, &tensor(&b, &x, n, cols))
                 .unwrap();
             let (_, written) = kv(&b, &x, n, cols);
-            let mut want = vec![0.0; blocks * bs * cols];
+            let mut want = vec![reference::kv_zero(dtype); blocks * bs * cols];
             for i in 0..n {
                 let j = first + i;
                 let at = (table[j / bs] as usize * bs + j % bs) * cols;

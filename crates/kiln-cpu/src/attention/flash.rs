@@ -92,17 +92,37 @@ fn attend_keys_impl<const AVX2: bool, E: KvElem>(
         *d = x.q;
     }
     let mut s = [[0.0f32; TILE]; BLOCK];
+    // A block cache's tile, dequantized: TILE rows of keys, then TILE of values.
+    let mut scratch = match job.blocks {
+        Some(_) => vec![0.0f32; 2 * TILE * hd],
+        None => Vec::new(),
+    };
     let mut t0 = from;
     while t0 < to {
         let t1 = (t0 + TILE).min(to);
         let nk = t1 - t0;
         let mut keys: [&[E]; TILE] = [&[]; TILE];
         let mut values: [&[E]; TILE] = [&[]; TILE];
-        for j in 0..nk {
-            keys[j] = job.head_row(job.k, kvh, t0 + j);
-            values[j] = job.head_row(job.v, kvh, t0 + j);
+        if let Some(b) = &job.blocks {
+            let (ks, vs) = scratch.split_at_mut(TILE * hd);
+            for j in 0..nk {
+                job.dequantize_head(b, false, kvh, t0 + j, &mut ks[j * hd..(j + 1) * hd]);
+                job.dequantize_head(b, true, kvh, t0 + j, &mut vs[j * hd..(j + 1) * hd]);
+            }
+            let (ks, vs) = scratch.split_at(TILE * hd);
+            for j in 0..nk {
+                // `run` builds block jobs over f32 only; another type reads nothing.
+                keys[j] = E::from_f32s(&ks[j * hd..(j + 1) * hd]).unwrap_or(&[]);
+                values[j] = E::from_f32s(&vs[j * hd..(j + 1) * hd]).unwrap_or(&[]);
+            }
+        } else {
+            for j in 0..nk {
+                keys[j] = job.head_row(job.k, kvh, t0 + j);
+                values[j] = job.head_row(job.v, kvh, t0 + j);
+            }
         }
-        if stream {
+        // (A block cache's rows were just read in order by the dequantization.)
+        if stream && job.blocks.is_none() {
             // A new stage's rows, read in order.
             if (t0 - from).is_multiple_of(STAGE * TILE) {
                 let rows = (t0..(t0 + STAGE * TILE).min(to))

@@ -1,7 +1,7 @@
 //! The operands and shape of one attention call ([`Job`], [`Layout`]), the query vectors it
 //! groups into blocks ([`Query`], [`Block`]), and a block's online-softmax [`State`].
 
-use kiln_backend::KvPages;
+use kiln_backend::{KvDtype, KvPages};
 
 use crate::kernels::BLOCK;
 
@@ -47,6 +47,18 @@ pub(super) struct Layout<'a> {
     pub(super) softcap: Option<f32>,
     /// The block table of a paged cache (checked to map every row read); `None`: contiguous.
     pub(super) pages: Option<KvPages<'a>>,
+    /// A cache of Q8_0/Q4_0 blocks: its rows, read through [`Job::dequantize_head`] (the job's
+    /// own `k` and `v` are then empty, its element type f32).
+    pub(super) blocks: Option<BlockRows<'a>>,
+}
+
+/// The keys and values of a block cache, as bytes: `row_bytes` a row.
+#[derive(Clone, Copy)]
+pub(super) struct BlockRows<'a> {
+    pub(super) ty: KvDtype,
+    pub(super) k: &'a [u8],
+    pub(super) v: &'a [u8],
+    pub(super) row_bytes: usize,
 }
 
 impl<'a, E> Job<'a, E> {
@@ -87,15 +99,37 @@ impl<'a, E> Job<'a, E> {
             .collect()
     }
 
+    /// The physical row of logical row `j` (position `j`).
+    #[inline(always)]
+    fn physical(&self, j: usize) -> usize {
+        match &self.pages {
+            None => j,
+            Some(p) => p.table[j / p.block_size] as usize * p.block_size + j % p.block_size,
+        }
+    }
+
     /// Logical row `j` (position `j`) of head `kvh` of a cache.
     #[inline(always)]
     pub(super) fn head_row<'c>(&self, cache: &'c [E], kvh: usize, j: usize) -> &'c [E] {
-        let row = match &self.pages {
-            None => j,
-            Some(p) => p.table[j / p.block_size] as usize * p.block_size + j % p.block_size,
-        };
-        let at = row * self.kv_cols + kvh * self.hd;
+        let at = self.physical(j) * self.kv_cols + kvh * self.hd;
         &cache[at..at + self.hd]
+    }
+
+    /// Logical row `j` of head `kvh` of a block cache's keys (`values` false) or values,
+    /// dequantized into `out` (`hd` values). Heads hold whole blocks (checked by the caller).
+    #[inline(always)]
+    pub(super) fn dequantize_head(
+        &self,
+        b: &BlockRows<'_>,
+        values: bool,
+        kvh: usize,
+        j: usize,
+        out: &mut [f32],
+    ) {
+        let head_bytes = b.ty.row_bytes(self.hd);
+        let at = self.physical(j) * b.row_bytes + kvh * head_bytes;
+        let cache = if values { b.v } else { b.k };
+        crate::kv::dequantize_row(b.ty, &cache[at..at + head_bytes], out);
     }
 }
 

@@ -48,11 +48,11 @@ use kiln_backend::{shape_err, AttentionParams, KvPages, Result};
 
 use crate::context::{for_each_chunk, Context};
 use crate::kernels::{KvElem, BLOCK};
-use crate::kv::{CpuKv, KvData};
+use crate::kv::{word_bytes, CpuKv, KvData};
 use crate::tensor::CpuTensor;
 
 use decode::decode;
-use job::{Job, Layout, PARALLEL_MIN_FLOPS};
+use job::{BlockRows, Job, Layout, PARALLEL_MIN_FLOPS};
 use prefill::rows_task;
 
 mod decode;
@@ -127,11 +127,34 @@ fn attention_over(
         window: p.sliding_window,
         softcap: p.softcap,
         pages,
+        blocks: None,
     };
     let data = &q.data;
     match (&k_cache.data, &v_cache.data) {
         (KvData::F32(k), KvData::F32(v)) => Ok(run(cpu, q, Job::new(data, k, v, layout), p)),
         (KvData::F16(k), KvData::F16(v)) => Ok(run(cpu, q, Job::new(data, k, v, layout), p)),
+        (KvData::Blocks { ty, words: k }, KvData::Blocks { ty: tv, words: v }) if ty == tv => {
+            if !hd.is_multiple_of(ty.block()) {
+                return Err(shape_err(
+                    "attention",
+                    format!(
+                        "a {ty} KV cache needs heads of whole blocks of {}, not {hd}",
+                        ty.block()
+                    ),
+                ));
+            }
+            let blocks = BlockRows {
+                ty: *ty,
+                k: word_bytes(k),
+                v: word_bytes(v),
+                row_bytes: ty.row_bytes(k_cache.cols),
+            };
+            let layout = Layout {
+                blocks: Some(blocks),
+                ..layout
+            };
+            Ok(run::<f32>(cpu, q, Job::new(data, &[], &[], layout), p))
+        }
         _ => Err(shape_err(
             "attention",
             format!(

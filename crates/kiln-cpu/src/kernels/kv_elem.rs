@@ -20,6 +20,8 @@ pub(crate) trait KvElem: Copy + Send + Sync + 'static {
     /// (inlined) from functions built with those features.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+    /// `x` as elements of this type, when it is f32 (rows a block cache was dequantized to).
+    fn from_f32s(x: &[f32]) -> Option<&[Self]>;
 }
 
 impl KvElem for f32 {
@@ -40,6 +42,11 @@ impl KvElem for f32 {
     unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
         // SAFETY: the caller's contract.
         unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+
+    #[inline(always)]
+    fn from_f32s(x: &[f32]) -> Option<&[f32]> {
+        Some(x)
     }
 }
 
@@ -62,6 +69,11 @@ impl KvElem for f16 {
         use std::arch::x86_64::*;
         // SAFETY: the caller's contract (16 readable bytes, F16C).
         unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+
+    #[inline(always)]
+    fn from_f32s(_: &[f32]) -> Option<&[f16]> {
+        None
     }
 }
 
