@@ -195,6 +195,21 @@ impl KvDtype {
         cols.div_ceil(self.block()) * self.block_bytes()
     }
 
+    /// An error of `op` unless `n` values (a row of `what`: "rows", "heads") are whole blocks.
+    pub fn check_whole_blocks(self, op: &'static str, what: &str, n: usize) -> crate::Result<()> {
+        if n.is_multiple_of(self.block()) {
+            return Ok(());
+        }
+        Err(crate::shape_err(
+            op,
+            format!(
+                "a {self} KV cache stores whole blocks of {} values: {what} of {n} do not divide \
+                 into them",
+                self.block()
+            ),
+        ))
+    }
+
     /// `"f32"`, `"f16"`, `"q8_0"` or `"q4_0"`, as [`KvDtype::parse`] reads it.
     pub fn name(self) -> &'static str {
         match self {

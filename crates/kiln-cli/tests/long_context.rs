@@ -30,22 +30,12 @@ fn check(n_ctx: u64, chunks: Option<u64>) {
         .iter()
         .find(|r| r["n_ctx"] == n_ctx)
         .unwrap_or_else(|| panic!("no llama.cpp run at -c {n_ctx} in ppl.json"));
-    let text = fixture("licenses.txt");
-    let (c, n) = (n_ctx.to_string(), chunks.unwrap_or(0).to_string());
-    let mut args = vec![
-        "perplexity",
-        "-m",
-        "gemma3-270m",
-        "-f",
-        text.to_str().unwrap(),
-        "-c",
-        &c,
-        "--json",
-    ];
-    if chunks.is_some() {
-        args.extend(["--chunks", &n]);
-    }
-    let got: Value = serde_json::from_str(run_ok(&args, "").trim()).unwrap();
+    let n = chunks.unwrap_or(0).to_string();
+    let extra: &[&str] = match chunks {
+        Some(_) => &["--chunks", &n],
+        None => &[],
+    };
+    let got = perplexity(&fixture("licenses.txt"), n_ctx, extra);
     let want_chunks = chunks.map_or(want["chunks"].clone(), Value::from);
     assert_eq!(got["chunks"], want_chunks, "-c {n_ctx}");
     let running = got["running"].as_array().unwrap();
@@ -62,6 +52,23 @@ fn check(n_ctx: u64, chunks: Option<u64>) {
             "-c {n_ctx} chunk {i}: {g} vs {w}"
         );
     }
+}
+
+/// `kiln perplexity --json` of Gemma 3 270M on `text` at context `n_ctx`, with `extra` arguments.
+fn perplexity(text: &std::path::Path, n_ctx: u64, extra: &[&str]) -> Value {
+    let c = n_ctx.to_string();
+    let mut args = vec![
+        "perplexity",
+        "-m",
+        "gemma3-270m",
+        "-f",
+        text.to_str().unwrap(),
+        "-c",
+        &c,
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    serde_json::from_str(run_ok(&args, "").trim()).unwrap()
 }
 
 /// The first two of the four 8k chunks (the other two take as long again and add no new
@@ -240,25 +247,7 @@ fn kv_cache_types_match_llama_cpp_perplexity() {
         .join("../../tests/golden/gemma3-270m/public/ppl_text.txt");
     for run in reference["runs"].as_array().unwrap() {
         let kv = run["kv_type"].as_str().unwrap();
-        let got: Value = serde_json::from_str(
-            run_ok(
-                &[
-                    "perplexity",
-                    "-m",
-                    "gemma3-270m",
-                    "-f",
-                    text.to_str().unwrap(),
-                    "-c",
-                    "512",
-                    "--kv-type",
-                    kv,
-                    "--json",
-                ],
-                "",
-            )
-            .trim(),
-        )
-        .unwrap();
+        let got = perplexity(&text, 512, &["--kv-type", kv]);
         let (g, w) = (got["ppl"].as_f64().unwrap(), run["ppl"].as_f64().unwrap());
         eprintln!(
             "--kv-type {kv}: kiln {g:.4}, llama.cpp {w:.4} ({:+.2}%)",

@@ -86,15 +86,7 @@ impl CpuKv {
             KvDtype::F32 => KvData::F32(vec![0.0; n]),
             KvDtype::F16 => KvData::F16(vec![0u16; n].reinterpret_into()),
             KvDtype::Q8_0 | KvDtype::Q4_0 => {
-                if !cols.is_multiple_of(dtype.block()) {
-                    return Err(shape_err(
-                        "kv_zeros",
-                        format!(
-                            "a {dtype} KV cache stores whole blocks of {}: rows of {cols} values",
-                            dtype.block()
-                        ),
-                    ));
-                }
+                dtype.check_whole_blocks("kv_zeros", "rows", cols)?;
                 // All-zero blocks are zeros (scale 0; Q4_0's codes then read as 0 · (0 − 8)).
                 KvData::Blocks {
                     ty: dtype,
@@ -344,7 +336,10 @@ mod tests {
                 "nothing written"
             );
             let err = CpuKv::zeros(2, 48, dtype).err().unwrap();
-            assert!(err.to_string().contains("whole blocks of 32"), "{err}");
+            assert!(
+                err.to_string().contains("whole blocks of 32 values"),
+                "{err}"
+            );
         }
     }
 }

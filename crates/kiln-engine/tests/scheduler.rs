@@ -13,6 +13,8 @@ use kiln_engine::{
 use kiln_formats::GgufFile;
 use kiln_models::Decoder;
 
+mod common;
+
 fn model(b: &CpuBackend) -> Decoder<CpuBackend> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures/decoders/llama/model-f32.gguf");
@@ -45,21 +47,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize) -> Request {
 /// Prompts of varied lengths over the fixture's vocabulary (405 tokens); the first `shared`
 /// tokens are the same in all of them.
 fn prompts(n: usize, shared: usize) -> Vec<Vec<u32>> {
-    let mut s = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        (s % 400) as u32 + 1
-    };
-    let prefix: Vec<u32> = (0..shared).map(|_| next()).collect();
-    (0..n)
-        .map(|i| {
-            let mut p = prefix.clone();
-            p.extend((0..3 + 7 * i % 23).map(|_| next()));
-            p
-        })
-        .collect()
+    common::prompts(n, shared, 0x9e37_79b9_7f4a_7c15, |i| 3 + 7 * i % 23)
 }
 
 type Outputs = HashMap<RequestId, (Vec<u32>, Option<FinishReason>)>;

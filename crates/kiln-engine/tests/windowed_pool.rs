@@ -20,6 +20,8 @@ use kiln_engine::{
 };
 use kiln_models::Decoder;
 
+mod common;
+
 fn model(b: &CpuBackend, family: &str) -> Decoder<CpuBackend> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures/decoders")
@@ -43,23 +45,9 @@ fn config(
     }
 }
 
-/// `n` prompts over tokens `1..400`, the first `shared` tokens common to all.
+/// `n` prompts, the first `shared` tokens common to all.
 fn prompts(n: usize, shared: usize, seed: u64) -> Vec<Vec<u32>> {
-    let mut s = seed;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        (s % 400) as u32 + 1
-    };
-    let prefix: Vec<u32> = (0..shared).map(|_| next()).collect();
-    (0..n)
-        .map(|i| {
-            let mut p = prefix.clone();
-            p.extend((0..3 + 11 * i % 37).map(|_| next()));
-            p
-        })
-        .collect()
+    common::prompts(n, shared, seed, |i| 3 + 11 * i % 37)
 }
 
 /// Per request: its tokens with their log-probabilities' bits, and its ending.

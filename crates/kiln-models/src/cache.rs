@@ -66,13 +66,7 @@ fn kv_pools<B: Backend>(
     check_layer_range(config, layers)?;
     let dtype = backend.kv_dtype();
     for hd in [config.head_dim, config.head_dim_v] {
-        if !hd.is_multiple_of(dtype.block()) {
-            return Err(ModelError::Batch(format!(
-                "a {dtype} KV cache stores blocks of {} values, which heads of {hd} do not \
-                 divide into (use f16 or f32)",
-                dtype.block()
-            )));
-        }
+        dtype.check_whole_blocks("a KV cache for the model", "heads", hd)?;
     }
     let mut k = Vec::with_capacity(layers.len());
     let mut v = Vec::with_capacity(layers.len());

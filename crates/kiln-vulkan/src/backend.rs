@@ -891,16 +891,7 @@ impl VulkanBackend {
             KvDtype::Q8_0 => Kernel::AttentionQ80,
             KvDtype::Q4_0 => Kernel::AttentionQ40,
         };
-        if !hd.is_multiple_of(k.dtype.block()) {
-            return Err(shape_err(
-                op,
-                format!(
-                    "a {} KV cache needs heads of whole blocks of {}, not {hd}",
-                    k.dtype,
-                    k.dtype.block()
-                ),
-            ));
-        }
+        k.dtype.check_whole_blocks(op, "heads", hd)?;
         // The last row sees the most keys.
         let widest = (q_pos + q.rows).min(window);
         let mut uses = vec![&q.buf, &k.buf, &v.buf, &y.buf];
@@ -1098,15 +1089,7 @@ impl Backend for VulkanBackend {
             .ok_or_else(|| shape_err("kv_zeros", format!("[{rows}, {cols}] overflows")))?;
         u32_of(n, "KV cache elements")?;
         let dtype = self.kv_dtype;
-        if !cols.is_multiple_of(dtype.block()) {
-            return Err(shape_err(
-                "kv_zeros",
-                format!(
-                    "a {dtype} KV cache stores whole blocks of {}: rows of {cols} values",
-                    dtype.block()
-                ),
-            ));
-        }
+        dtype.check_whole_blocks("kv_zeros", "rows", cols)?;
         let buf = self.alloc(rows * dtype.row_bytes(cols), Place::Device, "a KV cache")?;
         self.shared.exec.fill(&buf, 0, buf.size, 0)?;
         Ok(VkKv {

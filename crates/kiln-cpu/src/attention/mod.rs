@@ -134,15 +134,7 @@ fn attention_over(
         (KvData::F32(k), KvData::F32(v)) => Ok(run(cpu, q, Job::new(data, k, v, layout), p)),
         (KvData::F16(k), KvData::F16(v)) => Ok(run(cpu, q, Job::new(data, k, v, layout), p)),
         (KvData::Blocks { ty, words: k }, KvData::Blocks { ty: tv, words: v }) if ty == tv => {
-            if !hd.is_multiple_of(ty.block()) {
-                return Err(shape_err(
-                    "attention",
-                    format!(
-                        "a {ty} KV cache needs heads of whole blocks of {}, not {hd}",
-                        ty.block()
-                    ),
-                ));
-            }
+            ty.check_whole_blocks("attention", "heads", hd)?;
             let blocks = BlockRows {
                 ty: *ty,
                 k: word_bytes(k),
