@@ -48,10 +48,11 @@ fn gemma_plans_on_the_cpu_with_its_costs_and_a_prediction() {
     assert!(err.contains("measuring this machine"), "{err}");
     assert_eq!(v["chosen"], "cpu", "{v:#}");
     let cost = &v["model_cost"];
-    // 18 layers of one KV head of 256 (keys and values, f16 by default).
+    // 18 layers of one KV head of 256 (keys and values, f16 by default); the 15 layers with a
+    // window of 512 keep a ring of 512 - 1 + 512 (one prompt piece) rows, 1,024 in blocks of 32.
     assert_eq!(cost["kv_dtype"], "f16");
     assert_eq!(cost["kv_bytes_per_token"], 18 * 2 * 256 * 2);
-    assert_eq!(cost["kv_bytes"], 18 * 2 * 256 * 2 * 2048 * 4);
+    assert_eq!(cost["kv_bytes"], (3 * 2048 + 15 * 1024) * 2 * 256 * 2 * 4);
     assert_eq!(cost["tied_output"], true);
     let layers = cost["layer_bytes"].as_array().unwrap();
     assert_eq!(layers.len(), 18);

@@ -175,8 +175,19 @@ fn print_report(
         }
     );
     if let Some(c) = cost.decoder() {
+        let windowed = c
+            .layer_attention
+            .iter()
+            .filter(|a| matches!(a, kiln_core::config::LayerAttention::Sliding { .. }))
+            .count();
+        let rings = if windowed > 0 {
+            format!(" ({windowed} sliding-window layers keep only their window)")
+        } else {
+            String::new()
+        };
         println!(
-            "KV cache: {:.1} KiB per token ({}, {} layers); {} for {} sequence(s) of {} positions",
+            "KV cache: {:.1} KiB per token ({}, {} layers); {} for {} sequence(s) of {} \
+             positions{rings}",
             plan::cost::kv_bytes_per_token(c, cost.kv_dtype) as f64 / 1024.0,
             cost.kv_dtype,
             c.n_layers,
