@@ -195,6 +195,16 @@ impl KvDtype {
         cols.div_ceil(self.block()) * self.block_bytes()
     }
 
+    /// The GGML type whose layout this type stores (llama.cpp's cache tensor type).
+    pub fn ggml_type(self) -> kiln_core::GgmlType {
+        match self {
+            KvDtype::F32 => kiln_core::GgmlType::F32,
+            KvDtype::F16 => kiln_core::GgmlType::F16,
+            KvDtype::Q8_0 => kiln_core::GgmlType::Q8_0,
+            KvDtype::Q4_0 => kiln_core::GgmlType::Q4_0,
+        }
+    }
+
     /// An error of `op` unless `n` values (a row of `what`: "rows", "heads") are whole blocks.
     pub fn check_whole_blocks(self, op: &'static str, what: &str, n: usize) -> crate::Result<()> {
         if n.is_multiple_of(self.block()) {
@@ -251,7 +261,7 @@ impl AttentionParams {
     /// The first key position a query at `q_pos` sees (its window's start, or 0).
     pub fn first_key(&self, q_pos: usize) -> usize {
         self.sliding_window
-            .map_or(0, |w| (q_pos + 1).saturating_sub(w))
+            .map_or(0, |w| kiln_core::config::window_start(q_pos, w))
     }
 
     /// Checks the operands of [`crate::Backend::attention`] (`op` names it in the error): `q`

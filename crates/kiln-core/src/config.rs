@@ -16,6 +16,22 @@ pub enum LayerAttention {
     Sliding { window: usize },
 }
 
+impl LayerAttention {
+    /// The window of a sliding-window layer.
+    pub fn window(self) -> Option<usize> {
+        match self {
+            LayerAttention::Global => None,
+            LayerAttention::Sliding { window } => Some(window),
+        }
+    }
+}
+
+/// The first position a query at `pos` sees under a window of `window` positions (the window
+/// holds `pos` itself).
+pub fn window_start(pos: usize, window: usize) -> usize {
+    (pos + 1).saturating_sub(window)
+}
+
 /// Rotary position embedding of one kind of layer: pair `i` of `rope_dim / 2` turns by
 /// `position · freq_scale · base^(-2i / rope_dim) / freq_factors[i]`, and cos/sin are multiplied
 /// by `mscale`.
@@ -162,6 +178,19 @@ pub struct DecoderConfig {
 }
 
 impl DecoderConfig {
+    /// Layers with a sliding window.
+    pub fn windowed_layers(&self) -> usize {
+        self.layer_attention
+            .iter()
+            .filter(|a| a.window().is_some())
+            .count()
+    }
+
+    /// The widest sliding window of the layers, if any layer has one.
+    pub fn widest_window(&self) -> Option<usize> {
+        self.layer_attention.iter().filter_map(|a| a.window()).max()
+    }
+
     /// Width of all query heads together.
     pub fn q_dim(&self) -> usize {
         self.n_heads * self.head_dim

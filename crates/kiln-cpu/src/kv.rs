@@ -27,7 +27,6 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
 use kiln_backend::{shape_err, BackendError, KvDtype, Result};
-use kiln_core::GgmlType;
 
 use crate::tensor::{check_rows_fit, CpuTensor};
 
@@ -48,15 +47,6 @@ pub(crate) enum KvData {
         ty: KvDtype,
         words: Vec<u16>,
     },
-}
-
-/// The GGML block type of a block [`KvDtype`].
-pub(crate) fn ggml_type(ty: KvDtype) -> Option<GgmlType> {
-    match ty {
-        KvDtype::Q8_0 => Some(GgmlType::Q8_0),
-        KvDtype::Q4_0 => Some(GgmlType::Q4_0),
-        KvDtype::F32 | KvDtype::F16 => None,
-    }
 }
 
 /// `words` as bytes.
@@ -168,7 +158,7 @@ pub(crate) fn write_rows(dst: &mut CpuKv, dst_row: usize, src: &CpuTensor) -> Re
                     detail: format!("a key or value of {x} has no {ty} encoding"),
                 });
             }
-            let g = ggml_type(ty).expect("a block type");
+            let g = ty.ggml_type();
             let row_bytes = ty.row_bytes(cols);
             let bytes = word_bytes_mut(words);
             for (i, row) in src.data.chunks_exact(cols.max(1)).enumerate() {
@@ -224,6 +214,7 @@ fn f16_overflow(x: &[f32]) -> Option<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kiln_core::GgmlType;
 
     #[test]
     fn f16_rows_round_to_nearest_and_widen_exactly() {

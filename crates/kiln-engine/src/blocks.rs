@@ -205,18 +205,8 @@ impl BlockPool {
         let shareable = prompt.len().saturating_sub(1) / bs;
         // The leading run of cached blocks; the hashes of the blocks after it are computed by
         // `register_computed`, once their rows exist.
-        let mut hits = Vec::new();
-        let mut hashes = Vec::new();
-        let mut parent = 0u64;
-        for chunk in prompt.chunks_exact(bs).take(shareable.min(max_shared)) {
-            let h = chain_hash(parent, chunk);
-            let Some(b) = self.cached(h, chunk) else {
-                break;
-            };
-            hits.push(b);
-            hashes.push(h);
-            parent = h;
-        }
+        let (hashes, hits): (Vec<u64>, Vec<BlockId>) =
+            self.cached_run(prompt, max_shared).into_iter().unzip();
         let needed = self.blocks_for(prompt.len()) - hits.len();
         // Hit blocks that are idle stop being available once taken.
         let idle_hits = hits
@@ -260,18 +250,28 @@ impl BlockPool {
     /// The prefix hashes of the leading full blocks of `prompt` that are cached, as
     /// [`BlockPool::allocate_prompt`] would share them (nothing is taken).
     pub fn cached_prefix(&self, prompt: &[u32]) -> Vec<u64> {
+        let run = self.cached_run(prompt, usize::MAX);
+        run.into_iter().map(|(h, _)| h).collect()
+    }
+
+    /// The prefix hash and block of each leading full block of `prompt` that is cached, at most
+    /// `limit` of them, and never the block holding the last token.
+    fn cached_run(&self, prompt: &[u32], limit: usize) -> Vec<(u64, BlockId)> {
         let shareable = prompt.len().saturating_sub(1) / self.block_size;
-        let mut hashes = Vec::new();
+        let mut run = Vec::new();
         let mut parent = 0u64;
-        for chunk in prompt.chunks_exact(self.block_size).take(shareable) {
+        for chunk in prompt
+            .chunks_exact(self.block_size)
+            .take(shareable.min(limit))
+        {
             let h = chain_hash(parent, chunk);
-            if self.cached(h, chunk).is_none() {
+            let Some(b) = self.cached(h, chunk) else {
                 break;
-            }
-            hashes.push(h);
+            };
+            run.push((h, b));
             parent = h;
         }
-        hashes
+        run
     }
 
     /// Room for `n` more tokens at the end of `table` (allocating blocks as needed). Fails,

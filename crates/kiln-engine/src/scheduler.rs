@@ -28,8 +28,8 @@
 use std::collections::VecDeque;
 
 use kiln_backend::{Backend, KvDtype};
-use kiln_core::config::{DecoderConfig, LayerAttention};
-use kiln_models::{Decoder, PagedKvCache, PagedLayout, PagedSeq};
+use kiln_core::config::{window_start, DecoderConfig};
+use kiln_models::{kv_row_bytes, Decoder, PagedKvCache, PagedLayout, PagedSeq};
 
 use crate::blocks::{BlockPool, BlockTable, PrefixStats, WindowTable};
 use crate::constraint::prepare_all;
@@ -70,15 +70,11 @@ impl SchedulerConfig {
     /// same count: what a single pool holds.
     pub fn sized_for(mut self, config: &DecoderConfig, dtype: KvDtype, bytes: usize) -> Self {
         let bs = self.block_size.max(1);
-        let row = (dtype.row_bytes(config.kv_dim()) + dtype.row_bytes(config.v_dim())) * bs;
-        let windowed = config
-            .layer_attention
-            .iter()
-            .filter(|a| matches!(a, LayerAttention::Sliding { .. }))
-            .count();
+        let row = kv_row_bytes(config, dtype) * bs;
+        let windowed = config.windowed_layers();
         let (global_block, window_block) = (row * (config.n_layers - windowed), row * windowed);
         let whole = bytes / (global_block + window_block).max(1);
-        let Some(w) = widest_window(config) else {
+        let Some(w) = config.widest_window() else {
             self.n_blocks = whole;
             self.window_blocks = None;
             return self;
@@ -106,15 +102,11 @@ impl SchedulerConfig {
     /// Bytes of KV memory the pools of this configuration take for `config` (stored as
     /// `dtype`).
     pub fn kv_bytes(&self, config: &DecoderConfig, dtype: KvDtype) -> usize {
-        let row =
-            (dtype.row_bytes(config.kv_dim()) + dtype.row_bytes(config.v_dim())) * self.block_size;
-        let windowed = match (self.window_blocks, widest_window(config)) {
-            (Some(_), Some(_)) => config
-                .layer_attention
-                .iter()
-                .filter(|a| matches!(a, LayerAttention::Sliding { .. }))
-                .count(),
-            _ => 0,
+        let row = kv_row_bytes(config, dtype) * self.block_size;
+        // Without a window pool, windowed layers take blocks of the main pool.
+        let windowed = match self.window_blocks {
+            Some(_) => config.windowed_layers(),
+            None => 0,
         };
         row * ((config.n_layers - windowed) * self.n_blocks
             + windowed * self.window_blocks.unwrap_or(0))
@@ -258,7 +250,7 @@ impl<B: Backend> Scheduler<B> {
             |n| BlockPool::new(n, cfg.block_size).map_err(|e| EngineError::Input(e.to_string()));
         let pool = pool_of(cfg.n_blocks)?;
         let context = model.config.context_length;
-        let widest = widest_window(&model.config);
+        let widest = model.config.widest_window();
         let window_pool = match (cfg.window_blocks, widest) {
             (Some(n), Some(w)) => Some((pool_of(n)?, w)),
             _ => None,
@@ -426,7 +418,7 @@ impl<B: Backend> Scheduler<B> {
                     .as_ref()
                     .ok_or("a running sequence holds no window table")?;
                 // Below the window of the next pass, nothing is held.
-                let first = (s.computed + 1).saturating_sub(*w) / self.cfg.block_size;
+                let first = window_start(s.computed, *w) / self.cfg.block_size;
                 if t.entries()[..first.min(t.entries().len())]
                     .iter()
                     .any(|&b| b != WindowTable::UNMAPPED)
@@ -476,12 +468,12 @@ impl<B: Backend> Scheduler<B> {
         inputs.sort_by_key(|(i, _)| *i);
         // The windowed layers' blocks for the rows each pass reads and writes; a sequence whose
         // blocks the window pool cannot supply now waits a step (the pool is sized so that
-        // every running sequence finds them: see `SchedulerConfig::for_memory`).
+        // every running sequence finds them: see `SchedulerConfig::sized_for`).
         if let Some((wp, w)) = self.window_pool.as_mut() {
             let running = &mut self.running;
             inputs.retain(|(i, t)| {
                 let s = &mut running[*i];
-                let rows = (s.computed + 1).saturating_sub(*w)..s.computed + t.len();
+                let rows = window_start(s.computed, *w)..s.computed + t.len();
                 s.window
                     .as_mut()
                     .is_some_and(|wt| wp.map_window(wt, rows).is_ok())
@@ -563,7 +555,7 @@ impl<B: Backend> Scheduler<B> {
                 if let (Some(wt), Some((wp, w))) = (s.window.as_mut(), self.window_pool.as_mut()) {
                     wp.register_window(wt, table);
                     // The next pass starts at `computed`: nothing before its window is read.
-                    wp.release_window_below(wt, (s.computed + 1).saturating_sub(*w));
+                    wp.release_window_below(wt, window_start(s.computed, *w));
                 }
             }
             if s.computed == s.len() {
@@ -749,7 +741,7 @@ impl<B: Backend> Scheduler<B> {
                 Some((wp, w)) => {
                     let hashes = self.pool.cached_prefix(&s.tokens);
                     let window_cached = |k: usize| {
-                        let first = (k * bs + 1).saturating_sub(*w) / bs;
+                        let first = window_start(k * bs, *w) / bs;
                         (first..k).all(|i| {
                             wp.cached(hashes[i], &s.tokens[i * bs..(i + 1) * bs])
                                 .is_some()
@@ -770,22 +762,11 @@ impl<B: Backend> Scheduler<B> {
             s.computed = hit.cached_tokens;
             if let Some((wp, w)) = self.window_pool.as_mut() {
                 let hashes = &table.prefix_hashes()[..hit.cached_tokens / bs];
-                let first = (hit.cached_tokens + 1).saturating_sub(*w) / bs;
+                let first = window_start(hit.cached_tokens, *w) / bs;
                 s.window = Some(wp.share_window(&s.tokens, hashes, first));
             }
             s.table = Some(table);
             self.running.push(s);
         }
     }
-}
-
-/// The widest sliding window of the model's layers, if any layer has one.
-pub(crate) fn widest_window(c: &DecoderConfig) -> Option<usize> {
-    c.layer_attention
-        .iter()
-        .filter_map(|a| match a {
-            LayerAttention::Sliding { window } => Some(*window),
-            LayerAttention::Global => None,
-        })
-        .max()
 }

@@ -44,7 +44,7 @@ fn windowed_layers_count_their_ring_only() {
     let c = cost.decoder().unwrap().clone();
     // One global layer of six, five with a window of 8: a ring of 8 - 1 + 512 rows (one prompt
     // piece), rounded up to ring blocks of 32, at long contexts; the whole context when short.
-    let row = (cost.kv_dtype.row_bytes(c.kv_dim()) + cost.kv_dtype.row_bytes(c.v_dim())) as u64;
+    let row = kiln_models::kv_row_bytes(&c, cost.kv_dtype) as u64;
     let ring = kiln_models::ring_rows(8, kiln_engine::PREFILL_CHUNK, 32768) as u64;
     assert_eq!(ring, 544);
     assert_eq!(

@@ -199,12 +199,7 @@ fn pools_are_sized_by_what_windowed_layers_can_hold() {
     let b = CpuBackend::new(1).unwrap();
     let c = model(&b, "gemma3").config;
     // Gemma 3's pattern: five windowed layers of six.
-    let windowed = c
-        .layer_attention
-        .iter()
-        .filter(|a| matches!(a, kiln_core::config::LayerAttention::Sliding { .. }))
-        .count();
-    assert_eq!((windowed, c.n_layers), (5, 6));
+    assert_eq!((c.windowed_layers(), c.n_layers), (5, 6));
     let budget = 64 << 20;
     let one =
         config(0, None, 16, 512).sized_for(&m_config_without_windows(&c), KvDtype::F16, budget);

@@ -1,7 +1,7 @@
 use std::ops::Range;
 
 use kiln_backend::{Backend, KvDtype, KvPages};
-use kiln_core::config::{DecoderConfig, LayerAttention};
+use kiln_core::config::{window_start, DecoderConfig};
 
 use crate::ModelError;
 
@@ -88,25 +88,36 @@ fn check_layer_range(config: &DecoderConfig, layers: &Range<usize>) -> Result<()
     Ok(())
 }
 
-/// The sliding window of `layer`, if it has one.
-pub(crate) fn layer_window(config: &DecoderConfig, layer: usize) -> Option<usize> {
-    match config.layer_attention.get(layer) {
-        Some(LayerAttention::Sliding { window }) => Some(*window),
-        _ => None,
-    }
+/// The sliding window of model layer `layer`, if it has one.
+fn layer_window(config: &DecoderConfig, layer: usize) -> Option<usize> {
+    config.layer_attention.get(layer).and_then(|a| a.window())
 }
 
 /// Rows a windowed layer of a [`KvCache`] of `capacity` positions holds when its longest pass
 /// is `longest_pass` positions (a global layer holds `capacity`).
 pub fn ring_rows(window: usize, longest_pass: usize, capacity: usize) -> usize {
-    let blocks =
-        ring_blocks_for(window, longest_pass.max(1), RING_BLOCK).min(capacity.div_ceil(RING_BLOCK));
-    blocks * RING_BLOCK
+    ring_blocks(window, longest_pass.max(1), capacity) * RING_BLOCK
 }
 
-/// Ring blocks of `block` rows that a pass of `n` positions needs under a window of `window`.
-pub(crate) fn ring_blocks_for(window: usize, n: usize, block: usize) -> usize {
-    (window.saturating_sub(1) + n).div_ceil(block)
+/// Ring blocks that a pass of `n` positions needs under a window of `window` (see [`KvCache`]),
+/// at most the blocks of the whole `capacity`.
+fn ring_blocks(window: usize, n: usize, capacity: usize) -> usize {
+    (window.saturating_sub(1) + n)
+        .div_ceil(RING_BLOCK)
+        .min(capacity.div_ceil(RING_BLOCK))
+}
+
+/// A ring's block table as pages.
+fn ring_pages(table: &[u32]) -> KvPages<'_> {
+    KvPages {
+        table,
+        block_size: RING_BLOCK,
+    }
+}
+
+/// Bytes of one position's keys and values in one layer, stored as `dtype`.
+pub fn kv_row_bytes(config: &DecoderConfig, dtype: KvDtype) -> usize {
+    dtype.row_bytes(config.kv_dim()) + dtype.row_bytes(config.v_dim())
 }
 
 impl<B: Backend> KvCache<B> {
@@ -134,7 +145,6 @@ impl<B: Backend> KvCache<B> {
         windowed: WindowedLayers,
     ) -> Result<Self, ModelError> {
         check_layer_range(config, &layers)?;
-        let capacity_blocks = capacity.div_ceil(RING_BLOCK);
         let windows: Vec<Option<usize>> = layers
             .clone()
             .map(|l| layer_window(config, l).filter(|_| windowed == WindowedLayers::Ring))
@@ -143,7 +153,7 @@ impl<B: Backend> KvCache<B> {
         let ring_blocks = windows
             .iter()
             .flatten()
-            .map(|&w| ring_blocks_for(w, 1, RING_BLOCK).min(capacity_blocks))
+            .map(|&w| ring_blocks(w, 1, capacity))
             .max()
             .unwrap_or(0);
         let local = |l: usize| l - layers.start;
@@ -224,7 +234,7 @@ impl<B: Backend> KvCache<B> {
         }
         let kept = self.kept_from();
         if let Some(w) = self.windows.iter().flatten().max() {
-            let needs = (len + 1).saturating_sub(*w);
+            let needs = window_start(len, *w);
             if len > 0 && needs < kept {
                 return Err(ModelError::WindowOverwritten {
                     len,
@@ -250,10 +260,7 @@ impl<B: Backend> KvCache<B> {
 
     /// The ring pages of local layer `il`, if it keeps a ring.
     pub(crate) fn ring_pages(&self, il: usize) -> Option<KvPages<'_>> {
-        self.windows[il].map(|_| KvPages {
-            table: &self.ring_table,
-            block_size: RING_BLOCK,
-        })
+        self.windows[il].map(|_| ring_pages(&self.ring_table))
     }
 
     /// Writes the keys `k` and values `v` of positions `pos0..` into local layer `il`.
@@ -266,10 +273,7 @@ impl<B: Backend> KvCache<B> {
         v: &B::Tensor,
     ) -> Result<(), ModelError> {
         if self.windows[il].is_some() {
-            let pages = KvPages {
-                table: &self.ring_table,
-                block_size: RING_BLOCK,
-            };
+            let pages = ring_pages(&self.ring_table);
             b.write_paged_rows(&mut self.k[il], &pages, pos0, k)?;
             b.write_paged_rows(&mut self.v[il], &pages, pos0, v)?;
         } else {
@@ -282,24 +286,16 @@ impl<B: Backend> KvCache<B> {
     /// Grows the rings (if any) so that a pass of `n` positions from `len` finds every row it
     /// reads: new buffers, with the rows the pass's window still sees copied over.
     pub(crate) fn make_room(&mut self, b: &B, n: usize) -> Result<(), ModelError> {
-        let capacity_blocks = self.capacity.div_ceil(RING_BLOCK);
         let Some(&window) = self.windows.iter().flatten().max() else {
             return Ok(());
         };
-        let want = ring_blocks_for(window, n, RING_BLOCK).min(capacity_blocks);
+        let want = ring_blocks(window, n, self.capacity);
         if want <= self.ring_blocks {
             return Ok(());
         }
         let new_table = self.make_ring_table(want);
-        let keep = (self.len + 1).saturating_sub(window)..self.len;
-        let old_pages = KvPages {
-            table: &self.ring_table,
-            block_size: RING_BLOCK,
-        };
-        let new_pages = KvPages {
-            table: &new_table,
-            block_size: RING_BLOCK,
-        };
+        let keep = window_start(self.len, window)..self.len;
+        let (old_pages, new_pages) = (ring_pages(&self.ring_table), ring_pages(&new_table));
         let rows = want * RING_BLOCK;
         let mut grown = Vec::new();
         for (il, w) in self.windows.iter().enumerate() {
@@ -478,13 +474,6 @@ impl<B: Backend> PagedKvCache<B> {
             },
             block_size: self.layout.block_size,
         }
-    }
-
-    /// Bytes of KV memory per block (all layers, keys and values, stored as `dtype`).
-    pub fn bytes_per_block(config: &DecoderConfig, block_size: usize, dtype: KvDtype) -> usize {
-        config.n_layers
-            * block_size
-            * (dtype.row_bytes(config.kv_dim()) + dtype.row_bytes(config.v_dim()))
     }
 }
 

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use kiln_backend::{
     Activation, AttentionJob, AttentionParams, Backend, Linear, RopeParams, RopeStyle,
 };
-use kiln_core::config::{DecoderConfig, LayerAttention};
+use kiln_core::config::DecoderConfig;
 
 use crate::{KvCache, ModelError, PagedKvCache, PagedSeq};
 
@@ -485,10 +485,7 @@ impl<B: Backend> LayerRun<'_, B> {
         for (local, layer) in self.layers.iter().enumerate() {
             let il = first + local;
             let attention = c.layer_attention[il];
-            let window = match attention {
-                LayerAttention::Global => None,
-                LayerAttention::Sliding { window } => Some(window),
-            };
+            let window = attention.window();
             let params = AttentionParams {
                 n_heads: c.n_heads,
                 n_kv_heads: c.n_kv_heads,

@@ -36,8 +36,8 @@ mod support;
 mod weights;
 
 pub use cache::{
-    ring_rows, KvCache, PagedKvCache, PagedLayout, PagedSeq, SplitKvCache, SplitPagedKvCache,
-    WindowedLayers, RING_BLOCK,
+    kv_row_bytes, ring_rows, KvCache, PagedKvCache, PagedLayout, PagedSeq, SplitKvCache,
+    SplitPagedKvCache, WindowedLayers, RING_BLOCK,
 };
 pub use decoder::{route, Decoder, DecoderLayer, Ffn, MoeFfn, NoTrace, Route, Trace};
 pub use encoder::{Encoder, EncoderLayer, Norm};

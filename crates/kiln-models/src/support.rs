@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use kiln_core::config::{DecoderConfig, LayerAttention};
+use kiln_core::config::DecoderConfig;
 use kiln_formats::GgufFile;
 
 use crate::gptq::GptqConfig;
@@ -24,11 +24,7 @@ pub struct Support {
 }
 
 fn decoder_summary(c: &DecoderConfig) -> String {
-    let windows = c
-        .layer_attention
-        .iter()
-        .filter(|a| matches!(a, LayerAttention::Sliding { .. }))
-        .count();
+    let windows = c.windowed_layers();
     let mut s = format!(
         "{} layers, d_model {}, {} heads ({} KV) of {}, vocabulary {}, context {}",
         c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size, c.context_length

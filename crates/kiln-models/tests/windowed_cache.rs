@@ -54,15 +54,7 @@ fn cache(
 fn check(m: &Decoder<CpuBackend>, label: &str) {
     let b = CpuBackend::new(2).unwrap();
     let c = &m.config;
-    let window = c
-        .layer_attention
-        .iter()
-        .filter_map(|a| match a {
-            LayerAttention::Sliding { window } => Some(*window),
-            LayerAttention::Global => None,
-        })
-        .max()
-        .expect("a windowed family");
+    let window = c.widest_window().expect("a windowed family");
     let capacity = c.context_length.min(200);
     let ids = tokens(capacity, c.vocab_size, 7);
     let mut ring = cache(m, &b, capacity, WindowedLayers::Ring);

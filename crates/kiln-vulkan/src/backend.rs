@@ -1113,13 +1113,8 @@ impl Backend for VulkanBackend {
         let bytes = self.read_back(&x.buf, x.rows * x.dtype.row_bytes(x.cols))?;
         Ok(match x.dtype {
             KvDtype::Q8_0 | KvDtype::Q4_0 => {
-                let ty = if x.dtype == KvDtype::Q8_0 {
-                    kiln_core::GgmlType::Q8_0
-                } else {
-                    kiln_core::GgmlType::Q4_0
-                };
                 let mut out = vec![0.0; n];
-                kiln_quant::dequantize(ty, &bytes, &mut out)
+                kiln_quant::dequantize(x.dtype.ggml_type(), &bytes, &mut out)
                     .map_err(|e| shape_err("kv_to_f32", e.to_string()))?;
                 out
             }

@@ -175,11 +175,7 @@ fn print_report(
         }
     );
     if let Some(c) = cost.decoder() {
-        let windowed = c
-            .layer_attention
-            .iter()
-            .filter(|a| matches!(a, kiln_core::config::LayerAttention::Sliding { .. }))
-            .count();
+        let windowed = c.windowed_layers();
         let rings = if windowed > 0 {
             format!(" ({windowed} sliding-window layers keep only their window)")
         } else {

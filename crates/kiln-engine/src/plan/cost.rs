@@ -109,7 +109,7 @@ fn tensor(name: &str, ty: GgmlType, dims: &[u64], bytes: u64) -> TensorCost {
 
 /// Bytes of the keys and values of one position over all layers, stored as `dtype`.
 pub fn kv_bytes_per_token(c: &DecoderConfig, dtype: KvDtype) -> u64 {
-    (c.n_layers * (dtype.row_bytes(c.kv_dim()) + dtype.row_bytes(c.v_dim()))) as u64
+    (c.n_layers * kiln_models::kv_row_bytes(c, dtype)) as u64
 }
 
 impl ModelCost {
@@ -339,7 +339,7 @@ impl ModelCost {
     /// attends to: all before it, or the window on sliding-window layers), for layers `layers`.
     pub fn kv_read_bytes(&self, layers: std::ops::Range<usize>, position: usize) -> f64 {
         let Some(c) = self.decoder() else { return 0.0 };
-        let row = (self.kv_dtype.row_bytes(c.kv_dim()) + self.kv_dtype.row_bytes(c.v_dim())) as f64;
+        let row = kiln_models::kv_row_bytes(c, self.kv_dtype) as f64;
         c.layer_attention[layers]
             .iter()
             .map(|a| match a {
@@ -432,8 +432,7 @@ impl ModelCost {
                 }
             })
             .sum();
-        (rows * (self.kv_dtype.row_bytes(c.kv_dim()) + self.kv_dtype.row_bytes(c.v_dim())) * batch)
-            as u64
+        (rows * kiln_models::kv_row_bytes(c, self.kv_dtype) * batch) as u64
     }
 
     /// Bytes of the activations of one forward pass over `rows` tokens (the largest tensors a
