@@ -4,14 +4,18 @@
 //! Prints, per matrix, the time of one pass and the weight bytes read per second for the scalar
 //! reference (kiln-quant) and the AVX2 kernels, and their ratio.
 //!
-//! `cargo run --release -p kiln-cpu --example kernel_bench [--avx2-only] [FILTER]` (FILTER: a
-//! substring of the case names, e.g. `Q8_0`; `--avx2-only` skips the slow scalar passes).
+//! `cargo run --release -p kiln-cpu --example kernel_bench [--avx2-only | --exact] [FILTER]`
+//! (FILTER: a substring of the case names, e.g. `Q8_0`; `--avx2-only` skips the slow scalar
+//! passes; `--exact` puts batch-invariant mode's one-row product, `kernels::rows_exact_fn` at the
+//! AVX2 level, in the first column instead of the scalar reference, where the type has one).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use kiln_core::GgmlType;
-use kiln_cpu::kernels::{quantize_fn, simd_level, vec_dot_fn, SimdLevel, VecDotFn};
+use kiln_cpu::kernels::{
+    quantize_fn, rows_exact_fn, simd_level, vec_dot_fn, RowsFn, SimdLevel, VecDotFn,
+};
 
 /// (name, weight type, rows, row length).
 const CASES: &[(&str, GgmlType, usize, usize)] = &[
@@ -98,36 +102,39 @@ fn weights(ty: GgmlType, rows: usize, n: usize, rng: &mut Rng) -> Vec<u8> {
     w
 }
 
-/// Seconds per pass over all rows: the fastest of the passes run in about 1.5 s. Each pass is
-/// timed alone, so that passes interrupted by other processes (a busy machine) drop out.
-fn time_pass(
-    dot: VecDotFn,
-    n: usize,
-    w: &[u8],
-    row_bytes: usize,
-    a: &[u8],
-    out: &mut [f32],
-) -> f64 {
-    let pass = |out: &mut [f32]| {
-        for (o, row) in out.iter_mut().zip(w.chunks_exact(row_bytes)) {
-            *o = dot(black_box(n), row, a);
-        }
-        black_box(&*out);
-    };
-    pass(out); // warm caches and page in the matrix
+/// Seconds per pass: the fastest of the passes run in about 1.5 s. Each pass is timed alone, so
+/// that passes interrupted by other processes (a busy machine) drop out.
+fn time_pass(mut pass: impl FnMut()) -> f64 {
+    pass(); // warm caches and page in the matrix
     let mut best = f64::INFINITY;
     let budget = Instant::now();
     while budget.elapsed() < Duration::from_millis(1500) {
         let start = Instant::now();
-        pass(out);
+        pass();
         best = best.min(start.elapsed().as_secs_f64());
     }
     best
 }
 
+/// One pass of the row dot `dot` over every row of `w`.
+fn dot_pass(dot: VecDotFn, n: usize, w: &[u8], row_bytes: usize, a: &[u8], out: &mut [f32]) {
+    for (o, row) in out.iter_mut().zip(w.chunks_exact(row_bytes)) {
+        *o = dot(black_box(n), row, a);
+    }
+    black_box(&*out);
+}
+
+/// One pass of the one-row product `rows` over all of `w`.
+fn rows_pass(rows: RowsFn, n: usize, w: &[u8], a: &[u8], out: &mut [f32]) {
+    let count = out.len();
+    rows(black_box(n), w, count, a, out);
+    black_box(&*out);
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let avx2_only = args.iter().any(|a| a == "--avx2-only");
+    let exact = args.iter().any(|a| a == "--exact");
     let filter = args
         .iter()
         .find(|a| !a.starts_with("--"))
@@ -139,7 +146,13 @@ fn main() {
     );
     println!(
         "{:<26} {:>9} | {:>10} {:>8} | {:>10} {:>8} | {:>7}",
-        "case", "MB", "scalar ms", "GB/s", "avx2 ms", "GB/s", "speedup"
+        "case",
+        "MB",
+        if exact { "exact ms" } else { "scalar ms" },
+        "GB/s",
+        "avx2 ms",
+        "GB/s",
+        "speedup"
     );
     let mut rng = Rng(0x1234_5678_9abc_def1);
     for &(name, ty, rows, n) in CASES {
@@ -156,13 +169,16 @@ fn main() {
 
         let mb = w.len() as f64 / 1e6;
         let mut times = [f64::NAN; 2];
-        for (slot, level) in [SimdLevel::Scalar, SimdLevel::Avx2].into_iter().enumerate() {
-            if avx2_only && level == SimdLevel::Scalar {
-                continue;
+        if exact {
+            if let Some(rows_fn) = rows_exact_fn(ty, SimdLevel::Avx2) {
+                times[0] = time_pass(|| rows_pass(rows_fn, n, &w, &a, &mut out));
             }
-            let dot = vec_dot_fn(ty, level).expect("supported type");
-            times[slot] = time_pass(dot, n, &w, row_bytes, &a, &mut out);
+        } else if !avx2_only {
+            let dot = vec_dot_fn(ty, SimdLevel::Scalar).expect("supported type");
+            times[0] = time_pass(|| dot_pass(dot, n, &w, row_bytes, &a, &mut out));
         }
+        let dot = vec_dot_fn(ty, SimdLevel::Avx2).expect("supported type");
+        times[1] = time_pass(|| dot_pass(dot, n, &w, row_bytes, &a, &mut out));
         // Skipped measurements print as NaN.
         println!(
             "{:<26} {:>9.1} | {:>10.3} {:>8.2} | {:>10.3} {:>8.2} | {:>6.1}x",

@@ -20,8 +20,8 @@ use kiln_core::GgmlType;
 
 use kiln_cpu::kernels::{
     activation_terms, gemm_fn, gemm_fn_invariant, gemv_fn, has_interleaved_layout, interleave,
-    interleaved_gemm_fn, interleaved_row, panel_key, quantize_fn, simd_level, strided_gemm_fn,
-    SimdLevel, INTERLEAVE_ROWS,
+    interleaved_gemm_fn, interleaved_row, panel_key, quantize_fn, rows_exact_fn, simd_level,
+    strided_gemm_fn, SimdLevel, INTERLEAVE_ROWS,
 };
 
 mod common;
@@ -622,6 +622,71 @@ fn vnni_tile_kernels_are_bit_identical_to_the_avx2_ones() {
                                 y[i],
                                 z[i]
                             );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn one_row_exact_products_are_bit_identical_to_the_invariant_tiles() {
+    // `rows_exact_fn` (batch-invariant decode) reads the weight rows where they lie and must
+    // give every output the bits of the invariant tile GEMM, whatever the number of activation
+    // rows beside it (1 and 5 here): the 8 tile formats, every partial panel (rows 1..=18),
+    // block counts that leave a partial group of 8 (blocks32) and several super-blocks, on
+    // quantized weights, raw bytes and the extreme fills.
+    if !avx2_available("one_row_exact_products_are_bit_identical_to_the_invariant_tiles") {
+        return;
+    }
+    let mut rng = Rng::new(13);
+    for ty in WEIGHT_TYPES {
+        assert_eq!(
+            rows_exact_fn(ty, SimdLevel::Avx2).is_some(),
+            TILED.contains(&ty),
+            "{ty}: a tile format has a one-row exact product, and only those"
+        );
+    }
+    for level in simd_levels() {
+        for ty in TILED {
+            let exact = rows_exact_fn(ty, level).unwrap();
+            let tiles = gemm_fn_invariant(ty, level).unwrap();
+            let extra = if ty.block_size() == 32 {
+                11 * 32
+            } else {
+                3 * 256
+            };
+            for k in lengths(ty).into_iter().chain([extra]) {
+                let sets: Vec<Vec<u8>> = vec![
+                    quantized_weights(ty, 18, k, &mut rng),
+                    raw_weights(ty, 18, k, None, &mut rng),
+                    raw_weights(ty, 18, k, Some(0xff), &mut rng),
+                    raw_weights(ty, 18, k, Some(0x80), &mut rng),
+                ];
+                let a = activations(ty, 5, k, &mut rng);
+                let a_row = a.len() / 5;
+                for w in &sets {
+                    let w_row = w.len() / 18;
+                    for rows in 1..=18 {
+                        let w = first(w, rows, w_row);
+                        // One sentinel past the outputs: it must survive.
+                        let mut got = vec![SENTINEL; rows + 1];
+                        exact(k, w, rows, first(&a, 1, a_row), &mut got[..rows]);
+                        assert_eq!(got[rows].to_bits(), SENTINEL.to_bits(), "{ty} k={k}");
+                        for cols in [1, 5] {
+                            let mut want = vec![SENTINEL; rows * cols];
+                            tiles(k, w, rows, first(&a, cols, a_row), cols, &mut want, rows);
+                            for r in 0..rows {
+                                assert_eq!(
+                                    got[r].to_bits(),
+                                    want[r].to_bits(),
+                                    "{ty} {level:?} k={k} {rows} rows, row {r} ({cols} \
+                                     activation rows): exact {} vs tiles {}",
+                                    got[r],
+                                    want[r]
+                                );
+                            }
                         }
                     }
                 }

@@ -939,25 +939,25 @@ fn exact_rows<L: blocks32::Legacy>(k: usize, w: &[u8], rows: usize, a: &[u8], ou
         return;
     };
     debug_assert_eq!(w.len(), rows * blocks * L::W_BLOCK);
+    with_sums(blocks.div_ceil(8) * PANEL_ROWS, |sums| {
+        // SAFETY: the CPU has AVX2+FMA+F16C (this fn is handed out only after detection);
+        // `gemm_shape` checked that `w` is `rows` rows of `blocks` blocks, `a` one activation
+        // row of `blocks` blocks, and that `out` holds `rows` values; `sums` has room for
+        // `blocks.div_ceil(8) * 8` vectors.
+        unsafe {
+            blocks32::rows_exact::<L>(blocks, w.as_ptr(), rows, a.as_ptr(), out.as_mut_ptr(), sums)
+        }
+    })
+}
+
+/// Runs `f` with this thread's scratch of the one-row products, room for `vectors` 32-byte
+/// vectors.
+fn with_sums(vectors: usize, f: impl FnOnce(*mut __m256i)) {
     SCRATCH.with_borrow_mut(|scratch| {
-        let vectors = blocks.div_ceil(8) * PANEL_ROWS;
         if scratch.sums.len() < vectors {
             scratch.sums.resize(vectors, Line([0; 32]));
         }
-        // SAFETY: the CPU has AVX2+FMA+F16C (this fn is handed out only after detection);
-        // `gemm_shape` checked that `w` is `rows` rows of `blocks` blocks, `a` one activation
-        // row of `blocks` blocks, and that `out` holds `rows` values; `sums` was just sized for
-        // `blocks.div_ceil(8) * 8` vectors (32-byte lines).
-        unsafe {
-            blocks32::rows_exact::<L>(
-                blocks,
-                w.as_ptr(),
-                rows,
-                a.as_ptr(),
-                out.as_mut_ptr(),
-                scratch.sums.as_mut_ptr().cast(),
-            )
-        }
+        f(scratch.sums.as_mut_ptr().cast())
     })
 }
 
@@ -1024,8 +1024,19 @@ fn exact_rows_k<K: superblocks::KQuant>(
     let Some(blocks) = one_row_shape(K::TYPE, k, w, rows, a, out) else {
         return;
     };
-    // SAFETY: AVX2+FMA+F16C (handed out only after detection); `gemm_shape` checked that `w` is
-    // `rows` rows of `blocks` super-blocks, `a` one Q8_K row of as many blocks, and `out` holds
-    // `rows` values.
-    unsafe { superblocks::rows_exact::<K>(blocks, w.as_ptr(), rows, a.as_ptr(), out.as_mut_ptr()) }
+    with_sums(blocks * PANEL_ROWS, |sums| {
+        // SAFETY: AVX2+FMA+F16C (handed out only after detection); `gemm_shape` checked that `w`
+        // is `rows` rows of `blocks` super-blocks, `a` one Q8_K row of as many blocks, and
+        // `out` holds `rows` values; `sums` has room for `blocks * 8` vectors.
+        unsafe {
+            superblocks::rows_exact::<K>(
+                blocks,
+                w.as_ptr(),
+                rows,
+                a.as_ptr(),
+                out.as_mut_ptr(),
+                sums,
+            )
+        }
+    })
 }

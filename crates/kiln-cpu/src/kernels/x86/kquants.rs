@@ -101,11 +101,43 @@ row_dot!(
     q4_k_q8_k => q4_k_q8_k_avx2, QK_K, Q4K, Q8K
 );
 
+/// The exact integer parts of one Q4_K super-block at `x` against the Q8_K block at `y`: the
+/// quants' dot scaled by the sub-block scales (its sum over the 8 i32 lanes), and the minimums
+/// against the activations' block sums (its sum over the 4 i32 lanes; weighed by `dmin`, it is
+/// taken away). Shared by the row dot and the tile-exact one-row product
+/// (`gemm::superblocks::rows_exact`), which reduce the lanes differently.
+///
+/// # Safety
+/// AVX2+FMA+F16C; `x` points at a readable Q4_K block, `y` at a Q8_K block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4_k_block_ints(x: *const u8, y: *const u8) -> (__m256i, __m128i) {
+    let low4 = _mm256_set1_epi8(0x0f);
+    let scales_mins = k4_scales_mins(x.add(offset_of!(BlockQ4K, scales)));
+    let min_dot = k4_min_dot(scales_mins, y.add(Q8K_BSUMS));
+    let scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(scales_mins));
+
+    let qs = x.add(offset_of!(BlockQ4K, qs));
+    let q8 = y.add(Q8K_QS);
+    let mut sum = _mm256_setzero_si256();
+    for j in 0..QK_K / 64 {
+        // 32 bytes hold 64 weights: the low nibbles are sub-block 2j, the high ones 2j + 1.
+        let bits = load32(qs.add(32 * j));
+        let lo = _mm256_and_si256(bits, low4);
+        let hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4);
+        let p_lo = _mm256_maddubs_epi16(lo, load32(q8.add(64 * j)));
+        let p_hi = _mm256_maddubs_epi16(hi, load32(q8.add(64 * j + 32)));
+        let p_lo = _mm256_madd_epi16(_mm256_shuffle_epi8(scales, scale_shuffle(2 * j)), p_lo);
+        let p_hi = _mm256_madd_epi16(_mm256_shuffle_epi8(scales, scale_shuffle(2 * j + 1)), p_hi);
+        sum = _mm256_add_epi32(sum, _mm256_add_epi32(p_lo, p_hi));
+    }
+    (sum, min_dot)
+}
+
 /// # Safety
 /// AVX2+FMA+F16C; `w` points at `blocks` readable Q4_K blocks, `a` at as many Q8_K blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
-    let low4 = _mm256_set1_epi8(0x0f);
     let mut acc = _mm256_setzero_ps();
     let mut mins = _mm_setzero_ps();
     for i in 0..blocks {
@@ -121,26 +153,8 @@ unsafe fn q4_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
         let d = _mm256_broadcastss_ps(d_dmin);
         let dmin = _mm_shuffle_ps::<0x55>(d_dmin, d_dmin);
 
-        let scales_mins = k4_scales_mins(x.add(offset_of!(BlockQ4K, scales)));
-        let min_dot = _mm_cvtepi32_ps(k4_min_dot(scales_mins, y.add(Q8K_BSUMS)));
-        mins = _mm_fmadd_ps(dmin, min_dot, mins);
-        let scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(scales_mins));
-
-        let qs = x.add(offset_of!(BlockQ4K, qs));
-        let q8 = y.add(Q8K_QS);
-        let mut sum = _mm256_setzero_si256();
-        for j in 0..QK_K / 64 {
-            // 32 bytes hold 64 weights: the low nibbles are sub-block 2j, the high ones 2j + 1.
-            let bits = load32(qs.add(32 * j));
-            let lo = _mm256_and_si256(bits, low4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4);
-            let p_lo = _mm256_maddubs_epi16(lo, load32(q8.add(64 * j)));
-            let p_hi = _mm256_maddubs_epi16(hi, load32(q8.add(64 * j + 32)));
-            let p_lo = _mm256_madd_epi16(_mm256_shuffle_epi8(scales, scale_shuffle(2 * j)), p_lo);
-            let p_hi =
-                _mm256_madd_epi16(_mm256_shuffle_epi8(scales, scale_shuffle(2 * j + 1)), p_hi);
-            sum = _mm256_add_epi32(sum, _mm256_add_epi32(p_lo, p_hi));
-        }
+        let (sum, min_dot) = q4_k_block_ints(x, y);
+        mins = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(min_dot), mins);
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), acc);
     }
     hsum_ps(acc) - hsum_ps_128(mins)
@@ -151,12 +165,46 @@ row_dot!(
     q5_k_q8_k => q5_k_q8_k_avx2, QK_K, Q5K, Q8K
 );
 
+/// [`q4_k_block_ints`] of a Q5_K super-block.
+///
+/// # Safety
+/// AVX2+FMA+F16C; `x` points at a readable Q5_K block, `y` at a Q8_K block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q5_k_block_ints(x: *const u8, y: *const u8) -> (__m256i, __m128i) {
+    let low4 = _mm256_set1_epi8(0x0f);
+    let one = _mm256_set1_epi8(1);
+    let scales_mins = k4_scales_mins(x.add(offset_of!(BlockQ5K, scales)));
+    let min_dot = k4_min_dot(scales_mins, y.add(Q8K_BSUMS));
+    let scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(scales_mins));
+
+    let qs = x.add(offset_of!(BlockQ5K, qs));
+    let q8 = y.add(Q8K_QS);
+    // Bit 2j of qh[l] is the 5th bit of weight l of sub-block 2j, bit 2j + 1 of sub-block
+    // 2j + 1; shifting whole 16-bit lanes right is safe because only bit 0 of each byte is
+    // kept, and at most 7 bits of the neighbouring byte ever move in above it.
+    let mut high = load32(x.add(offset_of!(BlockQ5K, qh)));
+    let mut sum = _mm256_setzero_si256();
+    for j in 0..QK_K / 64 {
+        let bits = load32(qs.add(32 * j));
+        let h_lo = _mm256_slli_epi16(_mm256_and_si256(high, one), 4);
+        let h_hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, 1), one), 4);
+        high = _mm256_srli_epi16(high, 2);
+        let lo = _mm256_or_si256(_mm256_and_si256(bits, low4), h_lo);
+        let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), low4), h_hi);
+        let p_lo = _mm256_maddubs_epi16(lo, load32(q8.add(64 * j)));
+        let p_hi = _mm256_maddubs_epi16(hi, load32(q8.add(64 * j + 32)));
+        let p_lo = _mm256_madd_epi16(_mm256_shuffle_epi8(scales, scale_shuffle(2 * j)), p_lo);
+        let p_hi = _mm256_madd_epi16(_mm256_shuffle_epi8(scales, scale_shuffle(2 * j + 1)), p_hi);
+        sum = _mm256_add_epi32(sum, _mm256_add_epi32(p_lo, p_hi));
+    }
+    (sum, min_dot)
+}
+
 /// # Safety
 /// AVX2+FMA+F16C; `w` points at `blocks` readable Q5_K blocks, `a` at as many Q8_K blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q5_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
-    let low4 = _mm256_set1_epi8(0x0f);
-    let one = _mm256_set1_epi8(1);
     let mut acc = _mm256_setzero_ps();
     let mut mins = _mm_setzero_ps();
     for i in 0..blocks {
@@ -172,32 +220,8 @@ unsafe fn q5_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
         let d = _mm256_broadcastss_ps(d_dmin);
         let dmin = _mm_shuffle_ps::<0x55>(d_dmin, d_dmin);
 
-        let scales_mins = k4_scales_mins(x.add(offset_of!(BlockQ5K, scales)));
-        let min_dot = _mm_cvtepi32_ps(k4_min_dot(scales_mins, y.add(Q8K_BSUMS)));
-        mins = _mm_fmadd_ps(dmin, min_dot, mins);
-        let scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(scales_mins));
-
-        let qs = x.add(offset_of!(BlockQ5K, qs));
-        let q8 = y.add(Q8K_QS);
-        // Bit 2j of qh[l] is the 5th bit of weight l of sub-block 2j, bit 2j + 1 of sub-block
-        // 2j + 1; shifting whole 16-bit lanes right is safe because only bit 0 of each byte is
-        // kept, and at most 7 bits of the neighbouring byte ever move in above it.
-        let mut high = load32(x.add(offset_of!(BlockQ5K, qh)));
-        let mut sum = _mm256_setzero_si256();
-        for j in 0..QK_K / 64 {
-            let bits = load32(qs.add(32 * j));
-            let h_lo = _mm256_slli_epi16(_mm256_and_si256(high, one), 4);
-            let h_hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, 1), one), 4);
-            high = _mm256_srli_epi16(high, 2);
-            let lo = _mm256_or_si256(_mm256_and_si256(bits, low4), h_lo);
-            let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), low4), h_hi);
-            let p_lo = _mm256_maddubs_epi16(lo, load32(q8.add(64 * j)));
-            let p_hi = _mm256_maddubs_epi16(hi, load32(q8.add(64 * j + 32)));
-            let p_lo = _mm256_madd_epi16(_mm256_shuffle_epi8(scales, scale_shuffle(2 * j)), p_lo);
-            let p_hi =
-                _mm256_madd_epi16(_mm256_shuffle_epi8(scales, scale_shuffle(2 * j + 1)), p_hi);
-            sum = _mm256_add_epi32(sum, _mm256_add_epi32(p_lo, p_hi));
-        }
+        let (sum, min_dot) = q5_k_block_ints(x, y);
+        mins = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(min_dot), mins);
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), acc);
     }
     hsum_ps(acc) - hsum_ps_128(mins)
@@ -208,12 +232,69 @@ row_dot!(
     q6_k_q8_k => q6_k_q8_k_avx2, QK_K, Q6K, Q8K
 );
 
+/// The exact integer dot of one Q6_K super-block at `x` against the Q8_K block at `y`, scaled by
+/// the sub-block scales and less the quants' offset (its sum over the 8 i32 lanes). Shared as
+/// [`q4_k_block_ints`] is.
+///
+/// # Safety
+/// AVX2+FMA+F16C; `x` points at a readable Q6_K block, `y` at a Q8_K block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q6_k_block_ints(x: *const u8, y: *const u8) -> __m256i {
+    let low4 = _mm256_set1_epi8(0x0f);
+    let low2 = _mm256_set1_epi8(0x03);
+    // 16 signed 8-bit scales, one per 16 weights, widened to i16.
+    let scales16 = _mm256_cvtepi8_epi16(load16(x.add(offset_of!(BlockQ6K, scales))));
+    // The quants are stored as q + 32 (0..64): dot the unsigned values, then take away
+    // 32 * sum(scale * bsum), the offset's share.
+    let offset = _mm256_slli_epi32(_mm256_madd_epi16(scales16, load32(y.add(Q8K_BSUMS))), 5);
+    let mut sum = _mm256_sub_epi32(_mm256_setzero_si256(), offset);
+
+    let ql = x.add(offset_of!(BlockQ6K, ql));
+    let qh = x.add(offset_of!(BlockQ6K, qh));
+    let q8 = y.add(Q8K_QS);
+    for half in 0..QK_K / 128 {
+        let scales = if half == 0 {
+            _mm256_permute2x128_si256(scales16, scales16, 0x00)
+        } else {
+            _mm256_permute2x128_si256(scales16, scales16, 0x11)
+        };
+        let l0 = load32(ql.add(64 * half));
+        let l1 = load32(ql.add(64 * half + 32));
+        let h = load32(qh.add(32 * half));
+        // Weight l + 32k of this half: 4 low bits from ql (nibble k / 2 of byte l + 32 (k % 2)),
+        // 2 high bits from bits 2k..2k+2 of qh[l].
+        let q = [
+            _mm256_or_si256(
+                _mm256_and_si256(l0, low4),
+                _mm256_slli_epi16(_mm256_and_si256(h, low2), 4),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(l1, low4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), low2), 4),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), low2), 4),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), low2), 4),
+            ),
+        ];
+        for (k, qk) in q.into_iter().enumerate() {
+            let p = _mm256_maddubs_epi16(qk, load32(q8.add(128 * half + 32 * k)));
+            let p = _mm256_madd_epi16(_mm256_shuffle_epi8(scales, pair_scale_shuffle(k)), p);
+            sum = _mm256_add_epi32(sum, p);
+        }
+    }
+    sum
+}
+
 /// # Safety
 /// AVX2+FMA+F16C; `w` points at `blocks` readable Q6_K blocks, `a` at as many Q8_K blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q6_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
-    let low4 = _mm256_set1_epi8(0x0f);
-    let low2 = _mm256_set1_epi8(0x03);
     let mut acc = _mm256_setzero_ps();
     for i in 0..blocks {
         let (x, y) = (w.add(i * Q6K), a.add(i * Q8K));
@@ -222,53 +303,7 @@ unsafe fn q6_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
             f16_splat(x.add(offset_of!(BlockQ6K, d))),
             _mm256_set1_ps(read_f32(y)),
         );
-
-        // 16 signed 8-bit scales, one per 16 weights, widened to i16.
-        let scales16 = _mm256_cvtepi8_epi16(load16(x.add(offset_of!(BlockQ6K, scales))));
-        // The quants are stored as q + 32 (0..64): dot the unsigned values, then take away
-        // 32 * sum(scale * bsum), the offset's share.
-        let offset = _mm256_slli_epi32(_mm256_madd_epi16(scales16, load32(y.add(Q8K_BSUMS))), 5);
-        let mut sum = _mm256_sub_epi32(_mm256_setzero_si256(), offset);
-
-        let ql = x.add(offset_of!(BlockQ6K, ql));
-        let qh = x.add(offset_of!(BlockQ6K, qh));
-        let q8 = y.add(Q8K_QS);
-        for half in 0..QK_K / 128 {
-            let scales = if half == 0 {
-                _mm256_permute2x128_si256(scales16, scales16, 0x00)
-            } else {
-                _mm256_permute2x128_si256(scales16, scales16, 0x11)
-            };
-            let l0 = load32(ql.add(64 * half));
-            let l1 = load32(ql.add(64 * half + 32));
-            let h = load32(qh.add(32 * half));
-            // Weight l + 32k of this half: 4 low bits from ql (nibble k / 2 of byte l + 32 (k % 2)),
-            // 2 high bits from bits 2k..2k+2 of qh[l].
-            let q = [
-                _mm256_or_si256(
-                    _mm256_and_si256(l0, low4),
-                    _mm256_slli_epi16(_mm256_and_si256(h, low2), 4),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(l1, low4),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), low2), 4),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), low2), 4),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), low2), 4),
-                ),
-            ];
-            for (k, qk) in q.into_iter().enumerate() {
-                let p = _mm256_maddubs_epi16(qk, load32(q8.add(128 * half + 32 * k)));
-                let p = _mm256_madd_epi16(_mm256_shuffle_epi8(scales, pair_scale_shuffle(k)), p);
-                sum = _mm256_add_epi32(sum, p);
-            }
-        }
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), acc);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q6_k_block_ints(x, y)), acc);
     }
     hsum_ps(acc)
 }

@@ -495,16 +495,26 @@ pub(super) unsafe fn rows_exact<L: Legacy>(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn sum_rows(v: [__m256i; PANEL_ROWS]) -> __m256i {
+    let (lo, hi) = sum_rows_halves(v);
+    _mm256_add_epi32(lo, hi)
+}
+
+/// Lane `r` of the first result: the sum of lanes 0..4 of `v[r]`; of the second: of lanes
+/// 4..8 (exact as [`sum_rows`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn sum_rows_halves(v: [__m256i; PANEL_ROWS]) -> (__m256i, __m256i) {
     let t0 = _mm256_hadd_epi32(v[0], v[1]);
     let t1 = _mm256_hadd_epi32(v[2], v[3]);
     let t2 = _mm256_hadd_epi32(v[4], v[5]);
     let t3 = _mm256_hadd_epi32(v[6], v[7]);
-    // Per 128-bit half: (rows 0..4 | rows 4..8) partial sums of that half's lanes.
+    // Per 128-bit half: the sums of that half's lanes of rows 0..4 (u0) and 4..8 (u1).
     let u0 = _mm256_hadd_epi32(t0, t1);
     let u1 = _mm256_hadd_epi32(t2, t3);
-    let lo = _mm256_permute2x128_si256::<0x20>(u0, u1);
-    let hi = _mm256_permute2x128_si256::<0x31>(u0, u1);
-    _mm256_add_epi32(lo, hi)
+    (
+        _mm256_permute2x128_si256::<0x20>(u0, u1),
+        _mm256_permute2x128_si256::<0x31>(u0, u1),
+    )
 }
 
 /// The sum of the 8 i32 lanes.

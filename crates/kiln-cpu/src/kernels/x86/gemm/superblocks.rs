@@ -18,7 +18,7 @@ use std::mem::{offset_of, size_of};
 use kiln_core::GgmlType;
 use kiln_quant::blocks::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
 
-use super::super::{kquants, load32, read_f32};
+use super::super::{kquants, load32, prefetch_ahead, read_f32};
 use super::{
     broadcast4, half, offset_shares, prefetch_share, store_columns, store_halves, store_piece,
     sum_lanes_per_half, Call, Format, Shape, PANEL_ROWS, PIECE,
@@ -67,6 +67,15 @@ pub(super) trait KQuant {
     /// # Safety
     /// `p` points at a readable block.
     unsafe fn scales(p: *const u8) -> KScales;
+
+    /// The exact integers of one super-block at `p` against the Q8_K block at `y`, as the row
+    /// dot forms them (`kquants::q4_k_block_ints`): the scaled quant dot (less Q6_K's offset)
+    /// summed over the 8 lanes of the first, the minimums' dot over the 4 lanes of the second
+    /// (zero without minimums).
+    ///
+    /// # Safety
+    /// AVX2+FMA+F16C; `p` points at a readable block, `y` at a Q8_K block.
+    unsafe fn block_ints(p: *const u8, y: *const u8) -> (__m256i, __m128i);
 }
 
 /// The tile format of a `KQuant`.
@@ -380,6 +389,12 @@ impl KQuant for Q4K {
     unsafe fn scales(p: *const u8) -> KScales {
         k4_scales(p.add(offset_of!(BlockQ4K, scales)))
     }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn block_ints(p: *const u8, y: *const u8) -> (__m256i, __m128i) {
+        kquants::q4_k_block_ints(p, y)
+    }
 }
 
 pub(super) struct Q5K;
@@ -410,6 +425,12 @@ impl KQuant for Q5K {
     unsafe fn scales(p: *const u8) -> KScales {
         k4_scales(p.add(offset_of!(BlockQ5K, scales)))
     }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn block_ints(p: *const u8, y: *const u8) -> (__m256i, __m128i) {
+        kquants::q5_k_block_ints(p, y)
+    }
 }
 
 pub(super) struct Q6K;
@@ -438,6 +459,12 @@ impl KQuant for Q6K {
         _mm256_or_si256(bits_at(ql, 4 * (k / 2), 0x0f), _mm256_slli_epi16::<4>(high))
     }
 
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn block_ints(p: *const u8, y: *const u8) -> (__m256i, __m128i) {
+        (kquants::q6_k_block_ints(p, y), _mm_setzero_si128())
+    }
+
     unsafe fn scales(p: *const u8) -> KScales {
         let s: [u8; 16] = p
             .add(offset_of!(BlockQ6K, scales))
@@ -455,15 +482,17 @@ impl KQuant for Q6K {
 /// number of activation rows) without packing the weights: the decode product of
 /// batch-invariant mode (see `blocks32::rows_exact`).
 ///
-/// Eight rows at a time, super-block after super-block: each row's integer sums are formed
-/// exactly (`maddubs` of one piece, widened at once by `madd` against the sub-block scale; the
-/// Q6_K offset `32 * sc * sum(a)` and the Q4_K/Q5_K minimum term `sum(mn * bsums)` from the
-/// activation's block sums), the eight rows' sums gathered into lanes; then the tile kernel's
-/// f32 step: `acc = fma(sum, d * da, acc)`, and `acc = fnmadd(mins, dmin * da, acc)`.
+/// Eight rows at a time. Each row is walked from start to end (one sequential stream, as its
+/// row dot reads it), its integers formed as the row dot forms them ([`KQuant::block_ints`]:
+/// exact, whatever the order of the additions) and kept in `sums` (vector `8b + r`: block `b`
+/// of row `r`). Then, block after block, the eight rows' lane sums are gathered into one vector
+/// (lane `r`: row `r`) and the tile kernel's f32 step follows: `acc = fma(sum, d * da, acc)`,
+/// and `acc = fnmadd(mins, dmin * da, acc)`. The integer work is the row dot's, so the product
+/// costs about what the row-dot loop costs (`examples/kernel_bench --exact`).
 ///
 /// # Safety
 /// AVX2+FMA+F16C; `w` holds `rows` rows of `blocks` super-blocks, `a` one Q8_K row of `blocks`
-/// blocks, `out` has room for `rows` values.
+/// blocks, `out` has room for `rows` values, `sums` for `8 * blocks` vectors.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn rows_exact<K: KQuant>(
     blocks: usize,
@@ -471,60 +500,45 @@ pub(super) unsafe fn rows_exact<K: KQuant>(
     rows: usize,
     a: *const u8,
     out: *mut f32,
+    sums: *mut __m256i,
 ) {
     let w_row = blocks * K::W_BLOCK;
     for r0 in (0..rows).step_by(PANEL_ROWS) {
         let p: [*const u8; PANEL_ROWS] =
             std::array::from_fn(|r| w.add((r0 + r).min(rows - 1) * w_row));
+        for (r, row) in p.iter().enumerate() {
+            for b in 0..blocks {
+                let x = row.add(b * K::W_BLOCK);
+                prefetch_ahead(x, K::W_BLOCK.div_ceil(64));
+                let (sum, mins) = K::block_ints(x, a.add(b * Q8K));
+                *sums.add(b * PANEL_ROWS + r) = if K::DMIN_AT.is_some() {
+                    // The sum folded to 4 lanes, the minimums' 4 lanes beside it.
+                    let folded = _mm_add_epi32(
+                        _mm256_castsi256_si128(sum),
+                        _mm256_extracti128_si256::<1>(sum),
+                    );
+                    _mm256_set_m128i(mins, folded)
+                } else {
+                    sum
+                };
+            }
+        }
         let mut acc = _mm256_setzero_ps();
         for b in 0..blocks {
             let y = a.add(b * Q8K);
-            let bsums: [i16; 16] = y.add(Q8K_BSUMS).cast::<[i16; 16]>().read_unaligned();
-            let mut mins = [0i32; PANEL_ROWS];
-            let mut offsets = [0i32; PANEL_ROWS];
-            let sums: [__m256i; PANEL_ROWS] = std::array::from_fn(|r| {
-                let blk = p[r].add(b * K::W_BLOCK);
-                let s = K::scales(blk);
-                let mut v = _mm256_setzero_si256();
-                for t in 0..QK_K / 32 {
-                    let aq = load32(y.add(Q8K_QS + 32 * t));
-                    let prod = _mm256_maddubs_epi16(K::quants(blk, t), aq);
-                    let sc = if K::SUBS == 16 {
-                        _mm256_set_m128i(
-                            _mm_set1_epi16(s.sc[2 * t + 1]),
-                            _mm_set1_epi16(s.sc[2 * t]),
-                        )
-                    } else {
-                        _mm256_set1_epi16(s.sc[t])
-                    };
-                    v = _mm256_add_epi32(v, _mm256_madd_epi16(prod, sc));
-                }
-                if K::OFFSET != 0 {
-                    offsets[r] = (0..16)
-                        .map(|g| i32::from(s.sc[g]) * i32::from(bsums[g]))
-                        .sum::<i32>()
-                        * i32::from(K::OFFSET);
-                }
-                if K::DMIN_AT.is_some() {
-                    mins[r] = (0..8)
-                        .map(|g| {
-                            i32::from(s.mn[g])
-                                * (i32::from(bsums[2 * g]) + i32::from(bsums[2 * g + 1]))
-                        })
-                        .sum();
-                }
-                v
-            });
-            let mut isum = super::blocks32::sum_rows(sums);
-            if K::OFFSET != 0 {
-                isum = _mm256_sub_epi32(isum, _mm256_loadu_si256(offsets.as_ptr().cast()));
-            }
+            let ints: [__m256i; PANEL_ROWS] =
+                std::array::from_fn(|r| *sums.add(b * PANEL_ROWS + r));
+            let (isum, mins) = if K::DMIN_AT.is_some() {
+                super::blocks32::sum_rows_halves(ints)
+            } else {
+                (super::blocks32::sum_rows(ints), _mm256_setzero_si256())
+            };
             let d = super::blocks32::halves(&p, b * K::W_BLOCK + K::D_AT);
             let da = _mm256_set1_ps(read_f32(y));
             acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, da), acc);
             if let Some(at) = K::DMIN_AT {
                 let dmin = super::blocks32::halves(&p, b * K::W_BLOCK + at);
-                let mins = _mm256_cvtepi32_ps(_mm256_loadu_si256(mins.as_ptr().cast()));
+                let mins = _mm256_cvtepi32_ps(mins);
                 acc = _mm256_fnmadd_ps(mins, _mm256_mul_ps(dmin, da), acc);
             }
         }
