@@ -8,7 +8,8 @@
 //! whatever `m` is, which is what makes batched decode and prompt processing cheaper per token
 //! than single-token decode. One-row products (decode) dot each weight row straight from memory
 //! instead (see [`TILED_MIN_ROWS`]): through the level's one-row kernel where it has one
-//! (`kernels::gemv_fn`: VNNI Q4_0/Q5_0/Q8_0, which prepare the activation row once per task), in
+//! (`kernels::gemv_fn`: VNNI Q4_0/Q5_0/Q8_0, which prepare the activation row once per task; at
+//! the AVX2 level the tile-exact one, which is faster than the row-dot loop there too), in
 //! batch-invariant mode the tile-exact one (`kernels::rows_exact_fn`), else the loop over the row
 //! dot; [`gemv_many`] runs the one-row products that share an input (Q/K/V, gate/up) as one job,
 //! and [`tiled_many`] those of a few rows (batched decode). A weight the backend holds in an
