@@ -112,19 +112,54 @@ row_dot!(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q4_k_block_ints(x: *const u8, y: *const u8) -> (__m256i, __m128i) {
+    k4_block_ints(
+        x,
+        y,
+        offset_of!(BlockQ4K, scales),
+        offset_of!(BlockQ4K, qs),
+        None,
+    )
+}
+
+/// [`q4_k_block_ints`] of the block at `x` whose 12 scale bytes are at `scales_at`, packed
+/// nibbles at `qs_at` and (Q5_K) fifth bits at `qh_at`.
+///
+/// # Safety
+/// As [`q4_k_block_ints`], the offsets those of a Q4_K or Q5_K block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k4_block_ints(
+    x: *const u8,
+    y: *const u8,
+    scales_at: usize,
+    qs_at: usize,
+    qh_at: Option<usize>,
+) -> (__m256i, __m128i) {
     let low4 = _mm256_set1_epi8(0x0f);
-    let scales_mins = k4_scales_mins(x.add(offset_of!(BlockQ4K, scales)));
+    let one = _mm256_set1_epi8(1);
+    let scales_mins = k4_scales_mins(x.add(scales_at));
     let min_dot = k4_min_dot(scales_mins, y.add(Q8K_BSUMS));
     let scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(scales_mins));
 
-    let qs = x.add(offset_of!(BlockQ4K, qs));
+    let qs = x.add(qs_at);
     let q8 = y.add(Q8K_QS);
+    // Q5_K: bit 2j of qh[l] is the 5th bit of weight l of sub-block 2j, bit 2j + 1 of sub-block
+    // 2j + 1; shifting whole 16-bit lanes right is safe because only bit 0 of each byte is
+    // kept, and at most 7 bits of the neighbouring byte ever move in above it.
+    let mut high = qh_at.map_or(_mm256_setzero_si256(), |at| load32(x.add(at)));
     let mut sum = _mm256_setzero_si256();
     for j in 0..QK_K / 64 {
         // 32 bytes hold 64 weights: the low nibbles are sub-block 2j, the high ones 2j + 1.
         let bits = load32(qs.add(32 * j));
-        let lo = _mm256_and_si256(bits, low4);
-        let hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4);
+        let mut lo = _mm256_and_si256(bits, low4);
+        let mut hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4);
+        if qh_at.is_some() {
+            let h_lo = _mm256_slli_epi16(_mm256_and_si256(high, one), 4);
+            let h_hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, 1), one), 4);
+            high = _mm256_srli_epi16(high, 2);
+            lo = _mm256_or_si256(lo, h_lo);
+            hi = _mm256_or_si256(hi, h_hi);
+        }
         let p_lo = _mm256_maddubs_epi16(lo, load32(q8.add(64 * j)));
         let p_hi = _mm256_maddubs_epi16(hi, load32(q8.add(64 * j + 32)));
         let p_lo = _mm256_madd_epi16(_mm256_shuffle_epi8(scales, scale_shuffle(2 * j)), p_lo);
@@ -138,22 +173,42 @@ pub(super) unsafe fn q4_k_block_ints(x: *const u8, y: *const u8) -> (__m256i, __
 /// AVX2+FMA+F16C; `w` points at `blocks` readable Q4_K blocks, `a` at as many Q8_K blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
+    const { assert!(offset_of!(BlockQ4K, dmin) == offset_of!(BlockQ4K, d) + 2) };
+    k4_row_dot(blocks, w, a, Q4K, offset_of!(BlockQ4K, d), |x, y| {
+        // SAFETY: as `k4_row_dot` promises its `ints`.
+        unsafe { q4_k_block_ints(x, y) }
+    })
+}
+
+/// The row dot of the formats with minimums (Q4_K, Q5_K): `blocks` super-blocks of `block` bytes
+/// at `w`, their `d` and `dmin` adjacent at `d_at`, against as many Q8_K blocks at `a`; `ints`
+/// forms a block's integers ([`q4_k_block_ints`]).
+///
+/// # Safety
+/// AVX2+FMA+F16C; `w` and `a` point at `blocks` readable blocks each; `ints` is called with a
+/// weight block and its Q8_K block only.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k4_row_dot(
+    blocks: usize,
+    w: *const u8,
+    a: *const u8,
+    block: usize,
+    d_at: usize,
+    ints: impl Fn(*const u8, *const u8) -> (__m256i, __m128i),
+) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut mins = _mm_setzero_ps();
     for i in 0..blocks {
-        let (x, y) = (w.add(i * Q4K), a.add(i * Q8K));
-        prefetch_ahead(x, 3); // a block is 144 bytes
+        let (x, y) = (w.add(i * block), a.add(i * Q8K));
+        prefetch_ahead(x, block.div_ceil(64));
 
         // d and dmin are adjacent: [d * dy, dmin * dy] in lanes 0 and 1.
-        const { assert!(offset_of!(BlockQ4K, dmin) == offset_of!(BlockQ4K, d) + 2) };
-        let d_dmin = _mm_mul_ps(
-            f16_pair(x.add(offset_of!(BlockQ4K, d))),
-            _mm_set1_ps(read_f32(y)),
-        );
+        let d_dmin = _mm_mul_ps(f16_pair(x.add(d_at)), _mm_set1_ps(read_f32(y)));
         let d = _mm256_broadcastss_ps(d_dmin);
         let dmin = _mm_shuffle_ps::<0x55>(d_dmin, d_dmin);
 
-        let (sum, min_dot) = q4_k_block_ints(x, y);
+        let (sum, min_dot) = ints(x, y);
         mins = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(min_dot), mins);
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), acc);
     }
@@ -172,59 +227,24 @@ row_dot!(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q5_k_block_ints(x: *const u8, y: *const u8) -> (__m256i, __m128i) {
-    let low4 = _mm256_set1_epi8(0x0f);
-    let one = _mm256_set1_epi8(1);
-    let scales_mins = k4_scales_mins(x.add(offset_of!(BlockQ5K, scales)));
-    let min_dot = k4_min_dot(scales_mins, y.add(Q8K_BSUMS));
-    let scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(scales_mins));
-
-    let qs = x.add(offset_of!(BlockQ5K, qs));
-    let q8 = y.add(Q8K_QS);
-    // Bit 2j of qh[l] is the 5th bit of weight l of sub-block 2j, bit 2j + 1 of sub-block
-    // 2j + 1; shifting whole 16-bit lanes right is safe because only bit 0 of each byte is
-    // kept, and at most 7 bits of the neighbouring byte ever move in above it.
-    let mut high = load32(x.add(offset_of!(BlockQ5K, qh)));
-    let mut sum = _mm256_setzero_si256();
-    for j in 0..QK_K / 64 {
-        let bits = load32(qs.add(32 * j));
-        let h_lo = _mm256_slli_epi16(_mm256_and_si256(high, one), 4);
-        let h_hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, 1), one), 4);
-        high = _mm256_srli_epi16(high, 2);
-        let lo = _mm256_or_si256(_mm256_and_si256(bits, low4), h_lo);
-        let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), low4), h_hi);
-        let p_lo = _mm256_maddubs_epi16(lo, load32(q8.add(64 * j)));
-        let p_hi = _mm256_maddubs_epi16(hi, load32(q8.add(64 * j + 32)));
-        let p_lo = _mm256_madd_epi16(_mm256_shuffle_epi8(scales, scale_shuffle(2 * j)), p_lo);
-        let p_hi = _mm256_madd_epi16(_mm256_shuffle_epi8(scales, scale_shuffle(2 * j + 1)), p_hi);
-        sum = _mm256_add_epi32(sum, _mm256_add_epi32(p_lo, p_hi));
-    }
-    (sum, min_dot)
+    k4_block_ints(
+        x,
+        y,
+        offset_of!(BlockQ5K, scales),
+        offset_of!(BlockQ5K, qs),
+        Some(offset_of!(BlockQ5K, qh)),
+    )
 }
 
 /// # Safety
 /// AVX2+FMA+F16C; `w` points at `blocks` readable Q5_K blocks, `a` at as many Q8_K blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q5_k_q8_k_avx2(blocks: usize, w: *const u8, a: *const u8) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    let mut mins = _mm_setzero_ps();
-    for i in 0..blocks {
-        let (x, y) = (w.add(i * Q5K), a.add(i * Q8K));
-        prefetch_ahead(x, 3); // a block is 176 bytes
-
-        // d and dmin are adjacent: [d * dy, dmin * dy] in lanes 0 and 1.
-        const { assert!(offset_of!(BlockQ5K, dmin) == offset_of!(BlockQ5K, d) + 2) };
-        let d_dmin = _mm_mul_ps(
-            f16_pair(x.add(offset_of!(BlockQ5K, d))),
-            _mm_set1_ps(read_f32(y)),
-        );
-        let d = _mm256_broadcastss_ps(d_dmin);
-        let dmin = _mm_shuffle_ps::<0x55>(d_dmin, d_dmin);
-
-        let (sum, min_dot) = q5_k_block_ints(x, y);
-        mins = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(min_dot), mins);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), acc);
-    }
-    hsum_ps(acc) - hsum_ps_128(mins)
+    const { assert!(offset_of!(BlockQ5K, dmin) == offset_of!(BlockQ5K, d) + 2) };
+    k4_row_dot(blocks, w, a, Q5K, offset_of!(BlockQ5K, d), |x, y| {
+        // SAFETY: as `k4_row_dot` promises its `ints`.
+        unsafe { q5_k_block_ints(x, y) }
+    })
 }
 
 row_dot!(
