@@ -38,8 +38,10 @@ pub struct CpuOptions {
     /// or batched with others (what a server promises for greedy outputs). Quantized products
     /// then run the tile kernels at any number of rows (no row-dot path for one row, nor the
     /// fused decode products), float products run the packed GEMM at any number of rows, and
-    /// attention computes each query row on its own, as a decode step would. The cost is in
-    /// single-sequence decode (`kiln bench --batch-invariant` measures it).
+    /// attention computes each query row on its own, as a decode step would. One-row products
+    /// take the tile-exact kernels (`kernels::rows_exact_fn`), which at the AVX2 level are the
+    /// plain mode's too, so single-sequence decode costs about the same in both modes there
+    /// (`kiln bench --batch-invariant` measures it).
     pub batch_invariant: bool,
     /// Products of BF16 weights with at least a few activation rows (prefill, encoders, and
     /// every product in batch-invariant mode) through `vdpbf16ps` where the CPU has AVX512_BF16
