@@ -3,13 +3,18 @@
 //! A super-block of 256 weights has 8 sub-blocks of 32 (Q4_K, Q5_K) or 16 of 16 (Q6_K), each
 //! with an integer scale `sc`; the i16 sums of a group of chunks are widened by `madd` against
 //! `sc` (lane `r`: the scale of row `r` as an i16 pair). Q4_K and Q5_K subtract
-//! `dmin * da * sum(mn * bsums)` in f32 (the minimums, against the activation block's group
-//! sums); Q6_K's quants are stored as `q + 32`, its offset shares subtracted in the i16 sums.
+//! `dmin * da * sum(mn * S)` in f32 (the minimums, against the activation block's sums `S` of
+//! each sub-block of 32); Q6_K's quants are stored as `q + 32`, its offset shares subtracted in
+//! the i16 sums.
 //!
 //! Panel block: 8 pieces of quants, `SUBS` lines of scales, then for the formats with minimums
-//! 8 lines of `(mn, mn)` pairs (lane `r` of line `g` against `bsums[2g], bsums[2g + 1]`) and the
-//! line of `dmin`, then the line of `d` (f32 lanes). Activation factors per block (Q6_K only):
-//! the offset shares of each sub-block as an i16 pair.
+//! 4 lines of minimum pairs (lane `r` of line `h`: `mn[2h], mn[2h + 1]` of row `r`, one `madd`
+//! against the pair `S[2h], S[2h + 1]`) and the line of `dmin`, then the line of `d` (f32
+//! lanes). Activation factors per block: Q6_K's offset shares of each sub-block as an i16 pair;
+//! for the formats with minimums the 4 pairs `S[2h], S[2h + 1]` (`S[g] = bsums[2g] +
+//! bsums[2g + 1]`, at most 32 * 127 in magnitude: an i16). Pairing the minimums so halves the
+//! `madd`s of the minimums (8 against `(mn, mn)` and the raw `bsums` before, 12 % of the
+//! multiplies of a Q4_K block); the integer is the same, so are the results.
 
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
@@ -85,7 +90,7 @@ impl<K: KQuant> SuperBlocks<K> {
     const SUB_CHUNKS: usize = 64 / K::SUBS;
     const SCALES_AT: usize = 8 * PIECE;
     const MINS_AT: usize = Self::SCALES_AT + 32 * K::SUBS;
-    const DMIN_LINE_AT: usize = Self::MINS_AT + 32 * 8;
+    const DMIN_LINE_AT: usize = Self::MINS_AT + 32 * MIN_PAIRS;
     const D_LINE_AT: usize = if K::DMIN_AT.is_some() {
         Self::DMIN_LINE_AT + 32
     } else {
@@ -103,7 +108,6 @@ impl<K: KQuant> SuperBlocks<K> {
         for t in 0..QK_K / 32 {
             store_piece(dst.add(t * PIECE), |r| K::quants(src[r], t));
         }
-        let pair = |x: i16| u32::from(x as u16) * 0x0001_0001;
         for (r, &p) in src.iter().enumerate() {
             let s = K::scales(p);
             for g in 0..K::SUBS {
@@ -111,9 +115,10 @@ impl<K: KQuant> SuperBlocks<K> {
                 at.cast::<u32>().write_unaligned(lane(s.sc[g]));
             }
             if K::DMIN_AT.is_some() {
-                for (g, &mn) in s.mn.iter().enumerate() {
-                    let at = dst.add(Self::MINS_AT + 32 * g + 4 * r);
-                    at.cast::<u32>().write_unaligned(pair(mn));
+                for h in 0..MIN_PAIRS {
+                    let at = dst.add(Self::MINS_AT + 32 * h + 4 * r);
+                    at.cast::<u32>()
+                        .write_unaligned(i16_pair(s.mn[2 * h], s.mn[2 * h + 1]));
                 }
             }
         }
@@ -125,10 +130,11 @@ impl<K: KQuant> SuperBlocks<K> {
 
     /// The f32 step of one super-block of a micro-tile, shared by the AVX2 and VNNI kernels (so
     /// that their results are bit-identical): `acc += isum * (d * da)`, then for the formats
-    /// with minimums `acc -= sum(mn * bsums) * (dmin * da)`.
+    /// with minimums `acc -= sum(mn * S) * (dmin * da)`.
     ///
     /// # Safety
-    /// AVX2+FMA+F16C; each `p[i]` points at a packed panel block, each `y[j]` at the Q8_K block.
+    /// AVX2+FMA+F16C; each `p[i]` points at a packed panel block, each `y[j]` at the Q8_K block
+    /// and, for the formats with minimums, each `f[j]` at its [`min_sums`] pairs.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn finish_block<const NP: usize, const NR: usize>(
@@ -136,6 +142,7 @@ impl<K: KQuant> SuperBlocks<K> {
         isum: &[[__m256i; NR]; NP],
         p: &[*const u8; NP],
         y: &[*const u8; NR],
+        f: &[*const u32; NR],
     ) {
         for i in 0..NP {
             let d = _mm256_loadu_ps(p[i].add(Self::D_LINE_AT).cast());
@@ -145,10 +152,10 @@ impl<K: KQuant> SuperBlocks<K> {
                 acc[i][j] = _mm256_fmadd_ps(sum, _mm256_mul_ps(d, da), acc[i][j]);
                 if K::DMIN_AT.is_some() {
                     let mut mins = _mm256_setzero_si256();
-                    for g in 0..8 {
-                        let pairs = load32(p[i].add(Self::MINS_AT + 32 * g));
-                        let bsums = broadcast4(y[j].add(Q8K_BSUMS + 4 * g));
-                        mins = _mm256_add_epi32(mins, _mm256_madd_epi16(pairs, bsums));
+                    for h in 0..MIN_PAIRS {
+                        let pairs = load32(p[i].add(Self::MINS_AT + 32 * h));
+                        let sums = broadcast4(f[j].add(h).cast());
+                        mins = _mm256_add_epi32(mins, _mm256_madd_epi16(pairs, sums));
                     }
                     let dmin = _mm256_loadu_ps(p[i].add(Self::DMIN_LINE_AT).cast());
                     let mins = _mm256_cvtepi32_ps(mins);
@@ -165,7 +172,13 @@ impl<K: KQuant> Format for SuperBlocks<K> {
     const W_BLOCK: usize = K::W_BLOCK;
     const A_BLOCK: usize = Q8K;
     const PANEL_LINES: usize = Self::D_LINE_AT / 32 + 1;
-    const FACTOR_WORDS: usize = if K::OFFSET != 0 { K::SUBS } else { 0 };
+    const FACTOR_WORDS: usize = if K::OFFSET != 0 {
+        K::SUBS
+    } else if K::DMIN_AT.is_some() {
+        MIN_PAIRS
+    } else {
+        0
+    };
     const SHAPE: Shape = Shape::Wide;
     const VNNI: bool = false;
     const MIN_COLS: usize = K::MIN_COLS;
@@ -174,6 +187,9 @@ impl<K: KQuant> Format for SuperBlocks<K> {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn factors(a: *const u8, out: *mut u32) {
+        if K::DMIN_AT.is_some() {
+            return min_sums(a, out);
+        }
         // One sub-block per 128-bit half of a piece: 16 sub-blocks of 16.
         const { assert!(K::OFFSET == 0 || (K::SUBS == 16 && K::GROUP == 4)) };
         for t in 0..QK_K / 32 {
@@ -202,7 +218,8 @@ impl<K: KQuant> Format for SuperBlocks<K> {
         for b in 0..blocks {
             let p = panels.map(|p| p.add(b * stride));
             let y = acts.map(|a| a.add(b * Q8K));
-            // Dangling (never read) without offset: hence `wrapping_add`.
+            // Dangling (never read) without factors (Q6_K has them, and the formats with
+            // minimums): hence `wrapping_add`.
             let f = factors.map(|f| f.wrapping_add(b * Self::FACTOR_WORDS));
             let mut isum = [[_mm256_setzero_si256(); NR]; NP];
             for g in 0..K::SUBS {
@@ -236,7 +253,7 @@ impl<K: KQuant> Format for SuperBlocks<K> {
                     }
                 }
             }
-            Self::finish_block::<NP, NR>(&mut acc, &isum, &p, &y);
+            Self::finish_block::<NP, NR>(&mut acc, &isum, &p, &y, &f);
         }
         acc
     }
@@ -264,6 +281,9 @@ impl<K: KQuant> Format for SuperBlocksVnni<K> {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn factors(a: *const u8, out: *mut u32) {
+        if K::DMIN_AT.is_some() {
+            return min_sums(a, out);
+        }
         // One sub-block of 16 per `bsums` entry.
         const { assert!(K::OFFSET == 0 || K::SUBS == 16) };
         for g in 0..K::SUBS {
@@ -293,7 +313,8 @@ impl<K: KQuant> Format for SuperBlocksVnni<K> {
         for b in 0..blocks {
             let p = panels.map(|p| p.add(b * stride));
             let y = acts.map(|a| a.add(b * Q8K));
-            // Dangling (never read) without offset: hence `wrapping_add`.
+            // Dangling (never read) without factors (Q6_K has them, and the formats with
+            // minimums): hence `wrapping_add`.
             let f = factors.map(|f| f.wrapping_add(b * Self::FACTOR_WORDS));
             // |sum| per sub-block <= 32 * 63 * 127, times a scale of at most 127 (Q6_K's are
             // signed i8; the others 6-bit): far inside i32, as is the sum over 16 sub-blocks.
@@ -325,9 +346,34 @@ impl<K: KQuant> Format for SuperBlocksVnni<K> {
                     }
                 }
             }
-            SuperBlocks::<K>::finish_block::<NP, NR>(&mut acc, &isum, &p, &y);
+            SuperBlocks::<K>::finish_block::<NP, NR>(&mut acc, &isum, &p, &y, &f);
         }
         acc
+    }
+}
+
+/// Lines of minimum pairs in a panel block, and factor words per activation block, of the
+/// formats with minimums.
+const MIN_PAIRS: usize = 4;
+
+/// `(lo, hi)` as the two i16 halves of a 32-bit lane, `lo` in the low one.
+fn i16_pair(lo: i16, hi: i16) -> u32 {
+    u32::from(lo as u16) | (u32::from(hi as u16) << 16)
+}
+
+/// The activation factors of the formats with minimums: word `h` of `out` is the i16 pair
+/// `(S[2h], S[2h + 1])` of the Q8_K block at `a`, `S[g] = bsums[2g] + bsums[2g + 1]` the sum of
+/// its quants `32g..32g + 32` (|S| <= 32 * 127: no overflow). The sum wraps as the row dot's
+/// `hadd` does (`kquants::k4_min_dot`), so that even `bsums` that no quantizer wrote give the
+/// row dot's integer.
+///
+/// # Safety
+/// `a` points at a readable Q8_K block, `out` at `MIN_PAIRS` writable words.
+unsafe fn min_sums(a: *const u8, out: *mut u32) {
+    let bsums: [i16; 16] = a.add(Q8K_BSUMS).cast::<[i16; 16]>().read_unaligned();
+    let s = |g: usize| bsums[2 * g].wrapping_add(bsums[2 * g + 1]);
+    for h in 0..MIN_PAIRS {
+        *out.add(h) = i16_pair(s(2 * h), s(2 * h + 1));
     }
 }
 
