@@ -13,8 +13,9 @@
 //! lanes). Activation factors per block: Q6_K's offset shares of each sub-block as an i16 pair;
 //! for the formats with minimums the 4 pairs `S[2h], S[2h + 1]` (`S[g] = bsums[2g] +
 //! bsums[2g + 1]`, at most 32 * 127 in magnitude: an i16). Pairing the minimums so halves the
-//! `madd`s of the minimums (8 against `(mn, mn)` and the raw `bsums` before, 12 % of the
-//! multiplies of a Q4_K block); the integer is the same, so are the results.
+//! `madd`s of the minimums (8 against `(mn, mn)` and the raw `bsums` before: a tenth of the
+//! multiplies of a Q4_K block, 8 of 80 per panel and activation row); the integer is the same,
+//! so are the results.
 
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
