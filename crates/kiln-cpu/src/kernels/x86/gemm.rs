@@ -1024,10 +1024,10 @@ fn exact_rows_k<K: superblocks::KQuant>(
     let Some(blocks) = one_row_shape(K::TYPE, k, w, rows, a, out) else {
         return;
     };
-    with_sums(blocks * PANEL_ROWS, |sums| {
+    with_sums(blocks * (2 * PANEL_ROWS + K::PREPARED), |sums| {
         // SAFETY: AVX2+FMA+F16C (handed out only after detection); `gemm_shape` checked that `w`
         // is `rows` rows of `blocks` super-blocks, `a` one Q8_K row of as many blocks, and
-        // `out` holds `rows` values; `sums` has room for `blocks * 8` vectors.
+        // `out` holds `rows` values; `sums` has room for `blocks * (16 + K::PREPARED)` vectors.
         unsafe {
             superblocks::rows_exact::<K>(
                 blocks,

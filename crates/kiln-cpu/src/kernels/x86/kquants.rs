@@ -46,46 +46,116 @@ fn scale_shuffle(k: usize) -> __m256i {
 }
 
 /// The 8 six-bit scales and 8 six-bit minimums of a Q4_K/Q5_K super-block (12 packed bytes at
-/// `p`), as i16 lanes: scales in 0..8, minimums in 8..16.
+/// `p`): the scales as i16 lanes 0..8 of both 128-bit halves; each minimum `mins[g]` twice, as
+/// the i16 pair of 32-bit lane `g`; and the 16 bytes (scales, then minimums) in both halves.
 ///
 /// # Safety
-/// `p..p + 12` must be readable.
+/// `p..p + 16` must be readable (the 4 bytes after the scales are loaded and ignored: the quants
+/// follow them in both formats).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn k4_scales_mins(p: *const u8) -> __m256i {
-    const LOW6: u32 = 0x3f3f_3f3f;
-    const LOW4: u32 = 0x0f0f_0f0f;
-    const LOW2: u32 = 0x0303_0303;
-    let (a, b, c) = (read_u32(p), read_u32(p.add(4)), read_u32(p.add(8)));
+unsafe fn k4_scales_mins(p: *const u8) -> (__m256i, __m256i, __m256i) {
     // Sub-blocks 0..4 keep their 6 bits in bytes 0..4 (scales) and 4..8 (mins); sub-blocks 4..8
-    // have their low 4 bits in bytes 8..12 and their top 2 bits in the top bits of bytes 0..8.
-    let scales_lo = a & LOW6;
-    let scales_hi = (c & LOW4) | (((a >> 6) & LOW2) << 4);
-    let mins_lo = b & LOW6;
-    let mins_hi = ((c >> 4) & LOW4) | (((b >> 6) & LOW2) << 4);
-    _mm256_cvtepu8_epi16(_mm_set_epi32(
-        mins_hi as i32,
-        mins_lo as i32,
-        scales_hi as i32,
-        scales_lo as i32,
-    ))
+    // have their low 4 bits in bytes 8..12 (scales low nibbles, mins high nibbles) and their top
+    // 2 bits in the top bits of bytes 0..8.
+    let v = load16(p);
+    // Output byte order: scales 0..4, scales 4..8, mins 0..4, mins 4..8.
+    let low = _mm_shuffle_epi8(
+        v,
+        _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11),
+    );
+    let top = _mm_shuffle_epi8(
+        v,
+        _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7),
+    );
+    let keep = _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0);
+    let nibble_hi = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15);
+    // 16-bit shifts move bits of the neighbouring byte into the top of each byte; the masks
+    // keep only bits that came from the byte itself.
+    let bits = _mm_or_si128(
+        _mm_and_si128(low, keep),
+        _mm_and_si128(_mm_srli_epi16::<4>(low), nibble_hi),
+    );
+    let top2 = _mm_and_si128(_mm_srli_epi16::<2>(top), _mm_set1_epi8(0x30));
+    let bytes = _mm256_broadcastsi128_si256(_mm_or_si128(bits, top2));
+    let scales = _mm256_shuffle_epi8(bytes, load32(SCALES_WIDE.as_ptr()));
+    let mins = _mm256_shuffle_epi8(bytes, load32(MINS_TWICE.as_ptr()));
+    (scales, mins, bytes)
 }
 
-/// `mins[j] * (sum of the 32 activation quants of sub-block j)` over the 8 sub-blocks of a
-/// Q4_K/Q5_K super-block, summed in pairs to 4 i32 lanes; `mins` in the high half of
-/// `scales_mins`, `bsums` at `bsums_at`.
+/// Byte shuffles of the paired form ([`k4_block_ints`] with paired activations): shuffle `j`
+/// puts scale `2j` twice in each even 32-bit lane and scale `2j + 1` in each odd one.
+const PAIR_SCALES: [[u8; 32]; QK_K / 64] = {
+    let mut t = [[0x80u8; 32]; 4];
+    let mut j = 0;
+    while j < 4 {
+        let mut lane = 0;
+        while lane < 8 {
+            let sc = (2 * j + lane % 2) as u8;
+            t[j][4 * lane] = sc;
+            t[j][4 * lane + 2] = sc;
+            lane += 1;
+        }
+        j += 1;
+    }
+    t
+};
+
+/// The quants of a Q8_K block at `y` as the paired form takes them (`out`: 8 vectors). For each
+/// 64 quants, sub-blocks `2j` (`a`) and `2j + 1` (`b`) with 32-bit lanes `a0..a8`, `b0..b8`:
+/// vector `2j` is `a0 b1 a2 b3 ..`, vector `2j + 1` is `a1 b0 a3 b2 ..` — the lanes that the
+/// weights' nibbles meet after [`k4_block_ints`] interleaves them the same way.
+///
+/// # Safety
+/// AVX2+FMA+F16C; `y` points at a readable Q8_K block, `out` at 8 writable vectors.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn k4_pair_activations(y: *const u8, out: *mut __m256i) {
+    let q8 = y.add(Q8K_QS);
+    for j in 0..QK_K / 64 {
+        let a = load32(q8.add(64 * j));
+        let b = load32(q8.add(64 * j + 32));
+        *out.add(2 * j) = _mm256_blend_epi32::<0xAA>(a, b);
+        *out.add(2 * j + 1) = _mm256_shuffle_epi32::<0xB1>(_mm256_blend_epi32::<0xAA>(b, a));
+    }
+}
+
+/// Byte shuffle of [`k4_scales_mins`]: bytes 0..8 of each half widened to i16 lanes.
+const SCALES_WIDE: [u8; 32] = {
+    let mut t = [0x80u8; 32];
+    let mut i = 0;
+    while i < 16 {
+        t[2 * (i % 8) + 16 * (i / 8)] = (i % 8) as u8;
+        i += 1;
+    }
+    t
+};
+
+/// Byte shuffle of [`k4_scales_mins`]: byte `8 + g` to both i16 halves of 32-bit lane `g`.
+const MINS_TWICE: [u8; 32] = {
+    let mut t = [0x80u8; 32];
+    let mut g = 0;
+    while g < 8 {
+        let at = 4 * (g % 4) + 16 * (g / 4);
+        t[at] = 8 + g as u8;
+        t[at + 2] = 8 + g as u8;
+        g += 1;
+    }
+    t
+};
+
+/// `mins[g] * (sum of the 32 activation quants of sub-block g)` over the 8 sub-blocks of a
+/// Q4_K/Q5_K super-block, one per i32 lane; `mins_twice` as [`k4_scales_mins`]
+/// gives them, `bsums` at `bsums_at`. Each product is `mins[g] * bsums[2g] + mins[g] * bsums[2g
+/// + 1]`, one `madd` lane: exact in i32 for any `bsums`, and equal to the product with the sum
+/// `S[g]` that the tiles form (`gemm::superblocks::min_sums`) since `|S[g]| <= 32 * 128`.
 ///
 /// # Safety
 /// `bsums_at..bsums_at + 32` must be readable.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn k4_min_dot(scales_mins: __m256i, bsums_at: *const u8) -> __m128i {
-    let bsums = load32(bsums_at);
-    let sums32 = _mm_hadd_epi16(
-        _mm256_castsi256_si128(bsums),
-        _mm256_extracti128_si256(bsums, 1),
-    );
-    _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), sums32)
+unsafe fn k4_min_dot(mins_twice: __m256i, bsums_at: *const u8) -> __m256i {
+    _mm256_madd_epi16(mins_twice, load32(bsums_at))
 }
 
 /// Sum of the 4 lanes.
@@ -103,26 +173,77 @@ row_dot!(
 
 /// The exact integer parts of one Q4_K super-block at `x` against the Q8_K block at `y`: the
 /// quants' dot scaled by the sub-block scales (its sum over the 8 i32 lanes), and the minimums
-/// against the activations' block sums (its sum over the 4 i32 lanes; weighed by `dmin`, it is
-/// taken away). Shared by the row dot and the tile-exact one-row product
-/// (`gemm::superblocks::rows_exact`), which reduce the lanes differently.
+/// against the activations' block sums (its sum over the 8 i32 lanes; weighed by `dmin`, it is
+/// taken away). The row dot's; the tile-exact one-row product (`gemm::superblocks::rows_exact`)
+/// forms the same integers with [`q4_k_block_ints_paired`] and reduces the lanes differently.
 ///
 /// # Safety
 /// AVX2+FMA+F16C; `x` points at a readable Q4_K block, `y` at a Q8_K block.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q4_k_block_ints(x: *const u8, y: *const u8) -> (__m256i, __m128i) {
+unsafe fn q4_k_block_ints(x: *const u8, y: *const u8) -> (__m256i, __m256i) {
     k4_block_ints(
         x,
         y,
         offset_of!(BlockQ4K, scales),
         offset_of!(BlockQ4K, qs),
         None,
+        None,
     )
 }
 
+/// [`q4_k_block_ints`] against the paired activations of the Q8_K block at `y`
+/// ([`k4_pair_activations`] at `yp`): the same integers, fewer shuffles and multiplies.
+///
+/// # Safety
+/// As [`q4_k_block_ints`]; `yp` points at the 8 vectors that `k4_pair_activations(y)` wrote.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4_k_block_ints_paired(
+    x: *const u8,
+    y: *const u8,
+    yp: *const __m256i,
+) -> (__m256i, __m256i) {
+    k4_block_ints(
+        x,
+        y,
+        offset_of!(BlockQ4K, scales),
+        offset_of!(BlockQ4K, qs),
+        None,
+        Some(yp),
+    )
+}
+
+/// The quants of sub-blocks `2j` (the low nibbles of `bits`) and `2j + 1` (the high ones), with
+/// Q5_K's fifth bits from bits 0 and 1 of each byte of `high`, which then moves on by 2 bits.
+/// Bit `2j` of `qh[l]` is the 5th bit of weight `l` of sub-block `2j`, bit `2j + 1` of sub-block
+/// `2j + 1`; shifting whole 16-bit lanes right is safe because only bit 0 of each byte is kept,
+/// and at most 7 bits of the neighbouring byte ever move in above it.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn k4_quants(bits: __m256i, high: Option<&mut __m256i>) -> (__m256i, __m256i) {
+    let low4 = _mm256_set1_epi8(0x0f);
+    let one = _mm256_set1_epi8(1);
+    let lo = _mm256_and_si256(bits, low4);
+    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), low4);
+    let Some(high) = high else {
+        return (lo, hi);
+    };
+    let h_lo = _mm256_slli_epi16::<4>(_mm256_and_si256(*high, one));
+    let h_hi = _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<1>(*high), one));
+    *high = _mm256_srli_epi16::<2>(*high);
+    (_mm256_or_si256(lo, h_lo), _mm256_or_si256(hi, h_hi))
+}
+
 /// [`q4_k_block_ints`] of the block at `x` whose 12 scale bytes are at `scales_at`, packed
-/// nibbles at `qs_at` and (Q5_K) fifth bits at `qh_at`.
+/// nibbles at `qs_at` and (Q5_K) fifth bits at `qh_at`; against the Q8_K block at `y`, or, where
+/// `paired` is given, against its paired activations there ([`k4_pair_activations`]).
+///
+/// The paired form takes half the `madd`s and scale shuffles: the weights' 32-bit lanes are
+/// interleaved as the paired activations are, so that each i16 lane of the two `maddubs`
+/// results holds products of one sub-block only, the two results are added as i16 (|sum| <= 2 *
+/// 2 * 31 * 128 = 15872) and one `madd` applies both sub-blocks' scales (even lanes `2j`, odd
+/// `2j + 1`). The same integers either way.
 ///
 /// # Safety
 /// As [`q4_k_block_ints`], the offsets those of a Q4_K or Q5_K block.
@@ -134,32 +255,50 @@ unsafe fn k4_block_ints(
     scales_at: usize,
     qs_at: usize,
     qh_at: Option<usize>,
-) -> (__m256i, __m128i) {
-    let low4 = _mm256_set1_epi8(0x0f);
-    let one = _mm256_set1_epi8(1);
-    let scales_mins = k4_scales_mins(x.add(scales_at));
-    let min_dot = k4_min_dot(scales_mins, y.add(Q8K_BSUMS));
-    let scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(scales_mins));
+    paired: Option<*const __m256i>,
+) -> (__m256i, __m256i) {
+    let (scales, mins_twice, bytes) = k4_scales_mins(x.add(scales_at));
+    let min_dot = k4_min_dot(mins_twice, y.add(Q8K_BSUMS));
 
     let qs = x.add(qs_at);
     let q8 = y.add(Q8K_QS);
-    // Q5_K: bit 2j of qh[l] is the 5th bit of weight l of sub-block 2j, bit 2j + 1 of sub-block
-    // 2j + 1; shifting whole 16-bit lanes right is safe because only bit 0 of each byte is
-    // kept, and at most 7 bits of the neighbouring byte ever move in above it.
     let mut high = qh_at.map_or(_mm256_setzero_si256(), |at| load32(x.add(at)));
     let mut sum = _mm256_setzero_si256();
+    if let Some(yp) = paired {
+        let low4 = _mm256_set1_epi8(0x0f);
+        let nibble = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4);
+        for (j, pair_scales) in PAIR_SCALES.iter().enumerate() {
+            let bits = load32(qs.add(32 * j));
+            // 32-bit lane m of x1: lane m of sub-block 2j (even m) or of 2j + 1 (odd m); of x2:
+            // lane m + 1 of sub-block 2j (even m) or lane m - 1 of 2j + 1 (odd m).
+            let (x1, x2) = if qh_at.is_some() {
+                let (lo, hi) = k4_quants(bits, Some(&mut high));
+                (
+                    _mm256_blend_epi32::<0xAA>(lo, hi),
+                    _mm256_shuffle_epi32::<0xB1>(_mm256_blend_epi32::<0xAA>(hi, lo)),
+                )
+            } else {
+                // Q4_K: one variable shift picks each lane's nibble.
+                (
+                    _mm256_and_si256(_mm256_srlv_epi32(bits, nibble), low4),
+                    _mm256_and_si256(
+                        _mm256_srlv_epi32(_mm256_shuffle_epi32::<0xB1>(bits), nibble),
+                        low4,
+                    ),
+                )
+            };
+            let p = _mm256_add_epi16(
+                _mm256_maddubs_epi16(x1, *yp.add(2 * j)),
+                _mm256_maddubs_epi16(x2, *yp.add(2 * j + 1)),
+            );
+            let sc = _mm256_shuffle_epi8(bytes, load32(pair_scales.as_ptr()));
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, sc));
+        }
+        return (sum, min_dot);
+    }
     for j in 0..QK_K / 64 {
         // 32 bytes hold 64 weights: the low nibbles are sub-block 2j, the high ones 2j + 1.
-        let bits = load32(qs.add(32 * j));
-        let mut lo = _mm256_and_si256(bits, low4);
-        let mut hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4);
-        if qh_at.is_some() {
-            let h_lo = _mm256_slli_epi16(_mm256_and_si256(high, one), 4);
-            let h_hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, 1), one), 4);
-            high = _mm256_srli_epi16(high, 2);
-            lo = _mm256_or_si256(lo, h_lo);
-            hi = _mm256_or_si256(hi, h_hi);
-        }
+        let (lo, hi) = k4_quants(load32(qs.add(32 * j)), qh_at.map(|_| &mut high));
         let p_lo = _mm256_maddubs_epi16(lo, load32(q8.add(64 * j)));
         let p_hi = _mm256_maddubs_epi16(hi, load32(q8.add(64 * j + 32)));
         let p_lo = _mm256_madd_epi16(_mm256_shuffle_epi8(scales, scale_shuffle(2 * j)), p_lo);
@@ -195,7 +334,7 @@ unsafe fn k4_row_dot(
     a: *const u8,
     block: usize,
     d_at: usize,
-    ints: impl Fn(*const u8, *const u8) -> (__m256i, __m128i),
+    ints: impl Fn(*const u8, *const u8) -> (__m256i, __m256i),
 ) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut mins = _mm_setzero_ps();
@@ -209,6 +348,10 @@ unsafe fn k4_row_dot(
         let dmin = _mm_shuffle_ps::<0x55>(d_dmin, d_dmin);
 
         let (sum, min_dot) = ints(x, y);
+        let min_dot = _mm_add_epi32(
+            _mm256_castsi256_si128(min_dot),
+            _mm256_extracti128_si256::<1>(min_dot),
+        );
         mins = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(min_dot), mins);
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), acc);
     }
@@ -226,13 +369,35 @@ row_dot!(
 /// AVX2+FMA+F16C; `x` points at a readable Q5_K block, `y` at a Q8_K block.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q5_k_block_ints(x: *const u8, y: *const u8) -> (__m256i, __m128i) {
+unsafe fn q5_k_block_ints(x: *const u8, y: *const u8) -> (__m256i, __m256i) {
     k4_block_ints(
         x,
         y,
         offset_of!(BlockQ5K, scales),
         offset_of!(BlockQ5K, qs),
         Some(offset_of!(BlockQ5K, qh)),
+        None,
+    )
+}
+
+/// [`q5_k_block_ints`] against paired activations (see [`q4_k_block_ints_paired`]).
+///
+/// # Safety
+/// As [`q4_k_block_ints_paired`], of a Q5_K block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q5_k_block_ints_paired(
+    x: *const u8,
+    y: *const u8,
+    yp: *const __m256i,
+) -> (__m256i, __m256i) {
+    k4_block_ints(
+        x,
+        y,
+        offset_of!(BlockQ5K, scales),
+        offset_of!(BlockQ5K, qs),
+        Some(offset_of!(BlockQ5K, qh)),
+        Some(yp),
     )
 }
 

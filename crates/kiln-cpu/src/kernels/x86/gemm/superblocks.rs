@@ -74,14 +74,27 @@ pub(super) trait KQuant {
     /// `p` points at a readable block.
     unsafe fn scales(p: *const u8) -> KScales;
 
-    /// The exact integers of one super-block at `p` against the Q8_K block at `y`, as the row
-    /// dot forms them (`kquants::q4_k_block_ints`): the scaled quant dot (less Q6_K's offset)
-    /// summed over the 8 lanes of the first, the minimums' dot over the 4 lanes of the second
-    /// (zero without minimums).
+    /// Vectors of one Q8_K block prepared by [`KQuant::prepare`] (0: none).
+    const PREPARED: usize = 0;
+
+    /// Prepares the Q8_K block at `y` for [`KQuant::block_ints`] into `out` (`PREPARED`
+    /// vectors).
     ///
     /// # Safety
-    /// AVX2+FMA+F16C; `p` points at a readable block, `y` at a Q8_K block.
-    unsafe fn block_ints(p: *const u8, y: *const u8) -> (__m256i, __m128i);
+    /// AVX2+FMA+F16C; `y` points at a readable Q8_K block, `out` at `PREPARED` vectors.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn prepare(_y: *const u8, _out: *mut __m256i) {}
+
+    /// The exact integers of one super-block at `p` against the Q8_K block at `y` (prepared at
+    /// `yp`), the row dot's integers (`kquants::q4_k_block_ints_paired`): the scaled quant dot (less
+    /// Q6_K's offset) summed over the 8 lanes of the first, the minimums' dot over the 8 lanes
+    /// of the second (zero without minimums).
+    ///
+    /// # Safety
+    /// AVX2+FMA+F16C; `p` points at a readable block, `y` at a Q8_K block, `yp` at what
+    /// `prepare(y)` wrote.
+    unsafe fn block_ints(p: *const u8, y: *const u8, yp: *const __m256i) -> (__m256i, __m256i);
 }
 
 /// The tile format of a `KQuant`.
@@ -369,9 +382,9 @@ fn i16_pair(lo: i16, hi: i16) -> u32 {
 
 /// The activation factors of the formats with minimums: word `h` of `out` is the i16 pair
 /// `(S[2h], S[2h + 1])` of the Q8_K block at `a`, `S[g] = bsums[2g] + bsums[2g + 1]` the sum of
-/// its quants `32g..32g + 32` (|S| <= 32 * 127: no overflow). The sum wraps as the row dot's
-/// `hadd` does (`kquants::k4_min_dot`), so that even `bsums` that no quantizer wrote give the
-/// row dot's integer.
+/// its quants `32g..32g + 32` (|S| <= 32 * 128: no overflow, so `mn[g] * S[g]` is the row
+/// dot's `mn[g] * bsums[2g] + mn[g] * bsums[2g + 1]`, `kquants::k4_min_dot`). The sum wraps
+/// rather than panic on `bsums` that no quantizer wrote.
 ///
 /// # Safety
 /// `a` points at a readable Q8_K block, `out` at `MIN_PAIRS` writable words.
@@ -442,10 +455,18 @@ impl KQuant for Q4K {
         k4_scales(p.add(offset_of!(BlockQ4K, scales)))
     }
 
+    const PREPARED: usize = 8;
+
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn block_ints(p: *const u8, y: *const u8) -> (__m256i, __m128i) {
-        kquants::q4_k_block_ints(p, y)
+    unsafe fn prepare(y: *const u8, out: *mut __m256i) {
+        kquants::k4_pair_activations(y, out)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn block_ints(p: *const u8, y: *const u8, yp: *const __m256i) -> (__m256i, __m256i) {
+        kquants::q4_k_block_ints_paired(p, y, yp)
     }
 }
 
@@ -478,10 +499,18 @@ impl KQuant for Q5K {
         k4_scales(p.add(offset_of!(BlockQ5K, scales)))
     }
 
+    const PREPARED: usize = 8;
+
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn block_ints(p: *const u8, y: *const u8) -> (__m256i, __m128i) {
-        kquants::q5_k_block_ints(p, y)
+    unsafe fn prepare(y: *const u8, out: *mut __m256i) {
+        kquants::k4_pair_activations(y, out)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn block_ints(p: *const u8, y: *const u8, yp: *const __m256i) -> (__m256i, __m256i) {
+        kquants::q5_k_block_ints_paired(p, y, yp)
     }
 }
 
@@ -513,8 +542,8 @@ impl KQuant for Q6K {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn block_ints(p: *const u8, y: *const u8) -> (__m256i, __m128i) {
-        (kquants::q6_k_block_ints(p, y), _mm_setzero_si128())
+    unsafe fn block_ints(p: *const u8, y: *const u8, _: *const __m256i) -> (__m256i, __m256i) {
+        (kquants::q6_k_block_ints(p, y), _mm256_setzero_si256())
     }
 
     unsafe fn scales(p: *const u8) -> KScales {
@@ -534,17 +563,20 @@ impl KQuant for Q6K {
 /// number of activation rows) without packing the weights: the decode product of
 /// batch-invariant mode (see `blocks32::rows_exact`).
 ///
-/// Eight rows at a time. Each row is walked from start to end (one sequential stream, as its
-/// row dot reads it), its integers formed as the row dot forms them ([`KQuant::block_ints`]:
-/// exact, whatever the order of the additions) and kept in `sums` (vector `8b + r`: block `b`
-/// of row `r`). Then, block after block, the eight rows' lane sums are gathered into one vector
-/// (lane `r`: row `r`) and the tile kernel's f32 step follows: `acc = fma(sum, d * da, acc)`,
-/// and `acc = fnmadd(mins, dmin * da, acc)`. The integer work is the row dot's, so the product
-/// costs about what the row-dot loop costs (`examples/kernel_bench --exact`).
+/// First the activation row is prepared once per call ([`KQuant::prepare`]: Q4_K/Q5_K pair its
+/// sub-blocks' lanes, see `kquants::k4_pair_activations`) into `sums` after the block sums.
+/// Then eight rows at a time. Each row is walked from start to end (one sequential stream, as
+/// its row dot reads it), its integers formed as the row dot forms them
+/// ([`KQuant::block_ints`]: exact, whatever the order of the additions) and kept in
+/// `sums` (vectors `2 (8b + r)` and `2 (8b + r) + 1`: the quant dot and the minimums' dot of
+/// block `b` of row `r`, 8 lanes each, reduced only after the row). Then, block after block, the
+/// eight rows' lane sums are gathered into one vector (lane `r`: row `r`) and the tile kernel's
+/// f32 step follows: `acc = fma(sum, d * da, acc)`, and `acc = fnmadd(mins, dmin * da, acc)`.
+/// The integer work is at most the row dot's (`examples/kernel_bench --exact`).
 ///
 /// # Safety
 /// AVX2+FMA+F16C; `w` holds `rows` rows of `blocks` super-blocks, `a` one Q8_K row of `blocks`
-/// blocks, `out` has room for `rows` values, `sums` for `8 * blocks` vectors.
+/// blocks, `out` has room for `rows` values, `sums` for `(16 + K::PREPARED) * blocks` vectors.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn rows_exact<K: KQuant>(
     blocks: usize,
@@ -555,6 +587,10 @@ pub(super) unsafe fn rows_exact<K: KQuant>(
     sums: *mut __m256i,
 ) {
     let w_row = blocks * K::W_BLOCK;
+    let prepared = sums.add(2 * blocks * PANEL_ROWS);
+    for b in 0..blocks {
+        K::prepare(a.add(b * Q8K), prepared.add(b * K::PREPARED));
+    }
     for r0 in (0..rows).step_by(PANEL_ROWS) {
         let p: [*const u8; PANEL_ROWS] =
             std::array::from_fn(|r| w.add((r0 + r).min(rows - 1) * w_row));
@@ -562,28 +598,23 @@ pub(super) unsafe fn rows_exact<K: KQuant>(
             for b in 0..blocks {
                 let x = row.add(b * K::W_BLOCK);
                 prefetch_ahead(x, K::W_BLOCK.div_ceil(64));
-                let (sum, mins) = K::block_ints(x, a.add(b * Q8K));
-                *sums.add(b * PANEL_ROWS + r) = if K::DMIN_AT.is_some() {
-                    // The sum folded to 4 lanes, the minimums' 4 lanes beside it.
-                    let folded = _mm_add_epi32(
-                        _mm256_castsi256_si128(sum),
-                        _mm256_extracti128_si256::<1>(sum),
-                    );
-                    _mm256_set_m128i(mins, folded)
-                } else {
-                    sum
-                };
+                let (sum, mins) = K::block_ints(x, a.add(b * Q8K), prepared.add(b * K::PREPARED));
+                *sums.add(2 * (b * PANEL_ROWS + r)) = sum;
+                *sums.add(2 * (b * PANEL_ROWS + r) + 1) = mins;
             }
         }
         let mut acc = _mm256_setzero_ps();
         for b in 0..blocks {
             let y = a.add(b * Q8K);
             let ints: [__m256i; PANEL_ROWS] =
-                std::array::from_fn(|r| *sums.add(b * PANEL_ROWS + r));
-            let (isum, mins) = if K::DMIN_AT.is_some() {
-                super::blocks32::sum_rows_halves(ints)
+                std::array::from_fn(|r| *sums.add(2 * (b * PANEL_ROWS + r)));
+            let isum = super::blocks32::sum_rows(ints);
+            let mins = if K::DMIN_AT.is_some() {
+                let ints: [__m256i; PANEL_ROWS] =
+                    std::array::from_fn(|r| *sums.add(2 * (b * PANEL_ROWS + r) + 1));
+                super::blocks32::sum_rows(ints)
             } else {
-                (super::blocks32::sum_rows(ints), _mm256_setzero_si256())
+                _mm256_setzero_si256()
             };
             let d = super::blocks32::halves(&p, b * K::W_BLOCK + K::D_AT);
             let da = _mm256_set1_ps(read_f32(y));
