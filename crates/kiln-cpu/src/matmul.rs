@@ -83,6 +83,41 @@ fn rows_per_task(n: usize, m: usize, threads: usize, row_bytes: usize) -> usize 
     by_balance.clamp(1, (16_384 / m.max(1)).max(4))
 }
 
+/// Tasks per thread at the end of a one-row product that [`one_row_tasks`] splits into quarters.
+const TAPER_TASKS: usize = 2;
+
+/// The row ranges `(first, rows)` of a one-row product's tasks over `n` weight rows of
+/// `row_bytes` bytes: [`rows_per_task`] rows each, in whole groups of `group` rows, except that
+/// the last `TAPER_TASKS` per thread are split into quarters. Tasks are claimed in order, so a
+/// thread that finds no task left waits for the others' last ones: with quarters that wait is a
+/// quarter of a task (a one-row product is only a few tasks per thread, each tens of µs; on
+/// llama-3.2-1b's decode, 2 threads, the share of the step spent waiting fell from about 5 % to
+/// 3 %, docs/BENCHMARKS.md).
+fn one_row_tasks(n: usize, threads: usize, row_bytes: usize, group: usize) -> Vec<(usize, usize)> {
+    let group = group.max(1);
+    let chunk = rows_per_task(n, 1, threads, row_bytes)
+        .next_multiple_of(group)
+        .min(n);
+    let mut tasks: Vec<(usize, usize)> = (0..n)
+        .step_by(chunk)
+        .map(|r| (r, chunk.min(n - r)))
+        .collect();
+    let tail = (TAPER_TASKS * threads).min(tasks.len());
+    if threads > 1 && tail > 0 {
+        let split: Vec<(usize, usize)> = tasks
+            .drain(tasks.len() - tail..)
+            .flat_map(|(r0, rows)| {
+                let piece = rows.div_ceil(4).next_multiple_of(group);
+                (r0..r0 + rows)
+                    .step_by(piece)
+                    .map(move |r| (r, piece.min(r0 + rows - r)))
+            })
+            .collect();
+        tasks.extend(split);
+    }
+    tasks
+}
+
 /// Whether `x · Wᵀ` goes through the dense GEMM (float weight, enough rows).
 pub(crate) fn is_dense(cpu: &Context, x: &CpuTensor, lin: &Linear<CpuBackend>) -> bool {
     is_float(lin.weight.ty) && (x.rows >= DENSE_MIN_ROWS || panels_only(cpu))
@@ -175,16 +210,13 @@ pub(crate) fn matmul(
         y
     } else if let Some(rows_fn) = (m == 1).then(|| one_row_fn(cpu, w.ty)).flatten() {
         let mut y = vec![0.0f32; n];
-        let chunk = rows_per_task(n, 1, cpu.threads, rb);
-        cpu.team.for_each_chunk(&mut y, chunk, |t, out| {
-            let r0 = t * chunk;
-            rows_fn(
-                k,
-                &wbytes[r0 * rb..(r0 + out.len()) * rb],
-                out.len(),
-                &acts,
-                out,
-            );
+        let tasks = one_row_tasks(n, cpu.threads, rb, 1);
+        let sink = Disjoint::new(&mut y);
+        cpu.team.run(tasks.len(), |t| {
+            let (r0, rows) = tasks[t];
+            // SAFETY: the tasks cover disjoint row ranges of the output.
+            let out = unsafe { sink.slice(r0..r0 + rows) };
+            rows_fn(k, &wbytes[r0 * rb..(r0 + rows) * rb], rows, &acts, out);
         });
         y
     } else if m >= TILED_MIN_ROWS || cpu.batch_invariant {
@@ -331,13 +363,13 @@ pub(crate) fn gemv_many(
     // (matrix, first row, rows) of every task, matrix after matrix.
     let mut tasks = Vec::new();
     for (i, l) in lins.iter().enumerate() {
-        let n = l.out_features;
-        let chunk = if l.weight.interleaved.is_some() {
-            interleaved_task_rows(n, 1, cpu.threads, l.weight.row_bytes)
+        let group = if l.weight.interleaved.is_some() {
+            kernels::INTERLEAVE_ROWS
         } else {
-            rows_per_task(n, 1, cpu.threads, l.weight.row_bytes)
+            1
         };
-        tasks.extend((0..n).step_by(chunk).map(|r| (i, r, chunk.min(n - r))));
+        let rows = one_row_tasks(l.out_features, cpu.threads, l.weight.row_bytes, group);
+        tasks.extend(rows.into_iter().map(|(r0, rows)| (i, r0, rows)));
     }
     {
         let sinks: Vec<Disjoint<'_, f32>> = outs.iter_mut().map(|o| Disjoint::new(o)).collect();
@@ -745,6 +777,41 @@ fn transpose(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_row_tasks_cover_every_row_once_and_end_in_quarters() {
+        for (n, threads, row_bytes, group) in [
+            (8192, 2, 1152, 1),
+            (262_144, 2, 680, 1),
+            (256, 2, 440, 1),
+            (1000, 3, 1152, 16),
+            (7, 4, 1152, 1),
+            (1, 2, 1152, 1),
+            (4096, 1, 1152, 1),
+        ] {
+            let tasks = one_row_tasks(n, threads, row_bytes, group);
+            let mut next = 0;
+            for &(r0, rows) in &tasks {
+                assert_eq!(r0, next, "{n} rows: tasks in order, no gap or overlap");
+                assert!(rows > 0);
+                assert!(r0 % group == 0, "{n} rows: whole groups");
+                next = r0 + rows;
+            }
+            assert_eq!(next, n);
+            let full = rows_per_task(n, 1, threads, row_bytes)
+                .next_multiple_of(group)
+                .min(n);
+            let last = tasks.last().unwrap().1;
+            if threads > 1 && full >= 4 * group {
+                assert!(
+                    last <= full.div_ceil(4).next_multiple_of(group),
+                    "{n}: {last} of {full}"
+                );
+            } else if threads == 1 {
+                assert_eq!(tasks.len(), n.div_ceil(full), "one thread: no split");
+            }
+        }
+    }
 
     #[test]
     fn one_row_tasks_are_long_streams_but_every_thread_gets_one() {
