@@ -939,11 +939,11 @@ fn exact_rows<L: blocks32::Legacy>(k: usize, w: &[u8], rows: usize, a: &[u8], ou
         return;
     };
     debug_assert_eq!(w.len(), rows * blocks * L::W_BLOCK);
-    with_sums(blocks.div_ceil(8) * PANEL_ROWS, |sums| {
+    with_sums(blocks32::rows_exact_scratch(blocks), |sums| {
         // SAFETY: the CPU has AVX2+FMA+F16C (this fn is handed out only after detection);
         // `gemm_shape` checked that `w` is `rows` rows of `blocks` blocks, `a` one activation
         // row of `blocks` blocks, and that `out` holds `rows` values; `sums` has room for
-        // `blocks.div_ceil(8) * 8` vectors.
+        // `rows_exact_scratch(blocks)` vectors.
         unsafe {
             blocks32::rows_exact::<L>(blocks, w.as_ptr(), rows, a.as_ptr(), out.as_mut_ptr(), sums)
         }

@@ -428,7 +428,7 @@ impl Legacy for Q8_0 {
 /// # Safety
 /// AVX2+FMA+F16C; `w` holds `rows` rows of `blocks` blocks (`blocks * W_BLOCK` bytes each), `a`
 /// one activation row of `blocks` blocks, `out` has room for `rows` values; `sums` has room for
-/// `blocks.div_ceil(8) * 8` vectors.
+/// [`rows_exact_scratch`]`(blocks)` vectors.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn rows_exact<L: Legacy>(
     blocks: usize,
@@ -441,26 +441,52 @@ pub(super) unsafe fn rows_exact<L: Legacy>(
     let w_row = blocks * L::W_BLOCK;
     let ones = _mm256_set1_epi16(1);
     let groups = blocks.div_ceil(8);
+    // What each activation block contributes to every row, once per call: its scale `da`, the
+    // offset formats' `offset * sum(a)` and the `_1` formats' `s`, in `blocks` words each.
+    let da = sums.add(groups * PANEL_ROWS).cast::<f32>();
+    let offsets = da.add(blocks).cast::<i32>();
+    let s_terms = offsets.add(blocks).cast::<f32>();
+    for b in 0..blocks {
+        let ab = a.add(b * L::A_BLOCK);
+        *da.add(b) = half(ab);
+        if L::OFFSET != 0 {
+            let aq = load32(ab.add(L::A_QS));
+            let pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), aq), ones);
+            *offsets.add(b) = hsum_i32(pairs) * i32::from(L::OFFSET);
+        }
+        if L::MIN_AT.is_some() {
+            *s_terms.add(b) = half(ab.add(offset_of!(BlockQ8_1, s)));
+        }
+    }
+    // The exact integer dot of block `b` of `row`, in 8 i32 lanes.
+    let block_dot = |row: *const u8, b: usize| {
+        let aq = load32(a.add(b * L::A_BLOCK + L::A_QS));
+        let wq = L::quants(row.add(b * L::W_BLOCK));
+        let prod = if L::SIGNED {
+            _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(aq, wq))
+        } else {
+            _mm256_maddubs_epi16(wq, aq)
+        };
+        _mm256_madd_epi16(prod, ones)
+    };
     for r0 in (0..rows).step_by(PANEL_ROWS) {
         let p: [*const u8; PANEL_ROWS] =
             std::array::from_fn(|r| w.add((r0 + r).min(rows - 1) * w_row));
         for (r, &row) in p.iter().enumerate() {
             for g in 0..groups {
                 prefetch_ahead(row.add(g * 8 * L::W_BLOCK), (8 * L::W_BLOCK).div_ceil(64));
-                let v: [__m256i; 8] = std::array::from_fn(|j| {
-                    let b = g * 8 + j;
-                    if b >= blocks {
-                        return _mm256_setzero_si256();
-                    }
-                    let aq = load32(a.add(b * L::A_BLOCK + L::A_QS));
-                    let wq = L::quants(row.add(b * L::W_BLOCK));
-                    let prod = if L::SIGNED {
-                        _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(aq, wq))
-                    } else {
-                        _mm256_maddubs_epi16(wq, aq)
-                    };
-                    _mm256_madd_epi16(prod, ones)
-                });
+                let v: [__m256i; 8] = if (g + 1) * 8 <= blocks {
+                    std::array::from_fn(|j| block_dot(row, g * 8 + j))
+                } else {
+                    std::array::from_fn(|j| {
+                        let b = g * 8 + j;
+                        if b < blocks {
+                            block_dot(row, b)
+                        } else {
+                            _mm256_setzero_si256()
+                        }
+                    })
+                };
                 *sums.add(g * PANEL_ROWS + r) = sum_rows(v);
             }
         }
@@ -469,28 +495,28 @@ pub(super) unsafe fn rows_exact<L: Legacy>(
             let t = transpose(std::array::from_fn(|r| *sums.add(g * PANEL_ROWS + r)));
             for (j, &raw) in t.iter().enumerate().take(blocks - g * 8) {
                 let b = g * 8 + j;
-                let ab = a.add(b * L::A_BLOCK);
                 let isum = if L::OFFSET != 0 {
-                    let aq = load32(ab.add(L::A_QS));
-                    let pairs =
-                        _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), aq), ones);
-                    let total = hsum_i32(pairs) * i32::from(L::OFFSET);
-                    _mm256_sub_epi32(raw, _mm256_set1_epi32(total))
+                    _mm256_sub_epi32(raw, _mm256_set1_epi32(*offsets.add(b)))
                 } else {
                     raw
                 };
                 let d = halves(&p, b * L::W_BLOCK);
-                let da = _mm256_set1_ps(half(ab));
+                let da = _mm256_set1_ps(*da.add(b));
                 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, da), acc);
                 if let Some(at) = L::MIN_AT {
                     let m = halves(&p, b * L::W_BLOCK + at);
-                    let s = _mm256_set1_ps(half(ab.add(offset_of!(BlockQ8_1, s))));
-                    acc = _mm256_fmadd_ps(m, s, acc);
+                    acc = _mm256_fmadd_ps(m, _mm256_set1_ps(*s_terms.add(b)), acc);
                 }
             }
         }
         super::store_lanes(out.add(r0), acc, (rows - r0).min(PANEL_ROWS));
     }
+}
+
+/// The 32-byte vectors of scratch that [`rows_exact`] takes for `blocks` blocks: the block sums
+/// of a panel, then three words per activation block.
+pub(super) fn rows_exact_scratch(blocks: usize) -> usize {
+    blocks.div_ceil(8) * PANEL_ROWS + (3 * blocks).div_ceil(8)
 }
 
 /// Lane `r` of the result: the sum of the 8 lanes of `v[r]` (exact, wrapping i32 adds of values
