@@ -83,39 +83,53 @@ fn rows_per_task(n: usize, m: usize, threads: usize, row_bytes: usize) -> usize 
     by_balance.clamp(1, (16_384 / m.max(1)).max(4))
 }
 
-/// Tasks per thread at the end of a one-row product that [`one_row_tasks`] splits into quarters.
+/// Tasks per thread at the end of a one-row job that [`taper`] splits into quarters.
 const TAPER_TASKS: usize = 2;
 
 /// The row ranges `(first, rows)` of a one-row product's tasks over `n` weight rows of
-/// `row_bytes` bytes: [`rows_per_task`] rows each, in whole groups of `group` rows, except that
-/// the last `TAPER_TASKS` per thread are split into quarters. Tasks are claimed in order, so a
-/// thread that finds no task left waits for the others' last ones: with quarters that wait is a
-/// quarter of a task (a one-row product is only a few tasks per thread, each tens of µs; on
-/// llama-3.2-1b's decode, 2 threads, the share of the step spent waiting fell from about 5 % to
-/// 3 %, docs/BENCHMARKS.md).
+/// `row_bytes` bytes: [`rows_per_task`] rows each, in whole groups of `group` rows.
 fn one_row_tasks(n: usize, threads: usize, row_bytes: usize, group: usize) -> Vec<(usize, usize)> {
     let group = group.max(1);
     let chunk = rows_per_task(n, 1, threads, row_bytes)
         .next_multiple_of(group)
         .min(n);
-    let mut tasks: Vec<(usize, usize)> = (0..n)
+    (0..n)
         .step_by(chunk)
         .map(|r| (r, chunk.min(n - r)))
-        .collect();
-    let tail = (TAPER_TASKS * threads).min(tasks.len());
-    if threads > 1 && tail > 0 {
-        let split: Vec<(usize, usize)> = tasks
-            .drain(tasks.len() - tail..)
-            .flat_map(|(r0, rows)| {
-                let piece = rows.div_ceil(4).next_multiple_of(group);
-                (r0..r0 + rows)
-                    .step_by(piece)
-                    .map(move |r| (r, piece.min(r0 + rows - r)))
-            })
-            .collect();
-        tasks.extend(split);
+        .collect()
+}
+
+/// Splits the last `TAPER_TASKS` per thread of a one-row job's tasks `(matrix, first row, rows)`
+/// into quarters (in whole groups; `shape(matrix)` is its row bytes and group), where the job has
+/// more than twice as many tasks and a task holds at least [`MIN_STREAM_BYTES`]. Tasks are
+/// claimed in order, so a thread that finds none left waits for the others' last ones: with
+/// quarters that wait is about a quarter of a task (on llama-3.2-1b's decode, 2 threads, the
+/// share of the step spent waiting fell from about 5 % to 3 %, docs/BENCHMARKS.md). Short jobs
+/// keep their few long streams (split, Gemma 3 270M's 1 MB matrices ran about 7 % slower).
+fn taper(
+    tasks: &mut Vec<(usize, usize, usize)>,
+    threads: usize,
+    shape: impl Fn(usize) -> (usize, usize),
+) {
+    let tail = TAPER_TASKS * threads;
+    if threads < 2 || tasks.len() <= 2 * tail {
+        return;
     }
-    tasks
+    let split: Vec<(usize, usize, usize)> = tasks
+        .drain(tasks.len() - tail..)
+        .flat_map(|(i, r0, rows)| {
+            let (row_bytes, group) = shape(i);
+            let piece = if rows * row_bytes >= MIN_STREAM_BYTES {
+                rows.div_ceil(4).next_multiple_of(group.max(1))
+            } else {
+                rows
+            };
+            (r0..r0 + rows)
+                .step_by(piece)
+                .map(move |r| (i, r, piece.min(r0 + rows - r)))
+        })
+        .collect();
+    tasks.extend(split);
 }
 
 /// Whether `x · Wᵀ` goes through the dense GEMM (float weight, enough rows).
@@ -210,10 +224,14 @@ pub(crate) fn matmul(
         y
     } else if let Some(rows_fn) = (m == 1).then(|| one_row_fn(cpu, w.ty)).flatten() {
         let mut y = vec![0.0f32; n];
-        let tasks = one_row_tasks(n, cpu.threads, rb, 1);
+        let mut tasks: Vec<(usize, usize, usize)> = one_row_tasks(n, cpu.threads, rb, 1)
+            .into_iter()
+            .map(|(r0, rows)| (0, r0, rows))
+            .collect();
+        taper(&mut tasks, cpu.threads, |_| (rb, 1));
         let sink = Disjoint::new(&mut y);
         cpu.team.run(tasks.len(), |t| {
-            let (r0, rows) = tasks[t];
+            let (_, r0, rows) = tasks[t];
             // SAFETY: the tasks cover disjoint row ranges of the output.
             let out = unsafe { sink.slice(r0..r0 + rows) };
             rows_fn(k, &wbytes[r0 * rb..(r0 + rows) * rb], rows, &acts, out);
@@ -362,15 +380,20 @@ pub(crate) fn gemv_many(
     let mut outs: Vec<Vec<f32>> = lins.iter().map(|l| vec![0.0f32; l.out_features]).collect();
     // (matrix, first row, rows) of every task, matrix after matrix.
     let mut tasks = Vec::new();
-    for (i, l) in lins.iter().enumerate() {
-        let group = if l.weight.interleaved.is_some() {
+    let group = |l: &Linear<CpuBackend>| {
+        if l.weight.interleaved.is_some() {
             kernels::INTERLEAVE_ROWS
         } else {
             1
-        };
-        let rows = one_row_tasks(l.out_features, cpu.threads, l.weight.row_bytes, group);
+        }
+    };
+    for (i, l) in lins.iter().enumerate() {
+        let rows = one_row_tasks(l.out_features, cpu.threads, l.weight.row_bytes, group(l));
         tasks.extend(rows.into_iter().map(|(r0, rows)| (i, r0, rows)));
     }
+    taper(&mut tasks, cpu.threads, |i| {
+        (lins[i].weight.row_bytes, group(lins[i]))
+    });
     {
         let sinks: Vec<Disjoint<'_, f32>> = outs.iter_mut().map(|o| Disjoint::new(o)).collect();
         cpu.team.run(tasks.len(), |t| {
@@ -779,36 +802,49 @@ mod tests {
     use super::*;
 
     #[test]
-    fn one_row_tasks_cover_every_row_once_and_end_in_quarters() {
+    fn one_row_jobs_cover_every_row_once_and_long_ones_end_in_quarters() {
         for (n, threads, row_bytes, group) in [
             (8192, 2, 1152, 1),
             (262_144, 2, 680, 1),
             (256, 2, 440, 1),
+            (2048, 2, 440, 1),
             (1000, 3, 1152, 16),
+            (8192, 3, 1152, 16),
             (7, 4, 1152, 1),
             (1, 2, 1152, 1),
             (4096, 1, 1152, 1),
         ] {
-            let tasks = one_row_tasks(n, threads, row_bytes, group);
+            let plain = one_row_tasks(n, threads, row_bytes, group);
+            let mut tasks: Vec<_> = plain.iter().map(|&(r0, rows)| (0, r0, rows)).collect();
+            taper(&mut tasks, threads, |_| (row_bytes, group));
             let mut next = 0;
-            for &(r0, rows) in &tasks {
+            for &(_, r0, rows) in &tasks {
                 assert_eq!(r0, next, "{n} rows: tasks in order, no gap or overlap");
-                assert!(rows > 0);
-                assert!(r0 % group == 0, "{n} rows: whole groups");
+                assert!(rows > 0 && r0 % group == 0, "{n} rows: whole groups");
                 next = r0 + rows;
             }
             assert_eq!(next, n);
-            let full = rows_per_task(n, 1, threads, row_bytes)
-                .next_multiple_of(group)
-                .min(n);
-            let last = tasks.last().unwrap().1;
-            if threads > 1 && full >= 4 * group {
+            let full = plain[0].1;
+            let long = threads > 1
+                && plain.len() > 4 * threads
+                && full * row_bytes >= MIN_STREAM_BYTES
+                && full >= 4 * group;
+            if long {
+                // Quarters, but for a last task too short to split.
+                let quarter = full.div_ceil(4).next_multiple_of(group);
+                let bound = quarter.max(plain[plain.len() - 1].1);
+                let last = &tasks[tasks.len() - 2 * threads..];
+                assert!(last.iter().all(|t| t.2 <= bound), "{n}: {last:?} of {full}");
                 assert!(
-                    last <= full.div_ceil(4).next_multiple_of(group),
-                    "{n}: {last} of {full}"
+                    tasks.len() >= plain.len() + 3 * (2 * threads - 1),
+                    "{n}: quarters"
                 );
-            } else if threads == 1 {
-                assert_eq!(tasks.len(), n.div_ceil(full), "one thread: no split");
+            } else {
+                assert_eq!(
+                    tasks.len(),
+                    plain.len(),
+                    "{n}: short job or one thread, no split"
+                );
             }
         }
     }

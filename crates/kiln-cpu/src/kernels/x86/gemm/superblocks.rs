@@ -600,7 +600,9 @@ pub(super) unsafe fn rows_exact<K: KQuant>(
                 prefetch_ahead(x, K::W_BLOCK.div_ceil(64));
                 let (sum, mins) = K::block_ints(x, a.add(b * Q8K), prepared.add(b * K::PREPARED));
                 *sums.add(2 * (b * PANEL_ROWS + r)) = sum;
-                *sums.add(2 * (b * PANEL_ROWS + r) + 1) = mins;
+                if K::DMIN_AT.is_some() {
+                    *sums.add(2 * (b * PANEL_ROWS + r) + 1) = mins;
+                }
             }
         }
         let mut acc = _mm256_setzero_ps();
