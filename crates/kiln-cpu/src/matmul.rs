@@ -89,10 +89,7 @@ const TAPER_TASKS: usize = 2;
 /// The row ranges `(first, rows)` of a one-row product's tasks over `n` weight rows of
 /// `row_bytes` bytes: [`rows_per_task`] rows each, in whole groups of `group` rows.
 fn one_row_tasks(n: usize, threads: usize, row_bytes: usize, group: usize) -> Vec<(usize, usize)> {
-    let group = group.max(1);
-    let chunk = rows_per_task(n, 1, threads, row_bytes)
-        .next_multiple_of(group)
-        .min(n);
+    let chunk = grouped_task_rows(n, 1, threads, row_bytes, group);
     (0..n)
         .step_by(chunk)
         .map(|r| (r, chunk.min(n - r)))
@@ -267,10 +264,11 @@ pub(crate) fn matmul(
     })
 }
 
-/// [`rows_per_task`] in whole groups of the interleaved layout.
-fn interleaved_task_rows(n: usize, m: usize, threads: usize, row_bytes: usize) -> usize {
+/// [`rows_per_task`] in whole groups of `group` rows (the interleaved layout's
+/// [`kernels::INTERLEAVE_ROWS`], else 1).
+fn grouped_task_rows(n: usize, m: usize, threads: usize, row_bytes: usize, group: usize) -> usize {
     rows_per_task(n, m, threads, row_bytes)
-        .next_multiple_of(kernels::INTERLEAVE_ROWS)
+        .next_multiple_of(group.max(1))
         .min(n)
 }
 
@@ -409,7 +407,7 @@ pub(crate) fn gemv_many(
                 let rb = w.row_bytes;
                 let wb = &il.bytes()[r0 * rb..(r0 + rows) * rb];
                 // SAFETY: `out` is this task's own `rows` outputs (one activation row); `rows`
-                // is whole groups (see `interleaved_task_rows`).
+                // is whole groups (see `grouped_task_rows`).
                 unsafe { (il.gemm)(k, wb, rows, a, terms, 1, out.as_mut_ptr(), rows) };
                 return;
             }
@@ -532,7 +530,9 @@ impl<'a> TiledJob<'a> {
                 .next_multiple_of(4)
                 .clamp(4, 256)
                 .min(n),
-            TileKernel::Interleaved { .. } => interleaved_task_rows(n, m, cpu.threads, row_bytes),
+            TileKernel::Interleaved { .. } => {
+                grouped_task_rows(n, m, cpu.threads, row_bytes, kernels::INTERLEAVE_ROWS)
+            }
         };
         TiledJob {
             wbytes,
