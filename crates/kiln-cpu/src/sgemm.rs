@@ -731,56 +731,62 @@ pub(crate) fn pack_rows(isa: Isa, rows: &[&[f32]; MR], dst: &mut [f32]) {
 }
 
 /// The `MR × NR` sums `Σ_p a[p·MR + i] · b[p][c]` over `kc` steps, one fused multiply-add per
-/// step in order of `p`, as an array: the AVX2 micro-kernel, or `f32::mul_add` in the same
-/// order (identical bits) elsewhere. Panics when `a` has fewer than `kc·MR` values or `b`
-/// fewer than `kc` rows. With `Isa::Avx512` the caller must itself be built with AVX-512 F
-/// (packed attention's `attend` is): elsewhere every intrinsic stays a function call, which
-/// measured 3-5× slower on MiniLM.
+/// step in order of `p`, written to `out[i][c]` (each row stored whole, straight from the
+/// registers: returning an array that the caller then copied cost packed attention 8 % of its
+/// time): the AVX2 micro-kernel, or `f32::mul_add` in the same order (identical bits)
+/// elsewhere. Panics when `a` has fewer than `kc·MR` values, `b` fewer than `kc` rows or `out`
+/// fewer than `MR`. With `Isa::Avx512` the caller must itself be built with AVX-512 F (packed
+/// attention's `attend` is): elsewhere every intrinsic stays a function call, which measured
+/// 3-5× slower on MiniLM.
 #[inline(always)]
-pub(crate) fn fma_tile(isa: Isa, kc: usize, a: &[f32], b: &[PanelRow]) -> [[f32; NR]; MR] {
+pub(crate) fn fma_tile(isa: Isa, kc: usize, a: &[f32], b: &[PanelRow], out: &mut [PanelRow]) {
     assert!(
-        a.len() >= kc * MR && b.len() >= kc,
+        a.len() >= kc * MR && b.len() >= kc && out.len() >= MR,
         "fma_tile out of bounds"
     );
-    let mut sums = [[0.0f32; NR]; MR];
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => {
-            use std::arch::x86_64::_mm512_storeu_ps;
+            use std::arch::x86_64::_mm512_store_ps;
             // SAFETY: `Isa::Avx512` exists only where the CPU has AVX-512 F and FMA (callers
             // inline this into a build with AVX-512 enabled, or the intrinsics are calls); the
-            // assert proves `a` and `b` hold `kc` steps; each store writes one 16-float row.
+            // assert proves `a` and `b` hold `kc` steps and `out` `MR` rows; each store writes
+            // one 16-float row (aligned: `PanelRow` is a 64-byte line).
             unsafe {
                 let acc = avx512::accumulate(kc, a.as_ptr(), b.as_ptr());
-                for (row, v) in sums.iter_mut().zip(acc) {
-                    _mm512_storeu_ps(row.as_mut_ptr(), v);
+                for (row, v) in out.iter_mut().zip(acc) {
+                    _mm512_store_ps(row.0.as_mut_ptr(), v);
                 }
             }
         }
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => {
-            use std::arch::x86_64::_mm256_storeu_ps;
+            use std::arch::x86_64::_mm256_store_ps;
             // SAFETY: `Isa::Avx2` exists only where the CPU has AVX2 and FMA; the assert proves
-            // `a` and `b` hold `kc` steps; each store writes 8 floats inside a 16-float row.
+            // `a` and `b` hold `kc` steps and `out` `MR` rows; each store writes 8 floats inside
+            // a 16-float row (32-byte aligned: `PanelRow` is a 64-byte line).
             unsafe {
                 let acc = avx2::accumulate(kc, a.as_ptr(), b.as_ptr());
-                for (i, row) in sums.iter_mut().enumerate() {
-                    _mm256_storeu_ps(row.as_mut_ptr(), acc[2 * i]);
-                    _mm256_storeu_ps(row.as_mut_ptr().add(8), acc[2 * i + 1]);
+                for (i, row) in out.iter_mut().take(MR).enumerate() {
+                    _mm256_store_ps(row.0.as_mut_ptr(), acc[2 * i]);
+                    _mm256_store_ps(row.0.as_mut_ptr().add(8), acc[2 * i + 1]);
                 }
             }
         }
         Isa::Scalar => {
+            let sums = &mut out[..MR];
+            for row in sums.iter_mut() {
+                row.0 = [0.0; NR];
+            }
             for (ap, bp) in a.chunks_exact(MR).zip(&b[..kc]) {
                 for (row, &av) in sums.iter_mut().zip(ap) {
-                    for (c, &bv) in row.iter_mut().zip(&bp.0) {
+                    for (c, &bv) in row.0.iter_mut().zip(&bp.0) {
                         *c = av.mul_add(bv, *c);
                     }
                 }
             }
         }
     }
-    sums
 }
 
 /// The `rows × cols` tile of `y` at `(r0, c0)` from `kc` steps of an activation panel `a`
