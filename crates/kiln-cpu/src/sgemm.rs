@@ -733,11 +733,11 @@ pub(crate) fn pack_rows(isa: Isa, rows: &[&[f32]; MR], dst: &mut [f32]) {
 /// The `MR × NR` sums `Σ_p a[p·MR + i] · b[p][c]` over `kc` steps, one fused multiply-add per
 /// step in order of `p`, written to `out[i][c]` (each row stored whole, straight from the
 /// registers: returning an array that the caller then copied made packed attention about 10 %
-/// slower in `examples/attention_bench.rs`): the AVX2 micro-kernel, or `f32::mul_add` in the same order (identical bits)
-/// elsewhere. Panics when `a` has fewer than `kc·MR` values, `b` fewer than `kc` rows or `out`
-/// fewer than `MR`. With `Isa::Avx512` the caller must itself be built with AVX-512 F (packed
-/// attention's `attend` is): elsewhere every intrinsic stays a function call, which measured
-/// 3-5× slower on MiniLM.
+/// slower in `examples/attention_bench.rs`): the AVX2 micro-kernel, or `f32::mul_add` in the
+/// same order (identical bits) elsewhere. Panics when `a` has fewer than `kc·MR` values, `b`
+/// fewer than `kc` rows or `out` fewer than `MR`. With `Isa::Avx512` the caller must itself be
+/// built with AVX-512 F (packed attention's `attend` is): elsewhere every intrinsic stays a
+/// function call, which measured 3-5× slower on MiniLM.
 #[inline(always)]
 pub(crate) fn fma_tile(isa: Isa, kc: usize, a: &[f32], b: &[PanelRow], out: &mut [PanelRow]) {
     assert!(
