@@ -635,8 +635,10 @@ fn one_row_exact_products_are_bit_identical_to_the_invariant_tiles() {
     // `rows_exact_fn` (batch-invariant decode) reads the weight rows where they lie and must
     // give every output the bits of the invariant tile GEMM, whatever the number of activation
     // rows beside it (1 and 5 here): the 8 tile formats, every partial panel (rows 1..=18),
-    // block counts that leave a partial group of 8 (blocks32) and several super-blocks, on
-    // quantized weights, raw bytes and the extreme fills.
+    // block counts that leave a partial group of 8 (blocks32) and several super-blocks, and
+    // rows long enough that the tiles take their blocks in several passes with a shorter last
+    // one (45 blocks of 32, 5 super-blocks: past `SLICE_BYTES` of panels), on quantized
+    // weights, raw bytes and the extreme fills.
     if !avx2_available("one_row_exact_products_are_bit_identical_to_the_invariant_tiles") {
         return;
     }
@@ -653,11 +655,11 @@ fn one_row_exact_products_are_bit_identical_to_the_invariant_tiles() {
             let exact = rows_exact_fn(ty, level).unwrap();
             let tiles = gemm_fn_invariant(ty, level).unwrap();
             let extra = if ty.block_size() == 32 {
-                11 * 32
+                [11 * 32, 45 * 32]
             } else {
-                3 * 256
+                [3 * 256, 5 * 256]
             };
-            for k in lengths(ty).into_iter().chain([extra]) {
+            for k in lengths(ty).into_iter().chain(extra) {
                 let sets: Vec<Vec<u8>> = vec![
                     quantized_weights(ty, 18, k, &mut rng),
                     raw_weights(ty, 18, k, None, &mut rng),

@@ -13,6 +13,14 @@
 //! Q5_K, Q6_K). With fewer activation rows than unpacking pays for (`Format::MIN_COLS`: 3 or 4
 //! for the k-quants, whose scales are slow to unpack) a call loops over the AVX2 row dot instead.
 //!
+//! **Passes over the row length.** Two panels of a long row outgrow L1 (Q4_K at k = 2048: 40 KB,
+//! at 8192: 160 KB), and each pair of activation rows read them whole again from L2. So `tiles`
+//! takes the panels' blocks a slice at a time (`SLICE_BYTES`: of two panels, 4 super-blocks or
+//! 38 to 42 blocks of 32), every activation row against one slice before the next; the slice
+//! stays in L1 while the activation rows stream past it. Between passes the micro-tiles' f32
+//! sums wait in the scratch; each still adds its blocks in order from zero, so the results are
+//! the bits of one pass (+6 % for Q4_K at k = 2048, +8 % at 8192 on Zen 3: docs/BENCHMARKS.md).
+//!
 //! **VNNI variants** (`Blocks32Vnni`, `SuperBlocksVnni`, on CPUs with AVX-512 F/BW/VL/VNNI): the
 //! same panels (Q8_0's quants stored biased, `q + 128`, so that they are unsigned; the k-quants'
 //! scales as plain i32 lanes), but one `vpdpbusd` per chunk, panel and activation row adds the
@@ -57,8 +65,9 @@
 //!   the scratch through raw pointers, only at offsets below `rows * w_row`, `cols * a_row` and
 //!   the scratch length, and write `out` only at `c * ldo + r` for `r < rows`, `c < cols`. A panel
 //!   with fewer than 8 rows repeats the last row (a valid row: computed, never stored).
-//! - **Scratch** (the panels, per-block activation factors) is per thread and grows to the
-//!   largest call; it is never shrunk and never shared, and its lines are 32-byte aligned.
+//! - **Scratch** (the panels, per-block activation factors, the sums between passes) is per
+//!   thread and grows to the largest call; it is never shrunk and never shared, and its lines
+//!   are 32-byte aligned.
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -80,6 +89,10 @@ const MAX_PANELS: usize = 2;
 const PIECE: usize = 256;
 /// Most activation rows for which a call prefetches the next tile's weights (see `drive`).
 const PREFETCH_MAX_COLS: usize = 16;
+/// Bytes of the panels' blocks that one pass of `tiles` runs every activation row against (see
+/// `Format::k_slice`): half of a 32 KB L1, the rest for the activation rows passing through.
+/// Measured with `examples/gemm_bench.rs` (Q4_K, Zen 3): see docs/BENCHMARKS.md.
+const SLICE_BYTES: usize = 24 << 10;
 
 /// One aligned 32-byte line of the panel scratch.
 #[derive(Clone, Copy)]
@@ -90,6 +103,8 @@ struct Line([u8; 32]);
 struct Scratch {
     panels: Vec<Line>,
     factors: Vec<u32>,
+    /// The f32 sums of the micro-tiles between passes of `tiles`.
+    accs: Vec<Line>,
     /// Block sums of the one-row products (`blocks32::rows_exact`).
     sums: Vec<Line>,
     /// The narrow kernels' activation panel, and the key it was packed for (0: none; see
@@ -129,6 +144,11 @@ trait Format {
     /// The AVX2 row dot of the format.
     const ROW_DOT: VecDotFn;
 
+    /// Blocks of NP panels per pass of `tiles`: as many as [`SLICE_BYTES`] holds, at least one.
+    fn k_slice(np: usize) -> usize {
+        (SLICE_BYTES / (np * Self::PANEL_LINES * 32)).max(1)
+    }
+
     /// Writes the `FACTOR_WORDS` factors of the activation block at `a` to `out`.
     ///
     /// # Safety
@@ -145,12 +165,14 @@ trait Format {
 
     /// The (8 NP) x NR dots of `blocks` blocks of the NP panels at `panels` (block `b` of panel
     /// `i` at `panels[i] + b * stride`) with the activation rows at `acts` (their factors at
-    /// `factors`): lane `r` of result `[i][j]` is `dot(row r of panel i, activation row j)`.
+    /// `factors`), added block by block to `acc`: lane `r` of result `[i][j]` is `acc[i][j]` plus
+    /// `dot(row r of panel i, activation row j)`.
     ///
     /// # Safety
     /// AVX2+FMA+F16C; each panel holds `blocks` packed blocks, each `acts[j]` `blocks`
     /// activation blocks and each `factors[j]` `blocks * FACTOR_WORDS` words.
     unsafe fn tile<const NP: usize, const NR: usize>(
+        acc: [[__m256; NR]; NP],
         blocks: usize,
         panels: &[*const u8; NP],
         stride: usize,
@@ -241,6 +263,11 @@ fn tiled<F: Format, const ALWAYS: bool>(
         if scratch.factors.len() < words {
             scratch.factors.resize(words, 0);
         }
+        // One vector per panel and activation row.
+        let accs = cols * MAX_PANELS;
+        if scratch.accs.len() < accs {
+            scratch.accs.resize(accs, Line([0; 32]));
+        }
         let call = Call {
             blocks,
             w: w.as_ptr(),
@@ -252,20 +279,21 @@ fn tiled<F: Format, const ALWAYS: bool>(
             out: out.as_mut_ptr(),
             ldo,
         };
-        let (panels, factors) = (
+        let (panels, factors, accs) = (
             scratch.panels.as_mut_ptr().cast(),
             scratch.factors.as_mut_ptr(),
+            scratch.accs.as_mut_ptr().cast(),
         );
         // SAFETY: the CPU has AVX2+FMA+F16C, and AVX-512 F/BW/VL/VNNI for a VNNI format (module
         // invariant of `x86`: these fns are handed out only after detection); `gemm_shape`
         // checked that `w`, `a` and `out` hold exactly what `call` describes, and the scratch was
-        // just sized for `MAX_PANELS` panels of `blocks` blocks and `cols * blocks` blocks of
-        // factors.
+        // just sized for `MAX_PANELS` panels of `blocks` blocks, `cols * blocks` blocks of
+        // factors and `cols * MAX_PANELS` sums (32-byte lines: aligned vectors).
         unsafe {
             if F::VNNI {
-                drive_vnni::<F>(&call, panels, factors)
+                drive_vnni::<F>(&call, panels, factors, accs)
             } else {
-                drive_avx2::<F>(&call, panels, factors)
+                drive_avx2::<F>(&call, panels, factors, accs)
             }
         }
     })
@@ -276,8 +304,13 @@ fn tiled<F: Format, const ALWAYS: bool>(
 /// # Safety
 /// As `drive`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn drive_avx2<F: Format>(call: &Call, panels: *mut u8, factors: *mut u32) {
-    drive::<F>(call, panels, factors)
+unsafe fn drive_avx2<F: Format>(
+    call: &Call,
+    panels: *mut u8,
+    factors: *mut u32,
+    accs: *mut __m256,
+) {
+    drive::<F>(call, panels, factors, accs)
 }
 
 /// `drive` compiled for VNNI formats, so that their `tile` inlines.
@@ -285,17 +318,22 @@ unsafe fn drive_avx2<F: Format>(call: &Call, panels: *mut u8, factors: *mut u32)
 /// # Safety
 /// As `drive`, on a CPU with AVX-512 F/BW/VL/VNNI.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn drive_vnni<F: Format>(call: &Call, panels: *mut u8, factors: *mut u32) {
-    drive::<F>(call, panels, factors)
+unsafe fn drive_vnni<F: Format>(
+    call: &Call,
+    panels: *mut u8,
+    factors: *mut u32,
+    accs: *mut __m256,
+) {
+    drive::<F>(call, panels, factors, accs)
 }
 
 /// # Safety
 /// AVX2+FMA+F16C (and AVX-512 F/BW/VL/VNNI for a VNNI format); `call` describes readable
 /// weights and activations and writable outputs (as `gemm_shape` checks), `panels` has
 /// `MAX_PANELS * blocks * PANEL_LINES` lines and `factors` room for
-/// `cols * blocks * FACTOR_WORDS` words.
+/// `cols * blocks * FACTOR_WORDS` words, `accs` room for `cols * MAX_PANELS` aligned vectors.
 #[inline(always)]
-unsafe fn drive<F: Format>(call: &Call, panels: *mut u8, factors: *mut u32) {
+unsafe fn drive<F: Format>(call: &Call, panels: *mut u8, factors: *mut u32, accs: *mut __m256) {
     if F::FACTOR_WORDS > 0 {
         for c in 0..call.cols {
             let row = call.a.add(c * call.a_row);
@@ -321,13 +359,13 @@ unsafe fn drive<F: Format>(call: &Call, panels: *mut u8, factors: *mut u32) {
         if F::SHAPE.panels() == 2 && call.rows - r0 > PANEL_ROWS {
             pack::<F, 2>(call, panels, r0, r0 + tile_rows, ahead);
             if F::SHAPE == Shape::Big {
-                tiles::<F, 2, 4>(call, panels, factors, r0);
+                tiles::<F, 2, 4>(call, panels, factors, r0, accs);
             } else {
-                tiles::<F, 2, 2>(call, panels, factors, r0);
+                tiles::<F, 2, 2>(call, panels, factors, r0, accs);
             }
         } else {
             pack::<F, 1>(call, panels, r0, r0 + tile_rows, ahead);
-            tiles::<F, 1, 4>(call, panels, factors, r0);
+            tiles::<F, 1, 4>(call, panels, factors, r0, accs);
         }
     }
 }
@@ -378,10 +416,15 @@ unsafe fn pack<F: Format, const NP: usize>(
 }
 
 /// Runs the packed NP panels of rows `r0..` against every activation row, NR at a time (fewer at
-/// the end).
+/// the end), a slice of [`Format::k_slice`] blocks at a time: every activation row's dots over one
+/// slice, then over the next, so that the slice of the panels (a few KB) stays in L1 while the
+/// activation rows stream past it from L2. Between slices each micro-tile's f32 sums wait in
+/// `accs` (`NP * NR` vectors per group of NR rows); every sum still takes its blocks in order from
+/// zero, so the results are the same bits as one pass over all blocks.
 ///
 /// # Safety
-/// As `drive`, with the panels packed by `pack::<F, NP>`.
+/// As `drive`, with the panels packed by `pack::<F, NP>` and `accs` room for
+/// `cols.next_multiple_of(NR) * NP` vectors (aligned).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tiles<F: Format, const NP: usize, const NR: usize>(
@@ -389,25 +432,48 @@ unsafe fn tiles<F: Format, const NP: usize, const NR: usize>(
     panels: *const u8,
     factors: *const u32,
     r0: usize,
+    accs: *mut __m256,
 ) {
-    let mut c = 0;
-    while c + NR <= call.cols {
-        run::<F, NP, NR>(call, panels, factors, c, r0);
-        c += NR;
-    }
-    match call.cols - c {
-        3 => run::<F, NP, 3>(call, panels, factors, c, r0),
-        2 => run::<F, NP, 2>(call, panels, factors, c, r0),
-        1 => run::<F, NP, 1>(call, panels, factors, c, r0),
-        _ => {}
+    let slice = F::k_slice(NP);
+    let mut b0 = 0;
+    while b0 < call.blocks {
+        let blocks = slice.min(call.blocks - b0);
+        let slices = Slices {
+            b0,
+            blocks,
+            last: b0 + blocks == call.blocks,
+        };
+        let mut c = 0;
+        while c + NR <= call.cols {
+            run::<F, NP, NR>(call, panels, factors, c, r0, slices, accs.add(c * NP));
+            c += NR;
+        }
+        let at = accs.add(c * NP);
+        match call.cols - c {
+            3 => run::<F, NP, 3>(call, panels, factors, c, r0, slices, at),
+            2 => run::<F, NP, 2>(call, panels, factors, c, r0, slices, at),
+            1 => run::<F, NP, 1>(call, panels, factors, c, r0, slices, at),
+            _ => {}
+        }
+        b0 += blocks;
     }
 }
 
+/// Which blocks a pass of `tiles` covers: `blocks` from `b0`, the last pass when `last`.
+#[derive(Clone, Copy)]
+struct Slices {
+    b0: usize,
+    blocks: usize,
+    last: bool,
+}
+
 /// Runs the micro-kernel for activation rows `c..c + NR` against the packed NP panels of rows
-/// `r0..` and stores the results of the rows below `rows`.
+/// `r0..`, over the blocks of `slices`: the sums start from zero on the first slice, else from
+/// `acc_at`; they are kept at `acc_at` (NP * NR vectors) for the next slice, or, after the last,
+/// the results of the rows below `rows` stored.
 ///
 /// # Safety
-/// As `tiles`, with `c + NR <= cols`.
+/// As `tiles`, with `c + NR <= cols` and `acc_at` room for NP * NR vectors.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn run<F: Format, const NP: usize, const NR: usize>(
@@ -416,14 +482,32 @@ unsafe fn run<F: Format, const NP: usize, const NR: usize>(
     factors: *const u32,
     c: usize,
     r0: usize,
+    slices: Slices,
+    acc_at: *mut __m256,
 ) {
     let panel_block = F::PANEL_LINES * 32;
-    let first: [*const u8; NP] = std::array::from_fn(|i| panels.add(i * panel_block));
-    let acts: [*const u8; NR] = std::array::from_fn(|j| call.a.add((c + j) * call.a_row));
+    let Slices { b0, blocks, last } = slices;
+    let first: [*const u8; NP] = std::array::from_fn(|i| panels.add((b0 * NP + i) * panel_block));
+    let acts: [*const u8; NR] =
+        std::array::from_fn(|j| call.a.add((c + j) * call.a_row + b0 * F::A_BLOCK));
     // Without factors the pointers are dangling and never read: hence `wrapping_add`.
-    let facts: [*const u32; NR] =
-        std::array::from_fn(|j| factors.wrapping_add((c + j) * call.blocks * F::FACTOR_WORDS));
-    let acc = F::tile::<NP, NR>(call.blocks, &first, NP * panel_block, &acts, &facts);
+    let facts: [*const u32; NR] = std::array::from_fn(|j| {
+        factors.wrapping_add(((c + j) * call.blocks + b0) * F::FACTOR_WORDS)
+    });
+    let start = if b0 == 0 {
+        [[_mm256_setzero_ps(); NR]; NP]
+    } else {
+        std::array::from_fn(|i| std::array::from_fn(|j| *acc_at.add(i * NR + j)))
+    };
+    let acc = F::tile::<NP, NR>(start, blocks, &first, NP * panel_block, &acts, &facts);
+    if !last {
+        for (i, acc) in acc.into_iter().enumerate() {
+            for (j, v) in acc.into_iter().enumerate() {
+                *acc_at.add(i * NR + j) = v;
+            }
+        }
+        return;
+    }
     for (i, acc) in acc.into_iter().enumerate() {
         let row = r0 + i * PANEL_ROWS;
         let valid = (call.rows - row).min(PANEL_ROWS);

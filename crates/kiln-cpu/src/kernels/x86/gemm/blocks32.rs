@@ -104,6 +104,7 @@ impl<L: Legacy> Format for Blocks32<L> {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn tile<const NP: usize, const NR: usize>(
+        mut acc: [[__m256; NR]; NP],
         blocks: usize,
         panels: &[*const u8; NP],
         stride: usize,
@@ -111,7 +112,6 @@ impl<L: Legacy> Format for Blocks32<L> {
         factors: &[*const u32; NR],
     ) -> [[__m256; NR]; NP] {
         let ones = _mm256_set1_epi16(1);
-        let mut acc = [[_mm256_setzero_ps(); NR]; NP];
         for b in 0..blocks {
             let p = panels.map(|p| p.add(b * stride));
             let q = acts.map(|a| a.add(b * L::A_BLOCK + L::A_QS));
@@ -253,13 +253,13 @@ impl<L: Legacy> Format for Blocks32Vnni<L> {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn tile<const NP: usize, const NR: usize>(
+        mut acc: [[__m256; NR]; NP],
         blocks: usize,
         panels: &[*const u8; NP],
         stride: usize,
         acts: &[*const u8; NR],
         factors: &[*const u32; NR],
     ) -> [[__m256; NR]; NP] {
-        let mut acc = [[_mm256_setzero_ps(); NR]; NP];
         for b in 0..blocks {
             let p = panels.map(|p| p.add(b * stride));
             let q = acts.map(|a| a.add(b * L::A_BLOCK + L::A_QS));

@@ -227,13 +227,13 @@ impl<K: KQuant> Format for SuperBlocks<K> {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn tile<const NP: usize, const NR: usize>(
+        mut acc: [[__m256; NR]; NP],
         blocks: usize,
         panels: &[*const u8; NP],
         stride: usize,
         acts: &[*const u8; NR],
         factors: &[*const u32; NR],
     ) -> [[__m256; NR]; NP] {
-        let mut acc = [[_mm256_setzero_ps(); NR]; NP];
         for b in 0..blocks {
             let p = panels.map(|p| p.add(b * stride));
             let y = acts.map(|a| a.add(b * Q8K));
@@ -320,6 +320,7 @@ impl<K: KQuant> Format for SuperBlocksVnni<K> {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn tile<const NP: usize, const NR: usize>(
+        mut acc: [[__m256; NR]; NP],
         blocks: usize,
         panels: &[*const u8; NP],
         stride: usize,
@@ -328,7 +329,6 @@ impl<K: KQuant> Format for SuperBlocksVnni<K> {
     ) -> [[__m256; NR]; NP] {
         let sub_chunks = SuperBlocks::<K>::SUB_CHUNKS;
         let scales_at = SuperBlocks::<K>::SCALES_AT;
-        let mut acc = [[_mm256_setzero_ps(); NR]; NP];
         for b in 0..blocks {
             let p = panels.map(|p| p.add(b * stride));
             let y = acts.map(|a| a.add(b * Q8K));
