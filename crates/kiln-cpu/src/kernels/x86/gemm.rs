@@ -90,8 +90,9 @@ const PIECE: usize = 256;
 /// Most activation rows for which a call prefetches the next tile's weights (see `drive`).
 const PREFETCH_MAX_COLS: usize = 16;
 /// Bytes of the panels' blocks that one pass of `tiles` runs every activation row against (see
-/// `Format::k_slice`): half of a 32 KB L1, the rest for the activation rows passing through.
-/// Measured with `examples/gemm_bench.rs` (Q4_K, Zen 3): see docs/BENCHMARKS.md.
+/// `Format::k_slice`): three quarters of a 32 KB L1, the rest for the activation rows passing
+/// through. Measured with `examples/gemm_bench.rs` (Q4_K, Zen 3; 8 to 48 KB tried): see
+/// docs/BENCHMARKS.md.
 const SLICE_BYTES: usize = 24 << 10;
 
 /// One aligned 32-byte line of the panel scratch.
@@ -424,7 +425,7 @@ unsafe fn pack<F: Format, const NP: usize>(
 ///
 /// # Safety
 /// As `drive`, with the panels packed by `pack::<F, NP>` and `accs` room for
-/// `cols.next_multiple_of(NR) * NP` vectors (aligned).
+/// `cols * NP` vectors (aligned).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tiles<F: Format, const NP: usize, const NR: usize>(
@@ -434,41 +435,41 @@ unsafe fn tiles<F: Format, const NP: usize, const NR: usize>(
     r0: usize,
     accs: *mut __m256,
 ) {
-    let slice = F::k_slice(NP);
+    let per_slice = F::k_slice(NP);
     let mut b0 = 0;
     while b0 < call.blocks {
-        let blocks = slice.min(call.blocks - b0);
-        let slices = Slices {
+        let blocks = per_slice.min(call.blocks - b0);
+        let pass = Slice {
             b0,
             blocks,
             last: b0 + blocks == call.blocks,
         };
         let mut c = 0;
         while c + NR <= call.cols {
-            run::<F, NP, NR>(call, panels, factors, c, r0, slices, accs.add(c * NP));
+            run::<F, NP, NR>(call, panels, factors, c, r0, pass, accs.add(c * NP));
             c += NR;
         }
         let at = accs.add(c * NP);
         match call.cols - c {
-            3 => run::<F, NP, 3>(call, panels, factors, c, r0, slices, at),
-            2 => run::<F, NP, 2>(call, panels, factors, c, r0, slices, at),
-            1 => run::<F, NP, 1>(call, panels, factors, c, r0, slices, at),
+            3 => run::<F, NP, 3>(call, panels, factors, c, r0, pass, at),
+            2 => run::<F, NP, 2>(call, panels, factors, c, r0, pass, at),
+            1 => run::<F, NP, 1>(call, panels, factors, c, r0, pass, at),
             _ => {}
         }
         b0 += blocks;
     }
 }
 
-/// Which blocks a pass of `tiles` covers: `blocks` from `b0`, the last pass when `last`.
+/// The blocks one pass of `tiles` covers: `blocks` from `b0`, the last pass when `last`.
 #[derive(Clone, Copy)]
-struct Slices {
+struct Slice {
     b0: usize,
     blocks: usize,
     last: bool,
 }
 
 /// Runs the micro-kernel for activation rows `c..c + NR` against the packed NP panels of rows
-/// `r0..`, over the blocks of `slices`: the sums start from zero on the first slice, else from
+/// `r0..`, over the blocks of `pass`: the sums start from zero on the first slice, else from
 /// `acc_at`; they are kept at `acc_at` (NP * NR vectors) for the next slice, or, after the last,
 /// the results of the rows below `rows` stored.
 ///
@@ -482,11 +483,11 @@ unsafe fn run<F: Format, const NP: usize, const NR: usize>(
     factors: *const u32,
     c: usize,
     r0: usize,
-    slices: Slices,
+    pass: Slice,
     acc_at: *mut __m256,
 ) {
     let panel_block = F::PANEL_LINES * 32;
-    let Slices { b0, blocks, last } = slices;
+    let Slice { b0, blocks, last } = pass;
     let first: [*const u8; NP] = std::array::from_fn(|i| panels.add((b0 * NP + i) * panel_block));
     let acts: [*const u8; NR] =
         std::array::from_fn(|j| call.a.add((c + j) * call.a_row + b0 * F::A_BLOCK));
