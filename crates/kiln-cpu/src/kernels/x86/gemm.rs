@@ -71,6 +71,7 @@
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
+use std::ops::Range;
 
 use kiln_core::GgmlType;
 
@@ -436,17 +437,11 @@ unsafe fn tiles<F: Format, const NP: usize, const NR: usize>(
     accs: *mut __m256,
 ) {
     let per_slice = F::k_slice(NP);
-    let mut b0 = 0;
-    while b0 < call.blocks {
-        let blocks = per_slice.min(call.blocks - b0);
-        let pass = Slice {
-            b0,
-            blocks,
-            last: b0 + blocks == call.blocks,
-        };
+    for b0 in (0..call.blocks).step_by(per_slice) {
+        let pass = b0..(b0 + per_slice).min(call.blocks);
         let mut c = 0;
         while c + NR <= call.cols {
-            run::<F, NP, NR>(call, panels, factors, c, r0, pass, accs.add(c * NP));
+            run::<F, NP, NR>(call, panels, factors, c, r0, pass.clone(), accs.add(c * NP));
             c += NR;
         }
         let at = accs.add(c * NP);
@@ -456,20 +451,11 @@ unsafe fn tiles<F: Format, const NP: usize, const NR: usize>(
             1 => run::<F, NP, 1>(call, panels, factors, c, r0, pass, at),
             _ => {}
         }
-        b0 += blocks;
     }
 }
 
-/// The blocks one pass of `tiles` covers: `blocks` from `b0`, the last pass when `last`.
-#[derive(Clone, Copy)]
-struct Slice {
-    b0: usize,
-    blocks: usize,
-    last: bool,
-}
-
 /// Runs the micro-kernel for activation rows `c..c + NR` against the packed NP panels of rows
-/// `r0..`, over the blocks of `pass`: the sums start from zero on the first slice, else from
+/// `r0..`, over the blocks `pass`: the sums start from zero on the first slice, else from
 /// `acc_at`; they are kept at `acc_at` (NP * NR vectors) for the next slice, or, after the last,
 /// the results of the rows below `rows` stored.
 ///
@@ -483,11 +469,11 @@ unsafe fn run<F: Format, const NP: usize, const NR: usize>(
     factors: *const u32,
     c: usize,
     r0: usize,
-    pass: Slice,
+    pass: Range<usize>,
     acc_at: *mut __m256,
 ) {
     let panel_block = F::PANEL_LINES * 32;
-    let Slice { b0, blocks, last } = pass;
+    let (b0, blocks, last) = (pass.start, pass.len(), pass.end == call.blocks);
     let first: [*const u8; NP] = std::array::from_fn(|i| panels.add((b0 * NP + i) * panel_block));
     let acts: [*const u8; NR] =
         std::array::from_fn(|j| call.a.add((c + j) * call.a_row + b0 * F::A_BLOCK));
