@@ -892,13 +892,70 @@ fn interleaved_rows_round_trip() {
     assert!(caught.is_err(), "Q5_K has no interleaved layout");
 }
 
+/// The formats with an AVX2 product over their interleaved layout.
+const INTERLEAVED_AVX2: [GgmlType; 1] = [GgmlType::Q4_K];
+
 #[test]
-fn interleaved_products_match_the_scalar_loop() {
-    // Only at the VNNI level: below it the file layout's kernels are the fast ones.
+fn avx2_interleaved_products_are_the_tile_kernels_bits() {
+    // None at the scalar level; at AVX2 only where the layout's product beats the file's.
     for ty in WEIGHT_TYPES {
         assert!(interleaved_gemm_fn(ty, SimdLevel::Scalar).is_none());
-        assert!(interleaved_gemm_fn(ty, SimdLevel::Avx2).is_none());
+        let avx2 = interleaved_gemm_fn(ty, SimdLevel::Avx2);
+        if avx2_available("avx2_interleaved_products_are_the_tile_kernels_bits") {
+            assert_eq!(avx2.is_some(), INTERLEAVED_AVX2.contains(&ty), "{ty}");
+        }
     }
+    if !avx2_available("avx2_interleaved_products_are_the_tile_kernels_bits") {
+        return;
+    }
+    let mut rng = Rng::new(23);
+    for ty in INTERLEAVED_AVX2 {
+        let gemm = interleaved_gemm_fn(ty, SimdLevel::Avx2).unwrap();
+        let tile = gemm_fn_invariant(ty, SimdLevel::Avx2).unwrap();
+        for &k in interleaved_widths(ty) {
+            let rows = 3 * INTERLEAVE_ROWS;
+            let sets = [
+                quantized_weights(ty, rows, k, &mut rng),
+                raw_weights(ty, rows, k, None, &mut rng),
+                raw_weights(ty, rows, k, Some(0xff), &mut rng),
+                raw_weights(ty, rows, k, Some(0x00), &mut rng),
+            ];
+            for w in &sets {
+                let mut il = vec![0u8; w.len()];
+                interleave(ty, k, w, &mut il);
+                // The direct kernel (1, 2 rows), the packed tiles (3 up), and past the tiles'
+                // pass of 128 activation rows.
+                for cols in [1, 2, 3, 5, 130] {
+                    let a = activations(ty, cols, k, &mut rng);
+                    let ldo = rows + 3;
+                    let expected = {
+                        let mut out = vec![SENTINEL; cols * ldo + ldo];
+                        tile(k, w, rows, &a, cols, &mut out, ldo);
+                        out
+                    };
+                    let mut out = vec![SENTINEL; cols * ldo + ldo];
+                    let terms = activation_terms(act_type(ty), &a);
+                    // SAFETY: `out` holds `cols` rows of stride `ldo >= rows`, used by nothing
+                    // else.
+                    unsafe { gemm(k, &il, rows, &a, &terms, cols, out.as_mut_ptr(), ldo) };
+                    for (i, (v, e)) in out.iter().zip(&expected).enumerate() {
+                        assert_eq!(
+                            v.to_bits(),
+                            e.to_bits(),
+                            "{ty} k={k} cols {cols}: element {i} (row {}, col {}): interleaved \
+                             {v} vs tile {e}",
+                            i % ldo,
+                            i / ldo
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn interleaved_products_match_the_scalar_loop() {
     if !vnni_available("interleaved_products_match_the_scalar_loop") {
         return;
     }

@@ -342,6 +342,10 @@ pub fn interleaved_gemm_fn(ty: GgmlType, level: super::SimdLevel) -> Option<Inte
     match super::usable(level) {
         #[cfg(target_arch = "x86_64")]
         super::SimdLevel::Avx512Vnni => super::x86::interleaved_gemm_fn(ty),
+        #[cfg(target_arch = "x86_64")]
+        super::SimdLevel::Avx2 | super::SimdLevel::Avx512 => {
+            super::x86::interleaved_gemm_fn_avx2(ty)
+        }
         _ => {
             let _ = ty;
             None

@@ -82,6 +82,8 @@ use crate::kernels::{GemmFn, VecDotFn};
 mod blocks32;
 mod superblocks;
 
+pub(in crate::kernels::x86) use superblocks::q4_k_avx2 as q4_k_interleaved;
+
 /// Weight rows per panel: one per 32-bit lane.
 const PANEL_ROWS: usize = 8;
 /// The most panels of a micro-tile (see `Format::SHAPE`).

@@ -31,6 +31,10 @@ use super::{
 };
 use crate::kernels::VecDotFn;
 
+mod interleaved;
+
+pub(in crate::kernels::x86) use interleaved::q4_k_avx2;
+
 const Q8K: usize = size_of::<BlockQ8K>();
 const Q8K_QS: usize = offset_of!(BlockQ8K, qs);
 const Q8K_BSUMS: usize = offset_of!(BlockQ8K, bsums);

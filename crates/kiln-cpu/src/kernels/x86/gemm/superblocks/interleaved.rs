@@ -1,0 +1,348 @@
+//! AVX2 products over the interleaved layout of Q4_K (`kernels::interleaved::q4_k`), bit-identical
+//! to the AVX2 tile kernel ([`SuperBlocks`]`<Q4K>`), hence to the tile-exact one-row product:
+//! batch-invariant mode may mix them, and a weight can be held in this layout at the AVX2 level.
+//!
+//! The layout's 64-byte lines hold the same 4 codes of 16 rows, 4 bytes a row: each 32-byte half
+//! of a line is, after splitting its nibbles, exactly a line of a tile panel (8 rows, one per
+//! 32-bit lane; the low nibbles sub-block `2c`, the high ones `2c + 1`). So:
+//!
+//! - **Few activation rows** (decode: fewer than [`Q4K`]`::MIN_COLS`): [`direct`] reads each
+//!   group's lines where they lie, splits their nibbles in registers and runs the tile's
+//!   arithmetic on them for one activation row: per line and half, an `and` (and a shift) and a
+//!   `maddubs` against 4 activation quants broadcast, the i16 sums of a sub-block widened once by
+//!   its scale. The file layout's one-row kernel instead reduces each row's 8 lanes per
+//!   super-block and gathers the rows' scales one by one (`superblocks::rows_exact`), about twice
+//!   the vector instructions per weight, which bound decode by arithmetic, not memory.
+//! - **More rows**: [`pack`] unpacks a group into the two 8-row panels that [`SuperBlocks::pack`]
+//!   makes of the same rows in the file layout (no transposes: the layout is already the
+//!   panels'), and the tile kernel runs on them.
+//!
+//! Both form the tile's exact i32 sums (`isum`: the sub-block sums times their scales; `mins`:
+//! the minimums times the activation sums of their sub-blocks) and then its f32 steps in its
+//! order (`SuperBlocks::finish_block`), so every value has the tile's bits.
+
+use std::arch::x86_64::*;
+
+use super::super::{tiles, Call, Format, Line, PANEL_ROWS, PIECE, SCRATCH};
+use super::{KQuant, SuperBlocks, Q4K, Q8K, Q8K_QS};
+use crate::kernels::interleaved::{check_call, q4_k, ActivationTerms, INTERLEAVE_ROWS};
+use crate::kernels::x86::{load16, load32};
+
+type Tile = SuperBlocks<Q4K>;
+
+/// Activation rows per tile pass over a packed group: their quants over one slice of the panels
+/// stay in L2 (as `matmul`'s `ACT_TILE` keeps the file layout's tile calls).
+const COL_TILE: usize = 128;
+
+/// How far ahead of the super-block it multiplies [`direct`] requests the weights. The
+/// hardware prefetcher alone left one thread streaming a 75 MB matrix at 18.7 GB/s (the file
+/// layout's kernel too); requests 2, 4 and 8 KB ahead gave 25.6, 26.4 and 26.8 GB/s, and two
+/// such streams at once 25.5 GB/s each (Zen 3, `examples/interleave_stream_bench`: docs/BENCHMARKS.md).
+const PREFETCH: usize = 4096;
+
+/// `kernels::InterleavedGemmFn` of Q4_K at the AVX2 level.
+///
+/// # Safety
+/// As `InterleavedGemmFn`; handed out only when the CPU has AVX2, FMA and F16C.
+#[allow(clippy::too_many_arguments)]
+pub(in crate::kernels::x86) unsafe fn q4_k_avx2(
+    k: usize,
+    w: &[u8],
+    rows: usize,
+    a: &[u8],
+    terms: &ActivationTerms,
+    cols: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let blocks = check_call(q4_k::BLOCKING, k, w, rows, a, terms, cols);
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    let groups = rows / INTERLEAVE_ROWS;
+    if cols < Q4K::MIN_COLS {
+        // SAFETY: `check_call` checked that `w` holds `groups` groups of `blocks` super-blocks,
+        // `a` `cols` Q8_K rows of as many blocks and `terms` theirs; the caller vouches for
+        // `out` and the CPU.
+        unsafe {
+            direct(
+                blocks,
+                w.as_ptr(),
+                groups,
+                a.as_ptr(),
+                terms,
+                cols,
+                out,
+                ldo,
+            )
+        };
+        return;
+    }
+    SCRATCH.with_borrow_mut(|scratch| {
+        let panel_block = Tile::PANEL_LINES * 32;
+        let lines = 2 * blocks * Tile::PANEL_LINES;
+        if scratch.panels.len() < lines {
+            scratch.panels.resize(lines, Line([0; 32]));
+        }
+        let words = cols * blocks * Tile::FACTOR_WORDS;
+        if scratch.factors.len() < words {
+            scratch.factors.resize(words, 0);
+        }
+        let accs = COL_TILE.min(cols) * 2;
+        if scratch.accs.len() < accs {
+            scratch.accs.resize(accs, Line([0; 32]));
+        }
+        let panels: *mut u8 = scratch.panels.as_mut_ptr().cast();
+        let factors = scratch.factors.as_mut_ptr();
+        let accs: *mut __m256 = scratch.accs.as_mut_ptr().cast();
+        let a_row = blocks * Q8K;
+        // SAFETY: as above; the scratch was just sized for two panels of `blocks` blocks, the
+        // factors of `cols` rows of `blocks` blocks and `COL_TILE` rows' sums of two panels.
+        unsafe {
+            for c in 0..cols {
+                for b in 0..blocks {
+                    let y = a.as_ptr().add(c * a_row + b * Q8K);
+                    Tile::factors(y, factors.add((c * blocks + b) * Tile::FACTOR_WORDS));
+                }
+            }
+            for g in 0..groups {
+                let group = w.as_ptr().add(g * blocks * q4_k::GROUP_BLOCK);
+                for b in 0..blocks {
+                    for h in 0..2 {
+                        let dst = panels.add((2 * b + h) * panel_block);
+                        pack(group.add(b * q4_k::GROUP_BLOCK), h, dst);
+                    }
+                }
+                for c0 in (0..cols).step_by(COL_TILE) {
+                    let call = Call {
+                        blocks,
+                        w: std::ptr::null(),
+                        w_row: 0,
+                        rows: INTERLEAVE_ROWS,
+                        a: a.as_ptr().add(c0 * a_row),
+                        a_row,
+                        cols: COL_TILE.min(cols - c0),
+                        out: out.add(c0 * ldo + g * INTERLEAVE_ROWS),
+                        ldo,
+                    };
+                    let f = factors.add(c0 * blocks * Tile::FACTOR_WORDS);
+                    tiles_avx2(&call, panels, f, accs);
+                }
+            }
+        }
+    })
+}
+
+/// The tile passes of one packed group, compiled for AVX2 so that the tile kernel inlines.
+///
+/// # Safety
+/// As `tiles::<Tile, 2, 2>` with `r0 = 0`: `call` describes the group's 16 rows, its activation
+/// rows and outputs; `panels` holds its two packed panels; `factors` and `accs` are sized.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tiles_avx2(call: &Call, panels: *const u8, factors: *const u32, accs: *mut __m256) {
+    tiles::<Tile, 2, 2>(call, panels, factors, 0, accs)
+}
+
+/// Byte shuffles that put byte `j` of each 32-bit lane in both of its i16 halves (zero-extended):
+/// a sub-block scale as the tile's panel holds it (`(sc, sc)`).
+const SCALE_TWICE: [[u8; 32]; 4] = {
+    let mut t = [[0x80u8; 32]; 4];
+    let mut j = 0;
+    while j < 4 {
+        let mut i = 0;
+        while i < 8 {
+            let at = 4 * (i % 4) + 16 * (i / 4);
+            t[j][at] = (4 * (i % 4) + j) as u8;
+            t[j][at + 2] = (4 * (i % 4) + j) as u8;
+            i += 1;
+        }
+        j += 1;
+    }
+    t
+};
+
+/// Byte shuffles that put bytes `2p` and `2p + 1` of each 32-bit lane in its i16 halves
+/// (zero-extended): a pair of minimums as the tile's panel holds them.
+const MIN_PAIR: [[u8; 32]; 2] = {
+    let mut t = [[0x80u8; 32]; 2];
+    let mut p = 0;
+    while p < 2 {
+        let mut i = 0;
+        while i < 8 {
+            let at = 4 * (i % 4) + 16 * (i / 4);
+            t[p][at] = (4 * (i % 4) + 2 * p) as u8;
+            t[p][at + 2] = (4 * (i % 4) + 2 * p + 1) as u8;
+            i += 1;
+        }
+        p += 1;
+    }
+    t
+};
+
+/// The 6-bit scales and minimums of half `h` (rows `8h..8h + 8`) of the group's super-block at
+/// `src`, one row a 32-bit lane: `(scales 0..4, scales 4..8, minimums 0..4, minimums 4..8)`, a
+/// byte each (ggml's `get_scale_min_k4` on the 12 packed bytes, whose three words the layout's
+/// three scale lines hold).
+///
+/// # Safety
+/// AVX2; `src` points at a super-block of a group.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scales_mins(src: *const u8, h: usize) -> [__m256i; 4] {
+    let at = src.add(q4_k::SCALES + 32 * h);
+    let (s0, s1, s2) = (load32(at), load32(at.add(64)), load32(at.add(128)));
+    let low6 = _mm256_set1_epi8(0x3f);
+    let low4 = _mm256_set1_epi8(0x0f);
+    let top2 = _mm256_set1_epi8(0x30);
+    // 32-bit shifts move the neighbouring byte's bits into the top of each byte; the masks keep
+    // only the byte's own.
+    let high = |v: __m256i| _mm256_and_si256(_mm256_srli_epi32::<2>(v), top2);
+    [
+        _mm256_and_si256(s0, low6),
+        _mm256_or_si256(_mm256_and_si256(s2, low4), high(s0)),
+        _mm256_and_si256(s1, low6),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32::<4>(s2), low4), high(s1)),
+    ]
+}
+
+/// Unpacks half `h` of the group's super-block at `src` into the tile panel block at `dst`: the
+/// bytes [`SuperBlocks::pack`] writes for those 8 rows in the file layout.
+///
+/// # Safety
+/// AVX2; `src` points at a super-block of a group, `dst` at `PANEL_LINES` writable lines.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack(src: *const u8, h: usize, dst: *mut u8) {
+    let low4 = _mm256_set1_epi8(0x0f);
+    let store = |at: usize, v: __m256i| _mm256_storeu_si256(dst.add(at).cast(), v);
+    for c in 0..4 {
+        for v in 0..8 {
+            let line = load32(src.add(q4_k::CODES + 64 * (8 * c + v) + 32 * h));
+            store(2 * c * PIECE + 32 * v, _mm256_and_si256(line, low4));
+            let high = _mm256_and_si256(_mm256_srli_epi16::<4>(line), low4);
+            store((2 * c + 1) * PIECE + 32 * v, high);
+        }
+    }
+    let [sc_lo, sc_hi, mn_lo, mn_hi] = scales_mins(src, h);
+    for g in 0..8 {
+        let bytes = if g < 4 { sc_lo } else { sc_hi };
+        let sc = _mm256_shuffle_epi8(bytes, load32(SCALE_TWICE[g % 4].as_ptr()));
+        store(Tile::SCALES_AT + 32 * g, sc);
+    }
+    for p in 0..4 {
+        let bytes = if p < 2 { mn_lo } else { mn_hi };
+        let pair = _mm256_shuffle_epi8(bytes, load32(MIN_PAIR[p % 2].as_ptr()));
+        store(Tile::MINS_AT + 32 * p, pair);
+    }
+    let halves = |at: usize| _mm256_cvtph_ps(load16(src.add(at + 16 * h)));
+    _mm256_storeu_ps(dst.add(Tile::DMIN_LINE_AT).cast(), halves(q4_k::DMIN));
+    _mm256_storeu_ps(dst.add(Tile::D_LINE_AT).cast(), halves(0));
+}
+
+/// Every group of `w` against each of the `cols` activation rows in turn, read where they lie:
+/// the tile kernel's arithmetic on one activation row with the panel lines made in registers.
+///
+/// # Safety
+/// AVX2+FMA+F16C; `w` holds `groups` groups of `blocks` super-blocks, `a` `cols` Q8_K rows of
+/// `blocks` blocks with their `terms`; `out + c * ldo + r` is writable for the groups' rows `r`
+/// and `c < cols`.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn direct(
+    blocks: usize,
+    w: *const u8,
+    groups: usize,
+    a: *const u8,
+    terms: &ActivationTerms,
+    cols: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let low4 = _mm256_set1_epi8(0x0f);
+    let low_bytes = _mm256_set1_epi32(0x00ff_00ff);
+    let a_row = blocks * Q8K;
+    for g in 0..groups {
+        let group = w.add(g * blocks * q4_k::GROUP_BLOCK);
+        for c in 0..cols {
+            let mut acc = [_mm256_setzero_ps(); 2];
+            for b in 0..blocks {
+                let src = group.add(b * q4_k::GROUP_BLOCK);
+                let yq = a.add(c * a_row + b * Q8K + Q8K_QS);
+                let t = c * blocks + b;
+                // The activation sums of the sub-blocks, in pairs as `MIN_PAIRS` orders them.
+                let sums: [__m256i; 4] = std::array::from_fn(|p| {
+                    _mm256_set1_epi32(*terms.sums.get_unchecked(q4_k::TERMS * t + p))
+                });
+                let mut scale = [[_mm256_setzero_si256(); 8]; 2];
+                let mut mins = [_mm256_setzero_si256(); 2];
+                for h in 0..2 {
+                    let [sc_lo, sc_hi, mn_lo, mn_hi] = scales_mins(src, h);
+                    for (j, shuffle) in SCALE_TWICE.iter().enumerate() {
+                        let shuffle = load32(shuffle.as_ptr());
+                        scale[h][j] = _mm256_shuffle_epi8(sc_lo, shuffle);
+                        scale[h][j + 4] = _mm256_shuffle_epi8(sc_hi, shuffle);
+                    }
+                    // Minimums (0, 2), (1, 3), then (4, 6), (5, 7), as i16 pairs.
+                    let pairs = [
+                        _mm256_and_si256(mn_lo, low_bytes),
+                        _mm256_srli_epi16::<8>(mn_lo),
+                        _mm256_and_si256(mn_hi, low_bytes),
+                        _mm256_srli_epi16::<8>(mn_hi),
+                    ];
+                    for p in 0..4 {
+                        let wide = _mm256_madd_epi16(pairs[p], sums[p]);
+                        mins[h] = _mm256_add_epi32(mins[h], wide);
+                    }
+                }
+                let mut isum = [_mm256_setzero_si256(); 2];
+                for cc in 0..4 {
+                    // A quarter of the super-block's lines, `PREFETCH` bytes ahead (a hint:
+                    // never faults past the end, hence `wrapping_add`).
+                    for l in 0..q4_k::GROUP_BLOCK / 4 / 64 {
+                        let ahead =
+                            src.wrapping_add(PREFETCH + q4_k::GROUP_BLOCK / 4 * cc + 64 * l);
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+                    }
+                    // Sub-blocks 2cc (low nibbles) and 2cc + 1 (high): 8 lines of 4 codes each,
+                    // |sum| <= 8 * 2 * 15 * 127 = 30480 per i16.
+                    let mut s_lo = [_mm256_setzero_si256(); 2];
+                    let mut s_hi = [_mm256_setzero_si256(); 2];
+                    for v in 0..8 {
+                        let a_lo = _mm256_set1_epi32(
+                            yq.add(64 * cc + 4 * v).cast::<i32>().read_unaligned(),
+                        );
+                        let a_hi = _mm256_set1_epi32(
+                            yq.add(64 * cc + 32 + 4 * v).cast::<i32>().read_unaligned(),
+                        );
+                        for h in 0..2 {
+                            let line = load32(src.add(q4_k::CODES + 64 * (8 * cc + v) + 32 * h));
+                            let lo = _mm256_and_si256(line, low4);
+                            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(line), low4);
+                            s_lo[h] = _mm256_add_epi16(s_lo[h], _mm256_maddubs_epi16(lo, a_lo));
+                            s_hi[h] = _mm256_add_epi16(s_hi[h], _mm256_maddubs_epi16(hi, a_hi));
+                        }
+                    }
+                    for h in 0..2 {
+                        let lo = _mm256_madd_epi16(s_lo[h], scale[h][2 * cc]);
+                        let hi = _mm256_madd_epi16(s_hi[h], scale[h][2 * cc + 1]);
+                        isum[h] = _mm256_add_epi32(isum[h], _mm256_add_epi32(lo, hi));
+                    }
+                }
+                // The tile's f32 steps (`SuperBlocks::finish_block`), in its order.
+                let da = _mm256_set1_ps(*terms.scales.get_unchecked(t));
+                for h in 0..2 {
+                    let d = _mm256_cvtph_ps(load16(src.add(16 * h)));
+                    let dmin = _mm256_cvtph_ps(load16(src.add(q4_k::DMIN + 16 * h)));
+                    let sum = _mm256_cvtepi32_ps(isum[h]);
+                    acc[h] = _mm256_fmadd_ps(sum, _mm256_mul_ps(d, da), acc[h]);
+                    let m = _mm256_cvtepi32_ps(mins[h]);
+                    acc[h] = _mm256_fnmadd_ps(m, _mm256_mul_ps(dmin, da), acc[h]);
+                }
+            }
+            for (h, v) in acc.into_iter().enumerate() {
+                let at = out.add(c * ldo + g * INTERLEAVE_ROWS + h * PANEL_ROWS);
+                _mm256_storeu_ps(at, v);
+            }
+        }
+    }
+}
