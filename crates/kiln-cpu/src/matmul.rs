@@ -201,7 +201,16 @@ pub(crate) fn matmul(
     });
     let wbytes: &[u8] = &w.bytes;
     let rb = w.row_bytes;
-    let mut y = if let Some(il) = &w.interleaved {
+    let mut y = if let Some(il) = w.interleaved.as_ref().filter(|_| m == 1) {
+        let terms = kernels::activation_terms(act_ty, &acts);
+        let ilb = il.bytes();
+        one_row_job(cpu, n, rb, kernels::INTERLEAVE_ROWS, |r0, rows, out| {
+            let wb = &ilb[r0 * rb..(r0 + rows) * rb];
+            // SAFETY: `out` is this task's own `rows` outputs of the one activation row, `rows`
+            // whole groups.
+            unsafe { (il.gemm)(k, wb, rows, &acts, &terms, 1, out.as_mut_ptr(), rows) };
+        })
+    } else if let Some(il) = &w.interleaved {
         let terms = kernels::activation_terms(act_ty, &acts);
         let mut y = crate::buffers::take(m * n);
         let kernel = TileKernel::Interleaved {
@@ -223,20 +232,9 @@ pub(crate) fn matmul(
         cpu.team.run(job.tasks(), |task| job.run(task));
         y
     } else if let Some(rows_fn) = (m == 1).then(|| one_row_fn(cpu, w.ty)).flatten() {
-        let mut y = vec![0.0f32; n];
-        let mut tasks: Vec<(usize, usize, usize)> = one_row_tasks(n, cpu.threads, rb, 1)
-            .into_iter()
-            .map(|(r0, rows)| (0, r0, rows))
-            .collect();
-        taper(&mut tasks, cpu.threads, |_| (rb, 1));
-        let sink = Disjoint::new(&mut y);
-        cpu.team.run(tasks.len(), |t| {
-            let (_, r0, rows) = tasks[t];
-            // SAFETY: the tasks cover disjoint row ranges of the output.
-            let out = unsafe { sink.slice(r0..r0 + rows) };
-            rows_fn(k, &wbytes[r0 * rb..(r0 + rows) * rb], rows, &acts, out);
-        });
-        y
+        one_row_job(cpu, n, rb, 1, |r0, rows, out| {
+            rows_fn(k, &wbytes[r0 * rb..(r0 + rows) * rb], rows, &acts, out)
+        })
     } else if m >= TILED_MIN_ROWS || cpu.batch_invariant {
         let gemm = if cpu.batch_invariant {
             kernels::gemm_fn_invariant(w.ty, cpu.simd)
@@ -265,6 +263,31 @@ pub(crate) fn matmul(
         rows: m,
         cols: n,
     })
+}
+
+/// A one-row product over `n` weight rows of `row_bytes` bytes as one parallel job: tasks of
+/// whole groups of `group` rows ([`one_row_tasks`], [`taper`]ed), each running `task(first row,
+/// rows, its outputs)`.
+fn one_row_job(
+    cpu: &Context,
+    n: usize,
+    row_bytes: usize,
+    group: usize,
+    task: impl Fn(usize, usize, &mut [f32]) + Sync,
+) -> Vec<f32> {
+    let mut y = vec![0.0f32; n];
+    let mut tasks: Vec<(usize, usize, usize)> = one_row_tasks(n, cpu.threads, row_bytes, group)
+        .into_iter()
+        .map(|(r0, rows)| (0, r0, rows))
+        .collect();
+    taper(&mut tasks, cpu.threads, |_| (row_bytes, group));
+    let sink = Disjoint::new(&mut y);
+    cpu.team.run(tasks.len(), |t| {
+        let (_, r0, rows) = tasks[t];
+        // SAFETY: the tasks cover disjoint row ranges of the output.
+        task(r0, rows, unsafe { sink.slice(r0..r0 + rows) });
+    });
+    y
 }
 
 /// [`rows_per_task`] in whole groups of `group` rows (the interleaved layout's

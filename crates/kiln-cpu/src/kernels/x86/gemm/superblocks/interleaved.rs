@@ -6,39 +6,78 @@
 //! of a line is, after splitting its nibbles, exactly a line of a tile panel (8 rows, one per
 //! 32-bit lane; the low nibbles sub-block `2c`, the high ones `2c + 1`). So:
 //!
-//! - **Few activation rows** (decode: fewer than [`Q4K`]`::MIN_COLS`): [`direct`] reads each
+//! - **Few activation rows** (decode: fewer than [`Q4K`]`::MIN_COLS`): [`Layout::direct`] reads each
 //!   group's lines where they lie, splits their nibbles in registers and runs the tile's
 //!   arithmetic on them for one activation row: per line and half, an `and` (and a shift) and a
 //!   `maddubs` against 4 activation quants broadcast, the i16 sums of a sub-block widened once by
 //!   its scale. The file layout's one-row kernel instead reduces each row's 8 lanes per
 //!   super-block and gathers the rows' scales one by one (`superblocks::rows_exact`), about twice
 //!   the vector instructions per weight, which bound decode by arithmetic, not memory.
-//! - **More rows**: [`pack`] unpacks a group into the two 8-row panels that [`SuperBlocks::pack`]
+//! - **More rows**: [`Layout::pack`] unpacks a group into the two 8-row panels that [`SuperBlocks::pack`]
 //!   makes of the same rows in the file layout (no transposes: the layout is already the
 //!   panels'), and the tile kernel runs on them.
 //!
 //! Both form the tile's exact i32 sums (`isum`: the sub-block sums times their scales; `mins`:
 //! the minimums times the activation sums of their sub-blocks) and then its f32 steps in its
 //! order (`SuperBlocks::finish_block`), so every value has the tile's bits.
+//!
+//! Q6_K has the same kind of kernel written and bit-exact, but not here: its codes take four
+//! times the instructions to unpack (6 bits from two lines), so it ran only 1.1x the file
+//! layout's one-row kernel in cache and no faster streaming from memory with two threads (Zen 3,
+//! docs/BENCHMARKS.md), and its products stay with the file layout's kernels.
 
 use std::arch::x86_64::*;
 
-use super::super::{tiles, Call, Format, Line, PANEL_ROWS, PIECE, SCRATCH};
+use super::super::{broadcast4, tiles, Call, Format, Line, PANEL_ROWS, PIECE, SCRATCH};
 use super::{KQuant, SuperBlocks, Q4K, Q8K, Q8K_QS};
-use crate::kernels::interleaved::{check_call, q4_k, ActivationTerms, INTERLEAVE_ROWS};
+use crate::kernels::interleaved::{check_call, q4_k, ActivationTerms, Blocking, INTERLEAVE_ROWS};
 use crate::kernels::x86::{load16, load32};
 
-type Tile = SuperBlocks<Q4K>;
+type Tile4 = SuperBlocks<Q4K>;
 
 /// Activation rows per tile pass over a packed group: their quants over one slice of the panels
 /// stay in L2 (as `matmul`'s `ACT_TILE` keeps the file layout's tile calls).
 const COL_TILE: usize = 128;
 
-/// How far ahead of the super-block it multiplies [`direct`] requests the weights. The
+/// How far ahead of the super-block it multiplies [`Layout::direct`] requests the weights. The
 /// hardware prefetcher alone left one thread streaming a 75 MB matrix at 18.7 GB/s (the file
 /// layout's kernel too); requests 2, 4 and 8 KB ahead gave 25.6, 26.4 and 26.8 GB/s, and two
 /// such streams at once 25.5 GB/s each (Zen 3, `examples/interleave_stream_bench`: docs/BENCHMARKS.md).
 const PREFETCH: usize = 4096;
+
+/// An interleaved k-quant layout with AVX2 kernels.
+trait Layout {
+    /// The format of the tile kernel whose bits the products give.
+    type K: KQuant;
+    const BLOCKING: Blocking;
+
+    /// Unpacks half `h` (rows `8h..8h + 8`) of super-block `b` of the group at `group` (of
+    /// `blocks` super-blocks) into the tile panel block at `dst`: the bytes
+    /// [`SuperBlocks::pack`] writes for those 8 rows in the file layout.
+    ///
+    /// # Safety
+    /// AVX2; `group` points at a whole group, `b < blocks`, `dst` at `PANEL_LINES` writable
+    /// lines.
+    unsafe fn pack(group: *const u8, blocks: usize, b: usize, h: usize, dst: *mut u8);
+
+    /// The 16 rows of the group at `group` against activation row `c`: `out[8h..8h + 8]` for
+    /// both halves `h`.
+    ///
+    /// # Safety
+    /// AVX2+FMA+F16C; `group` points at a whole group of `blocks` super-blocks; `a` at the
+    /// activation row's `blocks` Q8_K blocks, `factors` at their tile factors
+    /// (`FACTOR_WORDS` words a block), `terms` are theirs, `t0` the index of its first block in
+    /// them; `out..out + 16` writable.
+    unsafe fn direct(
+        group: *const u8,
+        blocks: usize,
+        a: *const u8,
+        factors: *const u32,
+        terms: &ActivationTerms,
+        t0: usize,
+        out: *mut f32,
+    );
+}
 
 /// `kernels::InterleavedGemmFn` of Q4_K at the AVX2 level.
 ///
@@ -55,62 +94,87 @@ pub(in crate::kernels::x86) unsafe fn q4_k_avx2(
     out: *mut f32,
     ldo: usize,
 ) {
-    let blocks = check_call(q4_k::BLOCKING, k, w, rows, a, terms, cols);
+    // SAFETY: as this fn's.
+    unsafe { gemm::<Q4Layout>(k, w, rows, a, terms, cols, out, ldo) }
+}
+
+/// The product of layout `L`: [`Layout::direct`] below the tile's `MIN_COLS` activation rows,
+/// else the packed panels through the tile kernel.
+///
+/// # Safety
+/// As `InterleavedGemmFn`, on a CPU with AVX2, FMA and F16C.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm<L: Layout>(
+    k: usize,
+    w: &[u8],
+    rows: usize,
+    a: &[u8],
+    terms: &ActivationTerms,
+    cols: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let blocks = check_call(L::BLOCKING, k, w, rows, a, terms, cols);
     if rows == 0 || cols == 0 {
         return;
     }
     let groups = rows / INTERLEAVE_ROWS;
-    if cols < Q4K::MIN_COLS {
-        // SAFETY: `check_call` checked that `w` holds `groups` groups of `blocks` super-blocks,
-        // `a` `cols` Q8_K rows of as many blocks and `terms` theirs; the caller vouches for
-        // `out` and the CPU.
-        unsafe {
-            direct(
-                blocks,
-                w.as_ptr(),
-                groups,
-                a.as_ptr(),
-                terms,
-                cols,
-                out,
-                ldo,
-            )
-        };
-        return;
-    }
+    let group_bytes = blocks * L::BLOCKING.block * INTERLEAVE_ROWS;
+    let a_row = blocks * Q8K;
+    let fw = SuperBlocks::<L::K>::FACTOR_WORDS;
     SCRATCH.with_borrow_mut(|scratch| {
-        let panel_block = Tile::PANEL_LINES * 32;
-        let lines = 2 * blocks * Tile::PANEL_LINES;
-        if scratch.panels.len() < lines {
-            scratch.panels.resize(lines, Line([0; 32]));
-        }
-        let words = cols * blocks * Tile::FACTOR_WORDS;
+        let words = cols * blocks * fw;
         if scratch.factors.len() < words {
             scratch.factors.resize(words, 0);
+        }
+        let factors = scratch.factors.as_mut_ptr();
+        // SAFETY: `check_call` checked that `w` holds `groups` groups of `blocks` super-blocks,
+        // `a` `cols` Q8_K rows of as many blocks and `terms` theirs; the caller vouches for
+        // `out` and the CPU; the factors were just sized for `cols` rows of `blocks` blocks.
+        unsafe {
+            for c in 0..cols {
+                for b in 0..blocks {
+                    let y = a.as_ptr().add(c * a_row + b * Q8K);
+                    SuperBlocks::<L::K>::factors(y, factors.add((c * blocks + b) * fw));
+                }
+            }
+            if cols < L::K::MIN_COLS {
+                for g in 0..groups {
+                    let group = w.as_ptr().add(g * group_bytes);
+                    for c in 0..cols {
+                        L::direct(
+                            group,
+                            blocks,
+                            a.as_ptr().add(c * a_row),
+                            factors.add(c * blocks * fw),
+                            terms,
+                            c * blocks,
+                            out.add(c * ldo + g * INTERLEAVE_ROWS),
+                        );
+                    }
+                }
+                return;
+            }
+        }
+        let panel_block = SuperBlocks::<L::K>::PANEL_LINES * 32;
+        let lines = 2 * blocks * SuperBlocks::<L::K>::PANEL_LINES;
+        if scratch.panels.len() < lines {
+            scratch.panels.resize(lines, Line([0; 32]));
         }
         let accs = COL_TILE.min(cols) * 2;
         if scratch.accs.len() < accs {
             scratch.accs.resize(accs, Line([0; 32]));
         }
         let panels: *mut u8 = scratch.panels.as_mut_ptr().cast();
-        let factors = scratch.factors.as_mut_ptr();
         let accs: *mut __m256 = scratch.accs.as_mut_ptr().cast();
-        let a_row = blocks * Q8K;
-        // SAFETY: as above; the scratch was just sized for two panels of `blocks` blocks, the
-        // factors of `cols` rows of `blocks` blocks and `COL_TILE` rows' sums of two panels.
+        // SAFETY: as above; the scratch was just sized for two panels of `blocks` blocks and
+        // `COL_TILE` rows' sums of two panels.
         unsafe {
-            for c in 0..cols {
-                for b in 0..blocks {
-                    let y = a.as_ptr().add(c * a_row + b * Q8K);
-                    Tile::factors(y, factors.add((c * blocks + b) * Tile::FACTOR_WORDS));
-                }
-            }
             for g in 0..groups {
-                let group = w.as_ptr().add(g * blocks * q4_k::GROUP_BLOCK);
+                let group = w.as_ptr().add(g * group_bytes);
                 for b in 0..blocks {
                     for h in 0..2 {
-                        let dst = panels.add((2 * b + h) * panel_block);
-                        pack(group.add(b * q4_k::GROUP_BLOCK), h, dst);
+                        L::pack(group, blocks, b, h, panels.add((2 * b + h) * panel_block));
                     }
                 }
                 for c0 in (0..cols).step_by(COL_TILE) {
@@ -125,8 +189,8 @@ pub(in crate::kernels::x86) unsafe fn q4_k_avx2(
                         out: out.add(c0 * ldo + g * INTERLEAVE_ROWS),
                         ldo,
                     };
-                    let f = factors.add(c0 * blocks * Tile::FACTOR_WORDS);
-                    tiles_avx2(&call, panels, f, accs);
+                    let f = factors.add(c0 * blocks * fw);
+                    tiles_avx2::<L::K>(&call, panels, f, accs);
                 }
             }
         }
@@ -136,11 +200,17 @@ pub(in crate::kernels::x86) unsafe fn q4_k_avx2(
 /// The tile passes of one packed group, compiled for AVX2 so that the tile kernel inlines.
 ///
 /// # Safety
-/// As `tiles::<Tile, 2, 2>` with `r0 = 0`: `call` describes the group's 16 rows, its activation
-/// rows and outputs; `panels` holds its two packed panels; `factors` and `accs` are sized.
+/// As `tiles::<SuperBlocks<K>, 2, 2>` with `r0 = 0`: `call` describes the group's 16 rows, its
+/// activation rows and outputs; `panels` holds its two packed panels; `factors` and `accs` are
+/// sized.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tiles_avx2(call: &Call, panels: *const u8, factors: *const u32, accs: *mut __m256) {
-    tiles::<Tile, 2, 2>(call, panels, factors, 0, accs)
+unsafe fn tiles_avx2<K: KQuant>(
+    call: &Call,
+    panels: *const u8,
+    factors: *const u32,
+    accs: *mut __m256,
+) {
+    tiles::<SuperBlocks<K>, 2, 2>(call, panels, factors, 0, accs)
 }
 
 /// Byte shuffles that put byte `j` of each 32-bit lane in both of its i16 halves (zero-extended):
@@ -205,144 +275,135 @@ unsafe fn scales_mins(src: *const u8, h: usize) -> [__m256i; 4] {
     ]
 }
 
-/// Unpacks half `h` of the group's super-block at `src` into the tile panel block at `dst`: the
-/// bytes [`SuperBlocks::pack`] writes for those 8 rows in the file layout.
-///
-/// # Safety
-/// AVX2; `src` points at a super-block of a group, `dst` at `PANEL_LINES` writable lines.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pack(src: *const u8, h: usize, dst: *mut u8) {
-    let low4 = _mm256_set1_epi8(0x0f);
-    let store = |at: usize, v: __m256i| _mm256_storeu_si256(dst.add(at).cast(), v);
-    for c in 0..4 {
-        for v in 0..8 {
-            let line = load32(src.add(q4_k::CODES + 64 * (8 * c + v) + 32 * h));
-            store(2 * c * PIECE + 32 * v, _mm256_and_si256(line, low4));
-            let high = _mm256_and_si256(_mm256_srli_epi16::<4>(line), low4);
-            store((2 * c + 1) * PIECE + 32 * v, high);
+/// Q4_K's interleaved layout (`kernels::interleaved::q4_k`).
+struct Q4Layout;
+
+impl Layout for Q4Layout {
+    type K = Q4K;
+    const BLOCKING: Blocking = q4_k::BLOCKING;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn pack(group: *const u8, _blocks: usize, b: usize, h: usize, dst: *mut u8) {
+        let src = group.add(b * q4_k::GROUP_BLOCK);
+        let low4 = _mm256_set1_epi8(0x0f);
+        let store = |at: usize, v: __m256i| _mm256_storeu_si256(dst.add(at).cast(), v);
+        for c in 0..4 {
+            for v in 0..8 {
+                let line = load32(src.add(q4_k::CODES + 64 * (8 * c + v) + 32 * h));
+                store(2 * c * PIECE + 32 * v, _mm256_and_si256(line, low4));
+                let high = _mm256_and_si256(_mm256_srli_epi16::<4>(line), low4);
+                store((2 * c + 1) * PIECE + 32 * v, high);
+            }
+        }
+        let [sc_lo, sc_hi, mn_lo, mn_hi] = scales_mins(src, h);
+        for g in 0..8 {
+            let bytes = if g < 4 { sc_lo } else { sc_hi };
+            let sc = _mm256_shuffle_epi8(bytes, load32(SCALE_TWICE[g % 4].as_ptr()));
+            store(Tile4::SCALES_AT + 32 * g, sc);
+        }
+        for p in 0..4 {
+            let bytes = if p < 2 { mn_lo } else { mn_hi };
+            let pair = _mm256_shuffle_epi8(bytes, load32(MIN_PAIR[p % 2].as_ptr()));
+            store(Tile4::MINS_AT + 32 * p, pair);
+        }
+        let halves = |at: usize| _mm256_cvtph_ps(load16(src.add(at + 16 * h)));
+        _mm256_storeu_ps(dst.add(Tile4::DMIN_LINE_AT).cast(), halves(q4_k::DMIN));
+        _mm256_storeu_ps(dst.add(Tile4::D_LINE_AT).cast(), halves(0));
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn direct(
+        group: *const u8,
+        blocks: usize,
+        a: *const u8,
+        _factors: *const u32,
+        terms: &ActivationTerms,
+        t0: usize,
+        out: *mut f32,
+    ) {
+        let low4 = _mm256_set1_epi8(0x0f);
+        let low_bytes = _mm256_set1_epi32(0x00ff_00ff);
+        let mut acc = [_mm256_setzero_ps(); 2];
+        for b in 0..blocks {
+            let src = group.add(b * q4_k::GROUP_BLOCK);
+            let yq = a.add(b * Q8K + Q8K_QS);
+            let t = t0 + b;
+            // The activation sums of the sub-blocks, in pairs as `MIN_PAIRS` orders them.
+            let sums: [__m256i; 4] = std::array::from_fn(|p| {
+                _mm256_set1_epi32(*terms.sums.get_unchecked(q4_k::TERMS * t + p))
+            });
+            let mut scale = [[_mm256_setzero_si256(); 8]; 2];
+            let mut mins = [_mm256_setzero_si256(); 2];
+            for h in 0..2 {
+                let [sc_lo, sc_hi, mn_lo, mn_hi] = scales_mins(src, h);
+                for (j, shuffle) in SCALE_TWICE.iter().enumerate() {
+                    let shuffle = load32(shuffle.as_ptr());
+                    scale[h][j] = _mm256_shuffle_epi8(sc_lo, shuffle);
+                    scale[h][j + 4] = _mm256_shuffle_epi8(sc_hi, shuffle);
+                }
+                // Minimums (0, 2), (1, 3), then (4, 6), (5, 7), as i16 pairs.
+                let pairs = [
+                    _mm256_and_si256(mn_lo, low_bytes),
+                    _mm256_srli_epi16::<8>(mn_lo),
+                    _mm256_and_si256(mn_hi, low_bytes),
+                    _mm256_srli_epi16::<8>(mn_hi),
+                ];
+                for p in 0..4 {
+                    let wide = _mm256_madd_epi16(pairs[p], sums[p]);
+                    mins[h] = _mm256_add_epi32(mins[h], wide);
+                }
+            }
+            let mut isum = [_mm256_setzero_si256(); 2];
+            for cc in 0..4 {
+                prefetch_quarter(src, q4_k::GROUP_BLOCK, cc);
+                // Sub-blocks 2cc (low nibbles) and 2cc + 1 (high): 8 lines of 4 codes each,
+                // |sum| <= 8 * 2 * 15 * 127 = 30480 per i16.
+                let mut s_lo = [_mm256_setzero_si256(); 2];
+                let mut s_hi = [_mm256_setzero_si256(); 2];
+                for v in 0..8 {
+                    let a_lo = broadcast4(yq.add(64 * cc + 4 * v));
+                    let a_hi = broadcast4(yq.add(64 * cc + 32 + 4 * v));
+                    for h in 0..2 {
+                        let line = load32(src.add(q4_k::CODES + 64 * (8 * cc + v) + 32 * h));
+                        let lo = _mm256_and_si256(line, low4);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(line), low4);
+                        s_lo[h] = _mm256_add_epi16(s_lo[h], _mm256_maddubs_epi16(lo, a_lo));
+                        s_hi[h] = _mm256_add_epi16(s_hi[h], _mm256_maddubs_epi16(hi, a_hi));
+                    }
+                }
+                for h in 0..2 {
+                    let lo = _mm256_madd_epi16(s_lo[h], scale[h][2 * cc]);
+                    let hi = _mm256_madd_epi16(s_hi[h], scale[h][2 * cc + 1]);
+                    isum[h] = _mm256_add_epi32(isum[h], _mm256_add_epi32(lo, hi));
+                }
+            }
+            // The tile's f32 steps (`SuperBlocks::finish_block`), in its order.
+            let da = _mm256_set1_ps(*terms.scales.get_unchecked(t));
+            for h in 0..2 {
+                let d = _mm256_cvtph_ps(load16(src.add(16 * h)));
+                let dmin = _mm256_cvtph_ps(load16(src.add(q4_k::DMIN + 16 * h)));
+                let sum = _mm256_cvtepi32_ps(isum[h]);
+                acc[h] = _mm256_fmadd_ps(sum, _mm256_mul_ps(d, da), acc[h]);
+                let m = _mm256_cvtepi32_ps(mins[h]);
+                acc[h] = _mm256_fnmadd_ps(m, _mm256_mul_ps(dmin, da), acc[h]);
+            }
+        }
+        for (h, v) in acc.into_iter().enumerate() {
+            _mm256_storeu_ps(out.add(h * PANEL_ROWS), v);
         }
     }
-    let [sc_lo, sc_hi, mn_lo, mn_hi] = scales_mins(src, h);
-    for g in 0..8 {
-        let bytes = if g < 4 { sc_lo } else { sc_hi };
-        let sc = _mm256_shuffle_epi8(bytes, load32(SCALE_TWICE[g % 4].as_ptr()));
-        store(Tile::SCALES_AT + 32 * g, sc);
-    }
-    for p in 0..4 {
-        let bytes = if p < 2 { mn_lo } else { mn_hi };
-        let pair = _mm256_shuffle_epi8(bytes, load32(MIN_PAIR[p % 2].as_ptr()));
-        store(Tile::MINS_AT + 32 * p, pair);
-    }
-    let halves = |at: usize| _mm256_cvtph_ps(load16(src.add(at + 16 * h)));
-    _mm256_storeu_ps(dst.add(Tile::DMIN_LINE_AT).cast(), halves(q4_k::DMIN));
-    _mm256_storeu_ps(dst.add(Tile::D_LINE_AT).cast(), halves(0));
 }
 
-/// Every group of `w` against each of the `cols` activation rows in turn, read where they lie:
-/// the tile kernel's arithmetic on one activation row with the panel lines made in registers.
-///
-/// # Safety
-/// AVX2+FMA+F16C; `w` holds `groups` groups of `blocks` super-blocks, `a` `cols` Q8_K rows of
-/// `blocks` blocks with their `terms`; `out + c * ldo + r` is writable for the groups' rows `r`
-/// and `c < cols`.
-#[allow(clippy::too_many_arguments)]
+/// Requests quarter `q` of the `bytes` of a super-block at `src`, [`PREFETCH`] bytes ahead (a
+/// hint: it never faults past the end, hence `wrapping_add`).
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn direct(
-    blocks: usize,
-    w: *const u8,
-    groups: usize,
-    a: *const u8,
-    terms: &ActivationTerms,
-    cols: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
-    let low4 = _mm256_set1_epi8(0x0f);
-    let low_bytes = _mm256_set1_epi32(0x00ff_00ff);
-    let a_row = blocks * Q8K;
-    for g in 0..groups {
-        let group = w.add(g * blocks * q4_k::GROUP_BLOCK);
-        for c in 0..cols {
-            let mut acc = [_mm256_setzero_ps(); 2];
-            for b in 0..blocks {
-                let src = group.add(b * q4_k::GROUP_BLOCK);
-                let yq = a.add(c * a_row + b * Q8K + Q8K_QS);
-                let t = c * blocks + b;
-                // The activation sums of the sub-blocks, in pairs as `MIN_PAIRS` orders them.
-                let sums: [__m256i; 4] = std::array::from_fn(|p| {
-                    _mm256_set1_epi32(*terms.sums.get_unchecked(q4_k::TERMS * t + p))
-                });
-                let mut scale = [[_mm256_setzero_si256(); 8]; 2];
-                let mut mins = [_mm256_setzero_si256(); 2];
-                for h in 0..2 {
-                    let [sc_lo, sc_hi, mn_lo, mn_hi] = scales_mins(src, h);
-                    for (j, shuffle) in SCALE_TWICE.iter().enumerate() {
-                        let shuffle = load32(shuffle.as_ptr());
-                        scale[h][j] = _mm256_shuffle_epi8(sc_lo, shuffle);
-                        scale[h][j + 4] = _mm256_shuffle_epi8(sc_hi, shuffle);
-                    }
-                    // Minimums (0, 2), (1, 3), then (4, 6), (5, 7), as i16 pairs.
-                    let pairs = [
-                        _mm256_and_si256(mn_lo, low_bytes),
-                        _mm256_srli_epi16::<8>(mn_lo),
-                        _mm256_and_si256(mn_hi, low_bytes),
-                        _mm256_srli_epi16::<8>(mn_hi),
-                    ];
-                    for p in 0..4 {
-                        let wide = _mm256_madd_epi16(pairs[p], sums[p]);
-                        mins[h] = _mm256_add_epi32(mins[h], wide);
-                    }
-                }
-                let mut isum = [_mm256_setzero_si256(); 2];
-                for cc in 0..4 {
-                    // A quarter of the super-block's lines, `PREFETCH` bytes ahead (a hint:
-                    // never faults past the end, hence `wrapping_add`).
-                    for l in 0..q4_k::GROUP_BLOCK / 4 / 64 {
-                        let ahead =
-                            src.wrapping_add(PREFETCH + q4_k::GROUP_BLOCK / 4 * cc + 64 * l);
-                        _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
-                    }
-                    // Sub-blocks 2cc (low nibbles) and 2cc + 1 (high): 8 lines of 4 codes each,
-                    // |sum| <= 8 * 2 * 15 * 127 = 30480 per i16.
-                    let mut s_lo = [_mm256_setzero_si256(); 2];
-                    let mut s_hi = [_mm256_setzero_si256(); 2];
-                    for v in 0..8 {
-                        let a_lo = _mm256_set1_epi32(
-                            yq.add(64 * cc + 4 * v).cast::<i32>().read_unaligned(),
-                        );
-                        let a_hi = _mm256_set1_epi32(
-                            yq.add(64 * cc + 32 + 4 * v).cast::<i32>().read_unaligned(),
-                        );
-                        for h in 0..2 {
-                            let line = load32(src.add(q4_k::CODES + 64 * (8 * cc + v) + 32 * h));
-                            let lo = _mm256_and_si256(line, low4);
-                            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(line), low4);
-                            s_lo[h] = _mm256_add_epi16(s_lo[h], _mm256_maddubs_epi16(lo, a_lo));
-                            s_hi[h] = _mm256_add_epi16(s_hi[h], _mm256_maddubs_epi16(hi, a_hi));
-                        }
-                    }
-                    for h in 0..2 {
-                        let lo = _mm256_madd_epi16(s_lo[h], scale[h][2 * cc]);
-                        let hi = _mm256_madd_epi16(s_hi[h], scale[h][2 * cc + 1]);
-                        isum[h] = _mm256_add_epi32(isum[h], _mm256_add_epi32(lo, hi));
-                    }
-                }
-                // The tile's f32 steps (`SuperBlocks::finish_block`), in its order.
-                let da = _mm256_set1_ps(*terms.scales.get_unchecked(t));
-                for h in 0..2 {
-                    let d = _mm256_cvtph_ps(load16(src.add(16 * h)));
-                    let dmin = _mm256_cvtph_ps(load16(src.add(q4_k::DMIN + 16 * h)));
-                    let sum = _mm256_cvtepi32_ps(isum[h]);
-                    acc[h] = _mm256_fmadd_ps(sum, _mm256_mul_ps(d, da), acc[h]);
-                    let m = _mm256_cvtepi32_ps(mins[h]);
-                    acc[h] = _mm256_fnmadd_ps(m, _mm256_mul_ps(dmin, da), acc[h]);
-                }
-            }
-            for (h, v) in acc.into_iter().enumerate() {
-                let at = out.add(c * ldo + g * INTERLEAVE_ROWS + h * PANEL_ROWS);
-                _mm256_storeu_ps(at, v);
-            }
-        }
+fn prefetch_quarter(src: *const u8, bytes: usize, q: usize) {
+    let quarter = bytes / 4;
+    for l in 0..quarter.div_ceil(64) {
+        let ahead = src.wrapping_add(PREFETCH + quarter * q + 64 * l);
+        _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
     }
 }
