@@ -549,13 +549,20 @@ impl<'a> TiledJob<'a> {
         // activations), a multiple of 4. Against 64 rows: +10% at `kiln bench -b 8` (the
         // kernel's prefetch runs across fewer task boundaries, where the next tile's rows are
         // another task's) and +5% at pp512 on Gemma 3 270M.
-        // An interleaved weight: tasks of whole groups, split as a one-row product's are.
+        // An interleaved weight: tasks of whole groups; at the VNNI level split as a one-row
+        // product's are, below it (where the product packs the tile kernel's panels and the
+        // activations' factors per call, as a tile call does) as the tiles' are.
+        let tiles_rows = |group: usize| {
+            n.div_ceil(cpu.threads * 4)
+                .next_multiple_of(group)
+                .clamp(group, 256)
+                .min(n)
+        };
         let nb = match kernel {
-            TileKernel::Tiles { .. } => n
-                .div_ceil(cpu.threads * 4)
-                .next_multiple_of(4)
-                .clamp(4, 256)
-                .min(n),
+            TileKernel::Tiles { .. } => tiles_rows(4),
+            TileKernel::Interleaved { .. } if cpu.simd != kernels::SimdLevel::Avx512Vnni => {
+                tiles_rows(kernels::INTERLEAVE_ROWS)
+            }
             TileKernel::Interleaved { .. } => {
                 grouped_task_rows(n, m, cpu.threads, row_bytes, kernels::INTERLEAVE_ROWS)
             }

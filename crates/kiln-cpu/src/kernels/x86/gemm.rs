@@ -80,6 +80,7 @@ use crate::kernels::gemm::{dot_loop, gemm_shape};
 use crate::kernels::{GemmFn, VecDotFn};
 
 mod blocks32;
+mod interleaved;
 mod superblocks;
 
 pub(in crate::kernels::x86) use superblocks::q4_k_avx2 as q4_k_interleaved;

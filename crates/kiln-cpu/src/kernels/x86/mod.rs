@@ -25,7 +25,7 @@ use super::{GemmFn, QuantizeFn, RowsFn, StridedGemmFn, VecDotFn};
 pub(super) use interleaved::interleaved_gemm_fn;
 
 /// The AVX2 product over the interleaved layout of `ty`, where it has one (Q4_K; bit-identical
-/// to the AVX2 tile kernel, see `gemm::superblocks::interleaved`).
+/// to the AVX2 tile kernel, see `gemm::interleaved`).
 pub(super) fn interleaved_gemm_fn_avx2(ty: GgmlType) -> Option<super::InterleavedGemmFn> {
     match ty {
         GgmlType::Q4_K => Some(gemm::q4_k_interleaved),

@@ -1,83 +1,34 @@
-//! AVX2 products over the interleaved layout of Q4_K (`kernels::interleaved::q4_k`), bit-identical
-//! to the AVX2 tile kernel ([`SuperBlocks`]`<Q4K>`), hence to the tile-exact one-row product:
-//! batch-invariant mode may mix them, and a weight can be held in this layout at the AVX2 level.
+//! Q4_K's interleaved layout (`kernels::interleaved::q4_k`) for the AVX2 products of
+//! `gemm::interleaved`, bit-identical to [`SuperBlocks`]`<Q4K>`'s tiles.
 //!
-//! The layout's 64-byte lines hold the same 4 codes of 16 rows, 4 bytes a row: each 32-byte half
-//! of a line is, after splitting its nibbles, exactly a line of a tile panel (8 rows, one per
-//! 32-bit lane; the low nibbles sub-block `2c`, the high ones `2c + 1`). So:
-//!
-//! - **Few activation rows** (decode: fewer than [`Q4K`]`::MIN_COLS`): [`Layout::direct`] reads each
-//!   group's lines where they lie, splits their nibbles in registers and runs the tile's
-//!   arithmetic on them for one activation row: per line and half, an `and` (and a shift) and a
-//!   `maddubs` against 4 activation quants broadcast, the i16 sums of a sub-block widened once by
-//!   its scale. The file layout's one-row kernel instead reduces each row's 8 lanes per
-//!   super-block and gathers the rows' scales one by one (`superblocks::rows_exact`), about twice
-//!   the vector instructions per weight, which bound decode by arithmetic, not memory.
-//! - **More rows**: [`Layout::pack`] unpacks a group into the two 8-row panels that [`SuperBlocks::pack`]
-//!   makes of the same rows in the file layout (no transposes: the layout is already the
-//!   panels'), and the tile kernel runs on them.
-//!
-//! Both form the tile's exact i32 sums (`isum`: the sub-block sums times their scales; `mins`:
-//! the minimums times the activation sums of their sub-blocks) and then its f32 steps in its
-//! order (`SuperBlocks::finish_block`), so every value has the tile's bits.
+//! A line's 32-byte half, its nibbles split, is a panel line of two sub-blocks (the low nibbles
+//! sub-block `2c`, the high ones `2c + 1`). The one-row kernel spends per line and half an `and`
+//! (and a shift) and a `maddubs` against 4 activation quants broadcast, the i16 sums of a
+//! sub-block widened once by its scale; then the tile's exact i32 sums (`isum`: the sub-block
+//! sums times their scales; `mins`: the minimums times the activation sums of their sub-blocks)
+//! and its f32 steps in its order (`SuperBlocks::finish_block`).
 //!
 //! Q6_K has the same kind of kernel written and bit-exact, but not here: its codes take four
 //! times the instructions to unpack (6 bits from two lines), so it ran only 1.1x the file
-//! layout's one-row kernel in cache and no faster streaming from memory with two threads (Zen 3,
-//! docs/BENCHMARKS.md), and its products stay with the file layout's kernels.
+//! layout's one-row kernel in cache and no faster streaming from memory with two threads, while
+//! making batched decode faster (Zen 3, docs/BENCHMARKS.md); its products stay with the file
+//! layout's kernels.
 
 use std::arch::x86_64::*;
 
-use super::super::{broadcast4, tiles, Call, Format, Line, PANEL_ROWS, PIECE, SCRATCH};
+use super::super::interleaved::{gemm, Layout};
+use super::super::{broadcast4, PANEL_ROWS, PIECE};
 use super::{KQuant, SuperBlocks, Q4K, Q8K, Q8K_QS};
-use crate::kernels::interleaved::{check_call, q4_k, ActivationTerms, Blocking, INTERLEAVE_ROWS};
+use crate::kernels::interleaved::{q4_k, ActivationTerms, Blocking};
 use crate::kernels::x86::{load16, load32};
 
 type Tile4 = SuperBlocks<Q4K>;
-
-/// Activation rows per tile pass over a packed group: their quants over one slice of the panels
-/// stay in L2 (as `matmul`'s `ACT_TILE` keeps the file layout's tile calls).
-const COL_TILE: usize = 128;
 
 /// How far ahead of the super-block it multiplies [`Layout::direct`] requests the weights. The
 /// hardware prefetcher alone left one thread streaming a 75 MB matrix at 18.7 GB/s (the file
 /// layout's kernel too); requests 2, 4 and 8 KB ahead gave 25.6, 26.4 and 26.8 GB/s, and two
 /// such streams at once 25.5 GB/s each (Zen 3, `examples/interleave_stream_bench`: docs/BENCHMARKS.md).
 const PREFETCH: usize = 4096;
-
-/// An interleaved k-quant layout with AVX2 kernels.
-trait Layout {
-    /// The format of the tile kernel whose bits the products give.
-    type K: KQuant;
-    const BLOCKING: Blocking;
-
-    /// Unpacks half `h` (rows `8h..8h + 8`) of super-block `b` of the group at `group` (of
-    /// `blocks` super-blocks) into the tile panel block at `dst`: the bytes
-    /// [`SuperBlocks::pack`] writes for those 8 rows in the file layout.
-    ///
-    /// # Safety
-    /// AVX2; `group` points at a whole group, `b < blocks`, `dst` at `PANEL_LINES` writable
-    /// lines.
-    unsafe fn pack(group: *const u8, blocks: usize, b: usize, h: usize, dst: *mut u8);
-
-    /// The 16 rows of the group at `group` against activation row `c`: `out[8h..8h + 8]` for
-    /// both halves `h`.
-    ///
-    /// # Safety
-    /// AVX2+FMA+F16C; `group` points at a whole group of `blocks` super-blocks; `a` at the
-    /// activation row's `blocks` Q8_K blocks, `factors` at their tile factors
-    /// (`FACTOR_WORDS` words a block), `terms` are theirs, `t0` the index of its first block in
-    /// them; `out..out + 16` writable.
-    unsafe fn direct(
-        group: *const u8,
-        blocks: usize,
-        a: *const u8,
-        factors: *const u32,
-        terms: &ActivationTerms,
-        t0: usize,
-        out: *mut f32,
-    );
-}
 
 /// `kernels::InterleavedGemmFn` of Q4_K at the AVX2 level.
 ///
@@ -96,121 +47,6 @@ pub(in crate::kernels::x86) unsafe fn q4_k_avx2(
 ) {
     // SAFETY: as this fn's.
     unsafe { gemm::<Q4Layout>(k, w, rows, a, terms, cols, out, ldo) }
-}
-
-/// The product of layout `L`: [`Layout::direct`] below the tile's `MIN_COLS` activation rows,
-/// else the packed panels through the tile kernel.
-///
-/// # Safety
-/// As `InterleavedGemmFn`, on a CPU with AVX2, FMA and F16C.
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm<L: Layout>(
-    k: usize,
-    w: &[u8],
-    rows: usize,
-    a: &[u8],
-    terms: &ActivationTerms,
-    cols: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
-    let blocks = check_call(L::BLOCKING, k, w, rows, a, terms, cols);
-    if rows == 0 || cols == 0 {
-        return;
-    }
-    let groups = rows / INTERLEAVE_ROWS;
-    let group_bytes = blocks * L::BLOCKING.block * INTERLEAVE_ROWS;
-    let a_row = blocks * Q8K;
-    let fw = SuperBlocks::<L::K>::FACTOR_WORDS;
-    SCRATCH.with_borrow_mut(|scratch| {
-        let words = cols * blocks * fw;
-        if scratch.factors.len() < words {
-            scratch.factors.resize(words, 0);
-        }
-        let factors = scratch.factors.as_mut_ptr();
-        // SAFETY: `check_call` checked that `w` holds `groups` groups of `blocks` super-blocks,
-        // `a` `cols` Q8_K rows of as many blocks and `terms` theirs; the caller vouches for
-        // `out` and the CPU; the factors were just sized for `cols` rows of `blocks` blocks.
-        unsafe {
-            for c in 0..cols {
-                for b in 0..blocks {
-                    let y = a.as_ptr().add(c * a_row + b * Q8K);
-                    SuperBlocks::<L::K>::factors(y, factors.add((c * blocks + b) * fw));
-                }
-            }
-            if cols < L::K::MIN_COLS {
-                for g in 0..groups {
-                    let group = w.as_ptr().add(g * group_bytes);
-                    for c in 0..cols {
-                        L::direct(
-                            group,
-                            blocks,
-                            a.as_ptr().add(c * a_row),
-                            factors.add(c * blocks * fw),
-                            terms,
-                            c * blocks,
-                            out.add(c * ldo + g * INTERLEAVE_ROWS),
-                        );
-                    }
-                }
-                return;
-            }
-        }
-        let panel_block = SuperBlocks::<L::K>::PANEL_LINES * 32;
-        let lines = 2 * blocks * SuperBlocks::<L::K>::PANEL_LINES;
-        if scratch.panels.len() < lines {
-            scratch.panels.resize(lines, Line([0; 32]));
-        }
-        let accs = COL_TILE.min(cols) * 2;
-        if scratch.accs.len() < accs {
-            scratch.accs.resize(accs, Line([0; 32]));
-        }
-        let panels: *mut u8 = scratch.panels.as_mut_ptr().cast();
-        let accs: *mut __m256 = scratch.accs.as_mut_ptr().cast();
-        // SAFETY: as above; the scratch was just sized for two panels of `blocks` blocks and
-        // `COL_TILE` rows' sums of two panels.
-        unsafe {
-            for g in 0..groups {
-                let group = w.as_ptr().add(g * group_bytes);
-                for b in 0..blocks {
-                    for h in 0..2 {
-                        L::pack(group, blocks, b, h, panels.add((2 * b + h) * panel_block));
-                    }
-                }
-                for c0 in (0..cols).step_by(COL_TILE) {
-                    let call = Call {
-                        blocks,
-                        w: std::ptr::null(),
-                        w_row: 0,
-                        rows: INTERLEAVE_ROWS,
-                        a: a.as_ptr().add(c0 * a_row),
-                        a_row,
-                        cols: COL_TILE.min(cols - c0),
-                        out: out.add(c0 * ldo + g * INTERLEAVE_ROWS),
-                        ldo,
-                    };
-                    let f = factors.add(c0 * blocks * fw);
-                    tiles_avx2::<L::K>(&call, panels, f, accs);
-                }
-            }
-        }
-    })
-}
-
-/// The tile passes of one packed group, compiled for AVX2 so that the tile kernel inlines.
-///
-/// # Safety
-/// As `tiles::<SuperBlocks<K>, 2, 2>` with `r0 = 0`: `call` describes the group's 16 rows, its
-/// activation rows and outputs; `panels` holds its two packed panels; `factors` and `accs` are
-/// sized.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tiles_avx2<K: KQuant>(
-    call: &Call,
-    panels: *const u8,
-    factors: *const u32,
-    accs: *mut __m256,
-) {
-    tiles::<SuperBlocks<K>, 2, 2>(call, panels, factors, 0, accs)
 }
 
 /// Byte shuffles that put byte `j` of each 32-bit lane in both of its i16 halves (zero-extended):
@@ -279,8 +115,9 @@ unsafe fn scales_mins(src: *const u8, h: usize) -> [__m256i; 4] {
 struct Q4Layout;
 
 impl Layout for Q4Layout {
-    type K = Q4K;
+    type F = Tile4;
     const BLOCKING: Blocking = q4_k::BLOCKING;
+    const MIN_COLS: usize = Q4K::MIN_COLS;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]

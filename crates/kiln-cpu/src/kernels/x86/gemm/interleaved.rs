@@ -1,0 +1,184 @@
+//! AVX2 products over the interleaved layouts (`kernels::interleaved`), bit-identical to the
+//! AVX2 tile kernels of their formats, hence to the tile-exact one-row products: batch-invariant
+//! mode may mix them, and at the AVX2 level a weight can be held in the layout.
+//!
+//! The layouts' 64-byte lines hold the same 4 quants of 16 rows, 4 bytes a row: each 32-byte
+//! half of a line is, once its quants are unpacked, a line of a tile panel (8 rows, one per
+//! 32-bit lane). So a product runs one of two ways ([`gemm`]):
+//!
+//! - **Few activation rows** (decode: below the tile's `MIN_COLS`): [`Layout::direct`] reads
+//!   each group's lines where they lie, unpacks them in registers and runs the tile's arithmetic
+//!   on them for one activation row, both halves of the group side by side (each broadcast of
+//!   activation quants serves 16 rows). The file layout's one-row kernel instead reduces each
+//!   row's 8 lanes per block and gathers the rows' scales one by one (`rows_exact`): about
+//!   twice the vector instructions per weight, which bound decode by arithmetic, not memory.
+//! - **More rows**: [`Layout::pack`] unpacks a group into the two 8-row panels that the tile
+//!   format's `pack` makes of the same rows in the file layout (no transposes: the layout is
+//!   already the panels'), and the tile kernel runs on them.
+//!
+//! Both form the tile's exact i32 sums and then its f32 steps in its order, so every value has
+//! the tile's bits (`tests/gemm.rs` compares them bit for bit). The layouts themselves are in
+//! `superblocks::interleaved` (Q4_K, the one format so far whose kernels here beat the file
+//! layout's: docs/BENCHMARKS.md has what Q6_K's and Q5_0's gave).
+
+use std::arch::x86_64::*;
+
+use super::{tiles, Call, Format, Line, SCRATCH};
+use crate::kernels::interleaved::{check_call, ActivationTerms, Blocking, INTERLEAVE_ROWS};
+
+/// Activation rows per tile pass over a packed group: their quants over one slice of the panels
+/// stay in L2 (as `matmul`'s `ACT_TILE` keeps the file layout's tile calls).
+const COL_TILE: usize = 128;
+
+/// An interleaved layout with AVX2 kernels.
+pub(super) trait Layout {
+    /// The tile format whose bits the products give: an AVX2 one of two panels a tile
+    /// (`Shape::Wide`: one panel a half of the group).
+    type F: Format;
+    const BLOCKING: Blocking;
+    /// Fewest activation rows that go through the packed panels and the tile kernel.
+    const MIN_COLS: usize;
+
+    /// Unpacks half `h` (rows `8h..8h + 8`) of block `b` of the group at `group` (of `blocks`
+    /// blocks) into the tile panel block at `dst`: the bytes the tile format's `pack` writes
+    /// for those 8 rows in the file layout.
+    ///
+    /// # Safety
+    /// AVX2; `group` points at a whole group, `b < blocks`, `dst` at `PANEL_LINES` writable
+    /// lines.
+    unsafe fn pack(group: *const u8, blocks: usize, b: usize, h: usize, dst: *mut u8);
+
+    /// The 16 rows of the group at `group` against one activation row: `out[8h..8h + 8]` for
+    /// both halves `h`.
+    ///
+    /// # Safety
+    /// AVX2+FMA+F16C; `group` points at a whole group of `blocks` blocks; `a` at the activation
+    /// row's `blocks` blocks, `factors` at their tile factors (`FACTOR_WORDS` words a block),
+    /// `terms` are the call's, `t0` the index of the row's first block in them; `out..out + 16`
+    /// writable.
+    unsafe fn direct(
+        group: *const u8,
+        blocks: usize,
+        a: *const u8,
+        factors: *const u32,
+        terms: &ActivationTerms,
+        t0: usize,
+        out: *mut f32,
+    );
+}
+
+/// The product of layout `L` (`kernels::InterleavedGemmFn`): [`Layout::direct`] below
+/// `L::MIN_COLS` activation rows, else the packed panels through the tile kernel.
+///
+/// # Safety
+/// As `InterleavedGemmFn`, on a CPU with AVX2, FMA and F16C.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn gemm<L: Layout>(
+    k: usize,
+    w: &[u8],
+    rows: usize,
+    a: &[u8],
+    terms: &ActivationTerms,
+    cols: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    const { assert!(L::F::SHAPE.panels() == 2 && !L::F::VNNI) };
+    let blocks = check_call(L::BLOCKING, k, w, rows, a, terms, cols);
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    let groups = rows / INTERLEAVE_ROWS;
+    let group_bytes = blocks * L::BLOCKING.block * INTERLEAVE_ROWS;
+    let a_row = blocks * L::F::A_BLOCK;
+    let fw = L::F::FACTOR_WORDS;
+    SCRATCH.with_borrow_mut(|scratch| {
+        let words = cols * blocks * fw;
+        if scratch.factors.len() < words {
+            scratch.factors.resize(words, 0);
+        }
+        let factors = scratch.factors.as_mut_ptr();
+        // SAFETY: `check_call` checked that `w` holds `groups` groups of `blocks` blocks, `a`
+        // `cols` activation rows of as many blocks and `terms` theirs; the caller vouches for
+        // `out` and the CPU; the factors were just sized for `cols` rows of `blocks` blocks.
+        unsafe {
+            for c in 0..cols {
+                for b in 0..blocks {
+                    let y = a.as_ptr().add(c * a_row + b * L::F::A_BLOCK);
+                    L::F::factors(y, factors.add((c * blocks + b) * fw));
+                }
+            }
+            if cols < L::MIN_COLS {
+                for g in 0..groups {
+                    let group = w.as_ptr().add(g * group_bytes);
+                    for c in 0..cols {
+                        L::direct(
+                            group,
+                            blocks,
+                            a.as_ptr().add(c * a_row),
+                            factors.add(c * blocks * fw),
+                            terms,
+                            c * blocks,
+                            out.add(c * ldo + g * INTERLEAVE_ROWS),
+                        );
+                    }
+                }
+                return;
+            }
+        }
+        let panel_block = L::F::PANEL_LINES * 32;
+        let lines = 2 * blocks * L::F::PANEL_LINES;
+        if scratch.panels.len() < lines {
+            scratch.panels.resize(lines, Line([0; 32]));
+        }
+        let accs = COL_TILE.min(cols) * 2;
+        if scratch.accs.len() < accs {
+            scratch.accs.resize(accs, Line([0; 32]));
+        }
+        let panels: *mut u8 = scratch.panels.as_mut_ptr().cast();
+        let accs: *mut __m256 = scratch.accs.as_mut_ptr().cast();
+        // SAFETY: as above; the scratch was just sized for two panels of `blocks` blocks and
+        // `COL_TILE` rows' sums of two panels.
+        unsafe {
+            for g in 0..groups {
+                let group = w.as_ptr().add(g * group_bytes);
+                for b in 0..blocks {
+                    for h in 0..2 {
+                        L::pack(group, blocks, b, h, panels.add((2 * b + h) * panel_block));
+                    }
+                }
+                for c0 in (0..cols).step_by(COL_TILE) {
+                    let call = Call {
+                        blocks,
+                        w: std::ptr::null(),
+                        w_row: 0,
+                        rows: INTERLEAVE_ROWS,
+                        a: a.as_ptr().add(c0 * a_row),
+                        a_row,
+                        cols: COL_TILE.min(cols - c0),
+                        out: out.add(c0 * ldo + g * INTERLEAVE_ROWS),
+                        ldo,
+                    };
+                    let f = factors.add(c0 * blocks * fw);
+                    tiles_avx2::<L::F>(&call, panels, f, accs);
+                }
+            }
+        }
+    })
+}
+
+/// The tile passes over a group's two packed panels, compiled for AVX2 so that the tile kernel
+/// inlines.
+///
+/// # Safety
+/// As `tiles::<F, 2, 2>` with `r0 = 0`: `call` describes the group's 16 rows, its activation
+/// rows and outputs; `panels` holds their packed panels; `factors` and `accs` are sized.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tiles_avx2<F: Format>(
+    call: &Call,
+    panels: *const u8,
+    factors: *const u32,
+    accs: *mut __m256,
+) {
+    tiles::<F, 2, 2>(call, panels, factors, 0, accs)
+}
