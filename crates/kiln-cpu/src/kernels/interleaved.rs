@@ -335,9 +335,9 @@ pub type InterleavedGemmFn = unsafe fn(
 );
 
 /// The product over interleaved weights of `ty` at `level`: Q8_0, Q5_0, Q4_K and Q6_K at AVX-512
-/// VNNI only
-/// (`None` elsewhere, where the file layout's kernels are the fast ones, so there is no reason to
-/// interleave).
+/// VNNI; Q4_K at AVX2 and AVX-512 without VNNI (bit-identical to the AVX2 tile kernel:
+/// `kernels::x86::gemm::interleaved`). `None` elsewhere, where the file layout's kernels are as
+/// fast, so there is no reason to interleave.
 pub fn interleaved_gemm_fn(ty: GgmlType, level: super::SimdLevel) -> Option<InterleavedGemmFn> {
     match super::usable(level) {
         #[cfg(target_arch = "x86_64")]

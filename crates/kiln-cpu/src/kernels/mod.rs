@@ -26,12 +26,13 @@
 //!   of the best level it has ([`SimdLevel::Avx512Vnni`] on an AVX2-only CPU gives the AVX2
 //!   kernel, [`SimdLevel::Avx2`] off x86-64 the scalar one), so every returned `fn` is safe to
 //!   call.
-//! - **Interleaved layouts are the VNNI level's own.** [`interleave`] rearranges Q8_0, Q5_0,
-//!   Q4_K and Q6_K matrices of whole groups of 16 rows so that one `vpdpbusd` serves 16 rows
-//!   ([`interleaved_gemm_fn`], AVX-512 VNNI only); [`interleaved_row`] gives any row back
-//!   byte for byte. Their products equal the row dots up to the order of the f32 additions and
-//!   are batch-invariant by construction (each value's operations do not depend on the number
-//!   of activation rows).
+//! - **Interleaved layouts.** [`interleave`] rearranges Q8_0, Q5_0, Q4_K and Q6_K matrices of
+//!   whole groups of 16 rows so that one `vpdpbusd` serves 16 rows ([`interleaved_gemm_fn`] at
+//!   AVX-512 VNNI), and so that a 32-byte half of each line is a tile panel's line (Q4_K at the
+//!   AVX2 level); [`interleaved_row`] gives any row back byte for byte. The VNNI products equal
+//!   the row dots up to the order of the f32 additions, the AVX2 one is bit-identical to the
+//!   AVX2 tile kernel; both are batch-invariant by construction (each value's operations do not
+//!   depend on the number of activation rows).
 //! - **VNNI changes no value.** A VNNI tile kernel forms the same exact integer block sums as the
 //!   AVX2 tile kernel of its format and then runs the same f32 steps in the same order, so the
 //!   two are bit-identical (tested), and batch-invariant mode may mix either with the AVX2
