@@ -7,27 +7,16 @@
 //! `cargo run --release -p kiln-cpu --example interleave_stream_bench [-- TYPE [COLS]]` (TYPE:
 //! `q4_k` by default, `q6_k`, `q5_0`, `q8_0`; COLS activation rows, 1 by default)
 
-use std::hint::black_box;
-use std::time::{Duration, Instant};
+mod common;
 
+use std::hint::black_box;
+
+use common::time_pass;
 use kiln_core::GgmlType;
 use kiln_cpu::kernels::{
     activation_terms, gemm_fn, interleave, interleaved_gemm_fn, quantize_fn, rows_exact_fn,
     simd_level,
 };
-
-/// Seconds of the fastest pass in about 1.5 s (after one to warm up).
-fn time_pass(mut pass: impl FnMut()) -> f64 {
-    pass();
-    let mut best = f64::INFINITY;
-    let budget = Instant::now();
-    while budget.elapsed() < Duration::from_millis(1500) {
-        let start = Instant::now();
-        pass();
-        best = best.min(start.elapsed().as_secs_f64());
-    }
-    best
-}
 
 fn main() {
     let ty = match std::env::args().nth(1).as_deref() {
@@ -46,23 +35,17 @@ fn main() {
     for rows in [128usize, 1024, 65536] {
         let k = 2048;
         let row_bytes = ty.row_bytes(k as u64).unwrap() as usize;
-        let mut s = 0x1234_5678u64;
-        let mut w: Vec<u8> = (0..rows * row_bytes)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                s as u8
-            })
-            .collect();
-        // Small finite scales (d, and dmin where there is one).
-        let scales: &[usize] = match ty {
+        // Random bytes with a small finite scale first in every block (`fill_blocks`); the
+        // k-quants' `d` (and Q4_K's `dmin`) lie elsewhere: made small and finite too.
+        let mut w = vec![0u8; rows * row_bytes];
+        common::fill_blocks(&mut w, ty.type_size(), &mut 0x1234_5678u64);
+        let k_scales: &[usize] = match ty {
             GgmlType::Q4_K => &[0, 2],
             GgmlType::Q6_K => &[208],
-            _ => &[0],
+            _ => &[],
         };
         for block in w.chunks_exact_mut(ty.type_size()) {
-            for &at in scales {
+            for &at in k_scales {
                 block[at..at + 2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
             }
         }

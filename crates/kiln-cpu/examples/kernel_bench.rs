@@ -10,8 +10,10 @@
 //! AVX2 level, in the first column instead of the scalar reference, where the type has one).
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
 
+mod common;
+
+use common::time_pass;
 use kiln_core::GgmlType;
 use kiln_cpu::kernels::{
     quantize_fn, rows_exact_fn, simd_level, vec_dot_fn, RowsFn, SimdLevel, VecDotFn,
@@ -100,20 +102,6 @@ fn weights(ty: GgmlType, rows: usize, n: usize, rng: &mut Rng) -> Vec<u8> {
         }),
     }
     w
-}
-
-/// Seconds per pass: the fastest of the passes run in about 1.5 s. Each pass is timed alone, so
-/// that passes interrupted by other processes (a busy machine) drop out.
-fn time_pass(mut pass: impl FnMut()) -> f64 {
-    pass(); // warm caches and page in the matrix
-    let mut best = f64::INFINITY;
-    let budget = Instant::now();
-    while budget.elapsed() < Duration::from_millis(1500) {
-        let start = Instant::now();
-        pass();
-        best = best.min(start.elapsed().as_secs_f64());
-    }
-    best
 }
 
 /// One pass of the row dot `dot` over every row of `w`.

@@ -83,7 +83,7 @@ mod blocks32;
 mod interleaved;
 mod superblocks;
 
-pub(in crate::kernels::x86) use superblocks::q4_k_avx2 as q4_k_interleaved;
+pub(in crate::kernels::x86) use interleaved::Q4_K as Q4_K_INTERLEAVED;
 
 /// Weight rows per panel: one per 32-bit lane.
 const PANEL_ROWS: usize = 8;

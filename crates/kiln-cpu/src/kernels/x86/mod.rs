@@ -28,7 +28,7 @@ pub(super) use interleaved::interleaved_gemm_fn;
 /// to the AVX2 tile kernel, see `gemm::interleaved`).
 pub(super) fn interleaved_gemm_fn_avx2(ty: GgmlType) -> Option<super::InterleavedGemmFn> {
     match ty {
-        GgmlType::Q4_K => Some(gemm::q4_k_interleaved),
+        GgmlType::Q4_K => Some(gemm::Q4_K_INTERLEAVED),
         _ => None,
     }
 }

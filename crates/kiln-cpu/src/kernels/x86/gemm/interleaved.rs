@@ -25,6 +25,11 @@ use std::arch::x86_64::*;
 
 use super::{tiles, Call, Format, Line, SCRATCH};
 use crate::kernels::interleaved::{check_call, ActivationTerms, Blocking, INTERLEAVE_ROWS};
+use crate::kernels::InterleavedGemmFn;
+
+/// The AVX2 product over Q4_K's interleaved layout (`kernels::InterleavedGemmFn`; to be handed
+/// out only on a CPU with AVX2, FMA and F16C).
+pub(in crate::kernels::x86) const Q4_K: InterleavedGemmFn = gemm::<super::superblocks::Q4Layout>;
 
 /// Activation rows per tile pass over a packed group: their quants over one slice of the panels
 /// stay in L2 (as `matmul`'s `ACT_TILE` keeps the file layout's tile calls).
@@ -73,7 +78,7 @@ pub(super) trait Layout {
 /// # Safety
 /// As `InterleavedGemmFn`, on a CPU with AVX2, FMA and F16C.
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn gemm<L: Layout>(
+unsafe fn gemm<L: Layout>(
     k: usize,
     w: &[u8],
     rows: usize,

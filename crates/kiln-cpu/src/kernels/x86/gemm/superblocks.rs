@@ -33,7 +33,7 @@ use crate::kernels::VecDotFn;
 
 mod interleaved;
 
-pub(in crate::kernels::x86) use interleaved::q4_k_avx2;
+pub(super) use interleaved::Q4Layout;
 
 const Q8K: usize = size_of::<BlockQ8K>();
 const Q8K_QS: usize = offset_of!(BlockQ8K, qs);

@@ -16,7 +16,7 @@
 
 use std::arch::x86_64::*;
 
-use super::super::interleaved::{gemm, Layout};
+use super::super::interleaved::Layout;
 use super::super::{broadcast4, PANEL_ROWS, PIECE};
 use super::{KQuant, SuperBlocks, Q4K, Q8K, Q8K_QS};
 use crate::kernels::interleaved::{q4_k, ActivationTerms, Blocking};
@@ -30,60 +30,32 @@ type Tile4 = SuperBlocks<Q4K>;
 /// such streams at once 25.5 GB/s each (Zen 3, `examples/interleave_stream_bench`: docs/BENCHMARKS.md).
 const PREFETCH: usize = 4096;
 
-/// `kernels::InterleavedGemmFn` of Q4_K at the AVX2 level.
-///
-/// # Safety
-/// As `InterleavedGemmFn`; handed out only when the CPU has AVX2, FMA and F16C.
-#[allow(clippy::too_many_arguments)]
-pub(in crate::kernels::x86) unsafe fn q4_k_avx2(
-    k: usize,
-    w: &[u8],
-    rows: usize,
-    a: &[u8],
-    terms: &ActivationTerms,
-    cols: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
-    // SAFETY: as this fn's.
-    unsafe { gemm::<Q4Layout>(k, w, rows, a, terms, cols, out, ldo) }
+/// The byte shuffle that puts bytes `lo` and `hi` of each 32-bit lane in its two i16 halves,
+/// zero-extended.
+const fn pair_shuffle(lo: usize, hi: usize) -> [u8; 32] {
+    let mut t = [0x80u8; 32];
+    let mut i = 0;
+    while i < 8 {
+        let at = 4 * (i % 4) + 16 * (i / 4);
+        t[at] = (4 * (i % 4) + lo) as u8;
+        t[at + 2] = (4 * (i % 4) + hi) as u8;
+        i += 1;
+    }
+    t
 }
 
-/// Byte shuffles that put byte `j` of each 32-bit lane in both of its i16 halves (zero-extended):
-/// a sub-block scale as the tile's panel holds it (`(sc, sc)`).
-const SCALE_TWICE: [[u8; 32]; 4] = {
-    let mut t = [[0x80u8; 32]; 4];
-    let mut j = 0;
-    while j < 4 {
-        let mut i = 0;
-        while i < 8 {
-            let at = 4 * (i % 4) + 16 * (i / 4);
-            t[j][at] = (4 * (i % 4) + j) as u8;
-            t[j][at + 2] = (4 * (i % 4) + j) as u8;
-            i += 1;
-        }
-        j += 1;
-    }
-    t
-};
+/// Byte `j` of each 32-bit lane in both i16 halves: a sub-block scale as the tile's panel holds
+/// it (`(sc, sc)`).
+const SCALE_TWICE: [[u8; 32]; 4] = [
+    pair_shuffle(0, 0),
+    pair_shuffle(1, 1),
+    pair_shuffle(2, 2),
+    pair_shuffle(3, 3),
+];
 
-/// Byte shuffles that put bytes `2p` and `2p + 1` of each 32-bit lane in its i16 halves
-/// (zero-extended): a pair of minimums as the tile's panel holds them.
-const MIN_PAIR: [[u8; 32]; 2] = {
-    let mut t = [[0x80u8; 32]; 2];
-    let mut p = 0;
-    while p < 2 {
-        let mut i = 0;
-        while i < 8 {
-            let at = 4 * (i % 4) + 16 * (i / 4);
-            t[p][at] = (4 * (i % 4) + 2 * p) as u8;
-            t[p][at + 2] = (4 * (i % 4) + 2 * p + 1) as u8;
-            i += 1;
-        }
-        p += 1;
-    }
-    t
-};
+/// Bytes `2p` and `2p + 1` of each 32-bit lane in its i16 halves: a pair of minimums as the
+/// tile's panel holds them.
+const MIN_PAIR: [[u8; 32]; 2] = [pair_shuffle(0, 1), pair_shuffle(2, 3)];
 
 /// The 6-bit scales and minimums of half `h` (rows `8h..8h + 8`) of the group's super-block at
 /// `src`, one row a 32-bit lane: `(scales 0..4, scales 4..8, minimums 0..4, minimums 4..8)`, a
@@ -112,7 +84,7 @@ unsafe fn scales_mins(src: *const u8, h: usize) -> [__m256i; 4] {
 }
 
 /// Q4_K's interleaved layout (`kernels::interleaved::q4_k`).
-struct Q4Layout;
+pub(in crate::kernels::x86::gemm) struct Q4Layout;
 
 impl Layout for Q4Layout {
     type F = Tile4;
