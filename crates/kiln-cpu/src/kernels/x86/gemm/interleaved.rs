@@ -58,14 +58,12 @@ pub(super) trait Layout {
     ///
     /// # Safety
     /// AVX2+FMA+F16C; `group` points at a whole group of `blocks` blocks; `a` at the activation
-    /// row's `blocks` blocks, `factors` at their tile factors (`FACTOR_WORDS` words a block),
-    /// `terms` are the call's, `t0` the index of the row's first block in them; `out..out + 16`
-    /// writable.
+    /// row's `blocks` blocks, `terms` are the call's, `t0` the index of the row's first block in
+    /// them; `out..out + 16` writable.
     unsafe fn direct(
         group: *const u8,
         blocks: usize,
         a: *const u8,
-        factors: *const u32,
         terms: &ActivationTerms,
         t0: usize,
         out: *mut f32,
@@ -97,38 +95,39 @@ unsafe fn gemm<L: Layout>(
     let group_bytes = blocks * L::BLOCKING.block * INTERLEAVE_ROWS;
     let a_row = blocks * L::F::A_BLOCK;
     let fw = L::F::FACTOR_WORDS;
+    if cols < L::MIN_COLS {
+        for g in 0..groups {
+            for c in 0..cols {
+                // SAFETY: `check_call` checked that `w` holds `groups` groups of `blocks` blocks,
+                // `a` `cols` activation rows of as many blocks and `terms` theirs; the caller
+                // vouches for `out` and the CPU.
+                unsafe {
+                    L::direct(
+                        w.as_ptr().add(g * group_bytes),
+                        blocks,
+                        a.as_ptr().add(c * a_row),
+                        terms,
+                        c * blocks,
+                        out.add(c * ldo + g * INTERLEAVE_ROWS),
+                    )
+                };
+            }
+        }
+        return;
+    }
     SCRATCH.with_borrow_mut(|scratch| {
         let words = cols * blocks * fw;
         if scratch.factors.len() < words {
             scratch.factors.resize(words, 0);
         }
         let factors = scratch.factors.as_mut_ptr();
-        // SAFETY: `check_call` checked that `w` holds `groups` groups of `blocks` blocks, `a`
-        // `cols` activation rows of as many blocks and `terms` theirs; the caller vouches for
-        // `out` and the CPU; the factors were just sized for `cols` rows of `blocks` blocks.
+        // SAFETY: as above; the factors were just sized for `cols` rows of `blocks` blocks.
         unsafe {
             for c in 0..cols {
                 for b in 0..blocks {
                     let y = a.as_ptr().add(c * a_row + b * L::F::A_BLOCK);
                     L::F::factors(y, factors.add((c * blocks + b) * fw));
                 }
-            }
-            if cols < L::MIN_COLS {
-                for g in 0..groups {
-                    let group = w.as_ptr().add(g * group_bytes);
-                    for c in 0..cols {
-                        L::direct(
-                            group,
-                            blocks,
-                            a.as_ptr().add(c * a_row),
-                            factors.add(c * blocks * fw),
-                            terms,
-                            c * blocks,
-                            out.add(c * ldo + g * INTERLEAVE_ROWS),
-                        );
-                    }
-                }
-                return;
             }
         }
         let panel_block = L::F::PANEL_LINES * 32;

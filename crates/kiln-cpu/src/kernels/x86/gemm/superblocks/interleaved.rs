@@ -127,7 +127,6 @@ impl Layout for Q4Layout {
         group: *const u8,
         blocks: usize,
         a: *const u8,
-        _factors: *const u32,
         terms: &ActivationTerms,
         t0: usize,
         out: *mut f32,
