@@ -54,7 +54,7 @@ fn main() {
             common::fill_blocks(&mut w, ty.type_size(), &mut seed);
         }
         let mut il = vec![0u8; w.len()];
-        kernels::interleave(ty, k, &w, &mut il);
+        kernels::interleave(ty, level, k, &w, &mut il);
         let gemv = kernels::gemv_fn(ty, level);
         let dot = kernels::vec_dot_fn(ty, level).unwrap();
         let narrow = kernels::strided_gemm_fn(ty, level);

@@ -74,7 +74,7 @@ fn main() {
             }
         };
         let mut il = vec![0u8; w.len()];
-        interleave(ty, k, &w, &mut il);
+        interleave(ty, level, k, &w, &mut il);
         let interleaved = match interleaved_gemm_fn(ty, level) {
             Some(gemm) => {
                 let terms = activation_terms(act, &a);

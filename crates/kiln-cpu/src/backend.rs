@@ -94,10 +94,10 @@ impl CpuBackend {
         Interleaved::new(
             &self.arena,
             &cx.team,
-            cx.threads,
             data,
             n_rows,
             row_bytes,
+            cx.simd,
             gemm,
         )
         .map(|il| Some(Arc::new(il)))
@@ -367,7 +367,7 @@ impl Backend for CpuBackend {
             let row = match &table.interleaved {
                 Some(il) => {
                     row_buf.resize(table.row_bytes, 0);
-                    kernels::interleaved_row(table.ty, d, il.bytes(), id, &mut row_buf);
+                    kernels::interleaved_row(table.ty, il.level, d, il.bytes(), id, &mut row_buf);
                     &row_buf[..]
                 }
                 None => table.row_bytes_of(id),

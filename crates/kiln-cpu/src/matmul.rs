@@ -211,7 +211,7 @@ pub(crate) fn matmul(
             unsafe { (il.gemm)(k, wb, rows, &acts, &terms, 1, out.as_mut_ptr(), rows) };
         })
     } else if let Some(il) = &w.interleaved {
-        let terms = kernels::activation_terms(act_ty, &acts);
+        let terms = interleaved_terms(cpu, w.ty, act_ty, &acts, m);
         let mut y = crate::buffers::take(m * n);
         let kernel = TileKernel::Interleaved {
             gemm: il.gemm,
@@ -290,6 +290,23 @@ fn one_row_job(
     y
 }
 
+/// The [`kernels::ActivationTerms`] of activation rows `acts` (`m` rows of `act_ty`) for the
+/// product of an interleaved weight of `ty`: empty where that product does not read them
+/// ([`kernels::interleaved_uses_terms`]).
+fn interleaved_terms(
+    cpu: &Context,
+    ty: GgmlType,
+    act_ty: GgmlType,
+    acts: &[u8],
+    m: usize,
+) -> kernels::ActivationTerms {
+    if kernels::interleaved_uses_terms(ty, cpu.simd, m) {
+        kernels::activation_terms(act_ty, acts)
+    } else {
+        kernels::ActivationTerms::default()
+    }
+}
+
 /// [`rows_per_task`] in whole groups of `group` rows (the interleaved layout's
 /// [`kernels::INTERLEAVE_ROWS`], else 1).
 fn grouped_task_rows(n: usize, m: usize, threads: usize, row_bytes: usize, group: usize) -> usize {
@@ -358,8 +375,19 @@ impl Activations {
                 }
             };
             let format = &mut acts.formats[f];
-            if l.weight.interleaved.is_some() && format.terms.is_none() {
-                format.terms = Some(kernels::activation_terms(format.ty, &format.bytes));
+            if l.weight.interleaved.is_some() {
+                // Empty terms where no interleaved product of this format reads them.
+                let uses = kernels::interleaved_uses_terms(l.weight.ty, cpu.simd, x.rows);
+                let made = format.terms.as_ref().is_some_and(|t| !t.is_empty());
+                if format.terms.is_none() || (uses && !made) {
+                    format.terms = Some(interleaved_terms(
+                        cpu,
+                        l.weight.ty,
+                        format.ty,
+                        &format.bytes,
+                        x.rows,
+                    ));
+                }
             }
             acts.of.push(f);
         }

@@ -29,7 +29,8 @@ pub struct CpuOptions {
     pub simd_cap: Option<SimdLevel>,
     /// The weight types stored in the backend's interleaved layout when uploaded, where the
     /// chosen SIMD level has a kernel for it (AVX-512 VNNI: Q8_0, Q5_0, Q4_K, Q6_K; AVX2 and
-    /// AVX-512 without VNNI: Q4_K; matrices of a multiple of 16 rows). The copy does far less arithmetic per block in products; its source
+    /// AVX-512 without VNNI: Q4_K, Q5_0; matrices of a multiple of 16 rows). The copy does far
+    /// less arithmetic per block in products; its source
     /// pages are handed back as they are copied, so only one copy stays resident. Default: all of
     /// [`INTERLEAVE_TYPES`]; empty turns it off.
     pub interleave: Vec<GgmlType>,

@@ -43,22 +43,24 @@ pub(crate) struct Interleaved {
     chunk: Arc<Chunk>,
     offset: usize,
     len: usize,
-    /// The layout's product (`kernels::interleaved_gemm_fn` of the weight's type and the
-    /// backend's level, which the backend checked before interleaving).
+    /// The SIMD level whose products the layout is made for (`kernels::interleave`).
+    pub(crate) level: kernels::SimdLevel,
+    /// The layout's product (`kernels::interleaved_gemm_fn` of the weight's type and `level`,
+    /// which the backend checked before interleaving).
     pub(crate) gemm: kernels::InterleavedGemmFn,
 }
 
 impl Interleaved {
     /// `data`'s matrix (`n_rows` rows of `row_bytes`, a whole number of groups of
-    /// `kernels::INTERLEAVE_ROWS`) in the interleaved layout of its type, in a fresh region of
-    /// `arena`, copied on `team` (`threads` threads); `gemm` is the layout's product.
+    /// `kernels::INTERLEAVE_ROWS`) in the interleaved layout of its type for the products of
+    /// `level`, in a fresh region of `arena`, copied on `team`; `gemm` is the layout's product.
     pub(crate) fn new(
         arena: &Arena,
         team: &Team,
-        threads: usize,
         data: &WeightData,
         n_rows: usize,
         row_bytes: usize,
+        level: kernels::SimdLevel,
         gemm: kernels::InterleavedGemmFn,
     ) -> std::io::Result<Interleaved> {
         let rows = kernels::INTERLEAVE_ROWS;
@@ -72,11 +74,11 @@ impl Interleaved {
         // never resident twice), and the whole matrix's at the end (the pages that straddle
         // two pieces).
         let group = rows * row_bytes;
-        let piece = (len / threads).clamp(group, (2 << 20).max(group)) / group * group;
+        let piece = (len / team.threads()).clamp(group, (2 << 20).max(group)) / group * group;
         let k = data.row_len();
         team.for_each_chunk(dst, piece, |i, dst| {
             let src = &data.bytes[i * piece..i * piece + dst.len()];
-            kernels::interleave(data.ty, k, src, dst);
+            kernels::interleave(data.ty, level, k, src, dst);
             if let Some(done) = data.bytes.slice(i * piece..i * piece + dst.len()) {
                 done.release_pages();
             }
@@ -86,6 +88,7 @@ impl Interleaved {
             chunk,
             offset,
             len,
+            level,
             gemm,
         })
     }

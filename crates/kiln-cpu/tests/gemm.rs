@@ -862,38 +862,49 @@ fn interleaved_rows_round_trip() {
         );
     }
     let mut rng = Rng::new(21);
+    // The layouts of the AVX2 and the VNNI products (the same but for Q5_0's masks; on a host
+    // without VNNI both levels give the AVX2 form: the kernels module tests both forms).
+    let levels = [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512Vnni];
     for ty in INTERLEAVED {
         for &k in interleaved_widths(ty) {
             let rows = 2 * INTERLEAVE_ROWS;
             let w = raw_weights(ty, rows, k, None, &mut rng);
-            let mut il = vec![0u8; w.len()];
-            interleave(ty, k, &w, &mut il);
-            assert_ne!(il, w, "{ty} k={k}: the layout moved nothing");
-            let row = w.len() / rows;
-            let mut back = vec![0u8; row];
-            for r in 0..rows {
-                interleaved_row(ty, k, &il, r, &mut back);
-                assert_eq!(back, w[r * row..(r + 1) * row], "{ty} k={k} row {r}");
+            for level in levels {
+                let mut il = vec![0u8; w.len()];
+                interleave(ty, level, k, &w, &mut il);
+                assert_ne!(il, w, "{ty} k={k}: the layout moved nothing");
+                let row = w.len() / rows;
+                let mut back = vec![0u8; row];
+                for r in 0..rows {
+                    interleaved_row(ty, level, k, &il, r, &mut back);
+                    assert_eq!(
+                        back,
+                        w[r * row..(r + 1) * row],
+                        "{ty} {level:?} k={k} row {r}"
+                    );
+                }
             }
         }
         // Not whole groups, or a row outside the matrix: a panic, not a wrong read.
         let k = interleaved_widths(ty)[0];
         let row = ty.row_bytes(k as u64).unwrap() as usize;
         let w = vec![0u8; 15 * row];
-        let caught = catch_unwind(|| interleave(ty, k, &w, &mut vec![0u8; w.len()]));
+        let level = SimdLevel::Avx2;
+        let caught = catch_unwind(|| interleave(ty, level, k, &w, &mut vec![0u8; w.len()]));
         assert!(caught.is_err());
         let il = vec![0u8; 16 * row];
-        let caught = catch_unwind(|| interleaved_row(ty, k, &il, 16, &mut vec![0u8; row]));
+        let caught = catch_unwind(|| interleaved_row(ty, level, k, &il, 16, &mut vec![0u8; row]));
         assert!(caught.is_err());
-        let caught = catch_unwind(|| interleaved_row(ty, k, &il, 3, &mut vec![0u8; row + 1]));
+        let caught =
+            catch_unwind(|| interleaved_row(ty, level, k, &il, 3, &mut vec![0u8; row + 1]));
         assert!(caught.is_err());
     }
-    let caught = catch_unwind(|| interleave(GgmlType::Q5_K, 256, &[], &mut []));
+    let caught = catch_unwind(|| interleave(GgmlType::Q5_K, SimdLevel::Avx2, 256, &[], &mut []));
     assert!(caught.is_err(), "Q5_K has no interleaved layout");
 }
 
 /// The formats with an AVX2 product over their interleaved layout.
-const INTERLEAVED_AVX2: [GgmlType; 1] = [GgmlType::Q4_K];
+const INTERLEAVED_AVX2: [GgmlType; 2] = [GgmlType::Q4_K, GgmlType::Q5_0];
 
 #[test]
 fn avx2_interleaved_products_are_the_tile_kernels_bits() {
@@ -922,7 +933,7 @@ fn avx2_interleaved_products_are_the_tile_kernels_bits() {
             ];
             for w in &sets {
                 let mut il = vec![0u8; w.len()];
-                interleave(ty, k, w, &mut il);
+                interleave(ty, SimdLevel::Avx2, k, w, &mut il);
                 // The direct kernel (1, 2 rows), the packed tiles (3 up), and past the tiles'
                 // pass of 128 activation rows.
                 for cols in [1, 2, 3, 5, 130] {
@@ -977,7 +988,7 @@ fn interleaved_products_match_the_scalar_loop() {
             ];
             for w in &sets {
                 let mut il = vec![0u8; w.len()];
-                interleave(ty, k, w, &mut il);
+                interleave(ty, SimdLevel::Avx512Vnni, k, w, &mut il);
                 // 1 (decode), 2..8 (batched decode), and past a chunk of 8 activation rows.
                 for cols in [1, 2, 5, 8, 9, 19] {
                     let a = activations(ty, cols, k, &mut rng);

@@ -74,13 +74,13 @@ fn weights_of_whole_groups_of_16_rows_are_interleaved_where_the_level_has_the_ke
     let k = 256;
     for b in backends() {
         let vnni = b.simd() == SimdLevel::Avx512Vnni;
-        // The AVX2 level (and AVX-512 without VNNI) has Q4_K's.
+        // The AVX2 level (and AVX-512 without VNNI) has Q4_K's and Q5_0's.
         let avx2 = b.simd().has_avx2();
         for (ty, rows, interleaved) in [
             (GgmlType::Q8_0, 300, false),
             (GgmlType::Q8_0, 37, false),
             (GgmlType::Q8_0, 64, vnni),
-            (GgmlType::Q5_0, 64, vnni),
+            (GgmlType::Q5_0, 64, avx2),
             (GgmlType::Q4_K, 64, avx2),
             (GgmlType::Q4_K, 40, false),
             (GgmlType::Q6_K, 48, vnni),
@@ -100,7 +100,7 @@ fn weights_of_whole_groups_of_16_rows_are_interleaved_where_the_level_has_the_ke
 #[test]
 fn interleaved_weights_give_the_file_layout_s_results() {
     // At the VNNI level a Q8_0, Q5_0, Q4_K or Q6_K matrix of whole groups of 16 rows is held
-    // interleaved, at the AVX2 level a Q4_K one: its embedding rows must be the file's, its
+    // interleaved, at the AVX2 level a Q4_K or Q5_0 one: its embedding rows must be the file's, its
     // products those of the file layout up to the order of the f32 additions (at AVX2 the same
     // bits where the file layout runs the tile's arithmetic too), and each row's product the
     // same bits alone or batched.
@@ -123,7 +123,12 @@ fn interleaved_weights_give_the_file_layout_s_results() {
             (GgmlType::Q4_K, 512),
         ]
     } else {
-        &[(GgmlType::Q4_K, 512), (GgmlType::Q4_K, 1024)]
+        &[
+            (GgmlType::Q4_K, 512),
+            (GgmlType::Q4_K, 1024),
+            (GgmlType::Q5_0, 160),
+            (GgmlType::Q5_0, 640),
+        ]
     };
     for &(ty, k) in types {
         let w = values(rows * k, 16);

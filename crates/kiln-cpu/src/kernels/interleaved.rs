@@ -20,9 +20,15 @@
 //! to back, blocks in pairs:
 //! - the 16 rows' f16 scales of the pair's first block (32 bytes, row `i`'s at `2 * i`), then
 //!   those of its second block;
-//! - (Q5_0) the high bits of the first block (64 bytes), then of the second: 8 little-endian
-//!   u64 masks, mask `c` with bit `4 * i + t` the fifth bit of quant `4c + t` of row `i` (the
-//!   byte mask of line `c` below, for one masked add);
+//! - (Q5_0) the high bits of the first block (64 bytes), then of the second, in one of two
+//!   forms ([`MaskForm`], chosen by the SIMD level the layout is made for):
+//!   - for the AVX-512 VNNI kernels, 8 little-endian u64 masks, mask `c` with bit `4 * i + t`
+//!     the fifth bit of quant `4c + t` of row `i` (the byte mask of line `c` below, for one
+//!     masked add);
+//!   - for the AVX2 kernels, the same bits transposed: 32 bytes per half `h` of the group (rows
+//!     `8h..8h + 8`), byte `4 * r + t` holding in bit `c` the fifth bit of quant `4c + t` of row
+//!     `8h + r`, so that one 16-bit shift and one `and` put chunk `c`'s bits at bit 4 of the
+//!     bytes of its panel line (spreading 32 bits to 32 bytes took four vector instructions);
 //! - the quants of the first block, then of the second. Q8_0: 8 lines of 64 bytes, line `c`
 //!   holding at `4 * i` the quants `4c..4c + 4` of row `i`, each as the unsigned byte `q + 128`
 //!   (the unsigned operand of `vpdpbusd`). Q5_0: 4 lines of 64 bytes, line `v` holding at `4 * i`
@@ -143,10 +149,52 @@ fn word(bytes: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
 }
 
+/// The form of Q5_0's fifth-bit masks in the interleaved layout (the module docs describe both).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MaskForm {
+    /// A u64 mask per chunk of 4 quants of 16 rows (AVX-512 masked adds).
+    Chunks,
+    /// Per half of the group, a byte per quant position holding the 8 chunks' bits (AVX2).
+    Transposed,
+}
+
+impl MaskForm {
+    /// The form the products of `level` read: the VNNI kernels', else the AVX2 kernels'.
+    fn of(level: super::SimdLevel) -> MaskForm {
+        if super::usable(level) == super::SimdLevel::Avx512Vnni {
+            MaskForm::Chunks
+        } else {
+            MaskForm::Transposed
+        }
+    }
+
+    /// Where, inside a block's masks, the fifth bit of quant `q` of row `i` lies: `(byte, bit)`.
+    fn bit(self, i: usize, q: usize) -> (usize, usize) {
+        let (c, t) = (q / 4, q % 4);
+        match self {
+            MaskForm::Chunks => {
+                let bit = 4 * i + t;
+                (8 * c + bit / 8, bit % 8)
+            }
+            MaskForm::Transposed => (32 * (i / PANEL) + 4 * (i % PANEL) + t, c),
+        }
+    }
+}
+
+/// Rows per half of a group (one 32-bit lane each in a 256-bit register).
+const PANEL: usize = INTERLEAVE_ROWS / 2;
+
 /// Writes rows `src` of `ty` (rows of `k` elements, a multiple of [`INTERLEAVE_ROWS`] of them)
-/// into `dst` in the interleaved layout. Panics when `ty` has none or the lengths disagree
-/// (`dst` must be as long as `src`, and `src` whole groups of rows).
-pub fn interleave(ty: GgmlType, k: usize, src: &[u8], dst: &mut [u8]) {
+/// into `dst` in the interleaved layout that the products of `level`
+/// ([`interleaved_gemm_fn`]) read: the same for every level but in Q5_0's masks (see the module
+/// docs). Panics when `ty` has none or the lengths disagree (`dst` must be as long as `src`,
+/// and `src` whole groups of rows).
+pub fn interleave(ty: GgmlType, level: super::SimdLevel, k: usize, src: &[u8], dst: &mut [u8]) {
+    interleave_in(ty, MaskForm::of(level), k, src, dst);
+}
+
+/// [`interleave`] with Q5_0's masks in `form`.
+fn interleave_in(ty: GgmlType, form: MaskForm, k: usize, src: &[u8], dst: &mut [u8]) {
     if let Some((block, pieces)) = super_block(ty) {
         let (group, blocks) = q4_k::check(ty, block, k, src.len(), dst.len());
         // The same map for every group: made once.
@@ -186,11 +234,9 @@ pub fn interleave(ty: GgmlType, k: usize, src: &[u8], dst: &mut [u8]) {
                     }
                 } else {
                     let qh = word(block, 2);
-                    for c in 0..QK / 4 {
-                        let bits = u64::from((qh >> (4 * c)) & 0xf) << (4 * i);
-                        let at = masks + 8 * c;
-                        let mask = u64::from_le_bytes(out[at..at + 8].try_into().unwrap()) | bits;
-                        out[at..at + 8].copy_from_slice(&mask.to_le_bytes());
+                    for q in 0..QK {
+                        let (byte, bit) = form.bit(i, q);
+                        out[masks + byte] |= (((qh >> q) & 1) as u8) << bit;
                     }
                     for v in 0..4 {
                         let at = quants + 64 * v + 4 * i;
@@ -202,10 +248,22 @@ pub fn interleave(ty: GgmlType, k: usize, src: &[u8], dst: &mut [u8]) {
     }
 }
 
-/// Row `r` of an interleaved matrix `w` of `ty` (rows of `k` elements), written back as the row
-/// it came from into `dst` (one row's bytes). Panics when `r` is not a row of `w` or the lengths
-/// disagree.
-pub fn interleaved_row(ty: GgmlType, k: usize, w: &[u8], r: usize, dst: &mut [u8]) {
+/// Row `r` of an interleaved matrix `w` of `ty` (rows of `k` elements, laid out for the products
+/// of `level` as [`interleave`] writes them), written back as the row it came from into `dst`
+/// (one row's bytes). Panics when `r` is not a row of `w` or the lengths disagree.
+pub fn interleaved_row(
+    ty: GgmlType,
+    level: super::SimdLevel,
+    k: usize,
+    w: &[u8],
+    r: usize,
+    dst: &mut [u8],
+) {
+    row_in(ty, MaskForm::of(level), k, w, r, dst);
+}
+
+/// [`interleaved_row`] of a layout with Q5_0's masks in `form`.
+fn row_in(ty: GgmlType, form: MaskForm, k: usize, w: &[u8], r: usize, dst: &mut [u8]) {
     if let Some((block, pieces)) = super_block(ty) {
         let (group, blocks) = q4_k::check(ty, block, k, w.len(), w.len());
         assert!(
@@ -245,10 +303,9 @@ pub fn interleaved_row(ty: GgmlType, k: usize, w: &[u8], r: usize, dst: &mut [u8
             }
         } else {
             let mut qh = 0u32;
-            for c in 0..QK / 4 {
-                let at = masks + 8 * c;
-                let mask = u64::from_le_bytes(grp[at..at + 8].try_into().unwrap());
-                qh |= (((mask >> (4 * i)) & 0xf) as u32) << (4 * c);
+            for q in 0..QK {
+                let (byte, bit) = form.bit(i, q);
+                qh |= u32::from((grp[masks + byte] >> bit) & 1) << q;
             }
             block[2..6].copy_from_slice(&qh.to_le_bytes());
             for v in 0..4 {
@@ -270,6 +327,18 @@ pub fn interleaved_row(ty: GgmlType, k: usize, w: &[u8], r: usize, dst: &mut [u8
 pub struct ActivationTerms {
     pub(super) sums: Vec<i32>,
     pub(super) scales: Vec<f32>,
+}
+
+impl ActivationTerms {
+    /// Blocks whose terms these are (0 for the empty terms of a product that reads none).
+    pub fn len(&self) -> usize {
+        self.scales.len()
+    }
+
+    /// Whether these are the empty terms.
+    pub fn is_empty(&self) -> bool {
+        self.scales.is_empty()
+    }
 }
 
 /// The [`ActivationTerms`] of activation rows `a` of `act_ty` (Q8_0 or Q8_K, whole blocks: a
@@ -335,7 +404,7 @@ pub type InterleavedGemmFn = unsafe fn(
 );
 
 /// The product over interleaved weights of `ty` at `level`: Q8_0, Q5_0, Q4_K and Q6_K at AVX-512
-/// VNNI; Q4_K at AVX2 and AVX-512 without VNNI (bit-identical to the AVX2 tile kernel:
+/// VNNI; Q4_K and Q5_0 at AVX2 and AVX-512 without VNNI (bit-identical to the AVX2 tile kernels:
 /// `kernels::x86::gemm::interleaved`). `None` elsewhere, where the file layout's kernels are as
 /// fast, so there is no reason to interleave.
 pub fn interleaved_gemm_fn(ty: GgmlType, level: super::SimdLevel) -> Option<InterleavedGemmFn> {
@@ -349,6 +418,24 @@ pub fn interleaved_gemm_fn(ty: GgmlType, level: super::SimdLevel) -> Option<Inte
         _ => {
             let _ = ty;
             None
+        }
+    }
+}
+
+/// Whether the product of [`interleaved_gemm_fn`]`(ty, level)` over `cols` activation rows reads
+/// their [`activation_terms`]: the VNNI products always; the AVX2 ones only below the rows from
+/// which they pack the tile kernel's panels, which take the tile's own factors instead. Where it
+/// does not, the product takes empty terms: making them is serial work before the product's
+/// job (a 256-row Q5_0 product of 512 activation rows ran 1.4x as long with them, Zen 3).
+pub fn interleaved_uses_terms(ty: GgmlType, level: super::SimdLevel, cols: usize) -> bool {
+    match super::usable(level) {
+        #[cfg(target_arch = "x86_64")]
+        super::SimdLevel::Avx2 | super::SimdLevel::Avx512 => {
+            super::x86::interleaved_min_cols_avx2(ty).is_none_or(|min| cols < min)
+        }
+        _ => {
+            let _ = (ty, cols);
+            true
         }
     }
 }
@@ -377,15 +464,15 @@ impl Geometry {
     }
 }
 
-/// Checks the lengths of an [`InterleavedGemmFn`] call of a format blocked as `f`; returns the
-/// blocks per row.
+/// Checks the lengths of an [`InterleavedGemmFn`] call of a format blocked as `f` (of `terms`
+/// too where the call reads them: `Some`); returns the blocks per row.
 pub(super) fn check_call(
     f: Blocking,
     k: usize,
     w: &[u8],
     rows: usize,
     a: &[u8],
-    terms: &ActivationTerms,
+    terms: Option<&ActivationTerms>,
     cols: usize,
 ) -> usize {
     assert!(
@@ -398,13 +485,14 @@ pub(super) fn check_call(
         rows.is_multiple_of(INTERLEAVE_ROWS)
             && w.len() == rows * blocks * f.block
             && a.len() == cols * blocks * f.a_block
-            && terms.sums.len() == f.sums * cols * blocks
-            && terms.scales.len() == cols * blocks,
-        "interleaved product: {rows} rows in {} bytes, {cols} activation rows in {} ({} terms), \
-         k {k}",
+            && terms.is_none_or(|t| {
+                t.sums.len() == f.sums * cols * blocks && t.scales.len() == cols * blocks
+            }),
+        "interleaved product: {rows} rows in {} bytes, {cols} activation rows in {} ({:?} \
+         terms), k {k}",
         w.len(),
         a.len(),
-        terms.sums.len()
+        terms.map(|t| t.sums.len())
     );
     blocks
 }
@@ -590,5 +678,49 @@ pub(super) mod q6_k {
             });
             d.chain(scales).chain(halves)
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both forms of Q5_0's masks give every row back (the public round trip tests only the
+    /// form of the host's level), each bit lands where its kernels read it, and the forms differ.
+    #[test]
+    fn q5_0_masks_round_trip_in_both_forms() {
+        let (k, rows) = (3 * QK, 2 * INTERLEAVE_ROWS);
+        let row_bytes = k / QK * Q5_0.block;
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let w: Vec<u8> = (0..rows * row_bytes)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed as u8
+            })
+            .collect();
+        let mut layouts = Vec::new();
+        for form in [MaskForm::Chunks, MaskForm::Transposed] {
+            let mut il = vec![0u8; w.len()];
+            interleave_in(GgmlType::Q5_0, form, k, &w, &mut il);
+            let mut back = vec![0u8; row_bytes];
+            for r in 0..rows {
+                row_in(GgmlType::Q5_0, form, k, &il, r, &mut back);
+                assert_eq!(back, w[r * row_bytes..][..row_bytes], "{form:?} row {r}");
+            }
+            layouts.push(il);
+        }
+        assert_ne!(layouts[0], layouts[1]);
+        // Row 9 (half 1, lane 1), quant 4 * 5 + 2 (chunk 5, position 2) of block 0.
+        let qh = word(&w, 9 * row_bytes + 2);
+        let (_, masks, _) = Q5_0.block_at(k / QK, 0);
+        let bit = |il: &[u8], byte: usize, bit: usize| (il[masks + byte] >> bit) & 1;
+        let want = ((qh >> 22) & 1) as u8;
+        assert_eq!(
+            bit(&layouts[0], 8 * 5 + (4 * 9 + 2) / 8, (4 * 9 + 2) % 8),
+            want
+        );
+        assert_eq!(bit(&layouts[1], 32 + 4 + 2, 5), want);
     }
 }

@@ -28,10 +28,11 @@
 //!   call.
 //! - **Interleaved layouts.** [`interleave`] rearranges Q8_0, Q5_0, Q4_K and Q6_K matrices of
 //!   whole groups of 16 rows so that one `vpdpbusd` serves 16 rows ([`interleaved_gemm_fn`] at
-//!   AVX-512 VNNI), and so that a 32-byte half of each line is a tile panel's line (Q4_K at the
-//!   AVX2 level); [`interleaved_row`] gives any row back byte for byte. The VNNI products equal
-//!   the row dots up to the order of the f32 additions, the AVX2 one is bit-identical to the
-//!   AVX2 tile kernel; both are batch-invariant by construction (each value's operations do not
+//!   AVX-512 VNNI), and so that a 32-byte half of each line is a tile panel's line (Q4_K and
+//!   Q5_0 at the AVX2 level, whose Q5_0 layout stores the fifth bits in another order: the
+//!   layout is made for a level); [`interleaved_row`] gives any row back byte for byte. The VNNI
+//!   products equal the row dots up to the order of the f32 additions, the AVX2 ones are
+//!   bit-identical to the AVX2 tile kernels; both are batch-invariant by construction (each value's operations do not
 //!   depend on the number of activation rows).
 //! - **VNNI changes no value.** A VNNI tile kernel forms the same exact integer block sums as the
 //!   AVX2 tile kernel of its format and then runs the same f32 steps in the same order, so the
@@ -48,7 +49,7 @@ use kiln_quant::QuantError;
 pub(crate) use attention::{prefetch_rows, read_rows, scores, weighted_values, BLOCK, TILE};
 pub use interleaved::{
     activation_terms, has_interleaved_layout, interleave, interleaved_gemm_fn, interleaved_row,
-    ActivationTerms, InterleavedGemmFn, INTERLEAVE_ROWS,
+    interleaved_uses_terms, ActivationTerms, InterleavedGemmFn, INTERLEAVE_ROWS,
 };
 pub(crate) use kv_elem::KvElem;
 

@@ -161,7 +161,7 @@ unsafe fn gemm<F: Format>(
     out: *mut f32,
     ldo: usize,
 ) {
-    let blocks = check_call(F::BLOCKING, k, w, rows, a, terms, cols);
+    let blocks = check_call(F::BLOCKING, k, w, rows, a, Some(terms), cols);
     if rows == 0 || cols == 0 {
         return;
     }

@@ -22,6 +22,10 @@ use super::{
 };
 use crate::kernels::VecDotFn;
 
+mod interleaved;
+
+pub(super) use interleaved::Q5Layout;
+
 /// A 32-element weight format.
 pub(super) trait Legacy {
     const TYPE: GgmlType;

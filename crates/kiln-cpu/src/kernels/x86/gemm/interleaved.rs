@@ -17,13 +17,17 @@
 //!   already the panels'), and the tile kernel runs on them.
 //!
 //! Both form the tile's exact i32 sums and then its f32 steps in its order, so every value has
-//! the tile's bits (`tests/gemm.rs` compares them bit for bit). The layouts themselves are in
-//! `superblocks::interleaved` (Q4_K, the one format so far whose kernels here beat the file
-//! layout's: docs/BENCHMARKS.md has what Q6_K's and Q5_0's gave).
+//! the tile's bits (`tests/gemm.rs` compares them bit for bit). The layouts' kernels are in
+//! `superblocks::interleaved` (Q4_K) and `blocks32::interleaved` (Q5_0), the formats whose
+//! kernels here beat the file layout's (docs/BENCHMARKS.md has what Q6_K's gave, and what
+//! Q5_0's gave before its fifth bits were stored transposed). Activation terms
+//! (`kernels::interleaved_uses_terms`) are read by the direct kernels alone.
 
 use std::arch::x86_64::*;
 
-use super::{tiles, Call, Format, Line, SCRATCH};
+use kiln_core::GgmlType;
+
+use super::{tiles, Call, Format, Line, Shape, PANEL_ROWS, SCRATCH};
 use crate::kernels::interleaved::{check_call, ActivationTerms, Blocking, INTERLEAVE_ROWS};
 use crate::kernels::InterleavedGemmFn;
 
@@ -31,14 +35,28 @@ use crate::kernels::InterleavedGemmFn;
 /// out only on a CPU with AVX2, FMA and F16C).
 pub(in crate::kernels::x86) const Q4_K: InterleavedGemmFn = gemm::<super::superblocks::Q4Layout>;
 
+/// The AVX2 product over Q5_0's interleaved layout (its AVX2 form; handed out as [`Q4_K`]).
+pub(in crate::kernels::x86) const Q5_0: InterleavedGemmFn = gemm::<super::blocks32::Q5Layout>;
+
+/// The activation rows from which the AVX2 product over `ty`'s layout packs panels (and reads
+/// no activation terms), where it has one.
+pub(in crate::kernels::x86) fn min_cols(ty: GgmlType) -> Option<usize> {
+    match ty {
+        GgmlType::Q4_K => Some(<super::superblocks::Q4Layout as Layout>::MIN_COLS),
+        GgmlType::Q5_0 => Some(<super::blocks32::Q5Layout as Layout>::MIN_COLS),
+        _ => None,
+    }
+}
+
 /// Activation rows per tile pass over a packed group: their quants over one slice of the panels
 /// stay in L2 (as `matmul`'s `ACT_TILE` keeps the file layout's tile calls).
 const COL_TILE: usize = 128;
 
 /// An interleaved layout with AVX2 kernels.
 pub(super) trait Layout {
-    /// The tile format whose bits the products give: an AVX2 one of two panels a tile
-    /// (`Shape::Wide`: one panel a half of the group).
+    /// The tile format whose bits the products give: an AVX2 one, of two panels a tile
+    /// (`Shape::Wide`: one panel a half of the group, both run at once) or of one
+    /// (`Shape::Narrow`: the halves run one after the other).
     type F: Format;
     const BLOCKING: Blocking;
     /// Fewest activation rows that go through the packed panels and the tile kernel.
@@ -86,8 +104,10 @@ unsafe fn gemm<L: Layout>(
     out: *mut f32,
     ldo: usize,
 ) {
-    const { assert!(L::F::SHAPE.panels() == 2 && !L::F::VNNI) };
-    let blocks = check_call(L::BLOCKING, k, w, rows, a, terms, cols);
+    const { assert!(!matches!(L::F::SHAPE, Shape::Big) && !L::F::VNNI) };
+    // The terms are read by the direct kernel alone.
+    let direct = cols < L::MIN_COLS;
+    let blocks = check_call(L::BLOCKING, k, w, rows, a, direct.then_some(terms), cols);
     if rows == 0 || cols == 0 {
         return;
     }
@@ -95,7 +115,7 @@ unsafe fn gemm<L: Layout>(
     let group_bytes = blocks * L::BLOCKING.block * INTERLEAVE_ROWS;
     let a_row = blocks * L::F::A_BLOCK;
     let fw = L::F::FACTOR_WORDS;
-    if cols < L::MIN_COLS {
+    if direct {
         for g in 0..groups {
             for c in 0..cols {
                 // SAFETY: `check_call` checked that `w` holds `groups` groups of `blocks` blocks,
@@ -144,45 +164,60 @@ unsafe fn gemm<L: Layout>(
         // SAFETY: as above; the scratch was just sized for two panels of `blocks` blocks and
         // `COL_TILE` rows' sums of two panels.
         unsafe {
+            // Two panels a tile: block `b`'s two halves side by side; one: each half's blocks
+            // in a run of their own (the tile kernels' panel order). A group's panels are
+            // packed once for every activation row (repacking them per slice of `COL_TILE` rows,
+            // as the file layout's tile calls do, made a one-panel format's products at 512
+            // rows 1.15x as long).
+            let wide = L::F::SHAPE.panels() == 2;
+            let at = |b: usize, h: usize| if wide { 2 * b + h } else { h * blocks + b };
             for g in 0..groups {
                 let group = w.as_ptr().add(g * group_bytes);
                 for b in 0..blocks {
                     for h in 0..2 {
-                        L::pack(group, blocks, b, h, panels.add((2 * b + h) * panel_block));
+                        L::pack(group, blocks, b, h, panels.add(at(b, h) * panel_block));
                     }
                 }
                 for c0 in (0..cols).step_by(COL_TILE) {
-                    let call = Call {
+                    let f = factors.add(c0 * blocks * fw);
+                    let call = |h: usize, rows: usize| Call {
                         blocks,
                         w: std::ptr::null(),
                         w_row: 0,
-                        rows: INTERLEAVE_ROWS,
+                        rows,
                         a: a.as_ptr().add(c0 * a_row),
                         a_row,
                         cols: COL_TILE.min(cols - c0),
-                        out: out.add(c0 * ldo + g * INTERLEAVE_ROWS),
+                        out: out.add(c0 * ldo + g * INTERLEAVE_ROWS + h * PANEL_ROWS),
                         ldo,
                     };
-                    let f = factors.add(c0 * blocks * fw);
-                    tiles_avx2::<L::F>(&call, panels, f, accs);
+                    if wide {
+                        tiles_avx2::<L::F, 2, 2>(&call(0, INTERLEAVE_ROWS), panels, f, accs);
+                    } else {
+                        for h in 0..2 {
+                            let half = panels.add(at(0, h) * panel_block);
+                            tiles_avx2::<L::F, 1, 4>(&call(h, PANEL_ROWS), half, f, accs);
+                        }
+                    }
                 }
             }
         }
     })
 }
 
-/// The tile passes over a group's two packed panels, compiled for AVX2 so that the tile kernel
-/// inlines.
+/// The tile passes over packed panels of a group (both halves at once, NP = 2, or one half,
+/// NP = 1), compiled for AVX2 so that the tile kernel inlines.
 ///
 /// # Safety
-/// As `tiles::<F, 2, 2>` with `r0 = 0`: `call` describes the group's 16 rows, its activation
-/// rows and outputs; `panels` holds their packed panels; `factors` and `accs` are sized.
+/// As `tiles::<F, NP, NR>` with `r0 = 0`: `call` describes the rows of the panels (16 or 8),
+/// the activation rows and outputs; `panels` holds their packed panels; `factors` and `accs`
+/// are sized.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tiles_avx2<F: Format>(
+unsafe fn tiles_avx2<F: Format, const NP: usize, const NR: usize>(
     call: &Call,
     panels: *const u8,
     factors: *const u32,
     accs: *mut __m256,
 ) {
-    tiles::<F, 2, 2>(call, panels, factors, 0, accs)
+    tiles::<F, NP, NR>(call, panels, factors, 0, accs)
 }
