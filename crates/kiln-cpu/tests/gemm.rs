@@ -929,6 +929,7 @@ fn avx2_interleaved_products_are_the_tile_kernels_bits() {
                 quantized_weights(ty, rows, k, &mut rng),
                 raw_weights(ty, rows, k, None, &mut rng),
                 raw_weights(ty, rows, k, Some(0xff), &mut rng),
+                raw_weights(ty, rows, k, Some(0x80), &mut rng),
                 raw_weights(ty, rows, k, Some(0x00), &mut rng),
             ];
             for w in &sets {
