@@ -168,17 +168,56 @@ impl MaskForm {
         }
     }
 
-    /// Where, inside a block's masks, the fifth bit of quant `q` of row `i` lies: `(byte, bit)`.
-    fn bit(self, i: usize, q: usize) -> (usize, usize) {
-        let (c, t) = (q / 4, q % 4);
+    /// Adds row `i`'s fifth bits `qh` (bit `q` for quant `q`) to a block's `masks` (zeroed
+    /// before the group's first row).
+    fn put(self, masks: &mut [u8], i: usize, qh: u32) {
         match self {
             MaskForm::Chunks => {
-                let bit = 4 * i + t;
-                (8 * c + bit / 8, bit % 8)
+                for c in 0..QK / 4 {
+                    let bits = u64::from((qh >> (4 * c)) & 0xf) << (4 * i);
+                    let at = 8 * c;
+                    let mask = u64::from_le_bytes(masks[at..at + 8].try_into().unwrap()) | bits;
+                    masks[at..at + 8].copy_from_slice(&mask.to_le_bytes());
+                }
             }
-            MaskForm::Transposed => (32 * (i / PANEL) + 4 * (i % PANEL) + t, c),
+            MaskForm::Transposed => {
+                let at = 32 * (i / PANEL) + 4 * (i % PANEL);
+                for t in 0..4 {
+                    masks[at + t] = every_fourth_bit(qh >> t);
+                }
+            }
         }
     }
+
+    /// Row `i`'s fifth bits from a block's `masks`, as [`MaskForm::put`] stored them.
+    fn get(self, masks: &[u8], i: usize) -> u32 {
+        match self {
+            MaskForm::Chunks => (0..QK / 4).fold(0, |qh, c| {
+                let mask = u64::from_le_bytes(masks[8 * c..8 * c + 8].try_into().unwrap());
+                qh | (((mask >> (4 * i)) & 0xf) as u32) << (4 * c)
+            }),
+            MaskForm::Transposed => {
+                let at = 32 * (i / PANEL) + 4 * (i % PANEL);
+                (0..4).fold(0, |qh, t| qh | spread_to_every_fourth(masks[at + t]) << t)
+            }
+        }
+    }
+}
+
+/// Bits 0, 4, 8, ..., 28 of `x` as bits 0..8.
+fn every_fourth_bit(x: u32) -> u8 {
+    let y = x & 0x1111_1111;
+    let y = (y | (y >> 3)) & 0x0303_0303;
+    let y = (y | (y >> 6)) & 0x000f_000f;
+    ((y | (y >> 12)) & 0xff) as u8
+}
+
+/// The inverse of [`every_fourth_bit`]: bit `c` of `b` as bit `4c`.
+fn spread_to_every_fourth(b: u8) -> u32 {
+    let y = u32::from(b);
+    let y = (y | (y << 12)) & 0x000f_000f;
+    let y = (y | (y << 6)) & 0x0303_0303;
+    (y | (y << 3)) & 0x1111_1111
 }
 
 /// Rows per half of a group (one 32-bit lane each in a 256-bit register).
@@ -219,7 +258,7 @@ fn interleave_in(ty: GgmlType, form: MaskForm, k: usize, src: &[u8], dst: &mut [
     let row_bytes = blocks * g.block;
     for (rows, out) in src.chunks_exact(group).zip(dst.chunks_exact_mut(group)) {
         if g.masks > 0 {
-            out.fill(0); // the masks are built bit by bit
+            out.fill(0); // the masks are built row by row
         }
         for i in 0..INTERLEAVE_ROWS {
             let row = &rows[i * row_bytes..(i + 1) * row_bytes];
@@ -233,11 +272,7 @@ fn interleave_in(ty: GgmlType, form: MaskForm, k: usize, src: &[u8], dst: &mut [
                         out[at..at + 4].copy_from_slice(&q.to_le_bytes());
                     }
                 } else {
-                    let qh = word(block, 2);
-                    for q in 0..QK {
-                        let (byte, bit) = form.bit(i, q);
-                        out[masks + byte] |= (((qh >> q) & 1) as u8) << bit;
-                    }
+                    form.put(&mut out[masks..masks + g.masks], i, word(block, 2));
                     for v in 0..4 {
                         let at = quants + 64 * v + 4 * i;
                         out[at..at + 4].copy_from_slice(&block[6 + 4 * v..][..4]);
@@ -302,11 +337,7 @@ fn row_in(ty: GgmlType, form: MaskForm, k: usize, w: &[u8], r: usize, dst: &mut 
                 block[2 + 4 * c..][..4].copy_from_slice(&q.to_le_bytes());
             }
         } else {
-            let mut qh = 0u32;
-            for q in 0..QK {
-                let (byte, bit) = form.bit(i, q);
-                qh |= u32::from((grp[masks + byte] >> bit) & 1) << q;
-            }
+            let qh = form.get(&grp[masks..masks + g.masks], i);
             block[2..6].copy_from_slice(&qh.to_le_bytes());
             for v in 0..4 {
                 block[6 + 4 * v..][..4].copy_from_slice(&grp[quants + 64 * v + 4 * i..][..4]);
@@ -722,5 +753,18 @@ mod tests {
             want
         );
         assert_eq!(bit(&layouts[1], 32 + 4 + 2, 5), want);
+    }
+
+    #[test]
+    fn every_fourth_bit_and_its_inverse() {
+        for c in 0..8 {
+            assert_eq!(every_fourth_bit(1 << (4 * c)), 1 << c);
+            assert_eq!(every_fourth_bit(!(1u32 << (4 * c))), !(1u8 << c));
+            assert_eq!(spread_to_every_fourth(1 << c), 1 << (4 * c));
+        }
+        for x in [0u32, 0xffff_ffff, 0x1234_5678, 0x8765_4321, 0xdead_beef] {
+            let b = every_fourth_bit(x);
+            assert_eq!(spread_to_every_fourth(b), x & 0x1111_1111, "{x:#x}");
+        }
     }
 }
