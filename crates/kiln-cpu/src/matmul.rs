@@ -376,17 +376,12 @@ impl Activations {
             };
             let format = &mut acts.formats[f];
             if l.weight.interleaved.is_some() {
-                // Empty terms where no interleaved product of this format reads them.
-                let uses = kernels::interleaved_uses_terms(l.weight.ty, cpu.simd, x.rows);
-                let made = format.terms.as_ref().is_some_and(|t| !t.is_empty());
-                if format.terms.is_none() || (uses && !made) {
-                    format.terms = Some(interleaved_terms(
-                        cpu,
-                        l.weight.ty,
-                        format.ty,
-                        &format.bytes,
-                        x.rows,
-                    ));
+                // The terms where an interleaved product of this format reads them, else empty.
+                let terms = format.terms.get_or_insert_with(Default::default);
+                if terms.is_empty()
+                    && kernels::interleaved_uses_terms(l.weight.ty, cpu.simd, x.rows)
+                {
+                    *terms = kernels::activation_terms(format.ty, &format.bytes);
                 }
             }
             acts.of.push(f);

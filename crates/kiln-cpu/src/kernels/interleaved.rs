@@ -361,12 +361,7 @@ pub struct ActivationTerms {
 }
 
 impl ActivationTerms {
-    /// Blocks whose terms these are (0 for the empty terms of a product that reads none).
-    pub fn len(&self) -> usize {
-        self.scales.len()
-    }
-
-    /// Whether these are the empty terms.
+    /// Whether these are the empty terms (of no blocks, or made for a product that reads none).
     pub fn is_empty(&self) -> bool {
         self.scales.is_empty()
     }

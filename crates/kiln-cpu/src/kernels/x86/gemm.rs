@@ -83,9 +83,7 @@ mod blocks32;
 mod interleaved;
 mod superblocks;
 
-pub(in crate::kernels::x86) use interleaved::{
-    min_cols as interleaved_min_cols, Q4_K as Q4_K_INTERLEAVED, Q5_0 as Q5_0_INTERLEAVED,
-};
+pub(in crate::kernels::x86) use interleaved::product as interleaved_product;
 
 /// Weight rows per panel: one per 32-bit lane.
 const PANEL_ROWS: usize = 8;

@@ -27,17 +27,13 @@ pub(super) use interleaved::interleaved_gemm_fn;
 /// The AVX2 product over the interleaved layout of `ty`, where it has one (Q4_K, Q5_0;
 /// bit-identical to the AVX2 tile kernels, see `gemm::interleaved`).
 pub(super) fn interleaved_gemm_fn_avx2(ty: GgmlType) -> Option<super::InterleavedGemmFn> {
-    match ty {
-        GgmlType::Q4_K => Some(gemm::Q4_K_INTERLEAVED),
-        GgmlType::Q5_0 => Some(gemm::Q5_0_INTERLEAVED),
-        _ => None,
-    }
+    gemm::interleaved_product(ty).map(|(gemm, _)| gemm)
 }
 
 /// The activation rows from which [`interleaved_gemm_fn_avx2`]`(ty)` packs the tile kernel's
 /// panels rather than reading the activation terms (`kernels::interleaved_uses_terms`).
 pub(super) fn interleaved_min_cols_avx2(ty: GgmlType) -> Option<usize> {
-    gemm::interleaved_min_cols(ty)
+    gemm::interleaved_product(ty).map(|(_, min_cols)| min_cols)
 }
 
 pub(super) mod attention;

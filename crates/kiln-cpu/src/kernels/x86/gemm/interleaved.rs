@@ -31,19 +31,16 @@ use super::{tiles, Call, Format, Line, Shape, PANEL_ROWS, SCRATCH};
 use crate::kernels::interleaved::{check_call, ActivationTerms, Blocking, INTERLEAVE_ROWS};
 use crate::kernels::InterleavedGemmFn;
 
-/// The AVX2 product over Q4_K's interleaved layout (`kernels::InterleavedGemmFn`; to be handed
-/// out only on a CPU with AVX2, FMA and F16C).
-pub(in crate::kernels::x86) const Q4_K: InterleavedGemmFn = gemm::<super::superblocks::Q4Layout>;
-
-/// The AVX2 product over Q5_0's interleaved layout (its AVX2 form; handed out as [`Q4_K`]).
-pub(in crate::kernels::x86) const Q5_0: InterleavedGemmFn = gemm::<super::blocks32::Q5Layout>;
-
-/// The activation rows from which the AVX2 product over `ty`'s layout packs panels (and reads
-/// no activation terms), where it has one.
-pub(in crate::kernels::x86) fn min_cols(ty: GgmlType) -> Option<usize> {
+/// The AVX2 product over `ty`'s interleaved layout (`kernels::InterleavedGemmFn`; to be handed
+/// out only on a CPU with AVX2, FMA and F16C) and the activation rows from which it packs panels
+/// (and reads no activation terms), where `ty` has one: Q4_K, Q5_0 (in its AVX2 form).
+pub(in crate::kernels::x86) fn product(ty: GgmlType) -> Option<(InterleavedGemmFn, usize)> {
+    fn of<L: Layout>() -> (InterleavedGemmFn, usize) {
+        (gemm::<L>, L::MIN_COLS)
+    }
     match ty {
-        GgmlType::Q4_K => Some(<super::superblocks::Q4Layout as Layout>::MIN_COLS),
-        GgmlType::Q5_0 => Some(<super::blocks32::Q5Layout as Layout>::MIN_COLS),
+        GgmlType::Q4_K => Some(of::<super::superblocks::Q4Layout>()),
+        GgmlType::Q5_0 => Some(of::<super::blocks32::Q5Layout>()),
         _ => None,
     }
 }

@@ -6,7 +6,7 @@
 //! its fifth bits at bit 4 of every byte. In the AVX2 form of the layout a half's 32 mask bytes
 //! hold those bits transposed (byte `j` of a panel line finds its bit for chunk `c` in bit `c` of
 //! mask byte `j`), so one 16-bit shift and one `and` give a chunk's fifth bits where spreading a
-//! 32-bit mask takes four instructions: the one-row kernel runs about 2x the file layout's in
+//! 32-bit mask takes four instructions: the one-row kernel runs about 1.8x the file layout's in
 //! cache (Zen 3, docs/BENCHMARKS.md). Its i16 sums cover 4 chunks each (`|sum| <= 4 * 2 * 31 *
 //! 128 = 31744`: no wrap), widened to i32 before the offset `16 * sum(a)` comes off: the tile's
 //! exact block sums, then its f32 step (`finish_block`).
