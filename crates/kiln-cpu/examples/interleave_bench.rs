@@ -62,7 +62,7 @@ fn main() {
         let row_bytes = w.len() / rows;
         for cols in [1, 8, 64, 512] {
             let a = &acts[..cols * act_row];
-            let terms = kernels::activation_terms(act_ty, a);
+            let terms = kernels::activation_terms(act_ty, a, cols);
             let reps = (400_000 / (groups * cols)).max(3);
             let per = |t: f64| t * 1e9 / (reps * groups * (k / 32) * cols) as f64;
             let (mut new, mut old) = (f64::INFINITY, f64::INFINITY);

@@ -77,7 +77,7 @@ fn main() {
         interleave(ty, level, k, &w, &mut il);
         let interleaved = match interleaved_gemm_fn(ty, level) {
             Some(gemm) => {
-                let terms = activation_terms(act, &a);
+                let terms = activation_terms(act, &a, cols);
                 time_pass(|| {
                     // SAFETY: `out` holds `cols` rows of `rows` outputs, used by nothing else.
                     unsafe {

@@ -202,7 +202,7 @@ pub(crate) fn matmul(
     let wbytes: &[u8] = &w.bytes;
     let rb = w.row_bytes;
     let mut y = if let Some(il) = w.interleaved.as_ref().filter(|_| m == 1) {
-        let terms = kernels::activation_terms(act_ty, &acts);
+        let terms = kernels::activation_terms(act_ty, &acts, m);
         let ilb = il.bytes();
         one_row_job(cpu, n, rb, kernels::INTERLEAVE_ROWS, |r0, rows, out| {
             let wb = &ilb[r0 * rb..(r0 + rows) * rb];
@@ -216,6 +216,7 @@ pub(crate) fn matmul(
         let kernel = TileKernel::Interleaved {
             gemm: il.gemm,
             terms: &terms,
+            amx: kernels::interleaved_uses_amx(w.ty, cpu.simd, m),
         };
         let job = TiledJob::new(
             cpu,
@@ -301,7 +302,7 @@ fn interleaved_terms(
     m: usize,
 ) -> kernels::ActivationTerms {
     if kernels::interleaved_uses_terms(ty, cpu.simd, m) {
-        kernels::activation_terms(act_ty, acts)
+        kernels::activation_terms(act_ty, acts, m)
     } else {
         kernels::ActivationTerms::default()
     }
@@ -381,7 +382,7 @@ impl Activations {
                 if terms.is_empty()
                     && kernels::interleaved_uses_terms(l.weight.ty, cpu.simd, x.rows)
                 {
-                    *terms = kernels::activation_terms(format.ty, &format.bytes);
+                    *terms = kernels::activation_terms(format.ty, &format.bytes, x.rows);
                 }
             }
             acts.of.push(f);
@@ -532,6 +533,8 @@ enum TileKernel<'a> {
     Interleaved {
         gemm: kernels::InterleavedGemmFn,
         terms: &'a kernels::ActivationTerms,
+        /// Whether the product runs on AMX tiles (`kernels::interleaved_uses_amx`).
+        amx: bool,
     },
 }
 
@@ -581,8 +584,12 @@ impl<'a> TiledJob<'a> {
                 .clamp(group, 256)
                 .min(n)
         };
+        // On AMX tiles, a task reads every activation row's tiles once for all its groups
+        // (`kernels::x86::interleaved`): tasks as large as the tiles' (with the one-row split's
+        // 32 rows at 512 activation rows, the tiles streamed from L3 for every 2 groups).
         let nb = match kernel {
             TileKernel::Tiles { .. } => tiles_rows(4),
+            TileKernel::Interleaved { amx: true, .. } => tiles_rows(kernels::INTERLEAVE_ROWS),
             TileKernel::Interleaved { .. } if cpu.simd != kernels::SimdLevel::Avx512Vnni => {
                 tiles_rows(kernels::INTERLEAVE_ROWS)
             }
@@ -630,7 +637,7 @@ impl<'a> TiledJob<'a> {
         let wblk = &wbytes[j0 * row_bytes..(j0 + rows) * row_bytes];
         let (gemm, strided) = match kernel {
             TileKernel::Tiles { gemm, strided } => (gemm, strided),
-            TileKernel::Interleaved { gemm, terms } => {
+            TileKernel::Interleaved { gemm, terms, .. } => {
                 // SAFETY: this task alone writes columns j0..j0 + rows of y's m rows (row stride
                 // n), all inside y, and nothing reads y until the job ends; `rows` is whole
                 // groups (`n` and `nb` are multiples of the group).
@@ -719,6 +726,7 @@ pub(crate) fn tiled_many(
                         TileKernel::Interleaved {
                             gemm: il.gemm,
                             terms,
+                            amx: kernels::interleaved_uses_amx(w.ty, cpu.simd, m),
                         },
                     ),
                     _ => (&w.bytes[..], TileKernel::Tiles { gemm, strided }),

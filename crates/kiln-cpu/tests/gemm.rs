@@ -19,9 +19,9 @@ use half::f16;
 use kiln_core::GgmlType;
 
 use kiln_cpu::kernels::{
-    activation_terms, gemm_fn, gemm_fn_invariant, gemv_fn, has_interleaved_layout, interleave,
-    interleaved_gemm_fn, interleaved_row, panel_key, quantize_fn, rows_exact_fn, simd_level,
-    strided_gemm_fn, SimdLevel, INTERLEAVE_ROWS,
+    activation_terms, amx_granted, gemm_fn, gemm_fn_invariant, gemv_fn, has_interleaved_layout,
+    interleave, interleaved_gemm_fn, interleaved_row, panel_key, quantize_fn, rows_exact_fn,
+    simd_level, strided_gemm_fn, SimdLevel, INTERLEAVE_ROWS,
 };
 
 mod common;
@@ -946,7 +946,7 @@ fn avx2_interleaved_products_are_the_tile_kernels_bits() {
                         out
                     };
                     let mut out = vec![SENTINEL; cols * ldo + ldo];
-                    let terms = activation_terms(act_type(ty), &a);
+                    let terms = activation_terms(act_type(ty), &a, cols);
                     // SAFETY: `out` holds `cols` rows of stride `ldo >= rows`, used by nothing
                     // else.
                     unsafe { gemm(k, &il, rows, &a, &terms, cols, out.as_mut_ptr(), ldo) };
@@ -959,6 +959,69 @@ fn avx2_interleaved_products_are_the_tile_kernels_bits() {
                             i % ldo,
                             i / ldo
                         );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The AMX products (16 activation rows at a time, from 32 rows, where the operating system
+/// grants the tiles) give every output the bits of the same row alone (the VNNI kernel), over
+/// quantized and raw weights (every byte 0xff, 0x80, ...), with rows left over for the VNNI
+/// kernel after the tiles.
+#[test]
+fn amx_products_have_the_vnni_bits() {
+    if !vnni_available("amx_products_have_the_vnni_bits") {
+        return;
+    }
+    if !amx_granted() {
+        println!("amx_products_have_the_vnni_bits: no AMX here (CPU, KILN_AMX or the OS)");
+    }
+    let mut rng = Rng::new(31);
+    for ty in WEIGHT_TYPES {
+        let Some(gemm) = interleaved_gemm_fn(ty, SimdLevel::Avx512Vnni) else {
+            continue;
+        };
+        for &k in interleaved_widths(ty) {
+            let rows = 2 * INTERLEAVE_ROWS;
+            let sets = [
+                quantized_weights(ty, rows, k, &mut rng),
+                raw_weights(ty, rows, k, None, &mut rng),
+                raw_weights(ty, rows, k, Some(0xff), &mut rng),
+                raw_weights(ty, rows, k, Some(0x80), &mut rng),
+                raw_weights(ty, rows, k, Some(0x7f), &mut rng),
+            ];
+            for w in &sets {
+                let mut il = vec![0u8; w.len()];
+                interleave(ty, SimdLevel::Avx512Vnni, k, w, &mut il);
+                for cols in [32, 37, 55] {
+                    let a = activations(ty, cols, k, &mut rng);
+                    let per = a.len() / cols;
+                    let ldo = rows + 3;
+                    let mut out = vec![SENTINEL; cols * ldo + ldo];
+                    let terms = activation_terms(act_type(ty), &a, cols);
+                    // SAFETY: `out` holds `cols` rows of stride `ldo >= rows`, used by nothing
+                    // else.
+                    unsafe { gemm(k, &il, rows, &a, &terms, cols, out.as_mut_ptr(), ldo) };
+                    for c in 0..cols {
+                        let one = &a[c * per..(c + 1) * per];
+                        let mut single = vec![0f32; rows];
+                        let t = activation_terms(act_type(ty), one, 1);
+                        // SAFETY: `single` holds the `rows` outputs.
+                        unsafe { gemm(k, &il, rows, one, &t, 1, single.as_mut_ptr(), rows) };
+                        for r in 0..rows {
+                            let v = out[c * ldo + r];
+                            assert_eq!(
+                                v.to_bits(),
+                                single[r].to_bits(),
+                                "{ty} k={k} cols {cols} row {r} col {c}: {v} vs alone {}",
+                                single[r]
+                            );
+                        }
+                        for r in rows..ldo {
+                            assert_eq!(out[c * ldo + r].to_bits(), SENTINEL.to_bits());
+                        }
                     }
                 }
             }
@@ -999,7 +1062,7 @@ fn interleaved_products_match_the_scalar_loop() {
                     let mut out = vec![SENTINEL; cols * ldo + ldo];
                     // SAFETY: `out` holds `cols` rows of stride `ldo >= rows`, used by nothing
                     // else.
-                    let terms = activation_terms(act_type(ty), &a);
+                    let terms = activation_terms(act_type(ty), &a, cols);
                     unsafe { gemm(k, &il, rows, &a, &terms, cols, out.as_mut_ptr(), ldo) };
                     for (i, &v) in out.iter().enumerate() {
                         let (c, r) = (i / ldo, i % ldo);
@@ -1016,7 +1079,7 @@ fn interleaved_products_match_the_scalar_loop() {
                                 let one = &a[c * a.len() / cols..(c + 1) * a.len() / cols];
                                 let mut single = vec![0f32; rows];
                                 // SAFETY: `single` holds the `rows` outputs.
-                                let t = activation_terms(act_type(ty), one);
+                                let t = activation_terms(act_type(ty), one, 1);
                                 unsafe {
                                     gemm(k, &il, rows, one, &t, 1, single.as_mut_ptr(), rows)
                                 };
@@ -1040,7 +1103,7 @@ fn interleaved_products_match_the_scalar_loop() {
         let act = act_type(ty);
         let a = vec![0u8; kiln_quant::activation_bytes(act, k).unwrap()];
         let mut out = vec![0f32; 8];
-        let terms = activation_terms(act, &a);
+        let terms = activation_terms(act, &a, 1);
         let caught = catch_unwind(AssertUnwindSafe(|| unsafe {
             gemm(k, &w, 8, &a, &terms, 1, out.as_mut_ptr(), 8)
         }));
@@ -1054,7 +1117,7 @@ fn interleaved_products_match_the_scalar_loop() {
                 &w,
                 16,
                 &a,
-                &activation_terms(act, &[]),
+                &activation_terms(act, &[], 1),
                 1,
                 out.as_mut_ptr(),
                 16,

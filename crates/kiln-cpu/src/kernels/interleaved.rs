@@ -354,11 +354,31 @@ fn row_in(ty: GgmlType, form: MaskForm, k: usize, w: &[u8], r: usize, dst: &mut 
 /// `sums[TERMS * (c * blocks + b)..]`, each a pair of i16: first the sums of its 8 sub-blocks of
 /// 32 in the order of Q4_K's minimums (`q4_k::MIN_PAIRS`), then its 16 group sums in the order of
 /// Q6_K's scale pairs (`q6_k::SCALE_PAIRS`).
+///
+/// Where the AMX products run (`kernels::amx_granted`) and there are at least
+/// [`AMX_TILE_ROWS`]` * 2` Q8_K rows, also their quants in the AMX products' tile order: per 16
+/// rows (a whole 16 only; the rows after the last one are left to the VNNI kernel) and
+/// super-block, its 4 runs of 64 quants of the 16 rows one after the other, 1 KiB each, row
+/// `j`'s at `64 * j` (`tiles`; made once per product, where every task's tile loads then read
+/// whole lines in order instead of 16 rows thousands of bytes apart).
 #[derive(Clone, Debug, Default)]
 pub struct ActivationTerms {
     pub(super) sums: Vec<i32>,
     pub(super) scales: Vec<f32>,
+    pub(super) tiles: Vec<TileLine>,
 }
+
+/// Activation rows of one AMX tile.
+pub const AMX_TILE_ROWS: usize = 16;
+
+/// A 64-byte aligned line of [`ActivationTerms`]' tiles.
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(64))]
+pub struct TileLine(pub(super) [u8; 64]);
+
+/// Quants of one activation row in one AMX tile, and lines of the tile.
+pub(super) const TILE_QUANTS: usize = 64;
+pub(super) const TILE_LINES: usize = AMX_TILE_ROWS;
 
 impl ActivationTerms {
     /// Whether these are the empty terms (of no blocks, or made for a product that reads none).
@@ -367,11 +387,14 @@ impl ActivationTerms {
     }
 }
 
-/// The [`ActivationTerms`] of activation rows `a` of `act_ty` (Q8_0 or Q8_K, whole blocks: a
-/// trailing partial block is ignored, and the product's length check then fails). Another
-/// format has no terms: empty ones, which every product's length check refuses.
-pub fn activation_terms(act_ty: GgmlType, a: &[u8]) -> ActivationTerms {
+/// The [`ActivationTerms`] of the `cols` activation rows `a` of `act_ty` (Q8_0 or Q8_K, whole
+/// blocks: a trailing partial block is ignored, and the product's length check then fails).
+/// Another format has no terms: empty ones, which every product's length check refuses.
+pub fn activation_terms(act_ty: GgmlType, a: &[u8], cols: usize) -> ActivationTerms {
     let mut terms = ActivationTerms::default();
+    if act_ty == GgmlType::Q8_K && cols >= 2 * AMX_TILE_ROWS && super::amx_granted() {
+        terms.tiles = amx_tiles(a, cols);
+    }
     match act_ty {
         GgmlType::Q8_0 => {
             for block in a.chunks_exact(Q8_0.block) {
@@ -404,6 +427,27 @@ pub fn activation_terms(act_ty: GgmlType, a: &[u8]) -> ActivationTerms {
         _ => {}
     }
     terms
+}
+
+/// The AMX tiles of `cols` Q8_K rows `a` (see [`ActivationTerms`]); none where the rows are not
+/// whole super-blocks of equal length.
+fn amx_tiles(a: &[u8], cols: usize) -> Vec<TileLine> {
+    let row = a.len() / cols;
+    if !a.len().is_multiple_of(cols) || !row.is_multiple_of(q4_k::A_BLOCK) {
+        return Vec::new();
+    }
+    let blocks = row / q4_k::A_BLOCK;
+    let runs = q4_k::QK_K / TILE_QUANTS;
+    let mut tiles = vec![TileLine([0; 64]); cols / AMX_TILE_ROWS * blocks * runs * TILE_LINES];
+    for (t, tile) in tiles.chunks_exact_mut(TILE_LINES).enumerate() {
+        let (chunk, rest) = (t / (blocks * runs), t % (blocks * runs));
+        let (b, run) = (rest / runs, rest % runs);
+        for (j, line) in tile.iter_mut().enumerate() {
+            let at = (chunk * AMX_TILE_ROWS + j) * row + b * q4_k::A_BLOCK + 4 + TILE_QUANTS * run;
+            line.0.copy_from_slice(&a[at..at + TILE_QUANTS]);
+        }
+    }
+    tiles
 }
 
 /// Signature of a product of interleaved weights with Q8_0 activations:
@@ -464,6 +508,16 @@ pub fn interleaved_uses_terms(ty: GgmlType, level: super::SimdLevel, cols: usize
             true
         }
     }
+}
+
+/// Whether the product of [`interleaved_gemm_fn`]`(ty, level)` over `cols` activation rows runs
+/// on AMX tiles (given terms made by [`activation_terms`] for those rows): Q4_K at the AVX-512
+/// VNNI level, from `2 * AMX_TILE_ROWS` rows, where [`super::amx_granted`].
+pub fn interleaved_uses_amx(ty: GgmlType, level: super::SimdLevel, cols: usize) -> bool {
+    ty == GgmlType::Q4_K
+        && super::usable(level) == super::SimdLevel::Avx512Vnni
+        && cols >= 2 * AMX_TILE_ROWS
+        && super::amx_granted()
 }
 
 /// What the length check of an [`InterleavedGemmFn`] call needs to know of its format.

@@ -49,7 +49,8 @@ use kiln_quant::QuantError;
 pub(crate) use attention::{prefetch_rows, read_rows, scores, weighted_values, BLOCK, TILE};
 pub use interleaved::{
     activation_terms, has_interleaved_layout, interleave, interleaved_gemm_fn, interleaved_row,
-    interleaved_uses_terms, ActivationTerms, InterleavedGemmFn, INTERLEAVE_ROWS,
+    interleaved_uses_amx, interleaved_uses_terms, ActivationTerms, InterleavedGemmFn,
+    INTERLEAVE_ROWS,
 };
 pub(crate) use kv_elem::KvElem;
 
@@ -121,6 +122,18 @@ fn detect() -> SimdLevel {
         return SimdLevel::Avx2;
     }
     SimdLevel::Scalar
+}
+
+/// Whether the AVX-512 VNNI products over interleaved weights use Intel AMX tiles in this
+/// process: the CPU has AMX-TILE and AMX-INT8, `KILN_AMX` is not `0`/`off`, and the operating
+/// system granted the tile state (`arch_prctl(ARCH_REQ_XCOMP_PERM)`, asked once per process).
+/// The tile products give the VNNI kernels' bits, so this changes speed, never results. Where
+/// it is false, nothing runs a tile instruction.
+pub fn amx_granted() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return x86::amx::granted();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// `level`, lowered to what this CPU really has: handing out an AVX2 kernel on a CPU without AVX2

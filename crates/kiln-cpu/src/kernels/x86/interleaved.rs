@@ -25,8 +25,8 @@ use std::arch::x86_64::*;
 use kiln_core::GgmlType;
 
 use super::super::interleaved::{
-    check_call, q4_k, q6_k, ActivationTerms, Blocking, Geometry, InterleavedGemmFn,
-    INTERLEAVE_ROWS, Q5_0, Q8_0,
+    check_call, q4_k, q6_k, ActivationTerms, Blocking, Geometry, InterleavedGemmFn, AMX_TILE_ROWS,
+    INTERLEAVE_ROWS, Q5_0, Q8_0, TILE_LINES,
 };
 
 /// Fewest activation rows for which a Q8_0/Q5_0 chunk prefetches (see the module docs).
@@ -34,6 +34,32 @@ const PREFETCH_MIN_ROWS: usize = 4;
 
 /// Bytes of a Q8_0 activation block.
 const A_BLOCK: usize = 34;
+
+/// The tiles of the AMX kernels: 0..4 the i32 sums of four products (16 x 16: two tiles of
+/// activation rows against two weight operands), 4 and 5 the activation operands (16 rows of 64
+/// quants), 6 and 7 the weight operands (16 lines of 64 bytes: 64 quants of 16 rows).
+const AMX_CONFIG: super::amx::Config = super::amx::Config::new()
+    .tile(0, 16, 64)
+    .tile(1, 16, 64)
+    .tile(2, 16, 64)
+    .tile(3, 16, 64)
+    .tile(4, 16, 64)
+    .tile(5, 16, 64)
+    .tile(6, 16, 64)
+    .tile(7, 16, 64);
+
+/// Tiles of 16 activation rows per slice that the AMX products keep in L2 (see [`groups`]).
+const AMX_SLICE: usize = 8;
+
+/// A 64-byte aligned line of scratch.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line64([u8; 64]);
+
+thread_local! {
+    /// Each thread's unpacked group for the AMX kernels.
+    static AMX_SCRATCH: std::cell::RefCell<Vec<Line64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// A format's interleaved quant lines.
 trait Lines {
@@ -104,6 +130,38 @@ trait Format {
     /// `c` names a whole group, `M` activation rows and their terms, and writable outputs;
     /// AVX-512 F/BW/VL/VNNI.
     unsafe fn chunk<const M: usize>(c: &Chunk);
+
+    /// Bytes of [`Format::amx_prepare`]'s output per block, where the format has an AMX kernel
+    /// (0: none).
+    const AMX_PREPARED: usize = 0;
+    /// Activation tiles (16 x 64 quants) per block.
+    const AMX_TILES: usize = 0;
+
+    /// Unpacks the group at `c.w` into what [`Format::amx_chunk`] reads, at `dst`
+    /// (`AMX_PREPARED` bytes per block, 64-byte aligned).
+    ///
+    /// # Safety
+    /// `c` names a whole group; `dst` is writable for `c.blocks * AMX_PREPARED` bytes; AVX-512
+    /// F/BW/VL/VNNI.
+    unsafe fn amx_prepare(_c: &Chunk, _dst: *mut u8) {
+        unreachable!("no AMX kernel")
+    }
+
+    /// The group against one or two tiles of 16 activation rows (`NM`) through the AMX tiles,
+    /// with the bits of `chunk::<16>`.
+    ///
+    /// # Safety
+    /// `at(m)` names the group against tile `m`'s rows (a whole group, rows and their terms,
+    /// writable outputs); `tiles(m)` points at tile `m`'s packed activations
+    /// (`ActivationTerms`); `prepared` holds [`Format::amx_prepare`]'s output for the group;
+    /// the tile configuration [`AMX_CONFIG`] is loaded on this thread.
+    unsafe fn amx_block<const NM: usize>(
+        _at: &impl Fn(usize) -> Chunk,
+        _tiles: &impl Fn(usize) -> *const u8,
+        _prepared: *const u8,
+    ) {
+        unreachable!("no AMX kernel")
+    }
 }
 
 impl<L: Lines> Format for L {
@@ -128,6 +186,25 @@ impl Format for Q4K {
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn chunk<const M: usize>(c: &Chunk) {
         chunk_q4_k::<M>(c)
+    }
+
+    const AMX_PREPARED: usize = amx_q4_k::PREPARED;
+    const AMX_TILES: usize = 4;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn amx_prepare(c: &Chunk, dst: *mut u8) {
+        amx_q4_k::prepare(c, dst)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn amx_block<const NM: usize>(
+        at: &impl Fn(usize) -> Chunk,
+        tiles: &impl Fn(usize) -> *const u8,
+        prepared: *const u8,
+    ) {
+        amx_q4_k::block::<NM>(at, tiles, prepared)
     }
 }
 
@@ -200,22 +277,79 @@ unsafe fn groups<F: Format>(
     let group_bytes = blocks * F::GROUP_BLOCK;
     let a_row = blocks * F::BLOCKING.a_block;
     let sums_row = blocks * F::BLOCKING.sums;
+    let chunk_at = |g: usize, c0: usize| Chunk {
+        blocks,
+        w: w.add(g * group_bytes),
+        a: a.add(c0 * a_row),
+        a_row,
+        sums: terms.sums.as_ptr().add(c0 * sums_row),
+        da: terms.scales.as_ptr().add(c0 * blocks),
+        out: out.add(c0 * ldo + g * INTERLEAVE_ROWS),
+        ldo,
+        // The first chunk of a group streams it from memory; the others find it in L1.
+        prefetch: c0 == 0 && cols >= PREFETCH_MIN_ROWS,
+    };
+    let m_tiles = cols / AMX_TILE_ROWS;
+    if F::AMX_PREPARED > 0 && !terms.tiles.is_empty() && super::amx::granted() {
+        assert_eq!(
+            terms.tiles.len(),
+            m_tiles * blocks * F::AMX_TILES * TILE_LINES,
+            "interleaved product: AMX tiles of other activations than the call's"
+        );
+        let tiles_at = terms.tiles.as_ptr().cast::<u8>();
+        let tile_bytes = blocks * F::AMX_TILES * TILE_LINES * 64;
+        AMX_SCRATCH.with_borrow_mut(|scratch| {
+            let lines = blocks * F::AMX_PREPARED / 64;
+            if scratch.len() < lines {
+                scratch.resize(lines, Line64([0; 64]));
+            }
+            let prepared: *mut u8 = scratch.as_mut_ptr().cast();
+            // SAFETY: granted above; the scratch was just sized for a group's prepared bytes;
+            // the tiles' length was checked against the call's rows and blocks.
+            AMX_CONFIG.load();
+            // A slice of the activations' tiles (`AMX_SLICE` tiles of 16 rows: 256 KB at
+            // k = 2048) stays in L2 while the task's groups go past it, each unpacked again per
+            // slice (a few percent of its tile work).
+            for s0 in (0..m_tiles).step_by(AMX_SLICE) {
+                let s1 = (s0 + AMX_SLICE).min(m_tiles);
+                for g in 0..n_groups {
+                    F::amx_prepare(&chunk_at(g, 0), prepared);
+                    for m0 in (s0..s1).step_by(2) {
+                        let at = |mi: usize| chunk_at(g, (m0 + mi) * AMX_TILE_ROWS);
+                        let tiles = |mi: usize| tiles_at.add((m0 + mi) * tile_bytes);
+                        if s1 - m0 >= 2 {
+                            F::amx_block::<2>(&at, &tiles, prepared);
+                        } else {
+                            F::amx_block::<1>(&at, &tiles, prepared);
+                        }
+                    }
+                }
+            }
+            for g in 0..n_groups {
+                vnni_chunks::<F>(cols, m_tiles * AMX_TILE_ROWS, |c0| chunk_at(g, c0));
+            }
+            super::amx::release();
+        });
+        return;
+    }
     for g in 0..n_groups {
-        let mut c0 = 0;
+        vnni_chunks::<F>(cols, 0, |c0| chunk_at(g, c0));
+    }
+}
+
+/// The activation rows `from..cols` of one group, 8 at a time through the VNNI kernel
+/// (`chunk_at(c0)` names the group against the rows from `c0`).
+///
+/// # Safety
+/// As [`groups`]: `chunk_at` names whole groups, rows and their terms, and writable outputs.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn vnni_chunks<F: Format>(cols: usize, from: usize, chunk_at: impl Fn(usize) -> Chunk) {
+    {
+        let mut c0 = from;
         while c0 < cols {
             let m = (cols - c0).min(8);
-            let at = Chunk {
-                blocks,
-                w: w.add(g * group_bytes),
-                a: a.add(c0 * a_row),
-                a_row,
-                sums: terms.sums.as_ptr().add(c0 * sums_row),
-                da: terms.scales.as_ptr().add(c0 * blocks),
-                out: out.add(c0 * ldo + g * INTERLEAVE_ROWS),
-                ldo,
-                // The first chunk of a group streams it from memory; the others find it in L1.
-                prefetch: c0 == 0 && cols >= PREFETCH_MIN_ROWS,
-            };
+            let at = chunk_at(c0);
             match m {
                 1 => F::chunk::<1>(&at),
                 2 => F::chunk::<2>(&at),
@@ -514,5 +648,181 @@ unsafe fn chunk_q6_k<const M: usize>(c: &Chunk) {
     }
     for (j, acc) in acc.iter().enumerate() {
         _mm512_storeu_ps(c.out.add(j * c.ldo), *acc);
+    }
+}
+
+/// The AMX kernel of Q4_K: the exact super-block sums of [`chunk_q4_k`] from tiles.
+///
+/// `chunk_q4_k` forms, per super-block and row pair, `sum over sub-blocks s of scale[s] * (sum
+/// of 32 code x quant products)`. Splitting each 6-bit scale as `16 * hi + lo` (`lo < 16`,
+/// `hi < 4`) makes two weight operands of bytes, `code * lo` (at most 225) and `code * hi` (at
+/// most 45), whose plain products with the activation quants over the whole super-block are
+/// `S_lo` and `S_hi`, and the sum is exactly `S_lo + 16 * S_hi`: no scaling per sub-block, so
+/// one `tdpbsud` covers 64 quants (two sub-blocks) and a super-block is 4 of them per operand,
+/// accumulated in the tiles. [`prepare`] makes both operands of a group once per slice of
+/// activation rows (a byte times a small factor per 32-bit lane is one `vpmulld`: no product
+/// carries into the next byte) with the minimums' i16 pairs and `d`, `dmin` as `chunk_q4_k`
+/// makes them; [`block`] runs the tiles and then `chunk_q4_k`'s exact integer and f32 steps,
+/// so every output has its bits.
+mod amx_q4_k {
+    use std::arch::x86_64::*;
+
+    use super::super::amx;
+    use super::{q4_k, Chunk};
+
+    /// Bytes of one run of 64 codes of the 16 rows as one operand (16 lines).
+    const RUN: usize = 1024;
+    /// Where the minimum pairs (4 vectors), `d` and `dmin` start: after 4 runs of both
+    /// operands (`lo` then `hi` per run).
+    const MINS: usize = 8 * RUN;
+    const D: usize = MINS + 4 * 64;
+    const DMIN: usize = D + 64;
+    /// Bytes of one prepared super-block.
+    pub(super) const PREPARED: usize = DMIN + 64;
+
+    /// Makes the group's weight operands (see the module docs).
+    ///
+    /// # Safety
+    /// `c` names a whole group; `dst` is 64-byte aligned and writable for `c.blocks *
+    /// PREPARED` bytes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn prepare(c: &Chunk, dst: *mut u8) {
+        let low4 = _mm512_set1_epi8(0x0f);
+        let byte = _mm512_set1_epi32(0xff);
+        let six = _mm512_set1_epi32(0x3f3f_3f3f);
+        let four = _mm512_set1_epi32(0x0f0f_0f0f);
+        let two = _mm512_set1_epi32(0x0303_0303);
+        let pair = _mm512_set1_epi32(0x00ff_00ff);
+        let nib = _mm512_set1_epi32(0x0f);
+        for b in 0..c.blocks {
+            let base = c.w.add(b * q4_k::GROUP_BLOCK);
+            let out = dst.add(b * PREPARED);
+            let put = |at: usize, v: __m512i| _mm512_store_si512(out.add(at).cast(), v);
+            // As `chunk_q4_k`: each lane unpacks its own row's scales and minimums.
+            let packed = |l: usize| _mm512_loadu_si512(base.add(q4_k::SCALES + 64 * l).cast());
+            let (u0, u1, u2) = (packed(0), packed(1), packed(2));
+            let top2 = |u: __m512i| {
+                _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(u), two))
+            };
+            let scales = [
+                _mm512_and_si512(u0, six),
+                _mm512_or_si512(_mm512_and_si512(u2, four), top2(u0)),
+            ];
+            let scale = |j: usize| {
+                let s = scales[j / 4];
+                let shifted = match j % 4 {
+                    0 => s,
+                    1 => _mm512_srli_epi32::<8>(s),
+                    2 => _mm512_srli_epi32::<16>(s),
+                    _ => _mm512_srli_epi32::<24>(s),
+                };
+                _mm512_and_si512(shifted, byte)
+            };
+            for run in 0..4 {
+                let codes = base.add(q4_k::CODES + 512 * run);
+                // Sub-blocks `2 run` (low nibbles: lines 0..8 of the operands) and `2 run + 1`
+                // (high nibbles: lines 8..16).
+                for (half, sc) in [scale(2 * run), scale(2 * run + 1)].into_iter().enumerate() {
+                    let (lo, hi) = (_mm512_and_si512(sc, nib), _mm512_srli_epi32::<4>(sc));
+                    for v in 0..8 {
+                        let line = _mm512_loadu_si512(codes.add(64 * v).cast());
+                        let q = if half == 0 {
+                            _mm512_and_si512(line, low4)
+                        } else {
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(line), low4)
+                        };
+                        let at = 2 * RUN * run + 64 * (8 * half + v);
+                        put(at, _mm512_mullo_epi32(q, lo));
+                        put(at + RUN, _mm512_mullo_epi32(q, hi));
+                    }
+                }
+            }
+            let mins_lo = _mm512_and_si512(u1, six);
+            let mins_hi =
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32::<4>(u2), four), top2(u1));
+            put(MINS, _mm512_and_si512(mins_lo, pair));
+            put(
+                MINS + 64,
+                _mm512_and_si512(_mm512_srli_epi32::<8>(mins_lo), pair),
+            );
+            put(MINS + 128, _mm512_and_si512(mins_hi, pair));
+            put(
+                MINS + 192,
+                _mm512_and_si512(_mm512_srli_epi32::<8>(mins_hi), pair),
+            );
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(base.cast()));
+            let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(q4_k::DMIN).cast()));
+            _mm512_store_ps(out.add(D).cast(), d);
+            _mm512_store_ps(out.add(DMIN).cast(), dmin);
+        }
+    }
+
+    /// The group against `NM` tiles of 16 activation rows (see the module docs).
+    ///
+    /// # Safety
+    /// As `Format::amx_block`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn block<const NM: usize>(
+        at: &impl Fn(usize) -> Chunk,
+        tiles: &impl Fn(usize) -> *const u8,
+        prepared: *const u8,
+    ) {
+        let mut buf = [super::Line64([0; 64]); 64];
+        let buf: *mut u8 = buf.as_mut_ptr().cast();
+        let vec = |p: *const u8, at: usize| _mm512_load_si512(p.add(at).cast());
+        let chunks: [Chunk; NM] = std::array::from_fn(at);
+        let blocks = chunks[0].blocks;
+        for b in 0..blocks {
+            let pb = prepared.add(b * PREPARED);
+            amx::zero_sums();
+            for run in 0..4 {
+                for m in 0..NM {
+                    amx::load(4 + m, tiles(m).add((b * 4 + run) * RUN), 64);
+                }
+                amx::load(6, pb.add(2 * RUN * run), 64);
+                amx::load(7, pb.add(2 * RUN * run + RUN), 64);
+                for m in 0..NM {
+                    amx::product_su(m, 0);
+                    amx::product_su(m, 1);
+                }
+            }
+            for m in 0..NM {
+                amx::store(2 * m, buf.add(2 * RUN * m), 64);
+                amx::store(2 * m + 1, buf.add(2 * RUN * m + RUN), 64);
+            }
+            let d = _mm512_load_ps(pb.add(D).cast());
+            let dmin = _mm512_load_ps(pb.add(DMIN).cast());
+            let pairs: [__m512i; 4] = std::array::from_fn(|p| vec(pb, MINS + 64 * p));
+            for (m, c) in chunks.iter().enumerate() {
+                let sums = buf.add(2 * RUN * m);
+                for j in 0..16 {
+                    let sum = _mm512_add_epi32(
+                        vec(sums, 64 * j),
+                        _mm512_slli_epi32::<4>(vec(sums, RUN + 64 * j)),
+                    );
+                    let t = c.sums.add(q4_k::TERMS * (j * blocks + b));
+                    let mut mins = _mm512_setzero_si512();
+                    for (p, pair) in pairs.iter().enumerate() {
+                        mins = _mm512_dpwssd_epi32(mins, *pair, _mm512_set1_epi32(*t.add(p)));
+                    }
+                    let da = _mm512_set1_ps(*c.da.add(j * blocks + b));
+                    let out = c.out.add(j * c.ldo);
+                    // `chunk_q4_k` keeps its accumulators in registers from zero; here they
+                    // live in the outputs (the same values: +0 first, then the same
+                    // operations).
+                    let acc = if b == 0 {
+                        _mm512_setzero_ps()
+                    } else {
+                        _mm512_loadu_ps(out)
+                    };
+                    let acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, da), acc);
+                    let acc =
+                        _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(dmin, da), acc);
+                    _mm512_storeu_ps(out, acc);
+                }
+            }
+        }
     }
 }

@@ -36,6 +36,7 @@ pub(super) fn interleaved_min_cols_avx2(ty: GgmlType) -> Option<usize> {
     gemm::interleaved_product(ty).map(|(_, min_cols)| min_cols)
 }
 
+pub(super) mod amx;
 pub(super) mod attention;
 mod float;
 mod gemm;
