@@ -269,7 +269,11 @@ mod tests {
         let yes = || Ok(());
         let os_no = || Err(Refusal::Os(Some(22)));
         for off in ["0", "off", "OFF", " false ", "no"] {
-            assert_eq!(decide(Some(off), true, yes), Err(Refusal::Disabled), "{off:?}");
+            assert_eq!(
+                decide(Some(off), true, yes),
+                Err(Refusal::Disabled),
+                "{off:?}"
+            );
         }
         // No request is made where the environment or the CPU already says no.
         let never = || -> Result<(), Refusal> { panic!("asked the OS") };

@@ -395,9 +395,20 @@ unsafe fn chunk<L: Lines, const M: usize>(c: &Chunk) {
     let offset = L::GEOMETRY.offset;
     let mut acc = [_mm512_setzero_ps(); M];
     let group_block = L::GEOMETRY.group_block();
+    let row_prefetch = if M == 1 {
+        super::row_prefetch_distance()
+    } else {
+        0
+    };
     for b in 0..c.blocks {
         if c.prefetch {
             super::prefetch_ahead(c.w.add(b * group_block), group_block.div_ceil(64));
+        } else if row_prefetch > 0 {
+            super::prefetch_at(
+                c.w.add(b * group_block),
+                row_prefetch,
+                group_block.div_ceil(64),
+            );
         }
         let (scales, masks, quants) = L::GEOMETRY.block_at(c.blocks, b);
         let lines = L::lines(c.w.add(masks), c.w.add(quants));
@@ -464,8 +475,16 @@ unsafe fn chunk_q4_k<const M: usize>(c: &Chunk) {
     let two = _mm512_set1_epi32(0x0303_0303);
     let pair = _mm512_set1_epi32(0x00ff_00ff);
     let mut acc = [_mm512_setzero_ps(); M];
+    let row_prefetch = if M == 1 {
+        super::row_prefetch_distance()
+    } else {
+        0
+    };
     for b in 0..c.blocks {
         let base = c.w.add(b * q4_k::GROUP_BLOCK);
+        if row_prefetch > 0 {
+            super::prefetch_at(base, row_prefetch, q4_k::GROUP_BLOCK / 64);
+        }
         let packed = |l: usize| _mm512_loadu_si512(base.add(q4_k::SCALES + 64 * l).cast());
         let (u0, u1, u2) = (packed(0), packed(1), packed(2));
         // Each lane: scales 0..4 and 4..8, minimums 0..4 and 4..8 of its row, a byte each.
@@ -564,8 +583,16 @@ unsafe fn chunk_q6_k<const M: usize>(c: &Chunk) {
     let bits45 = _mm512_set1_epi8(0x30);
     let mut acc = [_mm512_setzero_ps(); M];
     let blocks_at = c.w.add(c.blocks * q6_k::D);
+    let row_prefetch = if M == 1 {
+        super::row_prefetch_distance()
+    } else {
+        0
+    };
     for b in 0..c.blocks {
         let base = blocks_at.add(b * q6_k::GROUP_BLOCK);
+        if row_prefetch > 0 {
+            super::prefetch_at(base, row_prefetch, q6_k::GROUP_BLOCK / 64);
+        }
         let scale_lines: [__m512i; 4] =
             std::array::from_fn(|q| _mm512_loadu_si512(base.add(64 * q).cast()));
         // Scale of group `g` as one i32 per lane (sign-extended).
