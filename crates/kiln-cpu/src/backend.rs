@@ -182,7 +182,13 @@ impl Backend for CpuBackend {
     type Kv = CpuKv;
 
     fn name(&self) -> String {
-        format!("cpu ({} threads, {:?})", self.cx.threads, self.cx.simd)
+        // AMX runs only under the VNNI kernels (`kernels::amx_granted`).
+        let amx = if self.cx.simd == SimdLevel::Avx512Vnni && kernels::amx_granted() {
+            "+AMX"
+        } else {
+            ""
+        };
+        format!("cpu ({} threads, {:?}{amx})", self.cx.threads, self.cx.simd)
     }
 
     fn host_threads(&self) -> usize {

@@ -356,7 +356,7 @@ fn row_in(ty: GgmlType, form: MaskForm, k: usize, w: &[u8], r: usize, dst: &mut 
 /// Q6_K's scale pairs (`q6_k::SCALE_PAIRS`).
 ///
 /// Where the AMX products run (`kernels::amx_granted`) and there are at least
-/// [`AMX_TILE_ROWS`]` * 2` Q8_K rows, also their quants in the AMX products' tile order: per 16
+/// 32 Q8_K rows, also their quants in the AMX products' tile order: per 16
 /// rows (a whole 16 only; the rows after the last one are left to the VNNI kernel) and
 /// super-block, its 4 runs of 64 quants of the 16 rows one after the other, 1 KiB each, row
 /// `j`'s at `64 * j` (`tiles`; made once per product, where every task's tile loads then read
@@ -369,12 +369,12 @@ pub struct ActivationTerms {
 }
 
 /// Activation rows of one AMX tile.
-pub const AMX_TILE_ROWS: usize = 16;
+pub(super) const AMX_TILE_ROWS: usize = 16;
 
 /// A 64-byte aligned line of [`ActivationTerms`]' tiles.
 #[derive(Clone, Copy, Debug)]
 #[repr(C, align(64))]
-pub struct TileLine(pub(super) [u8; 64]);
+pub(super) struct TileLine(pub(super) [u8; 64]);
 
 /// Quants of one activation row in one AMX tile, and lines of the tile.
 pub(super) const TILE_QUANTS: usize = 64;

@@ -19,6 +19,18 @@
 //! on a stream the kernel reads at memory speed) and not in the k-quant kernels (they spend more
 //! arithmetic per byte, and the requests only cost there). The measurements behind each choice
 //! are in docs/BENCHMARKS.md.
+//!
+//! Decode (one activation row): on Intel CPUs each block's bytes are also requested
+//! `super::row_prefetch_distance` (4 KB) ahead; there the hardware prefetcher alone left the
+//! stream at half the memory's rate.
+//!
+//! **AMX.** Where the operating system grants the tiles (`super::amx`), a Q4_K product of at
+//! least 32 activation rows runs 16 rows at a time on `tdpbsud` ([`amx_q4_k`]) over activations
+//! packed in tile order once per product (`ActivationTerms`), the rows past the last whole 16
+//! through the VNNI kernel. The tiles give the exact integer sums of the VNNI kernel and the f32
+//! step is the same, so both give the same bits and a product may mix them (batch invariance
+//! holds). A task keeps a slice of `AMX_SLICE` tiles of activations in L2 while its groups go
+//! past it.
 
 use std::arch::x86_64::*;
 
@@ -454,6 +466,60 @@ unsafe fn chunk<L: Lines, const M: usize>(c: &Chunk) {
     }
 }
 
+/// The 16 rows' 6-bit scales and minimums of one Q4_K super-block of a group, unpacked lane by
+/// lane from its 3 packed lines (as ggml's `get_scale_min_k4`, one row per lane).
+struct Q4kScales {
+    /// Each lane: its row's scales 0..4, then 4..8, a byte each.
+    scales: [__m512i; 2],
+    /// i16 pairs of minimums, in the order of `q4_k::MIN_PAIRS`.
+    mins: [__m512i; 4],
+}
+
+/// [`Q4kScales`] of the super-block at `base` (a group's).
+///
+/// # Safety
+/// `base` points at a whole super-block of a group.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q4_k_scales(base: *const u8) -> Q4kScales {
+    let six = _mm512_set1_epi32(0x3f3f_3f3f);
+    let four = _mm512_set1_epi32(0x0f0f_0f0f);
+    let two = _mm512_set1_epi32(0x0303_0303);
+    let pair = _mm512_set1_epi32(0x00ff_00ff);
+    let packed = |l: usize| _mm512_loadu_si512(base.add(q4_k::SCALES + 64 * l).cast());
+    let (u0, u1, u2) = (packed(0), packed(1), packed(2));
+    let top2 =
+        |u: __m512i| _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(u), two));
+    let mins_lo = _mm512_and_si512(u1, six);
+    let mins_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32::<4>(u2), four), top2(u1));
+    Q4kScales {
+        scales: [
+            _mm512_and_si512(u0, six),
+            _mm512_or_si512(_mm512_and_si512(u2, four), top2(u0)),
+        ],
+        mins: [
+            _mm512_and_si512(mins_lo, pair),
+            _mm512_and_si512(_mm512_srli_epi32::<8>(mins_lo), pair),
+            _mm512_and_si512(mins_hi, pair),
+            _mm512_and_si512(_mm512_srli_epi32::<8>(mins_hi), pair),
+        ],
+    }
+}
+
+/// Scale of sub-block `j` as one i32 per lane, from [`Q4kScales::scales`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn q4_k_scale(scales: &[__m512i; 2], j: usize) -> __m512i {
+    let s = scales[j / 4];
+    let shifted = match j % 4 {
+        0 => s,
+        1 => _mm512_srli_epi32::<8>(s),
+        2 => _mm512_srli_epi32::<16>(s),
+        _ => _mm512_srli_epi32::<24>(s),
+    };
+    _mm512_and_si512(shifted, _mm512_set1_epi32(0xff))
+}
+
 /// The 16 rows of a Q4_K group against `M` activation rows. Per super-block: the 16 rows' 6-bit
 /// scales and minimums are unpacked lane by lane from the 3 packed lines (as ggml's
 /// `get_scale_min_k4`, one row per lane); per chunk of 64 codes the 8 code lines are split into
@@ -469,11 +535,6 @@ unsafe fn chunk<L: Lines, const M: usize>(c: &Chunk) {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn chunk_q4_k<const M: usize>(c: &Chunk) {
     let low4 = _mm512_set1_epi8(0x0f);
-    let byte = _mm512_set1_epi32(0xff);
-    let six = _mm512_set1_epi32(0x3f3f_3f3f);
-    let four = _mm512_set1_epi32(0x0f0f_0f0f);
-    let two = _mm512_set1_epi32(0x0303_0303);
-    let pair = _mm512_set1_epi32(0x00ff_00ff);
     let mut acc = [_mm512_setzero_ps(); M];
     let row_prefetch = if M == 1 {
         super::row_prefetch_distance()
@@ -485,37 +546,8 @@ unsafe fn chunk_q4_k<const M: usize>(c: &Chunk) {
         if row_prefetch > 0 {
             super::prefetch_at(base, row_prefetch, q4_k::GROUP_BLOCK / 64);
         }
-        let packed = |l: usize| _mm512_loadu_si512(base.add(q4_k::SCALES + 64 * l).cast());
-        let (u0, u1, u2) = (packed(0), packed(1), packed(2));
-        // Each lane: scales 0..4 and 4..8, minimums 0..4 and 4..8 of its row, a byte each.
-        let top2 =
-            |u: __m512i| _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(u), two));
-        let scales = [
-            _mm512_and_si512(u0, six),
-            _mm512_or_si512(_mm512_and_si512(u2, four), top2(u0)),
-        ];
-        let mins_lo = _mm512_and_si512(u1, six);
-        let mins_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32::<4>(u2), four), top2(u1));
-        // i16 pairs of minimums, in the order of `q4_k::MIN_PAIRS`.
-        let mins = [
-            _mm512_and_si512(mins_lo, pair),
-            _mm512_and_si512(_mm512_srli_epi32::<8>(mins_lo), pair),
-            _mm512_and_si512(mins_hi, pair),
-            _mm512_and_si512(_mm512_srli_epi32::<8>(mins_hi), pair),
-        ];
-        // Scale of sub-block `j` as one i32 per lane.
-        let scale = |j: usize| {
-            let s = scales[j / 4];
-            _mm512_and_si512(
-                match j % 4 {
-                    0 => s,
-                    1 => _mm512_srli_epi32::<8>(s),
-                    2 => _mm512_srli_epi32::<16>(s),
-                    _ => _mm512_srli_epi32::<24>(s),
-                },
-                byte,
-            )
-        };
+        let Q4kScales { scales, mins } = q4_k_scales(base);
+        let scale = |j: usize| q4_k_scale(&scales, j);
         let mut sums = [_mm512_setzero_si512(); M];
         for ch in 0..4 {
             let codes = base.add(q4_k::CODES + 512 * ch);
@@ -695,7 +727,7 @@ mod amx_q4_k {
     use std::arch::x86_64::*;
 
     use super::super::amx;
-    use super::{q4_k, Chunk};
+    use super::{q4_k, q4_k_scale, q4_k_scales, Chunk, Q4kScales};
 
     /// Bytes of one run of 64 codes of the 16 rows as one operand (16 lines).
     const RUN: usize = 1024;
@@ -716,36 +748,13 @@ mod amx_q4_k {
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub(super) unsafe fn prepare(c: &Chunk, dst: *mut u8) {
         let low4 = _mm512_set1_epi8(0x0f);
-        let byte = _mm512_set1_epi32(0xff);
-        let six = _mm512_set1_epi32(0x3f3f_3f3f);
-        let four = _mm512_set1_epi32(0x0f0f_0f0f);
-        let two = _mm512_set1_epi32(0x0303_0303);
-        let pair = _mm512_set1_epi32(0x00ff_00ff);
         let nib = _mm512_set1_epi32(0x0f);
         for b in 0..c.blocks {
             let base = c.w.add(b * q4_k::GROUP_BLOCK);
             let out = dst.add(b * PREPARED);
             let put = |at: usize, v: __m512i| _mm512_store_si512(out.add(at).cast(), v);
-            // As `chunk_q4_k`: each lane unpacks its own row's scales and minimums.
-            let packed = |l: usize| _mm512_loadu_si512(base.add(q4_k::SCALES + 64 * l).cast());
-            let (u0, u1, u2) = (packed(0), packed(1), packed(2));
-            let top2 = |u: __m512i| {
-                _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(u), two))
-            };
-            let scales = [
-                _mm512_and_si512(u0, six),
-                _mm512_or_si512(_mm512_and_si512(u2, four), top2(u0)),
-            ];
-            let scale = |j: usize| {
-                let s = scales[j / 4];
-                let shifted = match j % 4 {
-                    0 => s,
-                    1 => _mm512_srli_epi32::<8>(s),
-                    2 => _mm512_srli_epi32::<16>(s),
-                    _ => _mm512_srli_epi32::<24>(s),
-                };
-                _mm512_and_si512(shifted, byte)
-            };
+            let Q4kScales { scales, mins } = q4_k_scales(base);
+            let scale = |j: usize| q4_k_scale(&scales, j);
             for run in 0..4 {
                 let codes = base.add(q4_k::CODES + 512 * run);
                 // Sub-blocks `2 run` (low nibbles: lines 0..8 of the operands) and `2 run + 1`
@@ -765,19 +774,9 @@ mod amx_q4_k {
                     }
                 }
             }
-            let mins_lo = _mm512_and_si512(u1, six);
-            let mins_hi =
-                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32::<4>(u2), four), top2(u1));
-            put(MINS, _mm512_and_si512(mins_lo, pair));
-            put(
-                MINS + 64,
-                _mm512_and_si512(_mm512_srli_epi32::<8>(mins_lo), pair),
-            );
-            put(MINS + 128, _mm512_and_si512(mins_hi, pair));
-            put(
-                MINS + 192,
-                _mm512_and_si512(_mm512_srli_epi32::<8>(mins_hi), pair),
-            );
+            for (p, pair) in mins.iter().enumerate() {
+                put(MINS + 64 * p, *pair);
+            }
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(base.cast()));
             let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(q4_k::DMIN).cast()));
             _mm512_store_ps(out.add(D).cast(), d);
