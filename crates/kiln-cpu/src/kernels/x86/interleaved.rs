@@ -149,7 +149,7 @@ trait Format {
     /// Activation tiles (16 x 64 quants) per block.
     const AMX_TILES: usize = 0;
 
-    /// Unpacks the group at `c.w` into what [`Format::amx_chunk`] reads, at `dst`
+    /// Unpacks the group at `c.w` into what [`Format::amx_block`] reads, at `dst`
     /// (`AMX_PREPARED` bytes per block, 64-byte aligned).
     ///
     /// # Safety
