@@ -725,13 +725,7 @@ fn vnni_one_row_products_match_the_scalar_loop() {
         // a group of four, and an odd one (the kernel takes blocks in pairs, pairs in twos).
         for k in lengths(ty).into_iter().chain([7 * 32, 70 * 32]) {
             let rows = 37;
-            let sets: Vec<Vec<u8>> = vec![
-                quantized_weights(ty, rows, k, &mut rng),
-                raw_weights(ty, rows, k, None, &mut rng),
-                raw_weights(ty, rows, k, Some(0xff), &mut rng),
-                raw_weights(ty, rows, k, Some(0x80), &mut rng),
-                raw_weights(ty, rows, k, Some(0x00), &mut rng),
-            ];
+            let sets = weight_sets(ty, rows, k, &[0xff, 0x80, 0x00], &mut rng);
             for w in &sets {
                 let a = activations(ty, 1, k, &mut rng);
                 let expected = run(SimdLevel::Scalar, ty, k, w, rows, &a, 1, rows);
@@ -847,6 +841,21 @@ fn interleaved_widths(ty: GgmlType) -> &'static [usize] {
     }
 }
 
+/// Weights of `rows` rows of `k` for a product test: quantized from floats, random bytes, then
+/// every byte `fill` for each of `fills` (the edges of the quant and scale fields), in that order.
+fn weight_sets(ty: GgmlType, rows: usize, k: usize, fills: &[u8], rng: &mut Rng) -> Vec<Vec<u8>> {
+    let mut sets = vec![
+        quantized_weights(ty, rows, k, rng),
+        raw_weights(ty, rows, k, None, rng),
+    ];
+    sets.extend(
+        fills
+            .iter()
+            .map(|&f| raw_weights(ty, rows, k, Some(f), rng)),
+    );
+    sets
+}
+
 /// The activation format of `ty`'s products.
 fn act_type(ty: GgmlType) -> GgmlType {
     kiln_quant::vec_dot_type(ty).unwrap()
@@ -925,13 +934,7 @@ fn avx2_interleaved_products_are_the_tile_kernels_bits() {
         let tile = gemm_fn_invariant(ty, SimdLevel::Avx2).unwrap();
         for &k in interleaved_widths(ty) {
             let rows = 3 * INTERLEAVE_ROWS;
-            let sets = [
-                quantized_weights(ty, rows, k, &mut rng),
-                raw_weights(ty, rows, k, None, &mut rng),
-                raw_weights(ty, rows, k, Some(0xff), &mut rng),
-                raw_weights(ty, rows, k, Some(0x80), &mut rng),
-                raw_weights(ty, rows, k, Some(0x00), &mut rng),
-            ];
+            let sets = weight_sets(ty, rows, k, &[0xff, 0x80, 0x00], &mut rng);
             for w in &sets {
                 let mut il = vec![0u8; w.len()];
                 interleave(ty, SimdLevel::Avx2, k, w, &mut il);
@@ -985,13 +988,7 @@ fn amx_products_have_the_vnni_bits() {
         };
         for &k in interleaved_widths(ty) {
             let rows = 2 * INTERLEAVE_ROWS;
-            let sets = [
-                quantized_weights(ty, rows, k, &mut rng),
-                raw_weights(ty, rows, k, None, &mut rng),
-                raw_weights(ty, rows, k, Some(0xff), &mut rng),
-                raw_weights(ty, rows, k, Some(0x80), &mut rng),
-                raw_weights(ty, rows, k, Some(0x7f), &mut rng),
-            ];
+            let sets = weight_sets(ty, rows, k, &[0xff, 0x80, 0x7f], &mut rng);
             for w in &sets {
                 let mut il = vec![0u8; w.len()];
                 interleave(ty, SimdLevel::Avx512Vnni, k, w, &mut il);
@@ -1042,14 +1039,7 @@ fn interleaved_products_match_the_scalar_loop() {
         };
         for &k in interleaved_widths(ty) {
             let rows = 3 * INTERLEAVE_ROWS;
-            let sets = [
-                quantized_weights(ty, rows, k, &mut rng),
-                raw_weights(ty, rows, k, None, &mut rng),
-                raw_weights(ty, rows, k, Some(0xff), &mut rng),
-                raw_weights(ty, rows, k, Some(0x80), &mut rng),
-                raw_weights(ty, rows, k, Some(0x7f), &mut rng),
-                raw_weights(ty, rows, k, Some(0x00), &mut rng),
-            ];
+            let sets = weight_sets(ty, rows, k, &[0xff, 0x80, 0x7f, 0x00], &mut rng);
             for w in &sets {
                 let mut il = vec![0u8; w.len()];
                 interleave(ty, SimdLevel::Avx512Vnni, k, w, &mut il);

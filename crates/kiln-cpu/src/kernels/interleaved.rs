@@ -371,7 +371,7 @@ pub struct ActivationTerms {
 /// Activation rows of one AMX tile.
 pub(super) const AMX_TILE_ROWS: usize = 16;
 
-/// A 64-byte aligned line of [`ActivationTerms`]' tiles.
+/// A 64-byte aligned line: of [`ActivationTerms`]' tiles, and of the AMX kernels' scratch.
 #[derive(Clone, Copy, Debug)]
 #[repr(C, align(64))]
 pub(super) struct TileLine(pub(super) [u8; 64]);

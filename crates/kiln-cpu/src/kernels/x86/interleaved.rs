@@ -37,8 +37,8 @@ use std::arch::x86_64::*;
 use kiln_core::GgmlType;
 
 use super::super::interleaved::{
-    check_call, q4_k, q6_k, ActivationTerms, Blocking, Geometry, InterleavedGemmFn, AMX_TILE_ROWS,
-    INTERLEAVE_ROWS, Q5_0, Q8_0, TILE_LINES,
+    check_call, q4_k, q6_k, ActivationTerms, Blocking, Geometry, InterleavedGemmFn, TileLine,
+    AMX_TILE_ROWS, INTERLEAVE_ROWS, Q5_0, Q8_0, TILE_LINES,
 };
 
 /// Fewest activation rows for which a Q8_0/Q5_0 chunk prefetches (see the module docs).
@@ -63,14 +63,9 @@ const AMX_CONFIG: super::amx::Config = super::amx::Config::new()
 /// Tiles of 16 activation rows per slice that the AMX products keep in L2 (see [`groups`]).
 const AMX_SLICE: usize = 8;
 
-/// A 64-byte aligned line of scratch.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line64([u8; 64]);
-
 thread_local! {
     /// Each thread's unpacked group for the AMX kernels.
-    static AMX_SCRATCH: std::cell::RefCell<Vec<Line64>> = const { std::cell::RefCell::new(Vec::new()) };
+    static AMX_SCRATCH: std::cell::RefCell<Vec<TileLine>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// A format's interleaved quant lines.
@@ -313,7 +308,7 @@ unsafe fn groups<F: Format>(
         AMX_SCRATCH.with_borrow_mut(|scratch| {
             let lines = blocks * F::AMX_PREPARED / 64;
             if scratch.len() < lines {
-                scratch.resize(lines, Line64([0; 64]));
+                scratch.resize(lines, TileLine([0; 64]));
             }
             let prepared: *mut u8 = scratch.as_mut_ptr().cast();
             // SAFETY: granted above; the scratch was just sized for a group's prepared bytes;
@@ -795,7 +790,7 @@ mod amx_q4_k {
         tiles: &impl Fn(usize) -> *const u8,
         prepared: *const u8,
     ) {
-        let mut buf = [super::Line64([0; 64]); 64];
+        let mut buf = [super::TileLine([0; 64]); 64];
         let buf: *mut u8 = buf.as_mut_ptr().cast();
         let vec = |p: *const u8, at: usize| _mm512_load_si512(p.add(at).cast());
         let chunks: [Chunk; NM] = std::array::from_fn(at);
