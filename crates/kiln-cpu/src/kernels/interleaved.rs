@@ -511,10 +511,10 @@ pub fn interleaved_uses_terms(ty: GgmlType, level: super::SimdLevel, cols: usize
 }
 
 /// Whether the product of [`interleaved_gemm_fn`]`(ty, level)` over `cols` activation rows runs
-/// on AMX tiles (given terms made by [`activation_terms`] for those rows): Q4_K at the AVX-512
-/// VNNI level, from `2 * AMX_TILE_ROWS` rows, where [`super::amx_granted`].
+/// on AMX tiles (given terms made by [`activation_terms`] for those rows): Q4_K and Q6_K at the
+/// AVX-512 VNNI level, from `2 * AMX_TILE_ROWS` rows, where [`super::amx_granted`].
 pub fn interleaved_uses_amx(ty: GgmlType, level: super::SimdLevel, cols: usize) -> bool {
-    ty == GgmlType::Q4_K
+    matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K)
         && super::usable(level) == super::SimdLevel::Avx512Vnni
         && cols >= 2 * AMX_TILE_ROWS
         && super::amx_granted()

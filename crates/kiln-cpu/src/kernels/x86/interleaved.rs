@@ -227,6 +227,25 @@ impl Format for Q6K {
     unsafe fn chunk<const M: usize>(c: &Chunk) {
         chunk_q6_k::<M>(c)
     }
+
+    const AMX_PREPARED: usize = amx_q6_k::PREPARED;
+    const AMX_TILES: usize = 4;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn amx_prepare(c: &Chunk, dst: *mut u8) {
+        amx_q6_k::prepare(c, dst)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn amx_block<const NM: usize>(
+        at: &impl Fn(usize) -> Chunk,
+        tiles: &impl Fn(usize) -> *const u8,
+        prepared: *const u8,
+    ) {
+        amx_q6_k::block::<NM>(at, tiles, prepared)
+    }
 }
 
 /// `kernels::InterleavedGemmFn` on AVX-512 VNNI for the format `F`.
@@ -592,6 +611,100 @@ unsafe fn chunk_q4_k<const M: usize>(c: &Chunk) {
     }
 }
 
+/// The 4 scale lines of the Q6_K super-block at `base` (a group's, past its `d`s): lane `r` of
+/// line `q` holds row `r`'s signed scales `4q..4q + 4`, a byte each.
+///
+/// # Safety
+/// `base` points at a whole super-block of a group.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q6_k_scale_lines(base: *const u8) -> [__m512i; 4] {
+    std::array::from_fn(|q| _mm512_loadu_si512(base.add(64 * q).cast()))
+}
+
+/// Scale of group `g` as one i32 per lane (sign-extended), from [`q6_k_scale_lines`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn q6_k_scale(lines: &[__m512i; 4], g: usize) -> __m512i {
+    let l = lines[g / 4];
+    _mm512_srai_epi32::<24>(match g % 4 {
+        0 => _mm512_slli_epi32::<24>(l),
+        1 => _mm512_slli_epi32::<16>(l),
+        2 => _mm512_slli_epi32::<8>(l),
+        _ => l,
+    })
+}
+
+/// Sign-extended i16 scale pairs, in the order of `q6_k::SCALE_PAIRS`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn q6_k_pairs(lines: &[__m512i; 4]) -> [__m512i; 8] {
+    std::array::from_fn(|p| {
+        let l = lines[p / 2];
+        if p % 2 == 0 {
+            _mm512_srai_epi16::<8>(_mm512_slli_epi16::<8>(l))
+        } else {
+            _mm512_srai_epi16::<8>(l)
+        }
+    })
+}
+
+/// Line `jj` of a Q6_K unit's `quarter` (codes `32 * quarter + 4jj..+4` of its half and
+/// group): the codes' low 4 bits (each byte `0..16`) and a line whose bits 4-5 of each byte are
+/// the codes' top 2 bits (the other bits unmasked).
+///
+/// # Safety
+/// `unit` points at a whole unit of a group's super-block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q6_k_parts(unit: *const u8, quarter: usize, jj: usize) -> (__m512i, __m512i) {
+    let low4 = _mm512_set1_epi8(0x0f);
+    let qh = _mm512_loadu_si512(unit.add(64 * jj).cast());
+    let ql = _mm512_loadu_si512(unit.add(q6_k::QL + 256 * (quarter % 2) + 64 * jj).cast());
+    let low = if quarter < 2 {
+        _mm512_and_si512(ql, low4)
+    } else {
+        _mm512_and_si512(_mm512_srli_epi16::<4>(ql), low4)
+    };
+    // Bits `2 * quarter..+2` of each `qh` byte to bits 4-5.
+    let high = match quarter {
+        0 => _mm512_slli_epi16::<4>(qh),
+        1 => _mm512_slli_epi16::<2>(qh),
+        2 => qh,
+        _ => _mm512_srli_epi16::<2>(qh),
+    };
+    (low, high)
+}
+
+/// The f32 step of a Q6_K super-block `b` for activation row `j` of `c`: the codes' offset of 32
+/// off the exact sum `sum` (`32 * sum(scale * group sum)`, 8 `vpdpwssd` of the scale `pairs`
+/// against the row's group sums), then `acc + d * da * total`.
+///
+/// # Safety
+/// `c` names row `j`'s terms of super-block `b`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q6_k_step(
+    c: &Chunk,
+    j: usize,
+    b: usize,
+    sum: __m512i,
+    pairs: &[__m512i; 8],
+    d: __m512,
+    acc: __m512,
+) -> __m512 {
+    let t = c
+        .sums
+        .add(q4_k::TERMS * (j * c.blocks + b) + q4_k::MIN_PAIRS.len());
+    let mut offset = _mm512_setzero_si512();
+    for (p, pair) in pairs.iter().enumerate() {
+        offset = _mm512_dpwssd_epi32(offset, *pair, _mm512_set1_epi32(*t.add(p)));
+    }
+    let total = _mm512_sub_epi32(sum, _mm512_slli_epi32::<5>(offset));
+    let da = _mm512_set1_ps(*c.da.add(j * c.blocks + b));
+    _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d, da), acc)
+}
+
 /// The 16 rows of a Q6_K group against `M` activation rows. Per super-block, half and quarter:
 /// 4 code lines made from one `ql` line's low or high nibbles and the matching bit pair of a
 /// `qh` line (one shift and one `vpternlogd` each: `low | (high & 0x30)`), then for each
@@ -606,7 +719,6 @@ unsafe fn chunk_q4_k<const M: usize>(c: &Chunk) {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn chunk_q6_k<const M: usize>(c: &Chunk) {
-    let low4 = _mm512_set1_epi8(0x0f);
     let bits45 = _mm512_set1_epi8(0x30);
     let mut acc = [_mm512_setzero_ps(); M];
     let blocks_at = c.w.add(c.blocks * q6_k::D);
@@ -620,18 +732,7 @@ unsafe fn chunk_q6_k<const M: usize>(c: &Chunk) {
         if row_prefetch > 0 {
             super::prefetch_at(base, row_prefetch, q6_k::GROUP_BLOCK / 64);
         }
-        let scale_lines: [__m512i; 4] =
-            std::array::from_fn(|q| _mm512_loadu_si512(base.add(64 * q).cast()));
-        // Scale of group `g` as one i32 per lane (sign-extended).
-        let scale = |g: usize| {
-            let l = scale_lines[g / 4];
-            _mm512_srai_epi32::<24>(match g % 4 {
-                0 => _mm512_slli_epi32::<24>(l),
-                1 => _mm512_slli_epi32::<16>(l),
-                2 => _mm512_slli_epi32::<8>(l),
-                _ => l,
-            })
-        };
+        let scale_lines = q6_k_scale_lines(base);
         let mut sums = [_mm512_setzero_si512(); M];
         for n in 0..2 {
             for jh in 0..2 {
@@ -640,26 +741,11 @@ unsafe fn chunk_q6_k<const M: usize>(c: &Chunk) {
                     // Code lines of codes `32 * quarter + 4j..+4` of the half, j = 4jh..4jh + 4:
                     // group `8n + 2 * quarter + jh`.
                     let codes: [__m512i; 4] = std::array::from_fn(|jj| {
-                        let qh = _mm512_loadu_si512(unit.add(64 * jj).cast());
-                        let ql = _mm512_loadu_si512(
-                            unit.add(q6_k::QL + 256 * (quarter % 2) + 64 * jj).cast(),
-                        );
-                        let low = if quarter < 2 {
-                            _mm512_and_si512(ql, low4)
-                        } else {
-                            _mm512_and_si512(_mm512_srli_epi16::<4>(ql), low4)
-                        };
-                        // Bits `2 * quarter..+2` of each `qh` byte to bits 4-5.
-                        let high = match quarter {
-                            0 => _mm512_slli_epi16::<4>(qh),
-                            1 => _mm512_slli_epi16::<2>(qh),
-                            2 => qh,
-                            _ => _mm512_srli_epi16::<2>(qh),
-                        };
+                        let (low, high) = q6_k_parts(unit, quarter, jj);
                         // low | (high & 0x30)
                         _mm512_ternarylogic_epi32::<0xf8>(low, high, bits45)
                     });
-                    let sc = scale(8 * n + 2 * quarter + jh);
+                    let sc = q6_k_scale(&scale_lines, 8 * n + 2 * quarter + jh);
                     for (j, sum) in sums.iter_mut().enumerate() {
                         let ar = c.a.add(
                             j * c.a_row + b * q4_k::A_BLOCK + 4 + 128 * n + 32 * quarter + 16 * jh,
@@ -677,27 +763,10 @@ unsafe fn chunk_q6_k<const M: usize>(c: &Chunk) {
                 }
             }
         }
-        // Sign-extended i16 scale pairs, in the order of `q6_k::SCALE_PAIRS`.
-        let pairs: [__m512i; 8] = std::array::from_fn(|p| {
-            let l = scale_lines[p / 2];
-            if p % 2 == 0 {
-                _mm512_srai_epi16::<8>(_mm512_slli_epi16::<8>(l))
-            } else {
-                _mm512_srai_epi16::<8>(l)
-            }
-        });
+        let pairs = q6_k_pairs(&scale_lines);
         let d = _mm512_cvtph_ps(_mm256_loadu_si256(c.w.add(b * q6_k::D).cast()));
         for (j, (acc, sum)) in acc.iter_mut().zip(&sums).enumerate() {
-            let t = c
-                .sums
-                .add(q4_k::TERMS * (j * c.blocks + b) + q4_k::MIN_PAIRS.len());
-            let mut offset = _mm512_setzero_si512();
-            for (p, pair) in pairs.iter().enumerate() {
-                offset = _mm512_dpwssd_epi32(offset, *pair, _mm512_set1_epi32(*t.add(p)));
-            }
-            let total = _mm512_sub_epi32(*sum, _mm512_slli_epi32::<5>(offset));
-            let da = _mm512_set1_ps(*c.da.add(j * c.blocks + b));
-            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d, da), *acc);
+            *acc = q6_k_step(c, j, b, *sum, &pairs, d, *acc);
         }
     }
     for (j, acc) in acc.iter().enumerate() {
@@ -842,6 +911,150 @@ mod amx_q4_k {
                     let acc =
                         _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(dmin, da), acc);
                     _mm512_storeu_ps(out, acc);
+                }
+            }
+        }
+    }
+}
+
+/// The AMX kernel of Q6_K: the exact super-block sums of [`chunk_q6_k`] from tiles.
+///
+/// `chunk_q6_k` forms, per super-block and row pair, `sum over groups g of scale[g] * (sum of 16
+/// code x quant products)`, the codes 6-bit (`0..64`) and the scales signed bytes. Splitting
+/// both, `code = 16 * qh + ql` (`ql < 16`, `qh < 4`) and `scale = 16 * sh + sl` (`sl = scale &
+/// 15`, `sh = scale >> 4` in `-8..8`), gives `code * scale` as
+/// `ql * sl + 16 * (qh * sl + ql * sh) + 256 * qh * sh`: four weight operands of bytes, `ql * sl`
+/// (at most 225) and `qh * sl` (at most 45) unsigned, `ql * sh` (`-120..=105`) and `qh * sh`
+/// (`-24..=21`) signed, whose plain products with the activation quants over the super-block are exact with no scaling per
+/// group. The tiles sum them in three accumulators (the two of weight 16 in one, `tdpbsud` and
+/// `tdpbssd` adding into the same tile), so the sum is `T0 + 16 * T1 + 256 * T2`: 16 tile
+/// products per super-block, twice Q4_K's. [`prepare`] makes the operands of a group once per
+/// slice of activation rows (a byte times a factor below 16 per 32-bit lane is one `vpmulld`
+/// with no carry into the next byte; a negative factor multiplies by its magnitude and negates
+/// the lane's bytes), with the scale pairs and `d` as `chunk_q6_k` makes them; [`block`] runs
+/// the tiles and then `chunk_q6_k`'s exact integer and f32 steps (`q6_k_step`), so every output
+/// has its bits. One tile of activation rows at a time: its three accumulators, the activation
+/// operand and the four weight operands take all eight tiles.
+mod amx_q6_k {
+    use std::arch::x86_64::*;
+
+    use super::super::amx;
+    use super::{q6_k, q6_k_pairs, q6_k_parts, q6_k_scale, q6_k_scale_lines, q6_k_step, Chunk};
+
+    /// Bytes of one run of 64 codes of the 16 rows as one operand (16 lines).
+    const RUN: usize = 1024;
+    /// Operands per run: `ql * sl`, `qh * sl`, `ql * sh`, `qh * sh` (see the module docs), in
+    /// the tiles 5, 6, 7 and 3 that `amx::q6_k_products` reads them from.
+    const OPERANDS: usize = 4;
+    const OPERAND_TILES: [usize; OPERANDS] = [5, 6, 7, 3];
+    /// Where the scale pairs (8 vectors) and `d` start: after the 4 runs' operands.
+    const PAIRS: usize = 4 * OPERANDS * RUN;
+    const D: usize = PAIRS + 8 * 64;
+    /// Bytes of one prepared super-block.
+    pub(super) const PREPARED: usize = D + 64;
+
+    /// Makes the group's weight operands (see the module docs).
+    ///
+    /// # Safety
+    /// `c` names a whole group; `dst` is 64-byte aligned and writable for `c.blocks *
+    /// PREPARED` bytes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn prepare(c: &Chunk, dst: *mut u8) {
+        let two = _mm512_set1_epi8(0x03);
+        let nib = _mm512_set1_epi32(0x0f);
+        let blocks_at = c.w.add(c.blocks * q6_k::D);
+        for b in 0..c.blocks {
+            let base = blocks_at.add(b * q6_k::GROUP_BLOCK);
+            let out = dst.add(b * PREPARED);
+            let put = |at: usize, v: __m512i| _mm512_store_si512(out.add(at).cast(), v);
+            let scale_lines = q6_k_scale_lines(base);
+            for run in 0..4 {
+                // Quants `64 run..+64` of the super-block: half `n`, quarters `2 (run % 2)` and
+                // the next; line `v` of the run holds quants `64 run + 4v..+4`, of group
+                // `4 run + v / 4`.
+                let n = run / 2;
+                for v in 0..16 {
+                    let (quarter, jh, jj) = (2 * (run % 2) + v / 8, (v / 4) % 2, v % 4);
+                    let unit = base.add(q6_k::UNITS + (2 * n + jh) * q6_k::UNIT);
+                    let (ql, high) = q6_k_parts(unit, quarter, jj);
+                    let qh = _mm512_and_si512(_mm512_srli_epi16::<4>(high), two);
+                    let sc = q6_k_scale(&scale_lines, 4 * run + v / 4);
+                    let sl = _mm512_and_si512(sc, nib);
+                    let sh = _mm512_srai_epi32::<4>(sc);
+                    // `x * sh` per byte: times |sh|, then each byte negated where sh < 0
+                    // (`(x ^ s) - s` with `s` all ones there).
+                    let (mag, sign) = (_mm512_abs_epi32(sh), _mm512_srai_epi32::<31>(sh));
+                    let signed = |x: __m512i| {
+                        let p = _mm512_mullo_epi32(x, mag);
+                        _mm512_sub_epi8(_mm512_xor_si512(p, sign), sign)
+                    };
+                    let at = OPERANDS * RUN * run + 64 * v;
+                    put(at, _mm512_mullo_epi32(ql, sl));
+                    put(at + RUN, _mm512_mullo_epi32(qh, sl));
+                    put(at + 2 * RUN, signed(ql));
+                    put(at + 3 * RUN, signed(qh));
+                }
+            }
+            for (p, pair) in q6_k_pairs(&scale_lines).iter().enumerate() {
+                put(PAIRS + 64 * p, *pair);
+            }
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(c.w.add(b * q6_k::D).cast()));
+            _mm512_store_ps(out.add(D).cast(), d);
+        }
+    }
+
+    /// The group against `NM` tiles of 16 activation rows, one after the other (see the module
+    /// docs).
+    ///
+    /// # Safety
+    /// As `Format::amx_block`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn block<const NM: usize>(
+        at: &impl Fn(usize) -> Chunk,
+        tiles: &impl Fn(usize) -> *const u8,
+        prepared: *const u8,
+    ) {
+        let mut buf = [super::TileLine([0; 64]); 48];
+        let buf: *mut u8 = buf.as_mut_ptr().cast();
+        let vec = |p: *const u8, at: usize| _mm512_load_si512(p.add(at).cast());
+        let chunks: [Chunk; NM] = std::array::from_fn(at);
+        let blocks = chunks[0].blocks;
+        for b in 0..blocks {
+            let pb = prepared.add(b * PREPARED);
+            let d = _mm512_load_ps(pb.add(D).cast());
+            let pairs: [__m512i; 8] = std::array::from_fn(|p| vec(pb, PAIRS + 64 * p));
+            for (m, c) in chunks.iter().enumerate() {
+                amx::zero_sums();
+                for run in 0..4 {
+                    amx::load(4, tiles(m).add((b * 4 + run) * RUN), 64);
+                    for (o, t) in OPERAND_TILES.into_iter().enumerate() {
+                        amx::load(t, pb.add(OPERANDS * RUN * run + o * RUN), 64);
+                    }
+                    amx::q6_k_products();
+                }
+                for t in 0..3 {
+                    amx::store(t, buf.add(t * RUN), 64);
+                }
+                for j in 0..16 {
+                    let sum = _mm512_add_epi32(
+                        _mm512_add_epi32(
+                            vec(buf, 64 * j),
+                            _mm512_slli_epi32::<4>(vec(buf, RUN + 64 * j)),
+                        ),
+                        _mm512_slli_epi32::<8>(vec(buf, 2 * RUN + 64 * j)),
+                    );
+                    let out = c.out.add(j * c.ldo);
+                    // `chunk_q6_k` keeps its accumulators in registers from zero; here they
+                    // live in the outputs (the same values: +0 first, then the same
+                    // operations).
+                    let acc = if b == 0 {
+                        _mm512_setzero_ps()
+                    } else {
+                        _mm512_loadu_ps(out)
+                    };
+                    _mm512_storeu_ps(out, q6_k_step(c, j, b, sum, &pairs, d, acc));
                 }
             }
         }
