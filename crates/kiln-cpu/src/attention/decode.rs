@@ -6,6 +6,7 @@ use super::job::{Job, State, PARALLEL_MIN_FLOPS};
 use crate::context::{for_each_chunk, Context};
 use crate::kernels::{KvElem, BLOCK};
 use crate::math;
+use crate::sgemm::Isa;
 
 /// Key positions per part of a decode split. Parts are cut at multiples of `PART`, so the split
 /// depends on `n_kv` (and the window) only.
@@ -18,7 +19,7 @@ const PART: usize = 256;
 /// `parallel`: the tasks may run on the team (false inside a team task); the result is the same.
 pub(super) fn decode<E: KvElem>(
     cpu: &Context,
-    avx2: bool,
+    isa: Isa,
     job: &Job<'_, E>,
     n_kv_heads: usize,
     rows: usize,
@@ -46,7 +47,7 @@ pub(super) fn decode<E: KvElem>(
             let (kvh, (from, to)) = (t / parts.len(), parts[t % parts.len()]);
             for (st, b) in states.iter_mut().zip(job.blocks(kvh, 0, rows)) {
                 let keys = from.max(b.lo)..to.min(b.hi);
-                attend_keys(avx2, job, &b, keys, true, st);
+                attend_keys(isa, job, &b, keys, true, st);
             }
         },
     );

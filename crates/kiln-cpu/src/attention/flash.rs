@@ -1,13 +1,14 @@
 //! The tile loop of one block of query vectors over a range of keys ([`attend_keys`]): per tile
 //! of `TILE` keys, the block's scores, each vector's online-softmax update, and the weighted
-//! value rows. One source, compiled with AVX2+FMA+F16C (where the kernels take their intrinsic
-//! bodies) and without: both perform the same operations in the same order.
+//! value rows. One source, compiled with AVX-512, with AVX2+FMA+F16C (where the kernels take
+//! their intrinsic bodies) and without: all perform the same operations in the same order.
 
 use std::ops::Range;
 
 use super::job::{Block, Job, State};
-use crate::kernels::{self, KvElem, BLOCK, TILE};
+use crate::kernels::{self, KvElem, ATTN_AVX2, ATTN_AVX512, ATTN_PORTABLE, BLOCK, TILE};
 use crate::math;
+use crate::sgemm::Isa;
 
 // The fixed pairwise summation tree of `softmax_update` halves the tile down to one sum.
 const _: () = assert!(TILE.is_power_of_two());
@@ -19,7 +20,7 @@ const STAGE: usize = 4;
 const AHEAD: usize = 4;
 
 /// Runs block `b` over the positions `keys`, each vector limited to the keys it sees, updating
-/// `st`; with the AVX2+FMA kernels when `avx2` (the caller checked the CPU). `stream`: these K/V
+/// `st`; with the kernels of `isa` (which exists only where the CPU has it). `stream`: these K/V
 /// rows are read by this block alone (decode), so they come from memory, not from cache (a
 /// decode step streams every weight between two visits of a layer's cache). Two things then
 /// bring them in:
@@ -37,22 +38,23 @@ const AHEAD: usize = 4;
 /// (`examples/decode_segments` compares the two). Prefill blocks share their rows through the
 /// cache, so they pass `stream = false`: the extra reads and prefetches only slow them down.
 pub(super) fn attend_keys<E: KvElem>(
-    avx2: bool,
+    isa: Isa,
     job: &Job<'_, E>,
     b: &Block<'_>,
     keys: Range<usize>,
     stream: bool,
     st: &mut State,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if avx2 {
-        // SAFETY: `avx2` is only true where the CPU reports AVX2, FMA and F16C
-        // (`Context::avx2`).
-        unsafe { attend_keys_avx2(job, b, keys, stream, st) };
-        return;
+    match isa {
+        // SAFETY: `Isa::Avx2` exists only where the CPU has AVX2, FMA and F16C (the levels
+        // from `SimdLevel::Avx2` up).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { attend_keys_avx2(job, b, keys, stream, st) },
+        // SAFETY: `Isa::Avx512` exists only where the CPU has AVX-512 F/BW/VL/DQ as well.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { attend_keys_avx512(job, b, keys, stream, st) },
+        Isa::Scalar => attend_keys_impl::<ATTN_PORTABLE, E>(job, b, keys, stream, st),
     }
-    let _ = avx2;
-    attend_keys_impl::<false, E>(job, b, keys, stream, st)
 }
 
 /// [`attend_keys_impl`] built with AVX2+FMA (and F16C, which widens an f16 cache's rows): its
@@ -69,13 +71,31 @@ unsafe fn attend_keys_avx2<E: KvElem>(
     stream: bool,
     st: &mut State,
 ) {
-    attend_keys_impl::<true, E>(job, b, keys, stream, st)
+    attend_keys_impl::<ATTN_AVX2, E>(job, b, keys, stream, st)
 }
 
-/// See [`attend_keys`]. `AVX2` selects the intrinsic kernels: only true when called from
-/// [`attend_keys_avx2`].
+/// [`attend_keys_impl`] built with AVX-512 F/BW/VL/DQ as well: its kernels take their 512-bit
+/// bodies (the same bits), and the loops of the softmax compile to 16-lane code (element-wise:
+/// the same bits too).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL/DQ, AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
+unsafe fn attend_keys_avx512<E: KvElem>(
+    job: &Job<'_, E>,
+    b: &Block<'_>,
+    keys: Range<usize>,
+    stream: bool,
+    st: &mut State,
+) {
+    attend_keys_impl::<ATTN_AVX512, E>(job, b, keys, stream, st)
+}
+
+/// See [`attend_keys`]. `ISA` selects the kernels' bodies (`kernels::ATTN_*`): the intrinsic
+/// ones only when called from [`attend_keys_avx2`] or [`attend_keys_avx512`].
 #[inline(always)]
-fn attend_keys_impl<const AVX2: bool, E: KvElem>(
+fn attend_keys_impl<const ISA: u8, E: KvElem>(
     job: &Job<'_, E>,
     b: &Block<'_>,
     Range {
@@ -135,7 +155,7 @@ fn attend_keys_impl<const AVX2: bool, E: KvElem>(
                 kernels::prefetch_rows(&[job.head_row(job.k, kvh, j), job.head_row(job.v, kvh, j)]);
             }
         }
-        kernels::scores::<AVX2, E>(&qs[..n], &keys[..nk], &mut s);
+        kernels::scores::<ISA, E>(&qs[..n], &keys[..nk], &mut s);
         let mut alpha = [1.0f32; BLOCK];
         for (m, x) in b.queries.iter().enumerate() {
             let (a, z) = (x.lo.max(t0), x.hi.min(t1));
@@ -152,10 +172,21 @@ fn attend_keys_impl<const AVX2: bool, E: KvElem>(
                 );
             }
         }
-        kernels::weighted_values::<AVX2, E>(&mut st.acc[..n * hd], &alpha, &s, &values[..nk], hd);
+        kernels::weighted_values::<ISA, E>(&mut st.acc[..n * hd], &alpha, &s, &values[..nk], hd);
         t0 = t1;
     }
 }
+
+/// `0, 1, …, TILE − 1`: the keys' indices in a tile, as a vector the masks compare against.
+const TILE_INDICES: [u32; TILE] = {
+    let mut v = [0u32; TILE];
+    let mut j = 0;
+    while j < TILE {
+        v[j] = j as u32;
+        j += 1;
+    }
+    v
+};
 
 /// Turns one vector's raw scores `s` of a tile into weights, given that it sees tile keys
 /// `[a, z)` (non-empty): scale and soft-cap, raise its running maximum, `s = e^(s − max)` inside
@@ -178,17 +209,40 @@ fn softmax_update<E>(
             *v = cap * math::tanh(*v / cap);
         }
     }
-    let mut tile_max = f32::NEG_INFINITY;
-    for (j, &v) in s.iter().enumerate() {
-        let inside = j >= a && j < z;
-        tile_max = if inside && v > tile_max { v } else { tile_max };
+    // The largest score inside `[a, z)` (NaN skipped; −inf where there is none) by a fixed
+    // pairwise tree, which vectorizes (a running maximum is a chain of scalar selects). Among
+    // equal values it may pick another zero sign than a running maximum would: `e^(v − max)`
+    // is the same for both.
+    // Whether key `j` of the tile is inside `[a, z)`: one unsigned compare against a constant
+    // vector of indices (vectorizes; `j >= a && j < z` over an enumeration did not).
+    let (from, len) = (a as u32, (z - a) as u32);
+    let inside = |j: u32| j.wrapping_sub(from) < len;
+    let mut tops = [f32::NEG_INFINITY; TILE];
+    for ((t, &v), &j) in tops.iter_mut().zip(s.iter()).zip(&TILE_INDICES) {
+        if inside(j) && !v.is_nan() {
+            *t = v;
+        }
     }
+    let mut width = TILE;
+    while width > 1 {
+        width /= 2;
+        for j in 0..width {
+            tops[j] = if tops[j + width] > tops[j] {
+                tops[j + width]
+            } else {
+                tops[j]
+            };
+        }
+    }
+    let tile_max = tops[0];
     let new_max = if tile_max > *max { tile_max } else { *max };
     let alpha = math::exp(*max - new_max);
     let mut tile_sum = [0.0f32; TILE];
-    for (j, (v, t)) in s.iter_mut().zip(&mut tile_sum).enumerate() {
-        let e = math::exp(*v - new_max);
-        *v = if j >= a && j < z { e } else { 0.0 };
+    // Inside `[a, z)`, `v − new_max ≤ 0` (or NaN), where `exp_nonpositive` has `exp`'s bits;
+    // outside, its value is discarded. Without `exp`'s overflow branch the loop vectorizes.
+    for ((v, t), &j) in s.iter_mut().zip(&mut tile_sum).zip(&TILE_INDICES) {
+        let e = math::exp_nonpositive(*v - new_max);
+        *v = if inside(j) { e } else { 0.0 };
         *t = *v;
     }
     // A fixed pairwise tree over the tile (halves, then quarters, ...).

@@ -31,11 +31,11 @@
 //! - Every output element is produced by one fixed sequence of operations that depends on the
 //!   shape only, never on the thread count or on which thread runs a task: results are
 //!   bit-identical across thread counts.
-//! - The AVX2+FMA kernels (`crate::kernels`' attention kernels, chosen at run time through
-//!   `Context::avx2`) and the portable code perform the same operations in the same order (fused
-//!   multiply-adds as `f32::mul_add`, the same lane reductions), and the rest of the tile loop
-//!   (`flash`) is one source compiled both with and without the features: both give identical
-//!   bits.
+//! - The AVX-512 and AVX2+FMA kernels (`crate::kernels`' attention kernels, chosen at run time
+//!   through `sgemm::Isa::for_level`) and the portable code perform the same operations in the
+//!   same order (fused multiply-adds as `f32::mul_add`, the same lane reductions), and the rest
+//!   of the tile loop (`flash`) is one source compiled with each set of features: all give
+//!   identical bits.
 //! - Only rows below `n_kv` are read; a vector whose visible keys miss a tile is left untouched
 //!   by it (no `−inf − −inf`), and a vector that sees no key at all (a window of 0) gets zeros,
 //!   as the empty sum does.
@@ -49,6 +49,7 @@ use kiln_backend::{shape_err, AttentionParams, KvPages, Result};
 use crate::context::{for_each_chunk, Context};
 use crate::kernels::{KvElem, BLOCK};
 use crate::kv::{word_bytes, CpuKv, KvData};
+use crate::sgemm::Isa;
 use crate::tensor::CpuTensor;
 
 use decode::decode;
@@ -160,7 +161,7 @@ fn attention_over(
 
 /// [`attention_over`] once the operands are checked, over a cache of `E`.
 fn run<E: KvElem>(cpu: &Context, q: &CpuTensor, job: Job<'_, E>, p: &AttentionParams) -> CpuTensor {
-    let avx2 = cpu.avx2();
+    let isa = Isa::for_level(cpu.simd);
     // Every element is written below: each (row, head) belongs to exactly one block. (Empty:
     // no rows, no heads or empty heads, when `group` may be 0.)
     let mut out = crate::buffers::take(q.rows * q.cols);
@@ -191,11 +192,11 @@ fn run<E: KvElem>(cpu: &Context, q: &CpuTensor, job: Job<'_, E>, p: &AttentionPa
                     },
                     ..job
                 };
-                decode(cpu, avx2, &one, p.n_kv_heads, 1, row_out, false);
+                decode(cpu, isa, &one, p.n_kv_heads, 1, row_out, false);
             },
         );
     } else if q.rows <= rows {
-        decode(cpu, avx2, &job, p.n_kv_heads, q.rows, &mut out, true);
+        decode(cpu, isa, &job, p.n_kv_heads, q.rows, &mut out, true);
     } else {
         let (lo, hi) = (job.visible(0).0, job.visible(q.rows - 1).1);
         let flops = 4 * q.rows * p.n_heads * (hi - lo) * p.head_dim;
@@ -204,7 +205,7 @@ fn run<E: KvElem>(cpu: &Context, q: &CpuTensor, job: Job<'_, E>, p: &AttentionPa
             &mut out,
             rows * q.cols,
             flops >= PARALLEL_MIN_FLOPS,
-            |t, chunk| rows_task(avx2, &job, p.n_kv_heads, t * rows, chunk),
+            |t, chunk| rows_task(isa, &job, p.n_kv_heads, t * rows, chunk),
         );
     }
     CpuTensor {

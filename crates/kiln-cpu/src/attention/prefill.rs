@@ -5,10 +5,11 @@
 use super::flash::attend_keys;
 use super::job::{Job, State};
 use crate::kernels::{KvElem, BLOCK};
+use crate::sgemm::Isa;
 
 /// A prefill task: every head of query rows `[r0, r0 + rows)` into `out` (those rows).
 pub(super) fn rows_task<E: KvElem>(
-    avx2: bool,
+    isa: Isa,
     job: &Job<'_, E>,
     n_kv_heads: usize,
     r0: usize,
@@ -19,7 +20,7 @@ pub(super) fn rows_task<E: KvElem>(
     for kvh in 0..n_kv_heads {
         for b in job.blocks(kvh, r0, rows) {
             st.reset();
-            attend_keys(avx2, job, &b, b.lo..b.hi, false, &mut st);
+            attend_keys(isa, job, &b, b.lo..b.hi, false, &mut st);
             for (m, x) in b.queries.iter().enumerate() {
                 let at = (x.row - r0) * job.q_cols + x.col;
                 let inv = if st.sum[m] > 0.0 {

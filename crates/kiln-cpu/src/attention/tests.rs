@@ -88,11 +88,14 @@ fn cache(data: &[f32], rows: usize, cols: usize, dtype: KvDtype) -> CpuKv {
     CpuKv::from_f32(data, rows, cols, dtype).unwrap()
 }
 
-/// The scalar build on one thread, and the CPU's SIMD level on one and three threads.
+/// The scalar build on one thread, the AVX2 one where the CPU has more (its kernels then run
+/// beside the AVX-512 ones), and the CPU's SIMD level on one and three threads.
 fn backends() -> Vec<CpuBackend> {
-    let mut v = vec![
-        CpuBackend::with_options(&CpuOptions::threads(1).simd_cap(SimdLevel::Scalar)).unwrap(),
-    ];
+    let capped = |level| CpuBackend::with_options(&CpuOptions::threads(1).simd_cap(level));
+    let mut v = vec![capped(SimdLevel::Scalar).unwrap()];
+    if simd_level() > SimdLevel::Avx2 {
+        v.push(capped(SimdLevel::Avx2).unwrap());
+    }
     if simd_level() != SimdLevel::Scalar {
         v.push(CpuBackend::new(1).unwrap());
         v.push(CpuBackend::new(3).unwrap());

@@ -3,15 +3,24 @@
 //! rows ([`weighted_values`]), and the reads that bring K/V rows into cache ([`read_rows`],
 //! [`prefetch_rows`]). Rows hold any [`KvElem`] (f32 or f16), widened exactly as they load.
 //!
-//! Invariant: each kernel has a portable body and an AVX2+FMA one (`x86::attention`), selected
-//! by its `AVX2` parameter, that perform the same operations in the same order (fused
-//! multiply-adds as `f32::mul_add`, the same lane reductions), so both give identical bits.
-//! `AVX2 = true` only where the caller is built with AVX2, FMA and F16C on a CPU that has them;
-//! the kernels are `#[inline(always)]` so that they compile with the caller's features.
+//! Invariant: each kernel has a portable body, an AVX2+FMA one and an AVX-512 one
+//! (`x86::attention`), selected by its `ISA` parameter ([`ATTN_PORTABLE`], [`ATTN_AVX2`],
+//! [`ATTN_AVX512`]), that perform the same operations in the same order (fused multiply-adds as
+//! `f32::mul_add`, the same lane reductions), so all give identical bits. `ISA = ATTN_AVX2` only
+//! where the caller is built with AVX2, FMA and F16C on a CPU that has them, `ATTN_AVX512` only
+//! where it is also built with AVX-512 F/BW/VL/DQ; the kernels are `#[inline(always)]` so that
+//! they compile with the caller's features.
 
 #[cfg(target_arch = "x86_64")]
 use super::x86::attention as x86;
 use super::KvElem;
+
+/// The `ISA` parameter of the kernels: the portable body.
+pub(crate) const ATTN_PORTABLE: u8 = 0;
+/// The AVX2+FMA(+F16C) body.
+pub(crate) const ATTN_AVX2: u8 = 1;
+/// The AVX-512 body (F/BW/VL/DQ, with AVX2, FMA and F16C).
+pub(crate) const ATTN_AVX512: u8 = 2;
 
 /// Query vectors processed together against each key tile: each K/V row brought from memory or
 /// L3 serves this many of them (8 query rows of Gemma's 4-head groups).
@@ -58,9 +67,9 @@ pub(crate) fn read_rows<'a, E: KvElem>(rows: impl Iterator<Item = &'a [E]>) -> u
 /// `s[m][j] = q[m] · keys[j]` for the block's vectors and the tile's keys (all rows of one
 /// length). Each dot product is eight lanes of fused multiply-adds over the whole chunks, the
 /// lanes reduced as `((a₀ + a₄) + (a₂ + a₆)) + ((a₁ + a₅) + (a₃ + a₇))`, then the tail one product
-/// at a time: the AVX2 kernel performs exactly the operations of [`dot`].
+/// at a time: the AVX2 and AVX-512 kernels perform exactly the operations of [`dot`].
 #[inline(always)]
-pub(crate) fn scores<const AVX2: bool, E: KvElem>(
+pub(crate) fn scores<const ISA: u8, E: KvElem>(
     q: &[&[f32]],
     keys: &[&[E]],
     s: &mut [[f32; TILE]; BLOCK],
@@ -75,7 +84,7 @@ pub(crate) fn scores<const AVX2: bool, E: KvElem>(
     );
     let n8 = len / 8;
     #[cfg(target_arch = "x86_64")]
-    if AVX2 {
+    if ISA != ATTN_PORTABLE {
         let mut qp = [std::ptr::null(); BLOCK];
         for (p, r) in qp.iter_mut().zip(q) {
             *p = r.as_ptr();
@@ -84,10 +93,16 @@ pub(crate) fn scores<const AVX2: bool, E: KvElem>(
         for (p, r) in kp.iter_mut().zip(keys) {
             *p = r.as_ptr();
         }
-        // SAFETY: `AVX2` instances run only inside functions built with AVX2, FMA and F16C on
-        // a CPU that has them (`crate::attention`'s `attend_keys_avx2`); the assert proves
-        // every row holds `len ≥ 8·n8` values.
-        unsafe { x86::scores(&qp[..q.len()], &kp[..keys.len()], n8, s) };
+        // SAFETY: `ATTN_AVX2` and `ATTN_AVX512` instances run only inside functions built with
+        // their features on a CPU that has them (`crate::attention`'s `attend_keys_avx2` and
+        // `attend_keys_avx512`); the assert proves every row holds `len ≥ 8·n8` values.
+        unsafe {
+            if ISA == ATTN_AVX512 {
+                x86::scores512(&qp[..q.len()], &kp[..keys.len()], n8, s)
+            } else {
+                x86::scores(&qp[..q.len()], &kp[..keys.len()], n8, s)
+            }
+        };
         if n8 * 8 < len {
             for (row, qm) in s.iter_mut().zip(q) {
                 for (o, kj) in row.iter_mut().zip(keys) {
@@ -127,10 +142,10 @@ fn dot<E: KvElem>(q: &[f32], k: &[E]) -> f32 {
 
 /// `acc[m] = alpha[m] · acc[m] + Σ_j p[m][j] · values[j]` for the block's vectors (`acc` holds
 /// their rows of `hd`), the sum in key order with fused multiply-adds. The AVX2 kernel takes
-/// sixteen head dims of four vectors at a time (the tail of a head one at a time), with the
-/// same operations per element.
+/// sixteen head dims of four vectors at a time, the AVX-512 kernel 32 (or 16) of eight (the
+/// tail of a head one at a time), with the same operations per element.
 #[inline(always)]
-pub(crate) fn weighted_values<const AVX2: bool, E: KvElem>(
+pub(crate) fn weighted_values<const ISA: u8, E: KvElem>(
     acc: &mut [f32],
     alpha: &[f32; BLOCK],
     p: &[[f32; TILE]; BLOCK],
@@ -144,16 +159,23 @@ pub(crate) fn weighted_values<const AVX2: bool, E: KvElem>(
     );
     let mut tail = 0;
     #[cfg(target_arch = "x86_64")]
-    if AVX2 {
+    if ISA != ATTN_PORTABLE {
         let mut vp = [std::ptr::null(); TILE];
         for (p, r) in vp.iter_mut().zip(values) {
             *p = r.as_ptr();
         }
-        // SAFETY: `AVX2` instances run only inside functions built with AVX2, FMA and F16C on
-        // a CPU that has them (`crate::attention`'s `attend_keys_avx2`); the assert proves
-        // `acc` holds `n ≤ BLOCK` rows of `hd` and each value row `hd` values, and `p` rows
-        // hold `TILE ≥ values.len()` weights.
-        unsafe { x86::weighted_values(acc.as_mut_ptr(), n, hd, alpha, p, &vp[..values.len()]) };
+        // SAFETY: `ATTN_AVX2` and `ATTN_AVX512` instances run only inside functions built with
+        // their features on a CPU that has them (`crate::attention`'s `attend_keys_avx2` and
+        // `attend_keys_avx512`); the assert proves `acc` holds `n ≤ BLOCK` rows of `hd` and
+        // each value row `hd` values, and `p` rows hold `TILE ≥ values.len()` weights.
+        let vp = &vp[..values.len()];
+        unsafe {
+            if ISA == ATTN_AVX512 {
+                x86::weighted_values512(acc.as_mut_ptr(), n, hd, alpha, p, vp)
+            } else {
+                x86::weighted_values(acc.as_mut_ptr(), n, hd, alpha, p, vp)
+            }
+        };
         tail = hd / 16 * 16;
     }
     for ((row, &alpha), p) in acc.chunks_exact_mut(hd.max(1)).zip(alpha).zip(p) {

@@ -1,6 +1,6 @@
 //! [`KvElem`]: the element types a KV cache is stored in (f32, f16), as the attention kernels
-//! read them: widened to f32 exactly, one at a time (portable code) or eight at a time (F16C's
-//! `vcvtph2ps` for f16), so both paths see the same values.
+//! read them: widened to f32 exactly, one at a time (portable code) or eight or sixteen at a time
+//! (F16C's and AVX-512's `vcvtph2ps` for f16), so every path sees the same values.
 
 use half::f16;
 
@@ -20,6 +20,20 @@ pub(crate) trait KvElem: Copy + Send + Sync + 'static {
     /// (inlined) from functions built with those features.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+    /// Elements `p[0..16]`, widened to f32.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F and `p` addresses sixteen readable elements. Only called (inlined)
+    /// from functions built with that feature.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
+    /// Elements `lo[0..8]` in lanes 0..8 and `hi[0..8]` in lanes 8..16, widened to f32.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F and DQ (and AVX2) and both pointers address eight readable elements.
+    /// Only called (inlined) from functions built with those features.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8x2(lo: *const Self, hi: *const Self) -> std::arch::x86_64::__m512;
     /// `x` as elements of this type, when it is f32 (rows a block cache was dequantized to).
     fn from_f32s(x: &[f32]) -> Option<&[Self]>;
 }
@@ -42,6 +56,26 @@ impl KvElem for f32 {
     unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
         // SAFETY: the caller's contract.
         unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const f32) -> std::arch::x86_64::__m512 {
+        // SAFETY: the caller's contract.
+        unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8x2(lo: *const f32, hi: *const f32) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's contract (32 readable bytes at each, AVX-512 F/DQ).
+        unsafe {
+            _mm512_insertf32x8::<1>(
+                _mm512_castps256_ps512(_mm256_loadu_ps(lo)),
+                _mm256_loadu_ps(hi),
+            )
+        }
     }
 
     #[inline(always)]
@@ -69,6 +103,25 @@ impl KvElem for f16 {
         use std::arch::x86_64::*;
         // SAFETY: the caller's contract (16 readable bytes, F16C).
         unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const f16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's contract (32 readable bytes, AVX-512 F).
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8x2(lo: *const f16, hi: *const f16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's contract (16 readable bytes at each, AVX-512 F, AVX2).
+        unsafe {
+            let lo = _mm256_castsi128_si256(_mm_loadu_si128(lo.cast()));
+            _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(lo, _mm_loadu_si128(hi.cast())))
+        }
     }
 
     #[inline(always)]

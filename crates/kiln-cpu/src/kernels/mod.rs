@@ -46,7 +46,10 @@ use std::sync::OnceLock;
 use kiln_core::GgmlType;
 use kiln_quant::QuantError;
 
-pub(crate) use attention::{prefetch_rows, read_rows, scores, weighted_values, BLOCK, TILE};
+pub(crate) use attention::{
+    prefetch_rows, read_rows, scores, weighted_values, ATTN_AVX2, ATTN_AVX512, ATTN_PORTABLE,
+    BLOCK, TILE,
+};
 pub use interleaved::{
     activation_terms, has_interleaved_layout, interleave, interleaved_gemm_fn, interleaved_row,
     interleaved_uses_amx, interleaved_uses_terms, ActivationTerms, InterleavedGemmFn,

@@ -165,3 +165,196 @@ unsafe fn chunk<const M: usize, E: KvElem, const B: usize, const T: usize>(
         _mm256_storeu_ps(o.add(8), sm[1]);
     }
 }
+
+/// Query vectors per AVX-512 score call.
+const MQ512: usize = 4;
+/// Key pairs per AVX-512 score call (two keys per zmm, eight keys a call).
+const PAIRS512: usize = 4;
+
+/// [`scores`] in 512-bit registers, with its bits: each zmm accumulator holds two keys' 8-lane
+/// chains for one query (lanes 0..8 key `2p`, lanes 8..16 key `2p + 1`), each lane the same FMA
+/// chain as the AVX2 kernel's. The sixteen accumulators of a call (4 queries x 8 keys) are then
+/// reduced together by shuffles, each result by the additions of `kernels::attention::dot` in
+/// its order: (1) `a_i + a_{i+4}` (the 128-bit halves of each key's 8 lanes, two accumulators
+/// per `vshuff32x4` pair), (2) `h_0 + h_2`, `h_1 + h_3` (64-bit halves, two rows of four keys
+/// per pair), (3) their sum (two queries per pair), then one permutation puts each query's 8
+/// keys in order. A call past the last query or key reads the last one again and stores only
+/// the real ones.
+///
+/// # Safety
+/// The CPU has AVX-512 F/DQ/VL, AVX2, FMA and F16C; each pointer addresses `8·n8` readable
+/// values; `q.len() ≤ B`, `k.len() ≤ T`. Only called (inlined) from functions built with those
+/// features.
+#[inline(always)]
+pub(in crate::kernels) unsafe fn scores512<E: KvElem, const B: usize, const T: usize>(
+    q: &[*const f32],
+    k: &[*const E],
+    n8: usize,
+    s: &mut [[f32; T]; B],
+) {
+    let mut j = 0;
+    while j < k.len() {
+        let nj = (2 * PAIRS512).min(k.len() - j);
+        let mut m = 0;
+        while m < q.len() {
+            let nm = MQ512.min(q.len() - m);
+            tile512::<E, B, T>(q, k, m, nm, j, nj, n8, s);
+            m += nm;
+        }
+        j += nj;
+    }
+}
+
+/// The dots of queries `m0..m0 + nm` and keys `j0..j0 + nj` into `s` (see [`scores512`]).
+///
+/// # Safety
+/// As [`scores512`], and `1 ≤ nm ≤ MQ512`, `1 ≤ nj ≤ 2·PAIRS512`, `m0 + nm ≤ q.len()`,
+/// `j0 + nj ≤ k.len()`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn tile512<E: KvElem, const B: usize, const T: usize>(
+    q: &[*const f32],
+    k: &[*const E],
+    m0: usize,
+    nm: usize,
+    j0: usize,
+    nj: usize,
+    n8: usize,
+    s: &mut [[f32; T]; B],
+) {
+    let qp: [*const f32; MQ512] = std::array::from_fn(|m| q[m0 + m.min(nm - 1)]);
+    let kp: [*const E; 2 * PAIRS512] = std::array::from_fn(|j| k[j0 + j.min(nj - 1)]);
+    let mut acc = [[_mm512_setzero_ps(); PAIRS512]; MQ512];
+    for c in 0..n8 {
+        // SAFETY (loop): `c < n8`: each load reads values `[8c, 8c + 8)` of its row.
+        let kv: [__m512; PAIRS512] =
+            std::array::from_fn(|p| E::load8x2(kp[2 * p].add(8 * c), kp[2 * p + 1].add(8 * c)));
+        for m in 0..MQ512 {
+            let qv = _mm512_broadcast_f32x8(_mm256_loadu_ps(qp[m].add(8 * c)));
+            for p in 0..PAIRS512 {
+                acc[m][p] = _mm512_fmadd_ps(qv, kv[p], acc[m][p]);
+            }
+        }
+    }
+    // (1) Per query, keys 0..4 and 4..8: 128-bit block `i` of `w[m][h]` holds key `4h + i`'s
+    // `a_i + a_{i+4}` (i < 4).
+    let halves = |a: __m512, b: __m512| {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x88>(a, b),
+            _mm512_shuffle_f32x4::<0xdd>(a, b),
+        )
+    };
+    let w: [[__m512; 2]; MQ512] =
+        std::array::from_fn(|m| [halves(acc[m][0], acc[m][1]), halves(acc[m][2], acc[m][3])]);
+    // (2) Block `i` of `x[m]`: key `i`'s `h_0 + h_2`, `h_1 + h_3`, then key `4 + i`'s.
+    let x: [__m512; MQ512] = std::array::from_fn(|m| {
+        let (a, b) = (_mm512_castps_pd(w[m][0]), _mm512_castps_pd(w[m][1]));
+        _mm512_add_ps(
+            _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+            _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
+        )
+    });
+    // (3) Block `i` of queries `2r`, `2r + 1`: their keys `i` and `4 + i`, then in key order.
+    let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    let mask = ((1u16 << nj) - 1) as u8;
+    for r in 0..MQ512 / 2 {
+        let (a, b) = (x[2 * r], x[2 * r + 1]);
+        let sum = _mm512_add_ps(
+            _mm512_shuffle_ps::<0x88>(a, b),
+            _mm512_shuffle_ps::<0xdd>(a, b),
+        );
+        let sum = _mm512_permutexvar_ps(order, sum);
+        for h in 0..2 {
+            let m = 2 * r + h;
+            if m < nm {
+                let row = if h == 0 {
+                    _mm512_castps512_ps256(sum)
+                } else {
+                    _mm512_extractf32x8_ps::<1>(sum)
+                };
+                _mm256_mask_storeu_ps(s[m0 + m].as_mut_ptr().add(j0), mask, row);
+            }
+        }
+    }
+}
+
+/// Query vectors per AVX-512 weighted-values call.
+const MQ512_VALUES: usize = 8;
+
+/// [`weighted_values`] in 512-bit registers, with its bits (each element the same multiply and
+/// fused multiply-adds in key order): chunks of 32 head dims (two zmm per vector), a last chunk
+/// of 16 where the head has one, eight vectors at a time. Covers the head's first `hd / 16 *
+/// 16` dims, as the AVX2 kernel does.
+///
+/// # Safety
+/// As [`weighted_values`], and the CPU has AVX-512 F (and DQ, VL); only called (inlined) from
+/// functions built with those features.
+#[inline(always)]
+pub(in crate::kernels) unsafe fn weighted_values512<E: KvElem, const B: usize, const T: usize>(
+    acc: *mut f32,
+    n: usize,
+    hd: usize,
+    alpha: &[f32; B],
+    p: &[[f32; T]; B],
+    v: &[*const E],
+) {
+    let mut d = 0;
+    while d + 16 <= hd {
+        let wide = d + 32 <= hd;
+        let mut m = 0;
+        while m < n {
+            let nm = MQ512_VALUES.min(n - m);
+            macro_rules! go {
+                ($($k:literal)*) => {
+                    match (nm, wide) {
+                        $(($k, true) => chunk512::<$k, 2, E, B, T>(acc, hd, m, d, alpha, p, v),
+                          ($k, false) => chunk512::<$k, 1, E, B, T>(acc, hd, m, d, alpha, p, v),)*
+                        _ => unreachable!(),
+                    }
+                };
+            }
+            go!(1 2 3 4 5 6 7 8);
+            m += nm;
+        }
+        d += if wide { 32 } else { 16 };
+    }
+}
+
+/// Head dims `d..d + 16·W` of rows `m0..m0 + M` (see [`weighted_values512`]).
+///
+/// # Safety
+/// As [`weighted_values512`], and `m0 + M ≤ n`, `d + 16·W ≤ hd`.
+#[inline(always)]
+unsafe fn chunk512<const M: usize, const W: usize, E: KvElem, const B: usize, const T: usize>(
+    acc: *mut f32,
+    hd: usize,
+    m0: usize,
+    d: usize,
+    alpha: &[f32; B],
+    p: &[[f32; T]; B],
+    v: &[*const E],
+) {
+    let mut s = [[_mm512_setzero_ps(); W]; M];
+    for (m, sm) in s.iter_mut().enumerate() {
+        let o = acc.add((m0 + m) * hd + d);
+        let a = _mm512_set1_ps(alpha[m0 + m]);
+        for (h, x) in sm.iter_mut().enumerate() {
+            *x = _mm512_mul_ps(_mm512_loadu_ps(o.add(16 * h)), a);
+        }
+    }
+    for (j, &row) in v.iter().enumerate() {
+        let vj: [__m512; W] = std::array::from_fn(|h| E::load16(row.add(d + 16 * h)));
+        for (m, sm) in s.iter_mut().enumerate() {
+            let w = _mm512_set1_ps(p[m0 + m][j]);
+            for (x, vh) in sm.iter_mut().zip(&vj) {
+                *x = _mm512_fmadd_ps(w, *vh, *x);
+            }
+        }
+    }
+    for (m, sm) in s.iter().enumerate() {
+        let o = acc.add((m0 + m) * hd + d);
+        for (h, x) in sm.iter().enumerate() {
+            _mm512_storeu_ps(o.add(16 * h), *x);
+        }
+    }
+}
