@@ -8,13 +8,13 @@
 //! The query vectors that share a KV head (the heads of a GQA group, for one or more query rows)
 //! are taken `BLOCK` at a time; a block walks its keys `TILE` at a time (the tile shape of
 //! `crate::kernels`' attention kernels). Per tile it computes the block's scores (a
-//! `BLOCK × TILE` product in micro-kernels of 4 vectors × 3 keys, so each key row loaded serves
-//! many dot products), masks each vector to the keys it sees (causality and the sliding window
-//! differ per row), raises each vector's running maximum, rescales its running sum and
-//! accumulator by `e^(old max − new max)` (online softmax), and adds the tile's weighted value
-//! rows (micro-kernels of 4 vectors × 16 head dims). Neither the `[n, n_kv]` score matrix nor a
-//! full score row is ever built: a block's state is its maxima, sums and `BLOCK × head_dim`
-//! accumulators.
+//! `BLOCK × TILE` product in micro-kernels of 4 vectors × 3 keys, or 4 × 8 in 512-bit
+//! registers, so each key row loaded serves many dot products), masks each vector to the keys
+//! it sees (causality and the sliding window differ per row), raises each vector's running
+//! maximum, rescales its running sum and accumulator by `e^(old max − new max)` (online
+//! softmax), and adds the tile's weighted value rows (micro-kernels of 4 vectors × 16 head dims,
+//! or 8 × 32 in 512-bit registers). Neither the `[n, n_kv]` score matrix nor a full score row
+//! is ever built: a block's state is its maxima, sums and `BLOCK × head_dim` accumulators.
 //!
 //! Work is split one of two ways, both fixed by the shape alone:
 //!

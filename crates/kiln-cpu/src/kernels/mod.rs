@@ -73,7 +73,8 @@ pub enum SimdLevel {
     /// x86-64 with AVX2, FMA and F16C.
     Avx2,
     /// AVX2 plus AVX-512 F, BW, VL and DQ (Skylake-SP and later Xeons, Zen 4): the float kernels
-    /// (the dense GEMM of `sgemm`, packed encoder attention) run in 512-bit registers,
+    /// (the dense GEMM of `sgemm`, packed encoder attention, decoder attention) run in 512-bit
+    /// registers,
     /// 32 of them. Every integer kernel is the AVX2 one.
     Avx512,
     /// AVX-512 as above plus VNNI (Zen 4, Ice Lake and later Xeons): the integer GEMM

@@ -24,8 +24,9 @@
 //! `super::row_prefetch_distance` (4 KB) ahead; there the hardware prefetcher alone left the
 //! stream at half the memory's rate.
 //!
-//! **AMX.** Where the operating system grants the tiles (`super::amx`), a Q4_K product of at
-//! least 32 activation rows runs 16 rows at a time on `tdpbsud` ([`amx_q4_k`]) over activations
+//! **AMX.** Where the operating system grants the tiles (`super::amx`), a Q4_K or Q6_K product of
+//! at least 32 activation rows runs 16 rows at a time on the tiles ([`amx_q4_k`], [`amx_q6_k`])
+//! over activations
 //! packed in tile order once per product (`ActivationTerms`), the rows past the last whole 16
 //! through the VNNI kernel. The tiles give the exact integer sums of the VNNI kernel and the f32
 //! step is the same, so both give the same bits and a product may mix them (batch invariance
