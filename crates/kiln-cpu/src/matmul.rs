@@ -363,9 +363,15 @@ impl Activations {
                     let row_bytes = kiln_quant::activation_bytes(ty, x.cols).map_err(qerr)?;
                     let quantize = kernels::quantize_fn(ty, cpu.simd).map_err(qerr)?;
                     let mut bytes = vec![0u8; x.rows * row_bytes];
-                    for (t, row) in bytes.chunks_exact_mut(row_bytes).enumerate() {
-                        quantize(x.row(t), row);
-                    }
+                    // On the team from 4 rows, as `matmul` quantizes (each row alone: the same
+                    // bytes either way).
+                    crate::context::for_each_chunk(
+                        cpu,
+                        &mut bytes,
+                        row_bytes,
+                        x.rows >= 4,
+                        |t, row| quantize(x.row(t), row),
+                    );
                     acts.formats.push(ActFormat {
                         ty,
                         row_bytes,

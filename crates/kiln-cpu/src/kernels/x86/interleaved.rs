@@ -26,12 +26,12 @@
 //!
 //! **AMX.** Where the operating system grants the tiles (`super::amx`), a Q4_K or Q6_K product of
 //! at least 32 activation rows runs 16 rows at a time on the tiles ([`amx_q4_k`], [`amx_q6_k`])
-//! over activations
-//! packed in tile order once per product (`ActivationTerms`), the rows past the last whole 16
-//! through the VNNI kernel. The tiles give the exact integer sums of the VNNI kernel and the f32
-//! step is the same, so both give the same bits and a product may mix them (batch invariance
-//! holds). A task keeps a slice of `AMX_SLICE` tiles of activations in L2 while its groups go
-//! past it.
+//! over activations packed in tile order once per product (`ActivationTerms`), the rows past
+//! the last whole 16 through the VNNI kernel. The tiles give the exact integer sums of the VNNI
+//! kernel and the f32 step is the same, so both give the same bits and a product may mix them
+//! (batch invariance holds). A task keeps a slice of `AMX_SLICE` tiles of activations in L2
+//! while its groups go past it, one block at a time: a block's weight operands are made just
+//! before the slice's tiles run it, and stay in L1 for all of them.
 
 use std::arch::x86_64::*;
 
@@ -60,6 +60,13 @@ const AMX_CONFIG: super::amx::Config = super::amx::Config::new()
     .tile(5, 16, 64)
     .tile(6, 16, 64)
     .tile(7, 16, 64);
+
+/// Lines of 64 bytes of the largest [`Format::amx_products`] sums of one tile (Q6_K's three
+/// 16 x 16 i32 tiles).
+const AMX_SUMS_LINES: usize = 48;
+
+/// Two buffers of the sums of a pair of tiles (see [`groups`]).
+type SumsBuffers = [[TileLine; 2 * AMX_SUMS_LINES]; 2];
 
 /// Tiles of 16 activation rows per slice that the AMX products keep in L2 (see [`groups`]).
 const AMX_SLICE: usize = 8;
@@ -139,35 +146,53 @@ trait Format {
     /// AVX-512 F/BW/VL/VNNI.
     unsafe fn chunk<const M: usize>(c: &Chunk);
 
-    /// Bytes of [`Format::amx_prepare`]'s output per block, where the format has an AMX kernel
+    /// Bytes of [`Format::amx_prepare`]'s output (one block), where the format has an AMX kernel
     /// (0: none).
     const AMX_PREPARED: usize = 0;
     /// Activation tiles (16 x 64 quants) per block.
     const AMX_TILES: usize = 0;
 
-    /// Unpacks the group at `c.w` into what [`Format::amx_block`] reads, at `dst`
-    /// (`AMX_PREPARED` bytes per block, 64-byte aligned).
+    /// Unpacks block `b` of the group at `c.w` into what [`Format::amx_products`] and
+    /// [`Format::amx_step`] read, at `dst` (`AMX_PREPARED` bytes, 64-byte aligned).
     ///
     /// # Safety
-    /// `c` names a whole group; `dst` is writable for `c.blocks * AMX_PREPARED` bytes; AVX-512
-    /// F/BW/VL/VNNI.
-    unsafe fn amx_prepare(_c: &Chunk, _dst: *mut u8) {
+    /// `c` names a whole group and `b < c.blocks`; `dst` is writable for `AMX_PREPARED` bytes;
+    /// AVX-512 F/BW/VL/VNNI.
+    unsafe fn amx_prepare(_c: &Chunk, _b: usize, _dst: *mut u8) {
         unreachable!("no AMX kernel")
     }
 
-    /// The group against one or two tiles of 16 activation rows (`NM`) through the AMX tiles,
-    /// with the bits of `chunk::<16>`.
+    /// Bytes of the i32 sums that [`Format::amx_products`] stores per tile of 16 activation rows.
+    const AMX_SUMS: usize = 0;
+
+    /// Block `b` of the group against one or two tiles of 16 activation rows (`NM`) on the AMX
+    /// tiles: the exact integer sums, stored for [`Format::amx_step`] at `sums` (tile `m`'s at
+    /// `m * AMX_SUMS`).
     ///
     /// # Safety
-    /// `at(m)` names the group against tile `m`'s rows (a whole group, rows and their terms,
-    /// writable outputs); `tiles(m)` points at tile `m`'s packed activations
-    /// (`ActivationTerms`); `prepared` holds [`Format::amx_prepare`]'s output for the group;
-    /// the tile configuration [`AMX_CONFIG`] is loaded on this thread.
-    unsafe fn amx_block<const NM: usize>(
-        _at: &impl Fn(usize) -> Chunk,
+    /// `tiles(m)` points at tile `m`'s packed activations (`ActivationTerms`); `prepared` holds
+    /// [`Format::amx_prepare`]'s output for block `b` of the group; `sums` is 64-byte aligned and
+    /// writable for `NM * AMX_SUMS` bytes; the tile configuration [`AMX_CONFIG`] is loaded on
+    /// this thread.
+    unsafe fn amx_products<const NM: usize>(
         _tiles: &impl Fn(usize) -> *const u8,
         _prepared: *const u8,
+        _b: usize,
+        _sums: *mut u8,
     ) {
+        unreachable!("no AMX kernel")
+    }
+
+    /// The f32 step of block `b` for the 16 activation rows of `c` from their sums (stored by
+    /// [`Format::amx_products`] at `sums`), with the bits of `chunk::<16>` (the blocks of an
+    /// output are run in order: the first starts its accumulators at zero, the others add to
+    /// the outputs).
+    ///
+    /// # Safety
+    /// `c` names the group against 16 activation rows (a whole group, rows and their terms,
+    /// writable outputs); `prepared` holds [`Format::amx_prepare`]'s output for block `b`;
+    /// `sums` holds those rows' sums.
+    unsafe fn amx_step(_c: &Chunk, _prepared: *const u8, _b: usize, _sums: *const u8) {
         unreachable!("no AMX kernel")
     }
 }
@@ -201,18 +226,27 @@ impl Format for Q4K {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn amx_prepare(c: &Chunk, dst: *mut u8) {
-        amx_q4_k::prepare(c, dst)
+    unsafe fn amx_prepare(c: &Chunk, b: usize, dst: *mut u8) {
+        amx_q4_k::prepare(c, b, dst)
     }
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn amx_block<const NM: usize>(
-        at: &impl Fn(usize) -> Chunk,
+    unsafe fn amx_products<const NM: usize>(
         tiles: &impl Fn(usize) -> *const u8,
         prepared: *const u8,
+        b: usize,
+        sums: *mut u8,
     ) {
-        amx_q4_k::block::<NM>(at, tiles, prepared)
+        amx_q4_k::products::<NM>(tiles, prepared, b, sums)
+    }
+
+    const AMX_SUMS: usize = amx_q4_k::SUMS;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn amx_step(c: &Chunk, prepared: *const u8, b: usize, sums: *const u8) {
+        amx_q4_k::step(c, prepared, b, sums)
     }
 }
 
@@ -234,18 +268,27 @@ impl Format for Q6K {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn amx_prepare(c: &Chunk, dst: *mut u8) {
-        amx_q6_k::prepare(c, dst)
+    unsafe fn amx_prepare(c: &Chunk, b: usize, dst: *mut u8) {
+        amx_q6_k::prepare(c, b, dst)
     }
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn amx_block<const NM: usize>(
-        at: &impl Fn(usize) -> Chunk,
+    unsafe fn amx_products<const NM: usize>(
         tiles: &impl Fn(usize) -> *const u8,
         prepared: *const u8,
+        b: usize,
+        sums: *mut u8,
     ) {
-        amx_q6_k::block::<NM>(at, tiles, prepared)
+        amx_q6_k::products::<NM>(tiles, prepared, b, sums)
+    }
+
+    const AMX_SUMS: usize = amx_q6_k::SUMS;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn amx_step(c: &Chunk, prepared: *const u8, b: usize, sums: *const u8) {
+        amx_q6_k::step(c, prepared, b, sums)
     }
 }
 
@@ -326,28 +369,52 @@ unsafe fn groups<F: Format>(
         let tiles_at = terms.tiles.as_ptr().cast::<u8>();
         let tile_bytes = blocks * F::AMX_TILES * TILE_LINES * 64;
         AMX_SCRATCH.with_borrow_mut(|scratch| {
-            let lines = blocks * F::AMX_PREPARED / 64;
+            let lines = F::AMX_PREPARED / 64;
             if scratch.len() < lines {
                 scratch.resize(lines, TileLine([0; 64]));
             }
             let prepared: *mut u8 = scratch.as_mut_ptr().cast();
-            // SAFETY: granted above; the scratch was just sized for a group's prepared bytes;
+            // SAFETY: granted above; the scratch was just sized for a block's prepared bytes;
             // the tiles' length was checked against the call's rows and blocks.
             AMX_CONFIG.load();
             // A slice of the activations' tiles (`AMX_SLICE` tiles of 16 rows: 256 KB at
-            // k = 2048) stays in L2 while the task's groups go past it, each unpacked again per
-            // slice (a few percent of its tile work).
+            // k = 2048) stays in L2 while the task's groups go past it. Each block of a group is
+            // unpacked (again per slice: a few percent of its tile work) just before the
+            // slice's tiles run it, so its weight operands come from L1, not L2: with the
+            // activation tiles from L2 as well, the tile loads waited on L2.
+            // The sums of two products in flight: the f32 step of one pair of tiles runs after
+            // the tile work of the next was issued, so that the vector units work while the
+            // tiles do (and the tile stores have landed before the step reads them).
+            let mut sums: SumsBuffers = [[TileLine([0; 64]); 2 * AMX_SUMS_LINES]; 2];
             for s0 in (0..m_tiles).step_by(AMX_SLICE) {
                 let s1 = (s0 + AMX_SLICE).min(m_tiles);
                 for g in 0..n_groups {
-                    F::amx_prepare(&chunk_at(g, 0), prepared);
-                    for m0 in (s0..s1).step_by(2) {
-                        let at = |mi: usize| chunk_at(g, (m0 + mi) * AMX_TILE_ROWS);
-                        let tiles = |mi: usize| tiles_at.add((m0 + mi) * tile_bytes);
-                        if s1 - m0 >= 2 {
-                            F::amx_block::<2>(&at, &tiles, prepared);
-                        } else {
-                            F::amx_block::<1>(&at, &tiles, prepared);
+                    for b in 0..blocks {
+                        F::amx_prepare(&chunk_at(g, 0), b, prepared);
+                        // (first tile, tiles, buffer) of the pair whose step is pending.
+                        let mut pending: Option<(usize, usize, usize)> = None;
+                        let step = |(m0, nm, i): (usize, usize, usize), sums: &SumsBuffers| {
+                            for mi in 0..nm {
+                                let at = sums[i].as_ptr().cast::<u8>().add(mi * F::AMX_SUMS);
+                                let c = chunk_at(g, (m0 + mi) * AMX_TILE_ROWS);
+                                F::amx_step(&c, prepared, b, at);
+                            }
+                        };
+                        for (i, m0) in (s0..s1).step_by(2).enumerate() {
+                            let nm = (s1 - m0).min(2);
+                            let tiles = |mi: usize| tiles_at.add((m0 + mi) * tile_bytes);
+                            let buf = sums[i % 2].as_mut_ptr().cast::<u8>();
+                            if nm == 2 {
+                                F::amx_products::<2>(&tiles, prepared, b, buf);
+                            } else {
+                                F::amx_products::<1>(&tiles, prepared, b, buf);
+                            }
+                            if let Some(p) = pending.replace((m0, nm, i % 2)) {
+                                step(p, &sums);
+                            }
+                        }
+                        if let Some(p) = pending {
+                            step(p, &sums);
                         }
                     }
                 }
@@ -783,11 +850,11 @@ unsafe fn chunk_q6_k<const M: usize>(c: &Chunk) {
 /// most 45), whose plain products with the activation quants over the whole super-block are
 /// `S_lo` and `S_hi`, and the sum is exactly `S_lo + 16 * S_hi`: no scaling per sub-block, so
 /// one `tdpbsud` covers 64 quants (two sub-blocks) and a super-block is 4 of them per operand,
-/// accumulated in the tiles. [`prepare`] makes both operands of a group once per slice of
-/// activation rows (a byte times a small factor per 32-bit lane is one `vpmulld`: no product
+/// accumulated in the tiles. `prepare` makes both operands of a group's block once per slice
+/// of activation rows (a byte times a small factor per 32-bit lane is one `vpmulld`: no product
 /// carries into the next byte) with the minimums' i16 pairs and `d`, `dmin` as `chunk_q4_k`
-/// makes them; [`block`] runs the tiles and then `chunk_q4_k`'s exact integer and f32 steps,
-/// so every output has its bits.
+/// makes them; `products` runs the tiles into stored sums and `step` then does
+/// `chunk_q4_k`'s exact integer and f32 steps, so every output has its bits.
 mod amx_q4_k {
     use std::arch::x86_64::*;
 
@@ -804,116 +871,116 @@ mod amx_q4_k {
     /// Bytes of one prepared super-block.
     pub(super) const PREPARED: usize = DMIN + 64;
 
-    /// Makes the group's weight operands (see the module docs).
+    /// Makes the weight operands of block `b` of the group (see the module docs).
     ///
     /// # Safety
-    /// `c` names a whole group; `dst` is 64-byte aligned and writable for `c.blocks *
-    /// PREPARED` bytes.
+    /// `c` names a whole group and `b < c.blocks`; `dst` is 64-byte aligned and writable for
+    /// `PREPARED` bytes.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub(super) unsafe fn prepare(c: &Chunk, dst: *mut u8) {
+    pub(super) unsafe fn prepare(c: &Chunk, b: usize, dst: *mut u8) {
         let low4 = _mm512_set1_epi8(0x0f);
         let nib = _mm512_set1_epi32(0x0f);
-        for b in 0..c.blocks {
-            let base = c.w.add(b * q4_k::GROUP_BLOCK);
-            let out = dst.add(b * PREPARED);
-            let put = |at: usize, v: __m512i| _mm512_store_si512(out.add(at).cast(), v);
-            let Q4kScales { scales, mins } = q4_k_scales(base);
-            let scale = |j: usize| q4_k_scale(&scales, j);
-            for run in 0..4 {
-                let codes = base.add(q4_k::CODES + 512 * run);
-                // Sub-blocks `2 run` (low nibbles: lines 0..8 of the operands) and `2 run + 1`
-                // (high nibbles: lines 8..16).
-                for (half, sc) in [scale(2 * run), scale(2 * run + 1)].into_iter().enumerate() {
-                    let (lo, hi) = (_mm512_and_si512(sc, nib), _mm512_srli_epi32::<4>(sc));
-                    for v in 0..8 {
-                        let line = _mm512_loadu_si512(codes.add(64 * v).cast());
-                        let q = if half == 0 {
-                            _mm512_and_si512(line, low4)
-                        } else {
-                            _mm512_and_si512(_mm512_srli_epi16::<4>(line), low4)
-                        };
-                        let at = 2 * RUN * run + 64 * (8 * half + v);
-                        put(at, _mm512_mullo_epi32(q, lo));
-                        put(at + RUN, _mm512_mullo_epi32(q, hi));
-                    }
+        let base = c.w.add(b * q4_k::GROUP_BLOCK);
+        let put = |at: usize, v: __m512i| _mm512_store_si512(dst.add(at).cast(), v);
+        let Q4kScales { scales, mins } = q4_k_scales(base);
+        let scale = |j: usize| q4_k_scale(&scales, j);
+        for run in 0..4 {
+            let codes = base.add(q4_k::CODES + 512 * run);
+            // Sub-blocks `2 run` (low nibbles: lines 0..8 of the operands) and `2 run + 1`
+            // (high nibbles: lines 8..16).
+            for (half, sc) in [scale(2 * run), scale(2 * run + 1)].into_iter().enumerate() {
+                let (lo, hi) = (_mm512_and_si512(sc, nib), _mm512_srli_epi32::<4>(sc));
+                for v in 0..8 {
+                    let line = _mm512_loadu_si512(codes.add(64 * v).cast());
+                    let q = if half == 0 {
+                        _mm512_and_si512(line, low4)
+                    } else {
+                        _mm512_and_si512(_mm512_srli_epi16::<4>(line), low4)
+                    };
+                    let at = 2 * RUN * run + 64 * (8 * half + v);
+                    put(at, _mm512_mullo_epi32(q, lo));
+                    put(at + RUN, _mm512_mullo_epi32(q, hi));
                 }
             }
-            for (p, pair) in mins.iter().enumerate() {
-                put(MINS + 64 * p, *pair);
+        }
+        for (p, pair) in mins.iter().enumerate() {
+            put(MINS + 64 * p, *pair);
+        }
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(base.cast()));
+        let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(q4_k::DMIN).cast()));
+        _mm512_store_ps(dst.add(D).cast(), d);
+        _mm512_store_ps(dst.add(DMIN).cast(), dmin);
+    }
+
+    /// Bytes of the sums of one tile of activation rows: the `lo` and `hi` operands' products.
+    pub(super) const SUMS: usize = 2 * RUN;
+
+    /// Block `b` of the group against `NM` tiles of 16 activation rows: the products of both
+    /// operands, stored at `sums` (see the module docs).
+    ///
+    /// # Safety
+    /// As `Format::amx_products`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn products<const NM: usize>(
+        tiles: &impl Fn(usize) -> *const u8,
+        prepared: *const u8,
+        b: usize,
+        sums: *mut u8,
+    ) {
+        amx::zero_sums();
+        for run in 0..4 {
+            for m in 0..NM {
+                amx::load(4 + m, tiles(m).add((b * 4 + run) * RUN), 64);
             }
-            let d = _mm512_cvtph_ps(_mm256_loadu_si256(base.cast()));
-            let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(q4_k::DMIN).cast()));
-            _mm512_store_ps(out.add(D).cast(), d);
-            _mm512_store_ps(out.add(DMIN).cast(), dmin);
+            amx::load(6, prepared.add(2 * RUN * run), 64);
+            amx::load(7, prepared.add(2 * RUN * run + RUN), 64);
+            for m in 0..NM {
+                amx::product_su(m, 0);
+                amx::product_su(m, 1);
+            }
+        }
+        for m in 0..NM {
+            amx::store(2 * m, sums.add(SUMS * m), 64);
+            amx::store(2 * m + 1, sums.add(SUMS * m + RUN), 64);
         }
     }
 
-    /// The group against `NM` tiles of 16 activation rows (see the module docs).
+    /// The f32 step of block `b` for the 16 rows of `c`: `chunk_q4_k`'s, from the sums.
     ///
     /// # Safety
-    /// As `Format::amx_block`.
+    /// As `Format::amx_step`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub(super) unsafe fn block<const NM: usize>(
-        at: &impl Fn(usize) -> Chunk,
-        tiles: &impl Fn(usize) -> *const u8,
-        prepared: *const u8,
-    ) {
-        let mut buf = [super::TileLine([0; 64]); 64];
-        let buf: *mut u8 = buf.as_mut_ptr().cast();
+    pub(super) unsafe fn step(c: &Chunk, prepared: *const u8, b: usize, sums: *const u8) {
         let vec = |p: *const u8, at: usize| _mm512_load_si512(p.add(at).cast());
-        let chunks: [Chunk; NM] = std::array::from_fn(at);
-        let blocks = chunks[0].blocks;
-        for b in 0..blocks {
-            let pb = prepared.add(b * PREPARED);
-            amx::zero_sums();
-            for run in 0..4 {
-                for m in 0..NM {
-                    amx::load(4 + m, tiles(m).add((b * 4 + run) * RUN), 64);
-                }
-                amx::load(6, pb.add(2 * RUN * run), 64);
-                amx::load(7, pb.add(2 * RUN * run + RUN), 64);
-                for m in 0..NM {
-                    amx::product_su(m, 0);
-                    amx::product_su(m, 1);
-                }
+        let blocks = c.blocks;
+        let d = _mm512_load_ps(prepared.add(D).cast());
+        let dmin = _mm512_load_ps(prepared.add(DMIN).cast());
+        let pairs: [__m512i; 4] = std::array::from_fn(|p| vec(prepared, MINS + 64 * p));
+        for j in 0..16 {
+            let sum = _mm512_add_epi32(
+                vec(sums, 64 * j),
+                _mm512_slli_epi32::<4>(vec(sums, RUN + 64 * j)),
+            );
+            let t = c.sums.add(q4_k::TERMS * (j * blocks + b));
+            let mut mins = _mm512_setzero_si512();
+            for (p, pair) in pairs.iter().enumerate() {
+                mins = _mm512_dpwssd_epi32(mins, *pair, _mm512_set1_epi32(*t.add(p)));
             }
-            for m in 0..NM {
-                amx::store(2 * m, buf.add(2 * RUN * m), 64);
-                amx::store(2 * m + 1, buf.add(2 * RUN * m + RUN), 64);
-            }
-            let d = _mm512_load_ps(pb.add(D).cast());
-            let dmin = _mm512_load_ps(pb.add(DMIN).cast());
-            let pairs: [__m512i; 4] = std::array::from_fn(|p| vec(pb, MINS + 64 * p));
-            for (m, c) in chunks.iter().enumerate() {
-                let sums = buf.add(2 * RUN * m);
-                for j in 0..16 {
-                    let sum = _mm512_add_epi32(
-                        vec(sums, 64 * j),
-                        _mm512_slli_epi32::<4>(vec(sums, RUN + 64 * j)),
-                    );
-                    let t = c.sums.add(q4_k::TERMS * (j * blocks + b));
-                    let mut mins = _mm512_setzero_si512();
-                    for (p, pair) in pairs.iter().enumerate() {
-                        mins = _mm512_dpwssd_epi32(mins, *pair, _mm512_set1_epi32(*t.add(p)));
-                    }
-                    let da = _mm512_set1_ps(*c.da.add(j * blocks + b));
-                    let out = c.out.add(j * c.ldo);
-                    // `chunk_q4_k` keeps its accumulators in registers from zero; here they
-                    // live in the outputs (the same values: +0 first, then the same
-                    // operations).
-                    let acc = if b == 0 {
-                        _mm512_setzero_ps()
-                    } else {
-                        _mm512_loadu_ps(out)
-                    };
-                    let acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, da), acc);
-                    let acc =
-                        _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(dmin, da), acc);
-                    _mm512_storeu_ps(out, acc);
-                }
-            }
+            let da = _mm512_set1_ps(*c.da.add(j * blocks + b));
+            let out = c.out.add(j * c.ldo);
+            // `chunk_q4_k` keeps its accumulators in registers from zero; here they live in the
+            // outputs (the same values: +0 first, then the same operations).
+            let acc = if b == 0 {
+                _mm512_setzero_ps()
+            } else {
+                _mm512_loadu_ps(out)
+            };
+            let acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, da), acc);
+            let acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(dmin, da), acc);
+            _mm512_storeu_ps(out, acc);
         }
     }
 }
@@ -926,15 +993,15 @@ mod amx_q4_k {
 /// 15`, `sh = scale >> 4` in `-8..8`), gives `code * scale` as
 /// `ql * sl + 16 * (qh * sl + ql * sh) + 256 * qh * sh`: four weight operands of bytes, `ql * sl`
 /// (at most 225) and `qh * sl` (at most 45) unsigned, `ql * sh` (`-120..=105`) and `qh * sh`
-/// (`-24..=21`) signed, whose plain products with the activation quants over the super-block are exact with no scaling per
-/// group. The tiles sum them in three accumulators (the two of weight 16 in one, `tdpbsud` and
+/// (`-24..=21`) signed, whose plain products with the activation quants over the super-block
+/// are exact with no scaling per group. The tiles sum them in three accumulators (the two of weight 16 in one, `tdpbsud` and
 /// `tdpbssd` adding into the same tile), so the sum is `T0 + 16 * T1 + 256 * T2`: 16 tile
-/// products per super-block, twice Q4_K's. [`prepare`] makes the operands of a group once per
-/// slice of activation rows (a byte times a factor below 16 per 32-bit lane is one `vpmulld`
+/// products per super-block, twice Q4_K's. `prepare` makes the operands of a group's block once
+/// per slice of activation rows (a byte times a factor below 16 per 32-bit lane is one `vpmulld`
 /// with no carry into the next byte; a negative factor multiplies by its magnitude and negates
-/// the lane's bytes), with the scale pairs and `d` as `chunk_q6_k` makes them; [`block`] runs
-/// the tiles and then `chunk_q6_k`'s exact integer and f32 steps (`q6_k_step`), so every output
-/// has its bits. One tile of activation rows at a time: its three accumulators, the activation
+/// the lane's bytes), with the scale pairs and `d` as `chunk_q6_k` makes them; `products` runs
+/// the tiles into stored sums and `step` then does `chunk_q6_k`'s exact integer and f32 steps
+/// (`q6_k_step`), so every output has its bits. One tile of activation rows at a time: its three accumulators, the activation
 /// operand and the four weight operands take all eight tiles.
 mod amx_q6_k {
     use std::arch::x86_64::*;
@@ -954,110 +1021,112 @@ mod amx_q6_k {
     /// Bytes of one prepared super-block.
     pub(super) const PREPARED: usize = D + 64;
 
-    /// Makes the group's weight operands (see the module docs).
+    /// Makes the weight operands of block `b` of the group (see the module docs).
     ///
     /// # Safety
-    /// `c` names a whole group; `dst` is 64-byte aligned and writable for `c.blocks *
-    /// PREPARED` bytes.
+    /// `c` names a whole group and `b < c.blocks`; `dst` is 64-byte aligned and writable for
+    /// `PREPARED` bytes.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub(super) unsafe fn prepare(c: &Chunk, dst: *mut u8) {
+    pub(super) unsafe fn prepare(c: &Chunk, b: usize, dst: *mut u8) {
         let two = _mm512_set1_epi8(0x03);
         let nib = _mm512_set1_epi32(0x0f);
         let blocks_at = c.w.add(c.blocks * q6_k::D);
-        for b in 0..c.blocks {
-            let base = blocks_at.add(b * q6_k::GROUP_BLOCK);
-            let out = dst.add(b * PREPARED);
-            let put = |at: usize, v: __m512i| _mm512_store_si512(out.add(at).cast(), v);
-            let scale_lines = q6_k_scale_lines(base);
+        let base = blocks_at.add(b * q6_k::GROUP_BLOCK);
+        let put = |at: usize, v: __m512i| _mm512_store_si512(dst.add(at).cast(), v);
+        let scale_lines = q6_k_scale_lines(base);
+        for run in 0..4 {
+            // Quants `64 run..+64` of the super-block: half `n`, quarters `2 (run % 2)` and
+            // the next; line `v` of the run holds quants `64 run + 4v..+4`, of group
+            // `4 run + v / 4`.
+            let n = run / 2;
+            for v in 0..16 {
+                let (quarter, jh, jj) = (2 * (run % 2) + v / 8, (v / 4) % 2, v % 4);
+                let unit = base.add(q6_k::UNITS + (2 * n + jh) * q6_k::UNIT);
+                let (ql, high) = q6_k_parts(unit, quarter, jj);
+                let qh = _mm512_and_si512(_mm512_srli_epi16::<4>(high), two);
+                let sc = q6_k_scale(&scale_lines, 4 * run + v / 4);
+                let sl = _mm512_and_si512(sc, nib);
+                let sh = _mm512_srai_epi32::<4>(sc);
+                // `x * sh` per byte: times |sh|, then each byte negated where sh < 0
+                // (`(x ^ s) - s` with `s` all ones there).
+                let (mag, sign) = (_mm512_abs_epi32(sh), _mm512_srai_epi32::<31>(sh));
+                let signed = |x: __m512i| {
+                    let p = _mm512_mullo_epi32(x, mag);
+                    _mm512_sub_epi8(_mm512_xor_si512(p, sign), sign)
+                };
+                let at = OPERANDS * RUN * run + 64 * v;
+                put(at, _mm512_mullo_epi32(ql, sl));
+                put(at + RUN, _mm512_mullo_epi32(qh, sl));
+                put(at + 2 * RUN, signed(ql));
+                put(at + 3 * RUN, signed(qh));
+            }
+        }
+        for (p, pair) in q6_k_pairs(&scale_lines).iter().enumerate() {
+            put(PAIRS + 64 * p, *pair);
+        }
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(c.w.add(b * q6_k::D).cast()));
+        _mm512_store_ps(dst.add(D).cast(), d);
+    }
+
+    /// Bytes of the sums of one tile of activation rows: the three accumulators.
+    pub(super) const SUMS: usize = 3 * RUN;
+
+    /// Block `b` of the group against `NM` tiles of 16 activation rows, one after the other:
+    /// the three accumulators of each, stored at `sums` (see the module docs).
+    ///
+    /// # Safety
+    /// As `Format::amx_products`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn products<const NM: usize>(
+        tiles: &impl Fn(usize) -> *const u8,
+        prepared: *const u8,
+        b: usize,
+        sums: *mut u8,
+    ) {
+        for m in 0..NM {
+            amx::zero_sums();
             for run in 0..4 {
-                // Quants `64 run..+64` of the super-block: half `n`, quarters `2 (run % 2)` and
-                // the next; line `v` of the run holds quants `64 run + 4v..+4`, of group
-                // `4 run + v / 4`.
-                let n = run / 2;
-                for v in 0..16 {
-                    let (quarter, jh, jj) = (2 * (run % 2) + v / 8, (v / 4) % 2, v % 4);
-                    let unit = base.add(q6_k::UNITS + (2 * n + jh) * q6_k::UNIT);
-                    let (ql, high) = q6_k_parts(unit, quarter, jj);
-                    let qh = _mm512_and_si512(_mm512_srli_epi16::<4>(high), two);
-                    let sc = q6_k_scale(&scale_lines, 4 * run + v / 4);
-                    let sl = _mm512_and_si512(sc, nib);
-                    let sh = _mm512_srai_epi32::<4>(sc);
-                    // `x * sh` per byte: times |sh|, then each byte negated where sh < 0
-                    // (`(x ^ s) - s` with `s` all ones there).
-                    let (mag, sign) = (_mm512_abs_epi32(sh), _mm512_srai_epi32::<31>(sh));
-                    let signed = |x: __m512i| {
-                        let p = _mm512_mullo_epi32(x, mag);
-                        _mm512_sub_epi8(_mm512_xor_si512(p, sign), sign)
-                    };
-                    let at = OPERANDS * RUN * run + 64 * v;
-                    put(at, _mm512_mullo_epi32(ql, sl));
-                    put(at + RUN, _mm512_mullo_epi32(qh, sl));
-                    put(at + 2 * RUN, signed(ql));
-                    put(at + 3 * RUN, signed(qh));
+                amx::load(4, tiles(m).add((b * 4 + run) * RUN), 64);
+                for (o, t) in OPERAND_TILES.into_iter().enumerate() {
+                    amx::load(t, prepared.add(OPERANDS * RUN * run + o * RUN), 64);
                 }
+                amx::q6_k_products();
             }
-            for (p, pair) in q6_k_pairs(&scale_lines).iter().enumerate() {
-                put(PAIRS + 64 * p, *pair);
+            for t in 0..3 {
+                amx::store(t, sums.add(SUMS * m + t * RUN), 64);
             }
-            let d = _mm512_cvtph_ps(_mm256_loadu_si256(c.w.add(b * q6_k::D).cast()));
-            _mm512_store_ps(out.add(D).cast(), d);
         }
     }
 
-    /// The group against `NM` tiles of 16 activation rows, one after the other (see the module
-    /// docs).
+    /// The f32 step of block `b` for the 16 rows of `c`: `chunk_q6_k`'s, from the sums.
     ///
     /// # Safety
-    /// As `Format::amx_block`.
+    /// As `Format::amx_step`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub(super) unsafe fn block<const NM: usize>(
-        at: &impl Fn(usize) -> Chunk,
-        tiles: &impl Fn(usize) -> *const u8,
-        prepared: *const u8,
-    ) {
-        let mut buf = [super::TileLine([0; 64]); 48];
-        let buf: *mut u8 = buf.as_mut_ptr().cast();
+    pub(super) unsafe fn step(c: &Chunk, prepared: *const u8, b: usize, sums: *const u8) {
         let vec = |p: *const u8, at: usize| _mm512_load_si512(p.add(at).cast());
-        let chunks: [Chunk; NM] = std::array::from_fn(at);
-        let blocks = chunks[0].blocks;
-        for b in 0..blocks {
-            let pb = prepared.add(b * PREPARED);
-            let d = _mm512_load_ps(pb.add(D).cast());
-            let pairs: [__m512i; 8] = std::array::from_fn(|p| vec(pb, PAIRS + 64 * p));
-            for (m, c) in chunks.iter().enumerate() {
-                amx::zero_sums();
-                for run in 0..4 {
-                    amx::load(4, tiles(m).add((b * 4 + run) * RUN), 64);
-                    for (o, t) in OPERAND_TILES.into_iter().enumerate() {
-                        amx::load(t, pb.add(OPERANDS * RUN * run + o * RUN), 64);
-                    }
-                    amx::q6_k_products();
-                }
-                for t in 0..3 {
-                    amx::store(t, buf.add(t * RUN), 64);
-                }
-                for j in 0..16 {
-                    let sum = _mm512_add_epi32(
-                        _mm512_add_epi32(
-                            vec(buf, 64 * j),
-                            _mm512_slli_epi32::<4>(vec(buf, RUN + 64 * j)),
-                        ),
-                        _mm512_slli_epi32::<8>(vec(buf, 2 * RUN + 64 * j)),
-                    );
-                    let out = c.out.add(j * c.ldo);
-                    // `chunk_q6_k` keeps its accumulators in registers from zero; here they
-                    // live in the outputs (the same values: +0 first, then the same
-                    // operations).
-                    let acc = if b == 0 {
-                        _mm512_setzero_ps()
-                    } else {
-                        _mm512_loadu_ps(out)
-                    };
-                    _mm512_storeu_ps(out, q6_k_step(c, j, b, sum, &pairs, d, acc));
-                }
-            }
+        let d = _mm512_load_ps(prepared.add(D).cast());
+        let pairs: [__m512i; 8] = std::array::from_fn(|p| vec(prepared, PAIRS + 64 * p));
+        for j in 0..16 {
+            let sum = _mm512_add_epi32(
+                _mm512_add_epi32(
+                    vec(sums, 64 * j),
+                    _mm512_slli_epi32::<4>(vec(sums, RUN + 64 * j)),
+                ),
+                _mm512_slli_epi32::<8>(vec(sums, 2 * RUN + 64 * j)),
+            );
+            let out = c.out.add(j * c.ldo);
+            // `chunk_q6_k` keeps its accumulators in registers from zero; here they live in the
+            // outputs (the same values: +0 first, then the same operations).
+            let acc = if b == 0 {
+                _mm512_setzero_ps()
+            } else {
+                _mm512_loadu_ps(out)
+            };
+            _mm512_storeu_ps(out, q6_k_step(c, j, b, sum, &pairs, d, acc));
         }
     }
 }
