@@ -195,10 +195,7 @@ pub(crate) fn matmul(
     let act_bytes = kiln_quant::activation_bytes(act_ty, k).map_err(qerr)?;
     let quantize = kernels::quantize_fn(act_ty, cpu.simd).map_err(qerr)?;
 
-    let mut acts = vec![0u8; m * act_bytes];
-    crate::context::for_each_chunk(cpu, &mut acts, act_bytes, m >= 4, |t, a| {
-        quantize(x.row(t), a)
-    });
+    let acts = quantize_rows(cpu, x, quantize, act_bytes);
     let wbytes: &[u8] = &w.bytes;
     let rb = w.row_bytes;
     let mut y = if let Some(il) = w.interleaved.as_ref().filter(|_| m == 1) {
@@ -264,6 +261,21 @@ pub(crate) fn matmul(
         rows: m,
         cols: n,
     })
+}
+
+/// Every row of `x` quantized by `quantize` into `row_bytes` bytes, on the team from 4 rows
+/// (each row alone: the same bytes either way).
+fn quantize_rows(
+    cpu: &Context,
+    x: &CpuTensor,
+    quantize: kernels::QuantizeFn,
+    row_bytes: usize,
+) -> Vec<u8> {
+    let mut bytes = vec![0u8; x.rows * row_bytes];
+    crate::context::for_each_chunk(cpu, &mut bytes, row_bytes, x.rows >= 4, |t, row| {
+        quantize(x.row(t), row)
+    });
+    bytes
 }
 
 /// A one-row product over `n` weight rows of `row_bytes` bytes as one parallel job: tasks of
@@ -362,16 +374,7 @@ impl Activations {
                 None => {
                     let row_bytes = kiln_quant::activation_bytes(ty, x.cols).map_err(qerr)?;
                     let quantize = kernels::quantize_fn(ty, cpu.simd).map_err(qerr)?;
-                    let mut bytes = vec![0u8; x.rows * row_bytes];
-                    // On the team from 4 rows, as `matmul` quantizes (each row alone: the same
-                    // bytes either way).
-                    crate::context::for_each_chunk(
-                        cpu,
-                        &mut bytes,
-                        row_bytes,
-                        x.rows >= 4,
-                        |t, row| quantize(x.row(t), row),
-                    );
+                    let bytes = quantize_rows(cpu, x, quantize, row_bytes);
                     acts.formats.push(ActFormat {
                         ty,
                         row_bytes,

@@ -209,14 +209,14 @@ fn softmax_update<E>(
             *v = cap * math::tanh(*v / cap);
         }
     }
-    // The largest score inside `[a, z)` (NaN skipped; −inf where there is none) by a fixed
-    // pairwise tree, which vectorizes (a running maximum is a chain of scalar selects). Among
-    // equal values it may pick another zero sign than a running maximum would: `e^(v − max)`
-    // is the same for both.
     // Whether key `j` of the tile is inside `[a, z)`: one unsigned compare against a constant
     // vector of indices (vectorizes; `j >= a && j < z` over an enumeration did not).
     let (from, len) = (a as u32, (z - a) as u32);
     let inside = |j: u32| j.wrapping_sub(from) < len;
+    // The largest score inside `[a, z)` (NaN skipped; −inf where there is none) by a fixed
+    // pairwise tree, which vectorizes (a running maximum is a chain of scalar selects). Among
+    // equal values it may pick another zero sign than a running maximum would: `e^(v − max)`
+    // is the same for both.
     let mut tops = [f32::NEG_INFINITY; TILE];
     for ((t, &v), &j) in tops.iter_mut().zip(s.iter()).zip(&TILE_INDICES) {
         if inside(j) && !v.is_nan() {

@@ -65,15 +65,33 @@ const AMX_CONFIG: super::amx::Config = super::amx::Config::new()
 /// 16 x 16 i32 tiles).
 const AMX_SUMS_LINES: usize = 48;
 
+/// Lines of 64 bytes of the largest [`Format::amx_prepare`] output (one block of Q6_K).
+const AMX_PREPARED_LINES: usize = {
+    let (a, b) = (amx_q4_k::PREPARED, amx_q6_k::PREPARED);
+    (if a > b { a } else { b }) / 64
+};
+
 /// Two buffers of the sums of a pair of tiles (see [`groups`]).
 type SumsBuffers = [[TileLine; 2 * AMX_SUMS_LINES]; 2];
+
+/// A thread's scratch for the AMX kernels: one block of a group unpacked, and the sums of two
+/// pairs of tiles in flight (see [`groups`]).
+struct AmxScratch {
+    prepared: [TileLine; AMX_PREPARED_LINES],
+    sums: SumsBuffers,
+}
 
 /// Tiles of 16 activation rows per slice that the AMX products keep in L2 (see [`groups`]).
 const AMX_SLICE: usize = 8;
 
 thread_local! {
-    /// Each thread's unpacked group for the AMX kernels.
-    static AMX_SCRATCH: std::cell::RefCell<Vec<TileLine>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Each thread's [`AmxScratch`].
+    static AMX_SCRATCH: std::cell::RefCell<AmxScratch> = const {
+        std::cell::RefCell::new(AmxScratch {
+            prepared: [TileLine([0; 64]); AMX_PREPARED_LINES],
+            sums: [[TileLine([0; 64]); 2 * AMX_SUMS_LINES]; 2],
+        })
+    };
 }
 
 /// A format's interleaved quant lines.
@@ -208,6 +226,39 @@ impl<L: Lines> Format for L {
     }
 }
 
+/// The AMX items of a [`Format`] whose tile kernel is the module `$m` (its `prepare`,
+/// `products` and `step`, `PREPARED` and `SUMS`; 4 activation tiles per super-block).
+macro_rules! amx_kernel {
+    ($m:ident) => {
+        const AMX_PREPARED: usize = $m::PREPARED;
+        const AMX_TILES: usize = 4;
+        const AMX_SUMS: usize = $m::SUMS;
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        unsafe fn amx_prepare(c: &Chunk, b: usize, dst: *mut u8) {
+            $m::prepare(c, b, dst)
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        unsafe fn amx_products<const NM: usize>(
+            tiles: &impl Fn(usize) -> *const u8,
+            prepared: *const u8,
+            b: usize,
+            sums: *mut u8,
+        ) {
+            $m::products::<NM>(tiles, prepared, b, sums)
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        unsafe fn amx_step(c: &Chunk, prepared: *const u8, b: usize, sums: *const u8) {
+            $m::step(c, prepared, b, sums)
+        }
+    };
+}
+
 /// Q4_K (its own kernel, [`chunk_q4_k`]).
 struct Q4K;
 
@@ -221,33 +272,7 @@ impl Format for Q4K {
         chunk_q4_k::<M>(c)
     }
 
-    const AMX_PREPARED: usize = amx_q4_k::PREPARED;
-    const AMX_TILES: usize = 4;
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn amx_prepare(c: &Chunk, b: usize, dst: *mut u8) {
-        amx_q4_k::prepare(c, b, dst)
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn amx_products<const NM: usize>(
-        tiles: &impl Fn(usize) -> *const u8,
-        prepared: *const u8,
-        b: usize,
-        sums: *mut u8,
-    ) {
-        amx_q4_k::products::<NM>(tiles, prepared, b, sums)
-    }
-
-    const AMX_SUMS: usize = amx_q4_k::SUMS;
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn amx_step(c: &Chunk, prepared: *const u8, b: usize, sums: *const u8) {
-        amx_q4_k::step(c, prepared, b, sums)
-    }
+    amx_kernel!(amx_q4_k);
 }
 
 /// Q6_K (its own kernel, [`chunk_q6_k`]).
@@ -263,33 +288,7 @@ impl Format for Q6K {
         chunk_q6_k::<M>(c)
     }
 
-    const AMX_PREPARED: usize = amx_q6_k::PREPARED;
-    const AMX_TILES: usize = 4;
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn amx_prepare(c: &Chunk, b: usize, dst: *mut u8) {
-        amx_q6_k::prepare(c, b, dst)
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn amx_products<const NM: usize>(
-        tiles: &impl Fn(usize) -> *const u8,
-        prepared: *const u8,
-        b: usize,
-        sums: *mut u8,
-    ) {
-        amx_q6_k::products::<NM>(tiles, prepared, b, sums)
-    }
-
-    const AMX_SUMS: usize = amx_q6_k::SUMS;
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn amx_step(c: &Chunk, prepared: *const u8, b: usize, sums: *const u8) {
-        amx_q6_k::step(c, prepared, b, sums)
-    }
+    amx_kernel!(amx_q6_k);
 }
 
 /// `kernels::InterleavedGemmFn` on AVX-512 VNNI for the format `F`.
@@ -368,14 +367,18 @@ unsafe fn groups<F: Format>(
         );
         let tiles_at = terms.tiles.as_ptr().cast::<u8>();
         let tile_bytes = blocks * F::AMX_TILES * TILE_LINES * 64;
+        // The scratch holds any format's prepared block and a pair of tiles' sums.
+        const {
+            assert!(
+                F::AMX_PREPARED <= 64 * AMX_PREPARED_LINES && F::AMX_SUMS <= 64 * AMX_SUMS_LINES
+            )
+        };
         AMX_SCRATCH.with_borrow_mut(|scratch| {
-            let lines = F::AMX_PREPARED / 64;
-            if scratch.len() < lines {
-                scratch.resize(lines, TileLine([0; 64]));
-            }
-            let prepared: *mut u8 = scratch.as_mut_ptr().cast();
-            // SAFETY: granted above; the scratch was just sized for a block's prepared bytes;
-            // the tiles' length was checked against the call's rows and blocks.
+            let AmxScratch { prepared, sums } = scratch;
+            let prepared: *mut u8 = prepared.as_mut_ptr().cast();
+            // SAFETY: granted above; the scratch holds a block's prepared bytes and two pairs'
+            // sums (the assertion above); the tiles' length was checked against the call's rows
+            // and blocks.
             AMX_CONFIG.load();
             // A slice of the activations' tiles (`AMX_SLICE` tiles of 16 rows: 256 KB at
             // k = 2048) stays in L2 while the task's groups go past it. Each block of a group is
@@ -385,7 +388,6 @@ unsafe fn groups<F: Format>(
             // The sums of two products in flight: the f32 step of one pair of tiles runs after
             // the tile work of the next was issued, so that the vector units work while the
             // tiles do (and the tile stores have landed before the step reads them).
-            let mut sums: SumsBuffers = [[TileLine([0; 64]); 2 * AMX_SUMS_LINES]; 2];
             for s0 in (0..m_tiles).step_by(AMX_SLICE) {
                 let s1 = (s0 + AMX_SLICE).min(m_tiles);
                 for g in 0..n_groups {
@@ -410,11 +412,11 @@ unsafe fn groups<F: Format>(
                                 F::amx_products::<1>(&tiles, prepared, b, buf);
                             }
                             if let Some(p) = pending.replace((m0, nm, i % 2)) {
-                                step(p, &sums);
+                                step(p, sums);
                             }
                         }
                         if let Some(p) = pending {
-                            step(p, &sums);
+                            step(p, sums);
                         }
                     }
                 }
@@ -842,6 +844,22 @@ unsafe fn chunk_q6_k<const M: usize>(c: &Chunk) {
     }
 }
 
+/// The accumulator of 16 outputs at `out` before an AMX step adds block `b`: the VNNI kernels
+/// keep theirs in registers from zero; the AMX steps keep them in the outputs (the same values:
+/// +0 first, then the same operations).
+///
+/// # Safety
+/// `out` addresses 16 floats, written by the step of block `b - 1` where `b > 0`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn amx_accumulator(out: *const f32, b: usize) -> __m512 {
+    if b == 0 {
+        _mm512_setzero_ps()
+    } else {
+        _mm512_loadu_ps(out)
+    }
+}
+
 /// The AMX kernel of Q4_K: the exact super-block sums of [`chunk_q4_k`] from tiles.
 ///
 /// `chunk_q4_k` forms, per super-block and row pair, `sum over sub-blocks s of scale[s] * (sum
@@ -971,13 +989,7 @@ mod amx_q4_k {
             }
             let da = _mm512_set1_ps(*c.da.add(j * blocks + b));
             let out = c.out.add(j * c.ldo);
-            // `chunk_q4_k` keeps its accumulators in registers from zero; here they live in the
-            // outputs (the same values: +0 first, then the same operations).
-            let acc = if b == 0 {
-                _mm512_setzero_ps()
-            } else {
-                _mm512_loadu_ps(out)
-            };
+            let acc = super::amx_accumulator(out, b);
             let acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, da), acc);
             let acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(dmin, da), acc);
             _mm512_storeu_ps(out, acc);
@@ -994,15 +1006,16 @@ mod amx_q4_k {
 /// `ql * sl + 16 * (qh * sl + ql * sh) + 256 * qh * sh`: four weight operands of bytes, `ql * sl`
 /// (at most 225) and `qh * sl` (at most 45) unsigned, `ql * sh` (`-120..=105`) and `qh * sh`
 /// (`-24..=21`) signed, whose plain products with the activation quants over the super-block
-/// are exact with no scaling per group. The tiles sum them in three accumulators (the two of weight 16 in one, `tdpbsud` and
-/// `tdpbssd` adding into the same tile), so the sum is `T0 + 16 * T1 + 256 * T2`: 16 tile
-/// products per super-block, twice Q4_K's. `prepare` makes the operands of a group's block once
-/// per slice of activation rows (a byte times a factor below 16 per 32-bit lane is one `vpmulld`
-/// with no carry into the next byte; a negative factor multiplies by its magnitude and negates
-/// the lane's bytes), with the scale pairs and `d` as `chunk_q6_k` makes them; `products` runs
-/// the tiles into stored sums and `step` then does `chunk_q6_k`'s exact integer and f32 steps
-/// (`q6_k_step`), so every output has its bits. One tile of activation rows at a time: its three accumulators, the activation
-/// operand and the four weight operands take all eight tiles.
+/// are exact with no scaling per group. The tiles sum them in three accumulators (the two of
+/// weight 16 in one, `tdpbsud` and `tdpbssd` adding into the same tile), so the sum is
+/// `T0 + 16 * T1 + 256 * T2`: 16 tile products per super-block, twice Q4_K's. `prepare` makes
+/// the operands of a group's block once per slice of activation rows (a byte times a factor
+/// below 16 per 32-bit lane is one `vpmulld` with no carry into the next byte; a negative factor
+/// multiplies by its magnitude and negates the lane's bytes), with the scale pairs and `d` as
+/// `chunk_q6_k` makes them; `products` runs the tiles into stored sums and `step` then does
+/// `chunk_q6_k`'s exact integer and f32 steps (`q6_k_step`), so every output has its bits. One
+/// tile of activation rows at a time: its three accumulators, the activation operand and the
+/// four weight operands take all eight tiles.
 mod amx_q6_k {
     use std::arch::x86_64::*;
 
@@ -1119,13 +1132,7 @@ mod amx_q6_k {
                 _mm512_slli_epi32::<8>(vec(sums, 2 * RUN + 64 * j)),
             );
             let out = c.out.add(j * c.ldo);
-            // `chunk_q6_k` keeps its accumulators in registers from zero; here they live in the
-            // outputs (the same values: +0 first, then the same operations).
-            let acc = if b == 0 {
-                _mm512_setzero_ps()
-            } else {
-                _mm512_loadu_ps(out)
-            };
+            let acc = super::amx_accumulator(out, b);
             _mm512_storeu_ps(out, q6_k_step(c, j, b, sum, &pairs, d, acc));
         }
     }
