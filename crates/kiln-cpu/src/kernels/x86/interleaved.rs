@@ -31,7 +31,9 @@
 //! kernel and the f32 step is the same, so both give the same bits and a product may mix them
 //! (batch invariance holds). A task keeps a slice of `AMX_SLICE` tiles of activations in L2
 //! while its groups go past it, one block at a time: a block's weight operands are made just
-//! before the slice's tiles run it, and stay in L1 for all of them.
+//! before the slice's tiles run it, and stay in L1 for all of them. The slice's f32 accumulators
+//! stay in a contiguous scratch until a group's last block (outputs rows apart, a multiple of
+//! 4 KB in most models, would share one L1 set).
 
 use std::arch::x86_64::*;
 
@@ -79,6 +81,8 @@ type SumsBuffers = [[TileLine; 2 * AMX_SUMS_LINES]; 2];
 struct AmxScratch {
     prepared: [TileLine; AMX_PREPARED_LINES],
     sums: SumsBuffers,
+    /// The f32 accumulators of a slice's rows (see [`amx_accumulator`]).
+    acc: [TileLine; AMX_SLICE * AMX_TILE_ROWS],
 }
 
 /// Tiles of 16 activation rows per slice that the AMX products keep in L2 (see [`groups`]).
@@ -90,6 +94,7 @@ thread_local! {
         std::cell::RefCell::new(AmxScratch {
             prepared: [TileLine([0; 64]); AMX_PREPARED_LINES],
             sums: [[TileLine([0; 64]); 2 * AMX_SUMS_LINES]; 2],
+            acc: [TileLine([0; 64]); AMX_SLICE * AMX_TILE_ROWS],
         })
     };
 }
@@ -209,8 +214,16 @@ trait Format {
     /// # Safety
     /// `c` names the group against 16 activation rows (a whole group, rows and their terms,
     /// writable outputs); `prepared` holds [`Format::amx_prepare`]'s output for block `b`;
-    /// `sums` holds those rows' sums.
-    unsafe fn amx_step(_c: &Chunk, _prepared: *const u8, _b: usize, _sums: *const u8) {
+    /// `sums` holds those rows' sums; `acc` the rows' accumulators (16 lines of 16 floats,
+    /// 64-byte aligned and writable: see [`amx_accumulator`]), kept there by the step of block
+    /// `b - 1` where `b > 0`.
+    unsafe fn amx_step(
+        _c: &Chunk,
+        _prepared: *const u8,
+        _b: usize,
+        _sums: *const u8,
+        _acc: *mut u8,
+    ) {
         unreachable!("no AMX kernel")
     }
 }
@@ -253,8 +266,14 @@ macro_rules! amx_kernel {
 
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        unsafe fn amx_step(c: &Chunk, prepared: *const u8, b: usize, sums: *const u8) {
-            $m::step(c, prepared, b, sums)
+        unsafe fn amx_step(
+            c: &Chunk,
+            prepared: *const u8,
+            b: usize,
+            sums: *const u8,
+            acc: *mut u8,
+        ) {
+            $m::step(c, prepared, b, sums, acc)
         }
     };
 }
@@ -374,8 +393,13 @@ unsafe fn groups<F: Format>(
             )
         };
         AMX_SCRATCH.with_borrow_mut(|scratch| {
-            let AmxScratch { prepared, sums } = scratch;
+            let AmxScratch {
+                prepared,
+                sums,
+                acc,
+            } = scratch;
             let prepared: *mut u8 = prepared.as_mut_ptr().cast();
+            let acc: *mut u8 = acc.as_mut_ptr().cast();
             // SAFETY: granted above; the scratch holds a block's prepared bytes and two pairs'
             // sums (the assertion above); the tiles' length was checked against the call's rows
             // and blocks.
@@ -399,7 +423,8 @@ unsafe fn groups<F: Format>(
                             for mi in 0..nm {
                                 let at = sums[i].as_ptr().cast::<u8>().add(mi * F::AMX_SUMS);
                                 let c = chunk_at(g, (m0 + mi) * AMX_TILE_ROWS);
-                                F::amx_step(&c, prepared, b, at);
+                                let acc = acc.add((m0 + mi - s0) * AMX_TILE_ROWS * 64);
+                                F::amx_step(&c, prepared, b, at, acc);
                             }
                         };
                         for (i, m0) in (s0..s1).step_by(2).enumerate() {
@@ -844,19 +869,38 @@ unsafe fn chunk_q6_k<const M: usize>(c: &Chunk) {
     }
 }
 
-/// The accumulator of 16 outputs at `out` before an AMX step adds block `b`: the VNNI kernels
-/// keep theirs in registers from zero; the AMX steps keep them in the outputs (the same values:
-/// +0 first, then the same operations).
+/// The accumulator of activation row `j`'s 16 outputs before an AMX step adds block `b`: the
+/// VNNI kernels keep theirs in registers from zero; the AMX steps keep them in a line of the
+/// thread's scratch, `acc` (the same values: +0 first, then the same operations), and store
+/// them to the outputs at the last block ([`amx_put`]). Not in the outputs themselves: an
+/// output row is often a multiple of 4 KB long, so the 16 rows of a tile would share one set of
+/// the L1 cache.
 ///
 /// # Safety
-/// `out` addresses 16 floats, written by the step of block `b - 1` where `b > 0`.
+/// `acc` addresses 16 lines of 16 floats (64-byte aligned), line `j` written by [`amx_put`] for
+/// block `b - 1` where `b > 0`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn amx_accumulator(out: *const f32, b: usize) -> __m512 {
+unsafe fn amx_accumulator(acc: *const u8, j: usize, b: usize) -> __m512 {
     if b == 0 {
         _mm512_setzero_ps()
     } else {
-        _mm512_loadu_ps(out)
+        _mm512_load_ps(acc.add(64 * j).cast())
+    }
+}
+
+/// Keeps row `j`'s accumulator after block `b` (see [`amx_accumulator`]): in line `j` of `acc`,
+/// or in the row's outputs after the last block.
+///
+/// # Safety
+/// As [`amx_accumulator`], with `acc` writable; `c` names writable outputs for row `j`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn amx_put(c: &Chunk, acc: *mut u8, j: usize, b: usize, v: __m512) {
+    if b + 1 == c.blocks {
+        _mm512_storeu_ps(c.out.add(j * c.ldo), v)
+    } else {
+        _mm512_store_ps(acc.add(64 * j).cast(), v)
     }
 }
 
@@ -971,7 +1015,13 @@ mod amx_q4_k {
     /// As `Format::amx_step`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub(super) unsafe fn step(c: &Chunk, prepared: *const u8, b: usize, sums: *const u8) {
+    pub(super) unsafe fn step(
+        c: &Chunk,
+        prepared: *const u8,
+        b: usize,
+        sums: *const u8,
+        acc: *mut u8,
+    ) {
         let vec = |p: *const u8, at: usize| _mm512_load_si512(p.add(at).cast());
         let blocks = c.blocks;
         let d = _mm512_load_ps(prepared.add(D).cast());
@@ -988,11 +1038,10 @@ mod amx_q4_k {
                 mins = _mm512_dpwssd_epi32(mins, *pair, _mm512_set1_epi32(*t.add(p)));
             }
             let da = _mm512_set1_ps(*c.da.add(j * blocks + b));
-            let out = c.out.add(j * c.ldo);
-            let acc = super::amx_accumulator(out, b);
-            let acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, da), acc);
-            let acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(dmin, da), acc);
-            _mm512_storeu_ps(out, acc);
+            let v = super::amx_accumulator(acc, j, b);
+            let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, da), v);
+            let v = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(dmin, da), v);
+            super::amx_put(c, acc, j, b, v);
         }
     }
 }
@@ -1119,7 +1168,13 @@ mod amx_q6_k {
     /// As `Format::amx_step`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub(super) unsafe fn step(c: &Chunk, prepared: *const u8, b: usize, sums: *const u8) {
+    pub(super) unsafe fn step(
+        c: &Chunk,
+        prepared: *const u8,
+        b: usize,
+        sums: *const u8,
+        acc: *mut u8,
+    ) {
         let vec = |p: *const u8, at: usize| _mm512_load_si512(p.add(at).cast());
         let d = _mm512_load_ps(prepared.add(D).cast());
         let pairs: [__m512i; 8] = std::array::from_fn(|p| vec(prepared, PAIRS + 64 * p));
@@ -1131,9 +1186,8 @@ mod amx_q6_k {
                 ),
                 _mm512_slli_epi32::<8>(vec(sums, 2 * RUN + 64 * j)),
             );
-            let out = c.out.add(j * c.ldo);
-            let acc = super::amx_accumulator(out, b);
-            _mm512_storeu_ps(out, q6_k_step(c, j, b, sum, &pairs, d, acc));
+            let v = q6_k_step(c, j, b, sum, &pairs, d, super::amx_accumulator(acc, j, b));
+            super::amx_put(c, acc, j, b, v);
         }
     }
 }
