@@ -173,8 +173,8 @@ pub(super) unsafe fn release() {
     };
 }
 
-/// Loads tile `t` (3..8: the operands; Q4_K's A in 4 and 5 and B in 6 and 7, Q6_K's A in 4 and
-/// B in 5, 6, 7 and 3) from `base`, rows `stride` bytes apart.
+/// Loads tile `t` (4..8: the operands, A in 4 and 5 and B in 6 and 7) from `base`, rows `stride`
+/// bytes apart.
 ///
 /// # Safety
 /// A configuration is loaded on this thread (tile `t` as the caller expects), and every row of
@@ -192,7 +192,6 @@ pub(super) unsafe fn load(t: usize, base: *const u8, stride: usize) {
         };
     }
     match t {
-        3 => arm!("tmm3"),
         4 => arm!("tmm4"),
         5 => arm!("tmm5"),
         6 => arm!("tmm6"),
@@ -214,49 +213,28 @@ pub(super) unsafe fn zero_sums() {
     };
 }
 
-/// Tile `2 * m + w` (0..4) += tile `4 + m` (A, signed bytes) x tile `6 + w` (B, unsigned
-/// bytes), `tdpbsud`.
+/// Tile `2 * m + w` (0..4) += tile `4 + m` (A, signed bytes) x tile `6 + w` (B): unsigned
+/// bytes for `w = 0` (`tdpbsud`), signed bytes for `w = 1` (`tdpbssd`).
 ///
 /// # Safety
 /// A configuration is loaded on this thread and the tiles hold their operands.
 #[inline(always)]
-pub(super) unsafe fn product_su(m: usize, w: usize) {
+pub(super) unsafe fn product(m: usize, w: usize) {
     macro_rules! arm {
-        ($c:tt, $a:tt, $b:tt) => {
+        ($op:tt, $c:tt, $a:tt, $b:tt) => {
             // SAFETY: the caller vouches for the configuration and the operands.
             unsafe {
-                asm!(concat!("tdpbsud ", $c, ", ", $a, ", ", $b),
+                asm!(concat!($op, " ", $c, ", ", $a, ", ", $b),
                      out($c) _, options(nostack, nomem))
             }
         };
     }
     match (m, w) {
-        (0, 0) => arm!("tmm0", "tmm4", "tmm6"),
-        (0, _) => arm!("tmm1", "tmm4", "tmm7"),
-        (_, 0) => arm!("tmm2", "tmm5", "tmm6"),
-        _ => arm!("tmm3", "tmm5", "tmm7"),
+        (0, 0) => arm!("tdpbsud", "tmm0", "tmm4", "tmm6"),
+        (0, _) => arm!("tdpbssd", "tmm1", "tmm4", "tmm7"),
+        (_, 0) => arm!("tdpbsud", "tmm2", "tmm5", "tmm6"),
+        _ => arm!("tdpbssd", "tmm3", "tmm5", "tmm7"),
     }
-}
-
-/// The four products of one run of Q6_K's split operands (A, signed bytes, in tile 4; the B
-/// operands in tiles 5, 6, 7 and 3): tile 0 += A x 5 (`tdpbsud`), tile 1 += A x 6 (`tdpbsud`)
-/// and A x 7 (`tdpbssd`: signed bytes), tile 2 += A x 3 (`tdpbssd`).
-///
-/// # Safety
-/// A configuration is loaded on this thread and the tiles hold their operands.
-#[inline(always)]
-pub(super) unsafe fn q6_k_products() {
-    // SAFETY: the caller vouches for the configuration and the operands.
-    unsafe {
-        asm!(
-            "tdpbsud tmm0, tmm4, tmm5",
-            "tdpbsud tmm1, tmm4, tmm6",
-            "tdpbssd tmm1, tmm4, tmm7",
-            "tdpbssd tmm2, tmm4, tmm3",
-            out("tmm0") _, out("tmm1") _, out("tmm2") _,
-            options(nostack, nomem),
-        )
-    };
 }
 
 /// Stores tile `c` (0..4, the products) to `dst`, rows `stride` bytes apart.

@@ -63,9 +63,9 @@ const AMX_CONFIG: super::amx::Config = super::amx::Config::new()
     .tile(6, 16, 64)
     .tile(7, 16, 64);
 
-/// Lines of 64 bytes of the largest [`Format::amx_products`] sums of one tile (Q6_K's three
-/// 16 x 16 i32 tiles).
-const AMX_SUMS_LINES: usize = 48;
+/// Lines of 64 bytes of the largest [`Format::amx_products`] sums of one tile (two 16 x 16 i32
+/// tiles).
+const AMX_SUMS_LINES: usize = 32;
 
 /// Lines of 64 bytes of the largest [`Format::amx_prepare`] output (one block of Q6_K).
 const AMX_PREPARED_LINES: usize = {
@@ -261,7 +261,7 @@ macro_rules! amx_kernel {
             b: usize,
             sums: *mut u8,
         ) {
-            $m::products::<NM>(tiles, prepared, b, sums)
+            amx_pair_products::<NM>(tiles, prepared, b, sums)
         }
 
         #[inline]
@@ -904,6 +904,47 @@ unsafe fn amx_put(c: &Chunk, acc: *mut u8, j: usize, b: usize, v: __m512) {
     }
 }
 
+/// Bytes of one run of 64 quants of a block's 16 weight rows or 16 activation rows as one tile
+/// operand (16 lines of 64 bytes).
+const AMX_RUN: usize = 1024;
+
+/// Block `b` of a group against `NM` tiles of 16 activation rows (`tiles(m)`: tile `m`'s packed
+/// activations) on the AMX tiles, for the formats whose prepared block starts with 4 runs of two
+/// weight operands (`lo`, unsigned bytes, then `hi`, signed bytes, per run): per tile, the
+/// exact sums of both operands' products with the activation quants over the super-block,
+/// stored at `sums` (`lo`'s 16 x 16 i32 and then `hi`'s, `2 * AMX_RUN` bytes per tile).
+/// Tiles 0..4 hold the sums (`2 m + w`), 4 and 5 the activation operands, 6 and 7 the weight
+/// operands.
+///
+/// # Safety
+/// As `Format::amx_products`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn amx_pair_products<const NM: usize>(
+    tiles: &impl Fn(usize) -> *const u8,
+    prepared: *const u8,
+    b: usize,
+    sums: *mut u8,
+) {
+    use super::amx;
+    amx::zero_sums();
+    for run in 0..4 {
+        for m in 0..NM {
+            amx::load(4 + m, tiles(m).add((b * 4 + run) * AMX_RUN), 64);
+        }
+        amx::load(6, prepared.add(2 * AMX_RUN * run), 64);
+        amx::load(7, prepared.add(2 * AMX_RUN * run + AMX_RUN), 64);
+        for m in 0..NM {
+            amx::product(m, 0);
+            amx::product(m, 1);
+        }
+    }
+    for m in 0..NM {
+        amx::store(2 * m, sums.add(2 * AMX_RUN * m), 64);
+        amx::store(2 * m + 1, sums.add(2 * AMX_RUN * m + AMX_RUN), 64);
+    }
+}
+
 /// The AMX kernel of Q4_K: the exact super-block sums of [`chunk_q4_k`] from tiles.
 ///
 /// `chunk_q4_k` forms, per super-block and row pair, `sum over sub-blocks s of scale[s] * (sum
@@ -911,20 +952,18 @@ unsafe fn amx_put(c: &Chunk, acc: *mut u8, j: usize, b: usize, v: __m512) {
 /// `hi < 4`) makes two weight operands of bytes, `code * lo` (at most 225) and `code * hi` (at
 /// most 45), whose plain products with the activation quants over the whole super-block are
 /// `S_lo` and `S_hi`, and the sum is exactly `S_lo + 16 * S_hi`: no scaling per sub-block, so
-/// one `tdpbsud` covers 64 quants (two sub-blocks) and a super-block is 4 of them per operand,
-/// accumulated in the tiles. `prepare` makes both operands of a group's block once per slice
+/// one tile product covers 64 quants (two sub-blocks) and a super-block is 4 of them per operand,
+/// accumulated in the tiles ([`amx_pair_products`]; `hi` is below 128, so its signed product is
+/// the same). `prepare` makes both operands of a group's block once per slice
 /// of activation rows (a byte times a small factor per 32-bit lane is one `vpmulld`: no product
 /// carries into the next byte) with the minimums' i16 pairs and `d`, `dmin` as `chunk_q4_k`
-/// makes them; `products` runs the tiles into stored sums and `step` then does
-/// `chunk_q4_k`'s exact integer and f32 steps, so every output has its bits.
+/// makes them; `step` then does `chunk_q4_k`'s exact integer and f32 steps from the stored
+/// sums, so every output has its bits.
 mod amx_q4_k {
     use std::arch::x86_64::*;
 
-    use super::super::amx;
-    use super::{q4_k, q4_k_scale, q4_k_scales, Chunk, Q4kScales};
+    use super::{q4_k, q4_k_scale, q4_k_scales, Chunk, Q4kScales, AMX_RUN as RUN};
 
-    /// Bytes of one run of 64 codes of the 16 rows as one operand (16 lines).
-    const RUN: usize = 1024;
     /// Where the minimum pairs (4 vectors), `d` and `dmin` start: after 4 runs of both
     /// operands (`lo` then `hi` per run).
     const MINS: usize = 8 * RUN;
@@ -978,37 +1017,6 @@ mod amx_q4_k {
     /// Bytes of the sums of one tile of activation rows: the `lo` and `hi` operands' products.
     pub(super) const SUMS: usize = 2 * RUN;
 
-    /// Block `b` of the group against `NM` tiles of 16 activation rows: the products of both
-    /// operands, stored at `sums` (see the module docs).
-    ///
-    /// # Safety
-    /// As `Format::amx_products`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub(super) unsafe fn products<const NM: usize>(
-        tiles: &impl Fn(usize) -> *const u8,
-        prepared: *const u8,
-        b: usize,
-        sums: *mut u8,
-    ) {
-        amx::zero_sums();
-        for run in 0..4 {
-            for m in 0..NM {
-                amx::load(4 + m, tiles(m).add((b * 4 + run) * RUN), 64);
-            }
-            amx::load(6, prepared.add(2 * RUN * run), 64);
-            amx::load(7, prepared.add(2 * RUN * run + RUN), 64);
-            for m in 0..NM {
-                amx::product_su(m, 0);
-                amx::product_su(m, 1);
-            }
-        }
-        for m in 0..NM {
-            amx::store(2 * m, sums.add(SUMS * m), 64);
-            amx::store(2 * m + 1, sums.add(SUMS * m + RUN), 64);
-        }
-    }
-
     /// The f32 step of block `b` for the 16 rows of `c`: `chunk_q4_k`'s, from the sums.
     ///
     /// # Safety
@@ -1049,36 +1057,25 @@ mod amx_q4_k {
 /// The AMX kernel of Q6_K: the exact super-block sums of [`chunk_q6_k`] from tiles.
 ///
 /// `chunk_q6_k` forms, per super-block and row pair, `sum over groups g of scale[g] * (sum of 16
-/// code x quant products)`, the codes 6-bit (`0..64`) and the scales signed bytes. Splitting
-/// both, `code = 16 * qh + ql` (`ql < 16`, `qh < 4`) and `scale = 16 * sh + sl` (`sl = scale &
-/// 15`, `sh = scale >> 4` in `-8..8`), gives `code * scale` as
-/// `ql * sl + 16 * (qh * sl + ql * sh) + 256 * qh * sh`: four weight operands of bytes, `ql * sl`
-/// (at most 225) and `qh * sl` (at most 45) unsigned, `ql * sh` (`-120..=105`) and `qh * sh`
-/// (`-24..=21`) signed, whose plain products with the activation quants over the super-block
-/// are exact with no scaling per group. The tiles sum them in three accumulators (the two of
-/// weight 16 in one, `tdpbsud` and `tdpbssd` adding into the same tile), so the sum is
-/// `T0 + 16 * T1 + 256 * T2`: 16 tile products per super-block, twice Q4_K's. `prepare` makes
-/// the operands of a group's block once per slice of activation rows (a byte times a factor
-/// below 16 per 32-bit lane is one `vpmulld` with no carry into the next byte; a negative factor
-/// multiplies by its magnitude and negates the lane's bytes), with the scale pairs and `d` as
-/// `chunk_q6_k` makes them; `products` runs the tiles into stored sums and `step` then does
-/// `chunk_q6_k`'s exact integer and f32 steps (`q6_k_step`), so every output has its bits. One
-/// tile of activation rows at a time: its three accumulators, the activation operand and the
-/// four weight operands take all eight tiles.
+/// code x quant products)`, the codes 6-bit (`0..64`) and the scales signed bytes. Their product
+/// `p = code * scale` is at most 8064 in magnitude; split as `p = 128 * hi + lo` (`lo = p & 127`,
+/// `hi = p >> 7` in `-63..=63`) it makes two weight operands of bytes, `lo` unsigned (`tdpbsud`)
+/// and `hi` signed (`tdpbssd`), whose plain products with the activation quants over the whole
+/// super-block are exact with no scaling per group: the sum is `S_lo + 128 * S_hi`, 8 tile
+/// products per super-block and tile of activation rows, as Q4_K's (and through the same
+/// [`amx_pair_products`]). `prepare` makes both operands of a group's block once per slice of
+/// activation rows (each code times its row's scale in 16-bit lanes, split into the two bytes),
+/// with the scale pairs and `d` as `chunk_q6_k` makes them; `step` then does `chunk_q6_k`'s
+/// exact integer and f32 steps (`q6_k_step`), so every output has its bits.
 mod amx_q6_k {
     use std::arch::x86_64::*;
 
-    use super::super::amx;
-    use super::{q6_k, q6_k_pairs, q6_k_parts, q6_k_scale, q6_k_scale_lines, q6_k_step, Chunk};
+    use super::{q6_k, q6_k_pairs, q6_k_parts, q6_k_scale, q6_k_scale_lines, q6_k_step};
+    use super::{Chunk, AMX_RUN as RUN};
 
-    /// Bytes of one run of 64 codes of the 16 rows as one operand (16 lines).
-    const RUN: usize = 1024;
-    /// Operands per run: `ql * sl`, `qh * sl`, `ql * sh`, `qh * sh` (see the module docs), in
-    /// the tiles 5, 6, 7 and 3 that `amx::q6_k_products` reads them from.
-    const OPERANDS: usize = 4;
-    const OPERAND_TILES: [usize; OPERANDS] = [5, 6, 7, 3];
-    /// Where the scale pairs (8 vectors) and `d` start: after the 4 runs' operands.
-    const PAIRS: usize = 4 * OPERANDS * RUN;
+    /// Where the scale pairs (8 vectors) and `d` start: after 4 runs of both operands (`lo`
+    /// then `hi` per run).
+    const PAIRS: usize = 8 * RUN;
     const D: usize = PAIRS + 8 * 64;
     /// Bytes of one prepared super-block.
     pub(super) const PREPARED: usize = D + 64;
@@ -1091,8 +1088,10 @@ mod amx_q6_k {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub(super) unsafe fn prepare(c: &Chunk, b: usize, dst: *mut u8) {
-        let two = _mm512_set1_epi8(0x03);
-        let nib = _mm512_set1_epi32(0x0f);
+        let bits45 = _mm512_set1_epi8(0x30);
+        let low16 = _mm512_set1_epi32(0xffff);
+        let even = _mm512_set1_epi16(0x00ff);
+        let low7 = _mm512_set1_epi8(0x7f);
         let blocks_at = c.w.add(c.blocks * q6_k::D);
         let base = blocks_at.add(b * q6_k::GROUP_BLOCK);
         let put = |at: usize, v: __m512i| _mm512_store_si512(dst.add(at).cast(), v);
@@ -1106,22 +1105,24 @@ mod amx_q6_k {
                 let (quarter, jh, jj) = (2 * (run % 2) + v / 8, (v / 4) % 2, v % 4);
                 let unit = base.add(q6_k::UNITS + (2 * n + jh) * q6_k::UNIT);
                 let (ql, high) = q6_k_parts(unit, quarter, jj);
-                let qh = _mm512_and_si512(_mm512_srli_epi16::<4>(high), two);
+                let code = _mm512_ternarylogic_epi32::<0xf8>(ql, high, bits45);
+                // The row's scale in both 16-bit halves of its lane.
                 let sc = q6_k_scale(&scale_lines, 4 * run + v / 4);
-                let sl = _mm512_and_si512(sc, nib);
-                let sh = _mm512_srai_epi32::<4>(sc);
-                // `x * sh` per byte: times |sh|, then each byte negated where sh < 0
-                // (`(x ^ s) - s` with `s` all ones there).
-                let (mag, sign) = (_mm512_abs_epi32(sh), _mm512_srai_epi32::<31>(sh));
-                let signed = |x: __m512i| {
-                    let p = _mm512_mullo_epi32(x, mag);
-                    _mm512_sub_epi8(_mm512_xor_si512(p, sign), sign)
-                };
-                let at = OPERANDS * RUN * run + 64 * v;
-                put(at, _mm512_mullo_epi32(ql, sl));
-                put(at + RUN, _mm512_mullo_epi32(qh, sl));
-                put(at + 2 * RUN, signed(ql));
-                put(at + 3 * RUN, signed(qh));
+                let sc = _mm512_ternarylogic_epi32::<0xf8>(_mm512_slli_epi32::<16>(sc), sc, low16);
+                // The even and odd codes' products in 16-bit lanes (`|p| <= 8064`).
+                let pe = _mm512_mullo_epi16(_mm512_and_si512(code, even), sc);
+                let po = _mm512_mullo_epi16(_mm512_srli_epi16::<8>(code), sc);
+                // Bytes back in place: `p & 127` (blend by `even`: the even product's low
+                // byte, the odd one's shifted up) and `p >> 7` (bits 7..15 of each).
+                let lo = _mm512_ternarylogic_epi32::<0xd8>(_mm512_slli_epi16::<8>(po), pe, even);
+                let hi = _mm512_ternarylogic_epi32::<0xd8>(
+                    _mm512_slli_epi16::<1>(po),
+                    _mm512_srli_epi16::<7>(pe),
+                    even,
+                );
+                let at = 2 * RUN * run + 64 * v;
+                put(at, _mm512_and_si512(lo, low7));
+                put(at + RUN, hi);
             }
         }
         for (p, pair) in q6_k_pairs(&scale_lines).iter().enumerate() {
@@ -1131,36 +1132,8 @@ mod amx_q6_k {
         _mm512_store_ps(dst.add(D).cast(), d);
     }
 
-    /// Bytes of the sums of one tile of activation rows: the three accumulators.
-    pub(super) const SUMS: usize = 3 * RUN;
-
-    /// Block `b` of the group against `NM` tiles of 16 activation rows, one after the other:
-    /// the three accumulators of each, stored at `sums` (see the module docs).
-    ///
-    /// # Safety
-    /// As `Format::amx_products`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub(super) unsafe fn products<const NM: usize>(
-        tiles: &impl Fn(usize) -> *const u8,
-        prepared: *const u8,
-        b: usize,
-        sums: *mut u8,
-    ) {
-        for m in 0..NM {
-            amx::zero_sums();
-            for run in 0..4 {
-                amx::load(4, tiles(m).add((b * 4 + run) * RUN), 64);
-                for (o, t) in OPERAND_TILES.into_iter().enumerate() {
-                    amx::load(t, prepared.add(OPERANDS * RUN * run + o * RUN), 64);
-                }
-                amx::q6_k_products();
-            }
-            for t in 0..3 {
-                amx::store(t, sums.add(SUMS * m + t * RUN), 64);
-            }
-        }
-    }
+    /// Bytes of the sums of one tile of activation rows: the `lo` and `hi` operands' products.
+    pub(super) const SUMS: usize = 2 * RUN;
 
     /// The f32 step of block `b` for the 16 rows of `c`: `chunk_q6_k`'s, from the sums.
     ///
@@ -1180,11 +1153,8 @@ mod amx_q6_k {
         let pairs: [__m512i; 8] = std::array::from_fn(|p| vec(prepared, PAIRS + 64 * p));
         for j in 0..16 {
             let sum = _mm512_add_epi32(
-                _mm512_add_epi32(
-                    vec(sums, 64 * j),
-                    _mm512_slli_epi32::<4>(vec(sums, RUN + 64 * j)),
-                ),
-                _mm512_slli_epi32::<8>(vec(sums, 2 * RUN + 64 * j)),
+                vec(sums, 64 * j),
+                _mm512_slli_epi32::<7>(vec(sums, RUN + 64 * j)),
             );
             let v = q6_k_step(c, j, b, sum, &pairs, d, super::amx_accumulator(acc, j, b));
             super::amx_put(c, acc, j, b, v);
