@@ -972,7 +972,7 @@ fn avx2_interleaved_products_are_the_tile_kernels_bits() {
 /// The AMX products (16 activation rows at a time, from 32 rows, where the operating system
 /// grants the tiles) give every output the bits of the same row alone (the VNNI kernel), over
 /// quantized and raw weights (every byte 0xff, 0x80, ...), with rows left over for the VNNI
-/// kernel after the tiles, and past one slice of tiles (`AMX_SLICE`, 8 tiles).
+/// kernel after the tiles, and past one slice of tiles (`AMX_SLICE`, 16 tiles).
 #[test]
 fn amx_products_have_the_vnni_bits() {
     if !vnni_available("amx_products_have_the_vnni_bits") {
@@ -992,7 +992,7 @@ fn amx_products_have_the_vnni_bits() {
             for w in &sets {
                 let mut il = vec![0u8; w.len()];
                 interleave(ty, SimdLevel::Avx512Vnni, k, w, &mut il);
-                for cols in [32, 37, 55, 167] {
+                for cols in [32, 37, 55, 277] {
                     let a = activations(ty, cols, k, &mut rng);
                     let per = a.len() / cols;
                     let ldo = rows + 3;

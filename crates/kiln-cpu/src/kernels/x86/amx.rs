@@ -199,17 +199,21 @@ pub(super) unsafe fn load(t: usize, base: *const u8, stride: usize) {
     }
 }
 
-/// Zeroes tiles 0..4 (the sums).
+/// Zeroes the pair of sums `set` (tiles 0 and 1, or 2 and 3).
 ///
 /// # Safety
 /// A configuration is loaded on this thread.
 #[inline(always)]
-pub(super) unsafe fn zero_sums() {
+pub(super) unsafe fn zero_pair(set: usize) {
     // SAFETY: the caller vouches for the configuration.
     unsafe {
-        asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3",
-             out("tmm0") _, out("tmm1") _, out("tmm2") _, out("tmm3") _,
-             options(nostack, nomem))
+        if set == 0 {
+            asm!("tilezero tmm0", "tilezero tmm1", out("tmm0") _, out("tmm1") _,
+                 options(nostack, nomem))
+        } else {
+            asm!("tilezero tmm2", "tilezero tmm3", out("tmm2") _, out("tmm3") _,
+                 options(nostack, nomem))
+        }
     };
 }
 

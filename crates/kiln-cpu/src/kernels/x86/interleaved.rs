@@ -63,9 +63,9 @@ const AMX_CONFIG: super::amx::Config = super::amx::Config::new()
     .tile(6, 16, 64)
     .tile(7, 16, 64);
 
-/// Lines of 64 bytes of the largest [`Format::amx_products`] sums of one tile (two 16 x 16 i32
+/// Lines of 64 bytes of one pair of accumulators' sums ([`amx_store_pair`]: two 16 x 16 i32
 /// tiles).
-const AMX_SUMS_LINES: usize = 32;
+const AMX_SUMS_LINES: usize = 2 * AMX_RUN / 64;
 
 /// Lines of 64 bytes of the largest [`Format::amx_prepare`] output (one block of Q6_K).
 const AMX_PREPARED_LINES: usize = {
@@ -73,27 +73,27 @@ const AMX_PREPARED_LINES: usize = {
     (if a > b { a } else { b }) / 64
 };
 
-/// Two buffers of the sums of a pair of tiles (see [`groups`]).
-type SumsBuffers = [[TileLine; 2 * AMX_SUMS_LINES]; 2];
-
-/// A thread's scratch for the AMX kernels: one block of a group unpacked, and the sums of two
-/// pairs of tiles in flight (see [`groups`]).
+/// A thread's scratch for the AMX kernels: one block of a group unpacked, and the stored sums of
+/// both pairs of accumulators (see [`groups`]).
 struct AmxScratch {
     prepared: [TileLine; AMX_PREPARED_LINES],
-    sums: SumsBuffers,
+    sums: [[TileLine; AMX_SUMS_LINES]; 2],
     /// The f32 accumulators of a slice's rows (see [`amx_accumulator`]).
     acc: [TileLine; AMX_SLICE * AMX_TILE_ROWS],
 }
 
-/// Tiles of 16 activation rows per slice that the AMX products keep in L2 (see [`groups`]).
-const AMX_SLICE: usize = 8;
+/// Tiles of 16 activation rows per slice that the AMX products keep in L2 (see [`groups`]): 16
+/// (512 KiB of activation tiles at k = 2048) halves the weight unpacking per tile against 8, and
+/// measured 4-7 % faster on Q4_K and 13-17 % on Q6_K (whose unpacking costs more), also at
+/// k = 8192 (2 MiB); 32 measured the same as 16.
+const AMX_SLICE: usize = 16;
 
 thread_local! {
     /// Each thread's [`AmxScratch`].
     static AMX_SCRATCH: std::cell::RefCell<AmxScratch> = const {
         std::cell::RefCell::new(AmxScratch {
             prepared: [TileLine([0; 64]); AMX_PREPARED_LINES],
-            sums: [[TileLine([0; 64]); 2 * AMX_SUMS_LINES]; 2],
+            sums: [[TileLine([0; 64]); AMX_SUMS_LINES]; 2],
             acc: [TileLine([0; 64]); AMX_SLICE * AMX_TILE_ROWS],
         })
     };
@@ -175,8 +175,8 @@ trait Format {
     /// Activation tiles (16 x 64 quants) per block.
     const AMX_TILES: usize = 0;
 
-    /// Unpacks block `b` of the group at `c.w` into what [`Format::amx_products`] and
-    /// [`Format::amx_step`] read, at `dst` (`AMX_PREPARED` bytes, 64-byte aligned).
+    /// Unpacks block `b` of the group at `c.w` into what [`amx_tile_products`] and
+    /// [`Format::amx_step`] read (4 runs of the two weight operands first, 1 KiB each), at `dst` (`AMX_PREPARED` bytes, 64-byte aligned).
     ///
     /// # Safety
     /// `c` names a whole group and `b < c.blocks`; `dst` is writable for `AMX_PREPARED` bytes;
@@ -185,29 +185,8 @@ trait Format {
         unreachable!("no AMX kernel")
     }
 
-    /// Bytes of the i32 sums that [`Format::amx_products`] stores per tile of 16 activation rows.
-    const AMX_SUMS: usize = 0;
-
-    /// Block `b` of the group against one or two tiles of 16 activation rows (`NM`) on the AMX
-    /// tiles: the exact integer sums, stored for [`Format::amx_step`] at `sums` (tile `m`'s at
-    /// `m * AMX_SUMS`).
-    ///
-    /// # Safety
-    /// `tiles(m)` points at tile `m`'s packed activations (`ActivationTerms`); `prepared` holds
-    /// [`Format::amx_prepare`]'s output for block `b` of the group; `sums` is 64-byte aligned and
-    /// writable for `NM * AMX_SUMS` bytes; the tile configuration [`AMX_CONFIG`] is loaded on
-    /// this thread.
-    unsafe fn amx_products<const NM: usize>(
-        _tiles: &impl Fn(usize) -> *const u8,
-        _prepared: *const u8,
-        _b: usize,
-        _sums: *mut u8,
-    ) {
-        unreachable!("no AMX kernel")
-    }
-
     /// The f32 step of block `b` for the 16 activation rows of `c` from their sums (stored by
-    /// [`Format::amx_products`] at `sums`), with the bits of `chunk::<16>` (the blocks of an
+    /// [`amx_store_pair`] at `sums` after [`amx_tile_products`]), with the bits of `chunk::<16>` (the blocks of an
     /// output are run in order: the first starts its accumulators at zero, the others add to
     /// the outputs).
     ///
@@ -240,28 +219,16 @@ impl<L: Lines> Format for L {
 }
 
 /// The AMX items of a [`Format`] whose tile kernel is the module `$m` (its `prepare`,
-/// `products` and `step`, `PREPARED` and `SUMS`; 4 activation tiles per super-block).
+/// `step` and `PREPARED`; 4 activation tiles per super-block).
 macro_rules! amx_kernel {
     ($m:ident) => {
         const AMX_PREPARED: usize = $m::PREPARED;
         const AMX_TILES: usize = 4;
-        const AMX_SUMS: usize = $m::SUMS;
 
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
         unsafe fn amx_prepare(c: &Chunk, b: usize, dst: *mut u8) {
             $m::prepare(c, b, dst)
-        }
-
-        #[inline]
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        unsafe fn amx_products<const NM: usize>(
-            tiles: &impl Fn(usize) -> *const u8,
-            prepared: *const u8,
-            b: usize,
-            sums: *mut u8,
-        ) {
-            amx_pair_products::<NM>(tiles, prepared, b, sums)
         }
 
         #[inline]
@@ -386,12 +353,8 @@ unsafe fn groups<F: Format>(
         );
         let tiles_at = terms.tiles.as_ptr().cast::<u8>();
         let tile_bytes = blocks * F::AMX_TILES * TILE_LINES * 64;
-        // The scratch holds any format's prepared block and a pair of tiles' sums.
-        const {
-            assert!(
-                F::AMX_PREPARED <= 64 * AMX_PREPARED_LINES && F::AMX_SUMS <= 64 * AMX_SUMS_LINES
-            )
-        };
+        // The scratch holds any format's prepared block.
+        const { assert!(F::AMX_PREPARED <= 64 * AMX_PREPARED_LINES) };
         AMX_SCRATCH.with_borrow_mut(|scratch| {
             let AmxScratch {
                 prepared,
@@ -400,48 +363,48 @@ unsafe fn groups<F: Format>(
             } = scratch;
             let prepared: *mut u8 = prepared.as_mut_ptr().cast();
             let acc: *mut u8 = acc.as_mut_ptr().cast();
-            // SAFETY: granted above; the scratch holds a block's prepared bytes and two pairs'
-            // sums (the assertion above); the tiles' length was checked against the call's rows
+            let sums_bufs = sums.each_mut().map(|s| s.as_mut_ptr().cast::<u8>());
+            // SAFETY: granted above; the scratch holds a block's prepared bytes (the assertion
+            // above) and two pairs' sums; the tiles' length was checked against the call's rows
             // and blocks.
             AMX_CONFIG.load();
-            // A slice of the activations' tiles (`AMX_SLICE` tiles of 16 rows: 256 KB at
-            // k = 2048) stays in L2 while the task's groups go past it. Each block of a group is
-            // unpacked (again per slice: a few percent of its tile work) just before the
-            // slice's tiles run it, so its weight operands come from L1, not L2: with the
-            // activation tiles from L2 as well, the tile loads waited on L2.
-            // The sums of two products in flight: the f32 step of one pair of tiles runs after
-            // the tile work of the next was issued, so that the vector units work while the
-            // tiles do (and the tile stores have landed before the step reads them).
+            // A slice of the activations' tiles (`AMX_SLICE` tiles of 16 rows) stays in L2 while
+            // the task's groups go past it. Each block of a group is unpacked (again per slice)
+            // just before the slice's tiles run it, so its weight operands come from L1, not L2.
+            // The tiles of a slice alternate between the two pairs of accumulators: a tile's
+            // sums are stored after the first run of the next tile's products was issued (a
+            // store waits for the products before it; right after its own it held back the
+            // next tile's), and its f32 step runs after the next tile's products, so that the
+            // vector units work while the tile unit does.
             for s0 in (0..m_tiles).step_by(AMX_SLICE) {
                 let s1 = (s0 + AMX_SLICE).min(m_tiles);
                 for g in 0..n_groups {
                     for b in 0..blocks {
                         F::amx_prepare(&chunk_at(g, 0), b, prepared);
-                        // (first tile, tiles, buffer) of the pair whose step is pending.
-                        let mut pending: Option<(usize, usize, usize)> = None;
-                        let step = |(m0, nm, i): (usize, usize, usize), sums: &SumsBuffers| {
-                            for mi in 0..nm {
-                                let at = sums[i].as_ptr().cast::<u8>().add(mi * F::AMX_SUMS);
-                                let c = chunk_at(g, (m0 + mi) * AMX_TILE_ROWS);
-                                let acc = acc.add((m0 + mi - s0) * AMX_TILE_ROWS * 64);
-                                F::amx_step(&c, prepared, b, at, acc);
-                            }
+                        let sums_at = |set: usize| sums_bufs[set];
+                        let step = |m: usize, set: usize| {
+                            let c = chunk_at(g, m * AMX_TILE_ROWS);
+                            let acc = acc.add((m - s0) * AMX_TILE_ROWS * 64);
+                            F::amx_step(&c, prepared, b, sums_at(set), acc);
                         };
-                        for (i, m0) in (s0..s1).step_by(2).enumerate() {
-                            let nm = (s1 - m0).min(2);
-                            let tiles = |mi: usize| tiles_at.add((m0 + mi) * tile_bytes);
-                            let buf = sums[i % 2].as_mut_ptr().cast::<u8>();
-                            if nm == 2 {
-                                F::amx_products::<2>(&tiles, prepared, b, buf);
-                            } else {
-                                F::amx_products::<1>(&tiles, prepared, b, buf);
-                            }
-                            if let Some(p) = pending.replace((m0, nm, i % 2)) {
-                                step(p, sums);
+                        // The tile whose sums wait in the other pair of accumulators.
+                        let mut pending: Option<usize> = None;
+                        for (i, m) in (s0..s1).enumerate() {
+                            let set = i % 2;
+                            let tile = tiles_at.add(m * tile_bytes);
+                            amx_tile_products(tile, prepared, b, set, || {
+                                if pending.is_some() {
+                                    amx_store_pair(1 - set, sums_at(1 - set));
+                                }
+                            });
+                            if let Some(p) = pending.replace(m) {
+                                step(p, 1 - set);
                             }
                         }
                         if let Some(p) = pending {
-                            step(p, sums);
+                            let set = (s1 - s0 - 1) % 2;
+                            amx_store_pair(set, sums_at(set));
+                            step(p, set);
                         }
                     }
                 }
@@ -908,41 +871,54 @@ unsafe fn amx_put(c: &Chunk, acc: *mut u8, j: usize, b: usize, v: __m512) {
 /// operand (16 lines of 64 bytes).
 const AMX_RUN: usize = 1024;
 
-/// Block `b` of a group against `NM` tiles of 16 activation rows (`tiles(m)`: tile `m`'s packed
-/// activations) on the AMX tiles, for the formats whose prepared block starts with 4 runs of two
-/// weight operands (`lo`, unsigned bytes, then `hi`, signed bytes, per run): per tile, the
-/// exact sums of both operands' products with the activation quants over the super-block,
-/// stored at `sums` (`lo`'s 16 x 16 i32 and then `hi`'s, `2 * AMX_RUN` bytes per tile).
-/// Tiles 0..4 hold the sums (`2 m + w`), 4 and 5 the activation operands, 6 and 7 the weight
-/// operands.
+/// Block `b` of a group against one tile of 16 activation rows (`tile`: its packed activations)
+/// on the AMX tiles, into the pair of accumulators `set` (tiles `2 set` and `2 set + 1`, from
+/// zero), for the formats whose prepared block starts with 4 runs of two weight operands (`lo`,
+/// unsigned bytes, then `hi`, signed bytes, per run): the exact sums of both operands' products
+/// with the activation quants over the super-block. The activation operand goes to tile
+/// `4 + set`, the weight operands to 6 and 7. `between` runs after the first run's products: the
+/// other pair's stores go there, so that they wait on products issued long before.
 ///
 /// # Safety
-/// As `Format::amx_products`.
+/// `tile` points at the tile's packed activations (`ActivationTerms`); `prepared` holds
+/// [`Format::amx_prepare`]'s output for block `b` of the group; the tile configuration
+/// [`AMX_CONFIG`] is loaded on this thread.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn amx_pair_products<const NM: usize>(
-    tiles: &impl Fn(usize) -> *const u8,
+unsafe fn amx_tile_products(
+    tile: *const u8,
     prepared: *const u8,
     b: usize,
-    sums: *mut u8,
+    set: usize,
+    between: impl FnOnce(),
 ) {
     use super::amx;
-    amx::zero_sums();
+    amx::zero_pair(set);
+    let mut between = Some(between);
     for run in 0..4 {
-        for m in 0..NM {
-            amx::load(4 + m, tiles(m).add((b * 4 + run) * AMX_RUN), 64);
-        }
+        amx::load(4 + set, tile.add((b * 4 + run) * AMX_RUN), 64);
         amx::load(6, prepared.add(2 * AMX_RUN * run), 64);
         amx::load(7, prepared.add(2 * AMX_RUN * run + AMX_RUN), 64);
-        for m in 0..NM {
-            amx::product(m, 0);
-            amx::product(m, 1);
+        amx::product(set, 0);
+        amx::product(set, 1);
+        if let Some(f) = between.take() {
+            f();
         }
     }
-    for m in 0..NM {
-        amx::store(2 * m, sums.add(2 * AMX_RUN * m), 64);
-        amx::store(2 * m + 1, sums.add(2 * AMX_RUN * m + AMX_RUN), 64);
-    }
+}
+
+/// Stores the pair of accumulators `set` (see [`amx_tile_products`]) at `sums`: `lo`'s 16 x 16
+/// i32 and then `hi`'s.
+///
+/// # Safety
+/// The tile configuration [`AMX_CONFIG`] is loaded on this thread; `sums` is writable for
+/// `2 * AMX_RUN` bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn amx_store_pair(set: usize, sums: *mut u8) {
+    use super::amx;
+    amx::store(2 * set, sums, 64);
+    amx::store(2 * set + 1, sums.add(AMX_RUN), 64);
 }
 
 /// The AMX kernel of Q4_K: the exact super-block sums of [`chunk_q4_k`] from tiles.
@@ -1013,9 +989,6 @@ mod amx_q4_k {
         _mm512_store_ps(dst.add(D).cast(), d);
         _mm512_store_ps(dst.add(DMIN).cast(), dmin);
     }
-
-    /// Bytes of the sums of one tile of activation rows: the `lo` and `hi` operands' products.
-    pub(super) const SUMS: usize = 2 * RUN;
 
     /// The f32 step of block `b` for the 16 rows of `c`: `chunk_q4_k`'s, from the sums.
     ///
@@ -1131,9 +1104,6 @@ mod amx_q6_k {
         let d = _mm512_cvtph_ps(_mm256_loadu_si256(c.w.add(b * q6_k::D).cast()));
         _mm512_store_ps(dst.add(D).cast(), d);
     }
-
-    /// Bytes of the sums of one tile of activation rows: the `lo` and `hi` operands' products.
-    pub(super) const SUMS: usize = 2 * RUN;
 
     /// The f32 step of block `b` for the 16 rows of `c`: `chunk_q6_k`'s, from the sums.
     ///
