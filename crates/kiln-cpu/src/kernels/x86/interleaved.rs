@@ -1030,26 +1030,25 @@ mod amx_q4_k {
 /// The AMX kernel of Q6_K: the exact super-block sums of [`chunk_q6_k`] from tiles.
 ///
 /// `chunk_q6_k` forms, per super-block and row pair, `sum over groups g of scale[g] * (sum of 16
-/// code x quant products)`, the codes 6-bit (`0..64`) and the scales signed bytes. Their product
-/// `p = code * scale` is at most 8064 in magnitude; split as `p = 128 * hi + lo` (`lo = p & 127`,
-/// `hi = p >> 7` in `-63..=63`) it makes two weight operands of bytes, `lo` unsigned (`tdpbsud`)
-/// and `hi` signed (`tdpbssd`), whose plain products with the activation quants over the whole
-/// super-block are exact with no scaling per group: the sum is `S_lo + 128 * S_hi`, 8 tile
-/// products per super-block and tile of activation rows, as Q4_K's (and through the same
-/// [`amx_pair_products`]). `prepare` makes both operands of a group's block once per slice of
-/// activation rows (each code times its row's scale in 16-bit lanes, split into the two bytes),
-/// with the scale pairs and `d` as `chunk_q6_k` makes them; `step` then does `chunk_q6_k`'s
-/// exact integer and f32 steps (`q6_k_step`), so every output has its bits.
+/// code x quant products)`, the codes 6-bit (`0..64`, the quant plus 32) and the scales signed
+/// bytes, and takes the codes' offset off as `32 * sum(scale * group sum)`. Here each weight is
+/// `p = (code - 32) * scale` (at most 4096 in magnitude), split as `p = 128 * hi + lo` (`lo =
+/// p & 127`, `hi = p >> 7` in `-32..=32`) into two weight operands of bytes, `lo` unsigned
+/// (`tdpbsud`) and `hi` signed (`tdpbssd`), whose plain products with the activation quants over
+/// the whole super-block are exact with no scaling per group: `S_lo + 128 * S_hi` is
+/// `chunk_q6_k`'s integer total (its sum less the offset) exactly, with no offset term to take
+/// off. 8 tile products per super-block and tile of activation rows, as Q4_K's
+/// ([`amx_tile_products`]). `prepare` makes both operands of a group's block once per slice of
+/// activation rows (each code less 32 times its row's scale in 16-bit lanes, split into the two
+/// bytes) and `d`; `step` then does `chunk_q6_k`'s f32 step, so every output has its bits.
 mod amx_q6_k {
     use std::arch::x86_64::*;
 
-    use super::{q6_k, q6_k_pairs, q6_k_parts, q6_k_scale, q6_k_scale_lines, q6_k_step};
+    use super::{q6_k, q6_k_parts, q6_k_scale, q6_k_scale_lines};
     use super::{Chunk, AMX_RUN as RUN};
 
-    /// Where the scale pairs (8 vectors) and `d` start: after 4 runs of both operands (`lo`
-    /// then `hi` per run).
-    const PAIRS: usize = 8 * RUN;
-    const D: usize = PAIRS + 8 * 64;
+    /// Where `d` starts: after 4 runs of both operands (`lo` then `hi` per run).
+    const D: usize = 8 * RUN;
     /// Bytes of one prepared super-block.
     pub(super) const PREPARED: usize = D + 64;
 
@@ -1064,6 +1063,7 @@ mod amx_q6_k {
         let bits45 = _mm512_set1_epi8(0x30);
         let low16 = _mm512_set1_epi32(0xffff);
         let even = _mm512_set1_epi16(0x00ff);
+        let offset = _mm512_set1_epi16(32);
         let low7 = _mm512_set1_epi8(0x7f);
         let blocks_at = c.w.add(c.blocks * q6_k::D);
         let base = blocks_at.add(b * q6_k::GROUP_BLOCK);
@@ -1082,9 +1082,11 @@ mod amx_q6_k {
                 // The row's scale in both 16-bit halves of its lane.
                 let sc = q6_k_scale(&scale_lines, 4 * run + v / 4);
                 let sc = _mm512_ternarylogic_epi32::<0xf8>(_mm512_slli_epi32::<16>(sc), sc, low16);
-                // The even and odd codes' products in 16-bit lanes (`|p| <= 8064`).
-                let pe = _mm512_mullo_epi16(_mm512_and_si512(code, even), sc);
-                let po = _mm512_mullo_epi16(_mm512_srli_epi16::<8>(code), sc);
+                // The even and odd quants' products in 16-bit lanes (`|p| <= 4096`).
+                let qe = _mm512_sub_epi16(_mm512_and_si512(code, even), offset);
+                let qo = _mm512_sub_epi16(_mm512_srli_epi16::<8>(code), offset);
+                let pe = _mm512_mullo_epi16(qe, sc);
+                let po = _mm512_mullo_epi16(qo, sc);
                 // Bytes back in place: `p & 127` (blend by `even`: the even product's low
                 // byte, the odd one's shifted up) and `p >> 7` (bits 7..15 of each).
                 let lo = _mm512_ternarylogic_epi32::<0xd8>(_mm512_slli_epi16::<8>(po), pe, even);
@@ -1098,14 +1100,12 @@ mod amx_q6_k {
                 put(at + RUN, hi);
             }
         }
-        for (p, pair) in q6_k_pairs(&scale_lines).iter().enumerate() {
-            put(PAIRS + 64 * p, *pair);
-        }
         let d = _mm512_cvtph_ps(_mm256_loadu_si256(c.w.add(b * q6_k::D).cast()));
         _mm512_store_ps(dst.add(D).cast(), d);
     }
 
-    /// The f32 step of block `b` for the 16 rows of `c`: `chunk_q6_k`'s, from the sums.
+    /// The f32 step of block `b` for the 16 rows of `c`: `chunk_q6_k`'s (`acc + d * da *
+    /// total`), from the sums.
     ///
     /// # Safety
     /// As `Format::amx_step`.
@@ -1120,13 +1120,14 @@ mod amx_q6_k {
     ) {
         let vec = |p: *const u8, at: usize| _mm512_load_si512(p.add(at).cast());
         let d = _mm512_load_ps(prepared.add(D).cast());
-        let pairs: [__m512i; 8] = std::array::from_fn(|p| vec(prepared, PAIRS + 64 * p));
         for j in 0..16 {
-            let sum = _mm512_add_epi32(
+            let total = _mm512_add_epi32(
                 vec(sums, 64 * j),
                 _mm512_slli_epi32::<7>(vec(sums, RUN + 64 * j)),
             );
-            let v = q6_k_step(c, j, b, sum, &pairs, d, super::amx_accumulator(acc, j, b));
+            let da = _mm512_set1_ps(*c.da.add(j * c.blocks + b));
+            let v = super::amx_accumulator(acc, j, b);
+            let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d, da), v);
             super::amx_put(c, acc, j, b, v);
         }
     }
