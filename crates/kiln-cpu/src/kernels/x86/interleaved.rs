@@ -32,8 +32,8 @@
 //! (batch invariance holds). A task keeps a slice of `AMX_SLICE` tiles of activations in L2
 //! while its groups go past it, one block at a time: a block's weight operands are made just
 //! before the slice's tiles run it, and stay in L1 for all of them. The slice's f32 accumulators
-//! stay in a contiguous scratch until a group's last block (outputs rows apart, a multiple of
-//! 4 KB in most models, would share one L1 set).
+//! stay in a contiguous scratch until a group's last block (in the outputs, rows a multiple of
+//! 4 KB apart as in most models would put a tile's 16 rows in one L1 set).
 
 use std::arch::x86_64::*;
 
@@ -176,7 +176,8 @@ trait Format {
     const AMX_TILES: usize = 0;
 
     /// Unpacks block `b` of the group at `c.w` into what [`amx_tile_products`] and
-    /// [`Format::amx_step`] read (4 runs of the two weight operands first, 1 KiB each), at `dst` (`AMX_PREPARED` bytes, 64-byte aligned).
+    /// [`Format::amx_step`] read (4 runs of the two weight operands first, 1 KiB each), at `dst`
+    /// (`AMX_PREPARED` bytes, 64-byte aligned).
     ///
     /// # Safety
     /// `c` names a whole group and `b < c.blocks`; `dst` is writable for `AMX_PREPARED` bytes;
@@ -186,9 +187,9 @@ trait Format {
     }
 
     /// The f32 step of block `b` for the 16 activation rows of `c` from their sums (stored by
-    /// [`amx_store_pair`] at `sums` after [`amx_tile_products`]), with the bits of `chunk::<16>` (the blocks of an
-    /// output are run in order: the first starts its accumulators at zero, the others add to
-    /// the outputs).
+    /// [`amx_store_pair`] at `sums` after [`amx_tile_products`]), with the bits of `chunk::<16>`
+    /// (the blocks of an output are run in order: the first starts its accumulators at zero, the
+    /// others add to the accumulators of `acc`, and the last stores to the outputs).
     ///
     /// # Safety
     /// `c` names the group against 16 activation rows (a whole group, rows and their terms,
