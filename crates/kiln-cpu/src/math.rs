@@ -4,9 +4,10 @@
 //! `std`'s `f32::exp` is a libm call per element, which no loop around it can vectorize; softmax
 //! over encoder attention scores and GELU over FFN activations call it millions of times per
 //! batch. These versions are straight-line polynomial code, so a loop over a slice compiles to
-//! 8-lane AVX2 when built with the feature enabled ([`with_avx2`] selects such a build at run
-//! time, see [`avx2_dispatch`]). Results are identical in both builds: LLVM does not fuse `a * b + c` into an FMA
-//! without fast-math, so every build performs the same roundings; where `exp` wants fused
+//! 8-lane AVX2 when built with the feature enabled (`avx2_dispatch_impl!` defines each slice
+//! function with an AVX2+FMA build picked at run time). Results are identical in both builds:
+//! LLVM does not fuse `a * b + c` into an FMA without fast-math, so every build performs the
+//! same roundings; where `exp` wants fused
 //! multiply-adds it asks for them with `f32::mul_add`, exactly rounded everywhere (one
 //! instruction with FMA, a libm call on the rare x86 CPUs without it).
 //!

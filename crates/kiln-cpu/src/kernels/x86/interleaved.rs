@@ -930,7 +930,7 @@ unsafe fn amx_store_pair(set: usize, sums: *mut u8) {
 /// most 45), whose plain products with the activation quants over the whole super-block are
 /// `S_lo` and `S_hi`, and the sum is exactly `S_lo + 16 * S_hi`: no scaling per sub-block, so
 /// one tile product covers 64 quants (two sub-blocks) and a super-block is 4 of them per operand,
-/// accumulated in the tiles ([`amx_pair_products`]; `hi` is below 128, so its signed product is
+/// accumulated in the tiles ([`amx_tile_products`]; `hi` is below 128, so its signed product is
 /// the same). `prepare` makes both operands of a group's block once per slice
 /// of activation rows (a byte times a small factor per 32-bit lane is one `vpmulld`: no product
 /// carries into the next byte) with the minimums' i16 pairs and `d`, `dmin` as `chunk_q4_k`

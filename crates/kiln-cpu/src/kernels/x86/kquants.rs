@@ -146,8 +146,9 @@ const MINS_TWICE: [u8; 32] = {
 
 /// `mins[g] * (sum of the 32 activation quants of sub-block g)` over the 8 sub-blocks of a
 /// Q4_K/Q5_K super-block, one per i32 lane; `mins_twice` as [`k4_scales_mins`]
-/// gives them, `bsums` at `bsums_at`. Each product is `mins[g] * bsums[2g] + mins[g] * bsums[2g
-/// + 1]`, one `madd` lane: exact in i32 for any `bsums`, and equal to the product with the sum
+/// gives them, `bsums` at `bsums_at`. Each product is
+/// `mins[g] * bsums[2g] + mins[g] * bsums[2g + 1]`, one `madd` lane: exact in i32 for any `bsums`,
+/// and equal to the product with the sum
 /// `S[g]` that the tiles form (`gemm::superblocks::min_sums`) since `|S[g]| <= 32 * 128`.
 ///
 /// # Safety
