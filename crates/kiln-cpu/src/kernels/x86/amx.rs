@@ -217,13 +217,14 @@ pub(super) unsafe fn zero_pair(set: usize) {
     };
 }
 
-/// Tile `2 * m + w` (0..4) += tile `4 + m` (A, signed bytes) x tile `6 + w` (B): unsigned
-/// bytes for `w = 0` (`tdpbsud`), signed bytes for `w = 1` (`tdpbssd`).
+/// Tile `2 * set + w` (0..4: pair of accumulators `set`) += tile `4 + set` (A, signed bytes) x
+/// tile `6 + w` (B): unsigned bytes for `w = 0` (`tdpbsud`), signed bytes for `w = 1`
+/// (`tdpbssd`).
 ///
 /// # Safety
 /// A configuration is loaded on this thread and the tiles hold their operands.
 #[inline(always)]
-pub(super) unsafe fn product(m: usize, w: usize) {
+pub(super) unsafe fn product(set: usize, w: usize) {
     macro_rules! arm {
         ($op:tt, $c:tt, $a:tt, $b:tt) => {
             // SAFETY: the caller vouches for the configuration and the operands.
@@ -233,7 +234,7 @@ pub(super) unsafe fn product(m: usize, w: usize) {
             }
         };
     }
-    match (m, w) {
+    match (set, w) {
         (0, 0) => arm!("tdpbsud", "tmm0", "tmm4", "tmm6"),
         (0, _) => arm!("tdpbssd", "tmm1", "tmm4", "tmm7"),
         (_, 0) => arm!("tdpbsud", "tmm2", "tmm5", "tmm6"),

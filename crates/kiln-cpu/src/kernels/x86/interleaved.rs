@@ -382,30 +382,29 @@ unsafe fn groups<F: Format>(
                 for g in 0..n_groups {
                     for b in 0..blocks {
                         F::amx_prepare(&chunk_at(g, 0), b, prepared);
-                        let sums_at = |set: usize| sums_bufs[set];
-                        let step = |m: usize, set: usize| {
+                        // The f32 step of tile `m` from the sums of its pair `set`.
+                        let step = |(m, set): (usize, usize)| {
                             let c = chunk_at(g, m * AMX_TILE_ROWS);
                             let acc = acc.add((m - s0) * AMX_TILE_ROWS * 64);
-                            F::amx_step(&c, prepared, b, sums_at(set), acc);
+                            F::amx_step(&c, prepared, b, sums_bufs[set], acc);
                         };
-                        // The tile whose sums wait in the other pair of accumulators.
-                        let mut pending: Option<usize> = None;
+                        // The tile (and its pair of accumulators) whose sums wait to be stored.
+                        let mut pending: Option<(usize, usize)> = None;
                         for (i, m) in (s0..s1).enumerate() {
                             let set = i % 2;
                             let tile = tiles_at.add(m * tile_bytes);
                             amx_tile_products(tile, prepared, b, set, || {
-                                if pending.is_some() {
-                                    amx_store_pair(1 - set, sums_at(1 - set));
+                                if let Some((_, p_set)) = pending {
+                                    amx_store_pair(p_set, sums_bufs[p_set]);
                                 }
                             });
-                            if let Some(p) = pending.replace(m) {
-                                step(p, 1 - set);
+                            if let Some(p) = pending.replace((m, set)) {
+                                step(p);
                             }
                         }
-                        if let Some(p) = pending {
-                            let set = (s1 - s0 - 1) % 2;
-                            amx_store_pair(set, sums_at(set));
-                            step(p, set);
+                        if let Some(p @ (_, p_set)) = pending {
+                            amx_store_pair(p_set, sums_bufs[p_set]);
+                            step(p);
                         }
                     }
                 }
@@ -737,7 +736,7 @@ unsafe fn q6_k_parts(unit: *const u8, quarter: usize, jj: usize) -> (__m512i, __
 
 /// The f32 step of a Q6_K super-block `b` for activation row `j` of `c`: the codes' offset of 32
 /// off the exact sum `sum` (`32 * sum(scale * group sum)`, 8 `vpdpwssd` of the scale `pairs`
-/// against the row's group sums), then `acc + d * da * total`.
+/// against the row's group sums), then [`q6_k_accumulate`].
 ///
 /// # Safety
 /// `c` names row `j`'s terms of super-block `b`.
@@ -760,6 +759,25 @@ unsafe fn q6_k_step(
         offset = _mm512_dpwssd_epi32(offset, *pair, _mm512_set1_epi32(*t.add(p)));
     }
     let total = _mm512_sub_epi32(sum, _mm512_slli_epi32::<5>(offset));
+    q6_k_accumulate(c, j, b, total, d, acc)
+}
+
+/// `acc + d * da * total` for activation row `j` of `c` and super-block `b` (`total` its exact
+/// integer sum with the codes' offset off): the f32 step that the VNNI and AMX kernels of Q6_K
+/// share, so that both give the same bits.
+///
+/// # Safety
+/// `c` names row `j`'s terms of super-block `b`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q6_k_accumulate(
+    c: &Chunk,
+    j: usize,
+    b: usize,
+    total: __m512i,
+    d: __m512,
+    acc: __m512,
+) -> __m512 {
     let da = _mm512_set1_ps(*c.da.add(j * c.blocks + b));
     _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d, da), acc)
 }
@@ -1045,7 +1063,7 @@ mod amx_q4_k {
 mod amx_q6_k {
     use std::arch::x86_64::*;
 
-    use super::{q6_k, q6_k_parts, q6_k_scale, q6_k_scale_lines};
+    use super::{q6_k, q6_k_accumulate, q6_k_parts, q6_k_scale, q6_k_scale_lines};
     use super::{Chunk, AMX_RUN as RUN};
 
     /// Where `d` starts: after 4 runs of both operands (`lo` then `hi` per run).
@@ -1126,9 +1144,7 @@ mod amx_q6_k {
                 vec(sums, 64 * j),
                 _mm512_slli_epi32::<7>(vec(sums, RUN + 64 * j)),
             );
-            let da = _mm512_set1_ps(*c.da.add(j * c.blocks + b));
-            let v = super::amx_accumulator(acc, j, b);
-            let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d, da), v);
+            let v = q6_k_accumulate(c, j, b, total, d, super::amx_accumulator(acc, j, b));
             super::amx_put(c, acc, j, b, v);
         }
     }
