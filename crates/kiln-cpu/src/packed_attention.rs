@@ -9,11 +9,12 @@
 //!    transpose: six neighbouring dims of one key are one step).
 //! 2. **Per group of [`NR`] queries**, the scaled queries become one weight panel (`head_dim`
 //!    rows of 16 queries). Each micro-kernel call over a key panel gives six rows of `Sᵀ`: one
-//!    key, its scores against the 16 queries. The softmax then runs down the columns of `Sᵀ`,
+//!    key, its scores against the 16 queries (two key panels per call where the group sees two:
+//!    twelve independent sums keep the FMA units busy where six leave their latency exposed). The softmax then runs down the columns of `Sᵀ`,
 //!    one query per SIMD lane (vertical max, `exp`, vertical sum: no horizontal reductions),
 //!    in place, which leaves `Pᵀ` in exactly the weight-panel layout the second product wants.
-//! 3. One micro-kernel call per value panel gives `(P V)ᵀ` for six dims × 16 queries, stored
-//!    transposed into the output scaled by each query's `1 / Σ`.
+//! 3. One micro-kernel call per value panel (two, paired as above) gives `(P V)ᵀ` for six dims ×
+//!    16 queries, stored transposed into the output scaled by each query's `1 / Σ`.
 //!
 //! Nothing is computed across sequences, so packing wastes no work on padding, and the score
 //! buffer is `keys × NR`: long sequences never materialise an `L × L` matrix. Scratch buffers
@@ -30,7 +31,7 @@ use kiln_backend::{shape_err, PackedAttentionParams, Result};
 
 use crate::context::Context;
 use crate::kernels::prefetch_rows;
-use crate::sgemm::{fma_tile, pack_rows, Isa, PanelRow, MR, NR};
+use crate::sgemm::{fma_tile, fma_tile_pair, pack_rows, Isa, PanelRow, MR, NR};
 use crate::team::Disjoint;
 use crate::tensor::CpuTensor;
 
@@ -247,9 +248,17 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
         let (lo, all_hi) = visible(i0);
         let (all_lo, hi) = visible(query(NR - 1));
         let (j0, j1) = (lo / MR * MR, hi.div_ceil(MR) * MR);
-        for p in j0 / MR..j1 / MR {
-            let panel = &keys[p * hd * MR..(p + 1) * hd * MR];
-            fma_tile(isa, hd, panel, queries, &mut scores[p * MR..(p + 1) * MR]);
+        // Two key panels per call where there are two (twelve sums in flight), then the odd one.
+        let (p0, p1) = (j0 / MR, j1 / MR);
+        let panel = |p: usize| &keys[p * hd * MR..(p + 1) * hd * MR];
+        let mut p = p0;
+        while p + 2 <= p1 {
+            let out = &mut scores[p * MR..(p + 2) * MR];
+            fma_tile_pair(isa, hd, [panel(p), panel(p + 1)], queries, out);
+            p += 2;
+        }
+        if p < p1 {
+            fma_tile(isa, hd, panel(p), queries, &mut scores[p * MR..p1 * MR]);
         }
         let rows = &mut scores[j0..j1];
         let windows: [(usize, usize); NR] = std::array::from_fn(|lane| visible(query(lane)));
@@ -276,9 +285,16 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
             }
         }
         let inv = total.map(|t| 1.0 / t);
-        for (c, out_dims) in sums.chunks_exact_mut(MR).enumerate() {
-            let panel = &values[c * n_pad * MR..(c + 1) * n_pad * MR];
-            fma_tile(isa, j1 - j0, &panel[j0 * MR..j1 * MR], rows, out_dims);
+        // The visible keys of dim panel `c`, two panels per call as above.
+        let steps = |c: usize| &values[c * n_pad * MR + j0 * MR..c * n_pad * MR + j1 * MR];
+        let mut c = 0;
+        while c + 2 <= dim_panels {
+            let out = &mut sums[c * MR..(c + 2) * MR];
+            fma_tile_pair(isa, j1 - j0, [steps(c), steps(c + 1)], rows, out);
+            c += 2;
+        }
+        if c < dim_panels {
+            fma_tile(isa, j1 - j0, steps(c), rows, &mut sums[c * MR..]);
         }
         for (lane, &inv) in inv.iter().enumerate().take(nq) {
             // SAFETY: this task is the only one that writes the head's columns of the

@@ -27,8 +27,9 @@
 //!
 //! Invariants:
 //!
-//! - **The blocking depends on the shape only** ([`Plan::new`] takes no thread count), and a task
-//!   owns a disjoint rectangle of `y` and computes all of `k` for it. Each `y` element is
+//! - **The k-blocking depends on the shape only** ([`Plan::new`] takes no thread count), and a
+//!   task owns a disjoint rectangle of `y` and computes all of `k` for it (how `m` and `n` are cut
+//!   into tasks, which also depends on the kernel, decides no sum). Each `y` element is
 //!   therefore `((t₀ + t₁) + … + t_last) + bias`, `t_b` the FMA chain over k-block `b` in order
 //!   `p = k0, k0 + 1, …`, with the same instructions whichever thread runs the task: results are
 //!   bit-identical for any number of threads. The AVX2 and AVX-512 kernels run each sum's FMA
@@ -73,6 +74,15 @@ const M_TASKS: usize = 32;
 const MIN_TASKS: usize = 16;
 /// Fewest weight panels per task, so that packing stays small next to the arithmetic.
 const MIN_TASK_PANELS: usize = 4;
+/// Most bytes of f32 weight panels (all of `k`) per n-block, for the kernel that reads the
+/// activations in place. A task's weight panels stream past each of its row groups from L2, and
+/// tasks run n-block by n-block, so a thread's next task (the next m-block) finds them there
+/// too, instead of streaming the whole weight from L3 again: an encoder's 1536-wide FFN weight
+/// (2.3 MiB at k = 384) in three n-blocks of 768 KiB measured 4-15 % faster at m = 4096 on an
+/// Emerald Rapids host (2 MiB of L2 a core; 512 KiB n-blocks measured the same, none 3-7 %
+/// slower); weights of up to 1 MiB keep one n-block. The kernels that pack activations would pack them again for each
+/// n-block: there the split measured 2-3 % slower, and they keep whole-width tasks.
+const NC_BYTES_MAX: usize = 1 << 20;
 /// Products smaller than this many flops run on the calling thread: handing them to the team
 /// costs more than it saves.
 const PARALLEL_MIN_FLOPS: usize = 1 << 20;
@@ -298,6 +308,19 @@ pub(crate) enum Isa {
 }
 
 impl Isa {
+    /// Whether the kernel copies the activations into panels (per task and k-block); the AVX-512
+    /// kernel reads them in place.
+    fn packs_activations(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            self != Isa::Avx512
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            true
+        }
+    }
+
     /// The best kernel `level` allows on this CPU (the level is lowered to what the CPU has).
     pub(crate) fn for_level(level: SimdLevel) -> Isa {
         let level = level.min(crate::kernels::simd_level());
@@ -316,7 +339,8 @@ impl Isa {
 }
 
 /// The blocking of one product: k-blocks of `kc`, m-blocks of `mc` rows, n-blocks of
-/// `nc_panels` weight panels. Depends on the shape only.
+/// `nc_panels` weight panels. The k-blocks, which decide every sum, depend on the shape only; the
+/// n-blocks also on whether the kernel packs activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Plan {
     m: usize,
@@ -330,7 +354,9 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    pub(crate) fn new(m: usize, n: usize, k: usize) -> Plan {
+    /// The blocking of `[m, k] · [n, k]ᵀ` for a kernel that packs activations (`packs`) or reads
+    /// them in place.
+    pub(crate) fn new(m: usize, n: usize, k: usize, packs: bool) -> Plan {
         let (m1, n1, k1) = (m.max(1), n.max(1), k.max(1));
         // Equal k-blocks (the last one shorter by less than one step per block).
         let kc = k1.div_ceil(k1.div_ceil(KC_MAX));
@@ -340,10 +366,23 @@ impl Plan {
         let mc = m1.div_ceil(m_target).next_multiple_of(MR);
         let m_blocks = m1.div_ceil(mc);
         let panels = n1.div_ceil(NR);
+        // n-blocks of at most `NC_BYTES_MAX` when the kernel reads activations in place (an even
+        // number of panels, as it takes them in pairs), more when few m-blocks leave too few
+        // tasks.
+        let cap = if packs {
+            usize::MAX - 1
+        } else {
+            (NC_BYTES_MAX / (NR * 4 * k1)).max(2) & !1
+        };
         let n_blocks = (MIN_TASKS / m_blocks)
             .min(panels.div_ceil(MIN_TASK_PANELS))
+            .max(panels.div_ceil(cap))
             .max(1);
-        let nc_panels = panels.div_ceil(n_blocks);
+        let mut nc_panels = panels.div_ceil(n_blocks);
+        if panels > cap {
+            // Still at most `cap`: `cap` is even and `n_blocks` ≥ panels / cap.
+            nc_panels = nc_panels.next_multiple_of(2);
+        }
         let n_blocks = panels.div_ceil(nc_panels);
         Plan {
             m,
@@ -362,9 +401,11 @@ impl Plan {
     }
 
     /// The rectangle of `y` task `t` computes: rows `[r0, r1)` and weight panels `[p0, p1)`.
-    /// Distinct tasks get disjoint rectangles that together cover `y`.
+    /// Distinct tasks get disjoint rectangles that together cover `y`. Tasks go n-block by
+    /// n-block (every m-block of the first, then of the next), so that the tasks a thread takes in
+    /// turn share their weight panels.
     pub(crate) fn task(&self, t: usize) -> (usize, usize, usize, usize) {
-        let (mb, nb) = (t / self.n_blocks, t % self.n_blocks);
+        let (mb, nb) = (t % self.m_blocks, t / self.m_blocks);
         let r0 = (mb * self.mc).min(self.m);
         let r1 = (r0 + self.mc).min(self.m);
         let panels = self.n.div_ceil(NR);
@@ -455,7 +496,7 @@ pub(crate) fn sgemm(
     // write, or never written, shows as NaN.
     #[cfg(debug_assertions)]
     y.fill(f32::NAN);
-    let plan = Plan::new(m, n, k);
+    let plan = Plan::new(m, n, k, exec.isa.packs_activations());
     let out = Out {
         ptr: y.as_mut_ptr(),
         len,
@@ -568,12 +609,7 @@ fn task<P: Panel>(
     out: &Out,
 ) {
     let (r0, r1, p0, p1) = plan.task(t);
-    // The AVX-512 kernel reads the activations in place.
-    #[cfg(target_arch = "x86_64")]
-    let packed = isa != Isa::Avx512;
-    #[cfg(not(target_arch = "x86_64"))]
-    let packed = true;
-    let len = if packed {
+    let len = if isa.packs_activations() {
         (r1 - r0).div_ceil(MR) * MR * plan.kc
     } else {
         0
@@ -615,39 +651,40 @@ fn task_blocks<P: Panel>(
         let kc = plan.kc.min(k - k0);
         #[cfg(target_arch = "x86_64")]
         if isa == Isa::Avx512 {
-            // The AVX-512 kernel broadcasts activations straight from the rows of `x` (they stay
-            // in L1/L2 while the weight panels stream past): no packing, 1-5 % faster on
-            // MiniLM. Tiles of two weight panels by twelve rows (fewer at the ends). (The AVX2
-            // kernel reading in place measured up to 13 % slower: it packs.)
-            let mut panel = p0;
-            while panel < p1 {
-                let np = (p1 - panel).min(2);
-                let c0 = panel * NR;
-                let cols = (np * NR).min(plan.n - c0);
-                let last = k0 + kc == k;
-                let ep = Epilogue {
-                    first: k0 == 0,
-                    bias: bias.filter(|_| last).map(|b| &b[c0..c0 + cols]),
-                    gelu: gelu && last,
+            // The AVX-512 kernel broadcasts activations straight from the rows of `x`: no
+            // packing, 1-5 % faster on MiniLM. (The AVX2 kernel reading in place measured up to
+            // 13 % slower: it packs.) Tiles of twelve rows (fewer at the end) by two weight
+            // panels, row group by row group: a group's rows (18 KiB at kc = 384) stay in L1
+            // while the n-block's weight panels stream past from L2, one sequential run per
+            // panel. Panel pair by panel pair instead, the pair's block (48 KiB, all of L1) was
+            // read again from L2 for every row group beside twelve strided activation streams:
+            // 10-13 % slower on MiniLM's 1152- and 1536-wide products, the same on the others.
+            // (The AVX2 kernel's block, 24 KiB, stays in L1: it keeps the panel-outer order.)
+            let last = k0 + kc == k;
+            for row in (r0..r1).step_by(2 * MR) {
+                let n_rows = (r1 - row).min(2 * MR);
+                let a = Rows {
+                    x,
+                    ld: k,
+                    first: row,
+                    rows: n_rows,
+                    k0,
                 };
-                let b = [
-                    block(w, k, panel, k0, kc),
-                    block(w, k, panel + np - 1, k0, kc),
-                ];
-                let mut row = r0;
-                while row < r1 {
-                    let n_rows = (r1 - row).min(2 * MR);
-                    let a = Rows {
-                        x,
-                        ld: k,
-                        first: row,
-                        rows: n_rows,
-                        k0,
+                for panel in (p0..p1).step_by(2) {
+                    let np = (p1 - panel).min(2);
+                    let c0 = panel * NR;
+                    let cols = (np * NR).min(plan.n - c0);
+                    let ep = Epilogue {
+                        first: k0 == 0,
+                        bias: bias.filter(|_| last).map(|b| &b[c0..c0 + cols]),
+                        gelu: gelu && last,
                     };
+                    let b = [
+                        block(w, k, panel, k0, kc),
+                        block(w, k, panel + np - 1, k0, kc),
+                    ];
                     tile_in_place(kc, a, b, out, row, c0, n_rows, cols, ep);
-                    row += n_rows;
                 }
-                panel += np;
             }
             continue;
         }
@@ -787,6 +824,41 @@ pub(crate) fn fma_tile(isa: Isa, kc: usize, a: &[f32], b: &[PanelRow], out: &mut
             }
         }
     }
+}
+
+/// [`fma_tile`] for two activation panels `a[0]` and `a[1]` against the same weight block, into
+/// `out[..MR]` and `out[MR..2·MR]`: the same sums, bit for bit (each the same FMA chain). The
+/// AVX-512 kernel keeps all twelve rows' sums in registers at once, which hides the FMA latency
+/// that six independent sums leave exposed; the others call [`fma_tile`] twice. Panics as
+/// [`fma_tile`] does, or when `out` has fewer than `2·MR` rows.
+#[inline(always)]
+pub(crate) fn fma_tile_pair(
+    isa: Isa,
+    kc: usize,
+    a: [&[f32]; 2],
+    b: &[PanelRow],
+    out: &mut [PanelRow],
+) {
+    assert!(
+        a.iter().all(|a| a.len() >= kc * MR) && b.len() >= kc && out.len() >= 2 * MR,
+        "fma_tile_pair out of bounds"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        use std::arch::x86_64::_mm512_store_ps;
+        // SAFETY: as in `fma_tile`; the assert proves both panels hold `kc` steps, `b` `kc` rows
+        // and `out` `2·MR` rows.
+        unsafe {
+            let acc = avx512::accumulate_pair(kc, [a[0].as_ptr(), a[1].as_ptr()], b.as_ptr());
+            for (row, v) in out.iter_mut().zip(acc.iter().flatten()) {
+                _mm512_store_ps(row.0.as_mut_ptr(), *v);
+            }
+        }
+        return;
+    }
+    let (first, second) = out.split_at_mut(MR);
+    fma_tile(isa, kc, a[0], b, first);
+    fma_tile(isa, kc, a[1], b, second);
 }
 
 /// The `rows × cols` tile of `y` at `(r0, c0)` from `kc` steps of an activation panel `a`
@@ -1136,6 +1208,30 @@ mod avx512 {
             let w = _mm512_load_ps(b.add(p * NR));
             for (i, s) in acc.iter_mut().enumerate() {
                 *s = _mm512_fmadd_ps(_mm512_set1_ps(*a.add(p * MR + i)), w, *s);
+            }
+        }
+        acc
+    }
+
+    /// [`accumulate`] of two activation panels against one weight block: twelve independent
+    /// sums, each the same FMA chain as there (identical bits).
+    ///
+    /// # Safety
+    /// As [`accumulate`]'s, for both panels.
+    #[inline(always)]
+    pub(crate) unsafe fn accumulate_pair(
+        kc: usize,
+        a: [*const f32; 2],
+        b: *const PanelRow,
+    ) -> [[__m512; MR]; 2] {
+        let mut acc = [[_mm512_setzero_ps(); MR]; 2];
+        let b = b.cast::<f32>();
+        for p in 0..kc {
+            let w = _mm512_load_ps(b.add(p * NR));
+            for (sums, a) in acc.iter_mut().zip(a) {
+                for (i, s) in sums.iter_mut().enumerate() {
+                    *s = _mm512_fmadd_ps(_mm512_set1_ps(*a.add(p * MR + i)), w, *s);
+                }
             }
         }
         acc
@@ -1643,23 +1739,35 @@ mod tests {
             (257, 100, 1000),
             (800, 1536, 384),
             (8000, 384, 1536),
+            (4096, 1536, 384),
+            (4096, 1152, 384),
+            (1, 32000, 2048),
+            (30, 4100, 4096),
         ] {
-            let plan = Plan::new(m, n, k);
-            assert!(plan.kc <= KC_MAX && plan.mc <= MC_MAX && plan.mc.is_multiple_of(MR));
-            assert!(k.div_ceil(plan.kc) == k.div_ceil(KC_MAX), "k-blocks of {k}");
-            let panels = n.div_ceil(NR);
-            let mut owner = vec![usize::MAX; m * panels];
-            for t in 0..plan.tasks() {
-                let (r0, r1, p0, p1) = plan.task(t);
-                assert!(r0 < r1 && p0 < p1, "empty task {t} of {plan:?}");
-                for r in r0..r1 {
-                    for p in p0..p1 {
-                        assert_eq!(owner[r * panels + p], usize::MAX, "{plan:?}");
-                        owner[r * panels + p] = t;
+            for packs in [false, true] {
+                let plan = Plan::new(m, n, k, packs);
+                assert!(plan.kc <= KC_MAX && plan.mc <= MC_MAX && plan.mc.is_multiple_of(MR));
+                // A wide weight is cut into n-blocks of at most `NC_BYTES_MAX`, whole panel pairs,
+                // for the kernel that reads activations in place.
+                if !packs && n.div_ceil(NR) * NR * k * 4 > NC_BYTES_MAX {
+                    assert!(plan.nc_panels * NR * k * 4 <= NC_BYTES_MAX.max(2 * NR * k * 4));
+                    assert!(plan.nc_panels.is_multiple_of(2), "{plan:?}");
+                }
+                assert!(k.div_ceil(plan.kc) == k.div_ceil(KC_MAX), "k-blocks of {k}");
+                let panels = n.div_ceil(NR);
+                let mut owner = vec![usize::MAX; m * panels];
+                for t in 0..plan.tasks() {
+                    let (r0, r1, p0, p1) = plan.task(t);
+                    assert!(r0 < r1 && p0 < p1, "empty task {t} of {plan:?}");
+                    for r in r0..r1 {
+                        for p in p0..p1 {
+                            assert_eq!(owner[r * panels + p], usize::MAX, "{plan:?}");
+                            owner[r * panels + p] = t;
+                        }
                     }
                 }
+                assert!(owner.iter().all(|&o| o != usize::MAX), "{plan:?}");
             }
-            assert!(owner.iter().all(|&o| o != usize::MAX), "{plan:?}");
         }
     }
 
@@ -1808,7 +1916,7 @@ mod tests {
         let (m, n, k) = (301, 200, 600);
         let (x, w, bias) = (values(m * k, 1), values(n * k, 2), values(n, 3));
         let packed = pack_f32(&w, n, k);
-        assert!(Plan::new(m, n, k).tasks() > 3);
+        assert!(Plan::new(m, n, k, true).tasks() > 3);
         for isa in isas() {
             let mut first: Option<Vec<f32>> = None;
             for threads in [1, 2, 3] {
