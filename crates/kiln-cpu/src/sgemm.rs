@@ -56,8 +56,9 @@ use crate::team::Team;
 pub(crate) const MR: usize = 6;
 /// Columns of the register tile (weight rows per packed panel): two ymm registers.
 pub(crate) const NR: usize = 16;
-/// Largest k-block: a `KC_MAX × NR` weight panel (24 KiB) stays in L1 while the micro-kernel
-/// walks the m-panels of a block past it. 384 (not 256) keeps k = 384 in one block, so `y` is
+/// Largest k-block: a `KC_MAX × NR` weight panel (24 KiB) stays in L1 while the AVX2
+/// micro-kernel walks the m-panels of a block past it (the AVX-512 kernel keeps a group of twelve
+/// activation rows there instead, 18 KiB, while the panels stream past: see `task_blocks`). 384 (not 256) keeps k = 384 in one block, so `y` is
 /// written once; on k = 1536 the two measure the same.
 const KC_MAX: usize = 384;
 /// Largest m-block: the packed activations of an (m-block, k-block), `MC_MAX × KC_MAX`
