@@ -661,7 +661,6 @@ fn task_blocks<P: Panel>(
             // read again from L2 for every row group beside twelve strided activation streams:
             // 10-13 % slower on MiniLM's 1152- and 1536-wide products, the same on the others.
             // (The AVX2 kernel's block, 24 KiB, stays in L1: it keeps the panel-outer order.)
-            let last = k0 + kc == k;
             for row in (r0..r1).step_by(2 * MR) {
                 let n_rows = (r1 - row).min(2 * MR);
                 let a = Rows {
@@ -672,18 +671,7 @@ fn task_blocks<P: Panel>(
                     k0,
                 };
                 for panel in (p0..p1).step_by(2) {
-                    let np = (p1 - panel).min(2);
-                    let c0 = panel * NR;
-                    let cols = (np * NR).min(plan.n - c0);
-                    let ep = Epilogue {
-                        first: k0 == 0,
-                        bias: bias.filter(|_| last).map(|b| &b[c0..c0 + cols]),
-                        gelu: gelu && last,
-                    };
-                    let b = [
-                        block(w, k, panel, k0, kc),
-                        block(w, k, panel + np - 1, k0, kc),
-                    ];
+                    let (c0, cols, ep, b) = panel_pair(plan, w, (panel, p1), (k0, kc), bias, gelu);
                     tile_in_place(kc, a, b, out, row, c0, n_rows, cols, ep);
                 }
             }
@@ -707,6 +695,33 @@ fn task_blocks<P: Panel>(
             }
         }
     }
+}
+
+/// The tile columns of weight panels `panel` and `panel + 1` (`panel` alone when it is the last
+/// before `p1`) in k-block `[k0, k0 + kc)`: the first column, the width, the epilogue (bias and
+/// GELU in the last k-block) and the two panels' blocks (the one panel twice when alone).
+fn panel_pair<'a, P>(
+    plan: &Plan,
+    w: &'a [P],
+    (panel, p1): (usize, usize),
+    (k0, kc): (usize, usize),
+    bias: Option<&'a [f32]>,
+    gelu: bool,
+) -> (usize, usize, Epilogue<'a>, [&'a [P]; 2]) {
+    let np = (p1 - panel).min(2);
+    let c0 = panel * NR;
+    let cols = (np * NR).min(plan.n - c0);
+    let last = k0 + kc == plan.k;
+    let ep = Epilogue {
+        first: k0 == 0,
+        bias: bias.filter(|_| last).map(|b| &b[c0..c0 + cols]),
+        gelu: gelu && last,
+    };
+    let b = [
+        block(w, plan.k, panel, k0, kc),
+        block(w, plan.k, panel + np - 1, k0, kc),
+    ];
+    (c0, cols, ep, b)
 }
 
 /// Copies rows `[r0, r1)`, columns `[k0, k0 + kc)` of `x` (`[.., k]`) into `MR`-row panels of
@@ -1491,28 +1506,13 @@ mod bf16_dot {
         let k = plan.k;
         for k0 in (0..k).step_by(plan.kc) {
             let kc = plan.kc.min(k - k0);
-            let last = k0 + kc == k;
-            let mut panel = p0;
-            while panel < p1 {
-                let np = (p1 - panel).min(2);
-                let c0 = panel * NR;
-                let cols = (np * NR).min(plan.n - c0);
-                let ep = Epilogue {
-                    first: k0 == 0,
-                    bias: bias.filter(|_| last).map(|b| &b[c0..c0 + cols]),
-                    gelu: gelu && last,
-                };
-                let b = [
-                    super::block(w, k, panel, k0, kc),
-                    super::block(w, k, panel + np - 1, k0, kc),
-                ];
-                let mut row = r0;
-                while row < r1 {
+            for panel in (p0..p1).step_by(2) {
+                let (c0, cols, ep, b) =
+                    super::panel_pair(plan, w, (panel, p1), (k0, kc), bias, gelu);
+                for row in (r0..r1).step_by(2 * MR) {
                     let rows = (r1 - row).min(2 * MR);
                     tile(kc, xb, k, row, k0, b, out, c0, cols, rows, ep);
-                    row += rows;
                 }
-                panel += np;
             }
         }
     }
