@@ -10,8 +10,8 @@
 //! 2. **Per group of [`NR`] queries**, the scaled queries become one weight panel (`head_dim`
 //!    rows of 16 queries). Each micro-kernel call over a key panel gives six rows of `Sᵀ`: one
 //!    key, its scores against the 16 queries (two key panels per call where the group sees two:
-//!    twelve independent sums keep the FMA units busy where six leave their latency exposed). The softmax then runs down the columns of `Sᵀ`,
-//!    one query per SIMD lane (vertical max, `exp`, vertical sum: no horizontal reductions),
+//!    twelve independent sums keep the FMA units busy where six leave their latency exposed).
+//!    The softmax then runs down the columns of `Sᵀ`, one query per SIMD lane (vertical max, `exp`, vertical sum: no horizontal reductions),
 //!    in place, which leaves `Pᵀ` in exactly the weight-panel layout the second product wants.
 //! 3. One micro-kernel call per value panel (two, paired as above) gives `(P V)ᵀ` for six dims ×
 //!    16 queries, stored transposed into the output scaled by each query's `1 / Σ`.
@@ -31,7 +31,7 @@ use kiln_backend::{shape_err, PackedAttentionParams, Result};
 
 use crate::context::Context;
 use crate::kernels::prefetch_rows;
-use crate::sgemm::{fma_tile, fma_tile_pair, pack_rows, Isa, PanelRow, MR, NR};
+use crate::sgemm::{fma_tiles, pack_rows, Isa, PanelRow, MR, NR};
 use crate::team::Disjoint;
 use crate::tensor::CpuTensor;
 
@@ -248,18 +248,9 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
         let (lo, all_hi) = visible(i0);
         let (all_lo, hi) = visible(query(NR - 1));
         let (j0, j1) = (lo / MR * MR, hi.div_ceil(MR) * MR);
-        // Two key panels per call where there are two (twelve sums in flight), then the odd one.
-        let (p0, p1) = (j0 / MR, j1 / MR);
-        let panel = |p: usize| &keys[p * hd * MR..(p + 1) * hd * MR];
-        let mut p = p0;
-        while p + 2 <= p1 {
-            let out = &mut scores[p * MR..(p + 2) * MR];
-            fma_tile_pair(isa, hd, [panel(p), panel(p + 1)], queries, out);
-            p += 2;
-        }
-        if p < p1 {
-            fma_tile(isa, hd, panel(p), queries, &mut scores[p * MR..p1 * MR]);
-        }
+        // Key panels [j0 / MR, j1 / MR), two per call (twelve sums in flight).
+        let panel = |i: usize| &keys[(j0 / MR + i) * hd * MR..(j0 / MR + i + 1) * hd * MR];
+        fma_tiles(isa, hd, (j1 - j0) / MR, panel, queries, &mut scores[j0..j1]);
         let rows = &mut scores[j0..j1];
         let windows: [(usize, usize); NR] = std::array::from_fn(|lane| visible(query(lane)));
         for (j, r) in (j0..j1).zip(rows.iter_mut()) {
@@ -285,17 +276,9 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
             }
         }
         let inv = total.map(|t| 1.0 / t);
-        // The visible keys of dim panel `c`, two panels per call as above.
+        // The visible keys of each dim panel, two panels per call as above.
         let steps = |c: usize| &values[c * n_pad * MR + j0 * MR..c * n_pad * MR + j1 * MR];
-        let mut c = 0;
-        while c + 2 <= dim_panels {
-            let out = &mut sums[c * MR..(c + 2) * MR];
-            fma_tile_pair(isa, j1 - j0, [steps(c), steps(c + 1)], rows, out);
-            c += 2;
-        }
-        if c < dim_panels {
-            fma_tile(isa, j1 - j0, steps(c), rows, &mut sums[c * MR..]);
-        }
+        fma_tiles(isa, j1 - j0, dim_panels, steps, rows, sums);
         for (lane, &inv) in inv.iter().enumerate().take(nq) {
             // SAFETY: this task is the only one that writes the head's columns of the
             // sequence's rows, and it holds one such row at a time.

@@ -58,8 +58,9 @@ pub(crate) const MR: usize = 6;
 pub(crate) const NR: usize = 16;
 /// Largest k-block: a `KC_MAX × NR` weight panel (24 KiB) stays in L1 while the AVX2
 /// micro-kernel walks the m-panels of a block past it (the AVX-512 kernel keeps a group of twelve
-/// activation rows there instead, 18 KiB, while the panels stream past: see `task_blocks`). 384 (not 256) keeps k = 384 in one block, so `y` is
-/// written once; on k = 1536 the two measure the same.
+/// activation rows there instead, 18 KiB, while the panels stream past: see `task_blocks`).
+/// 384 (not 256) keeps k = 384 in one block, so `y` is written once; on k = 1536 the two
+/// measure the same.
 const KC_MAX: usize = 384;
 /// Largest m-block: the packed activations of an (m-block, k-block), `MC_MAX × KC_MAX`
 /// (144 KiB), stay in L2 while every weight panel of the task streams past them.
@@ -81,8 +82,9 @@ const MIN_TASK_PANELS: usize = 4;
 /// too, instead of streaming the whole weight from L3 again: an encoder's 1536-wide FFN weight
 /// (2.3 MiB at k = 384) in three n-blocks of 768 KiB measured 4-15 % faster at m = 4096 on an
 /// Emerald Rapids host (2 MiB of L2 a core; 512 KiB n-blocks measured the same, none 3-7 %
-/// slower); weights of up to 1 MiB keep one n-block. The kernels that pack activations would pack them again for each
-/// n-block: there the split measured 2-3 % slower, and they keep whole-width tasks.
+/// slower); weights of up to 1 MiB keep one n-block. The kernels that pack activations would
+/// pack them again for each n-block: there the split measured 2-3 % slower, and they keep
+/// whole-width tasks.
 const NC_BYTES_MAX: usize = 1 << 20;
 /// Products smaller than this many flops run on the calling thread: handing them to the team
 /// costs more than it saves.
@@ -848,13 +850,7 @@ pub(crate) fn fma_tile(isa: Isa, kc: usize, a: &[f32], b: &[PanelRow], out: &mut
 /// that six independent sums leave exposed; the others call [`fma_tile`] twice. Panics as
 /// [`fma_tile`] does, or when `out` has fewer than `2·MR` rows.
 #[inline(always)]
-pub(crate) fn fma_tile_pair(
-    isa: Isa,
-    kc: usize,
-    a: [&[f32]; 2],
-    b: &[PanelRow],
-    out: &mut [PanelRow],
-) {
+fn fma_tile_pair(isa: Isa, kc: usize, a: [&[f32]; 2], b: &[PanelRow], out: &mut [PanelRow]) {
     assert!(
         a.iter().all(|a| a.len() >= kc * MR) && b.len() >= kc && out.len() >= 2 * MR,
         "fma_tile_pair out of bounds"
@@ -875,6 +871,28 @@ pub(crate) fn fma_tile_pair(
     let (first, second) = out.split_at_mut(MR);
     fma_tile(isa, kc, a[0], b, first);
     fma_tile(isa, kc, a[1], b, second);
+}
+
+/// [`fma_tile`] for `count` activation panels `a(0), a(1), …` against the same weight block,
+/// panel `i` into `out[i·MR .. (i + 1)·MR]`: two panels per [`fma_tile_pair`] call while two
+/// remain (the same sums, bit for bit), then the odd one. Panics as they do.
+#[inline(always)]
+pub(crate) fn fma_tiles<'a>(
+    isa: Isa,
+    kc: usize,
+    count: usize,
+    a: impl Fn(usize) -> &'a [f32],
+    b: &[PanelRow],
+    out: &mut [PanelRow],
+) {
+    let mut i = 0;
+    while i + 2 <= count {
+        fma_tile_pair(isa, kc, [a(i), a(i + 1)], b, &mut out[i * MR..(i + 2) * MR]);
+        i += 2;
+    }
+    if i < count {
+        fma_tile(isa, kc, a(i), b, &mut out[i * MR..(i + 1) * MR]);
+    }
 }
 
 /// The `rows × cols` tile of `y` at `(r0, c0)` from `kc` steps of an activation panel `a`
