@@ -27,18 +27,19 @@ use kiln_engine::{
 use kiln_vulkan::{VulkanBackend, VulkanOptions};
 
 /// The CPU backend's options: `threads` (0 = one per core), the KV cache type, batch-invariant
-/// mode, and what `KILN_SIMD`, `KILN_INTERLEAVE` and `KILN_BF16_DOT` say (an unknown value of
-/// any is an error that names the variable).
+/// mode, and what `KILN_SIMD`, `KILN_INTERLEAVE`, `KILN_BF16_DOT` and `KILN_AMX_FLOAT` say (an
+/// unknown value of any is an error that names the variable).
 pub fn cpu_options(threads: usize, kv_dtype: KvDtype, batch_invariant: bool) -> Result<CpuOptions> {
-    let bf16_dot = match std::env::var("KILN_BF16_DOT").ok().as_deref() {
-        None | Some("1") => true,
-        Some("0") => false,
-        Some(other) => bail!("KILN_BF16_DOT={other:?} is neither 1 nor 0"),
+    let switch = |name: &str| match std::env::var(name).ok().as_deref() {
+        None | Some("1") => Ok(true),
+        Some("0") => Ok(false),
+        Some(other) => Err(anyhow!("{name}={other:?} is neither 1 nor 0")),
     };
     CpuOptions {
         kv_dtype,
         batch_invariant,
-        bf16_dot,
+        bf16_dot: switch("KILN_BF16_DOT")?,
+        amx_float: switch("KILN_AMX_FLOAT")?,
         ..CpuOptions::threads(threads)
     }
     .with_settings(

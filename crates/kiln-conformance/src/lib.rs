@@ -84,6 +84,11 @@ pub struct Claims {
     /// Products of block weights may quantize each block of 32 activations to int8 codes with
     /// one scale (integer dot products): the product cases then also accept that result.
     pub int8_activations: bool,
+    /// Products of F32 weights may split each operand into two BF16 parts (`v = hi + lo`, each
+    /// rounded to nearest) and add three of the four part products (all but `lo·lo`) in f32, as
+    /// AMX BF16 tiles run an f32 product: the float product cases then also accept that result
+    /// ([`tolerance::split_product`]).
+    pub split_products: bool,
 }
 
 impl Default for Claims {
@@ -97,11 +102,20 @@ impl Default for Claims {
             kv_dtypes: KvDtype::ALL.to_vec(),
             half_products: false,
             int8_activations: false,
+            split_products: false,
         }
     }
 }
 
 impl Claims {
+    /// These claims, and split BF16 products of F32 weights.
+    pub fn split_products(self) -> Self {
+        Claims {
+            split_products: true,
+            ..self
+        }
+    }
+
     /// These claims, and batch invariance.
     pub fn batch_invariant(self) -> Self {
         Claims {

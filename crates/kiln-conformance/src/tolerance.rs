@@ -123,6 +123,15 @@ pub fn quantized_product_f32_activations(k: usize) -> f64 {
     gamma(k + 8)
 }
 
+/// A product of F32 weights on operands split into two BF16 parts each (`v = hi + lo + e`,
+/// `|v − hi| ≤ 2⁻⁸·|v|`, `|e| ≤ 2⁻¹⁷·|v|`), three of the four part products exact and summed in
+/// f32: the dropped `lo·lo` (≤ 2⁻¹⁶·(1 + 2⁻⁹)²) and the two parts' errors (2⁻¹⁷ each, to first
+/// order) leave each term within 2⁻¹⁵·(1 + 2⁻⁸) of its magnitude, and the `3k` products and the
+/// bias are added in f32 (γ_{3k+2}).
+pub fn split_product(k: usize) -> f64 {
+    f64::powi(2.0, -15) * (1.0 + f64::powi(2.0, -8)) + gamma(3 * k + 2)
+}
+
 /// A product on f16 operands (matrix units) against the same operands rounded in the reference:
 /// `k` exact products summed in f32 in the device's order, plus the scale products (γ_{k+8}),
 /// and a dequantized weight that the kernel computed in f32 a rounding away from the reference's

@@ -14,12 +14,27 @@ use kiln_cpu::{CpuBackend, CpuOptions};
 /// lacks the level (`CpuOptions` would clamp it to a lower one, which another configuration
 /// already runs). Products of BF16 weights are exact f32 ones (`bf16_dot` off), as the suite's
 /// f64 bounds assume; the `vdpbf16ps` path, which rounds activations to BF16, is checked
-/// against its own bound in `kiln-cpu`'s `sgemm` tests and on the fixtures.
+/// against its own bound in `kiln-cpu`'s `sgemm` tests and on the fixtures. F32 products are
+/// the f32 kernels' (`amx_float` off) but in the `amx_*` configurations, which claim the split
+/// BF16 products of the AMX tiles (on a host without them they run the f32 kernels, which the
+/// claim's cases accept too).
 fn cpu(level: SimdLevel, threads: usize, kv: KvDtype) -> Option<CpuBackend> {
     cpu_with(CpuOptions {
         kv_dtype: kv,
         bf16_dot: false,
+        amx_float: false,
         ..CpuOptions::threads(threads).simd_cap(level)
+    })
+}
+
+/// The defaults at this CPU's best level with `threads` threads and `kv` caches, batch-invariant
+/// or not: F32 products on the AMX tiles where this host grants them.
+fn amx(threads: usize, batch_invariant: bool, kv: KvDtype) -> Option<CpuBackend> {
+    cpu_with(CpuOptions {
+        kv_dtype: kv,
+        bf16_dot: false,
+        batch_invariant,
+        ..CpuOptions::threads(threads)
     })
 }
 
@@ -37,6 +52,7 @@ fn invariant(threads: usize, kv: KvDtype) -> Option<CpuBackend> {
         kv_dtype: kv,
         batch_invariant: true,
         bf16_dot: false,
+        amx_float: false,
         ..CpuOptions::threads(threads)
     })
 }
@@ -57,4 +73,14 @@ suite!(
     batch_invariant_3t,
     |kv| invariant(3, kv),
     Claims::default().batch_invariant()
+);
+suite!(
+    amx_3t,
+    |kv| amx(3, false, kv),
+    Claims::default().split_products()
+);
+suite!(
+    amx_batch_invariant_3t,
+    |kv| amx(3, true, kv),
+    Claims::default().split_products().batch_invariant()
 );

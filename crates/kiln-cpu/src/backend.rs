@@ -52,6 +52,7 @@ impl CpuBackend {
                 simd: options.simd_level(),
                 batch_invariant: options.batch_invariant,
                 bf16_dot: options.bf16_dot,
+                amx_float: options.amx_float && amx_float_available(options.simd_level()),
             },
             kv_dtype: options.kv_dtype,
             interleave: options.interleave.clone(),
@@ -68,6 +69,7 @@ impl CpuBackend {
             interleave: self.interleave.clone(),
             batch_invariant: self.cx.batch_invariant,
             bf16_dot: self.cx.bf16_dot,
+            amx_float: self.cx.amx_float,
             kv_dtype: self.kv_dtype,
         }
     }
@@ -224,6 +226,7 @@ impl Backend for CpuBackend {
             bytes: data.bytes.clone(),
             values,
             packed: OnceLock::new(),
+            split: OnceLock::new(),
             gptq: None,
             interleaved,
         })
@@ -238,6 +241,7 @@ impl Backend for CpuBackend {
             bytes: SharedBytes::from_vec(Vec::new()),
             values: None,
             packed: OnceLock::new(),
+            split: OnceLock::new(),
             gptq: Some(matrix),
             interleaved: None,
         })
@@ -564,5 +568,16 @@ impl Backend for CpuBackend {
             eps,
             Some(residual),
         )
+    }
+}
+
+/// Whether F32 products can run on the AMX split tiles at `level` (`sgemm::amx::available`).
+fn amx_float_available(level: SimdLevel) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return crate::sgemm::amx::available(crate::sgemm::Isa::for_level(level));
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = level;
+        false
     }
 }

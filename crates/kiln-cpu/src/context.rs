@@ -21,6 +21,9 @@ pub(crate) struct Context {
     pub(crate) batch_invariant: bool,
     /// See [`CpuOptions::bf16_dot`](crate::CpuOptions::bf16_dot).
     pub(crate) bf16_dot: bool,
+    /// [`CpuOptions::amx_float`](crate::CpuOptions::amx_float), where this CPU and the SIMD
+    /// level have the tiles (resolved when the backend is built).
+    pub(crate) amx_float: bool,
 }
 
 impl Context {

@@ -134,7 +134,7 @@ fn taper(
 
 /// Whether `x · Wᵀ` goes through the dense GEMM (float weight, enough rows).
 pub(crate) fn is_dense(cpu: &Context, x: &CpuTensor, lin: &Linear<CpuBackend>) -> bool {
-    is_float(lin.weight.ty) && (x.rows >= DENSE_MIN_ROWS || panels_only(cpu))
+    is_float(lin.weight.ty) && (x.rows >= DENSE_MIN_ROWS || panels_only(cpu, lin.weight.ty))
 }
 
 /// Whether every product of a float weight goes through its packed panels, whatever the number
@@ -146,8 +146,14 @@ pub(crate) fn is_dense(cpu: &Context, x: &CpuTensor, lin: &Linear<CpuBackend>) -
 /// Elsewhere one-row products (decode) dot the file's rows: through the panels they measured
 /// about 30 % slower on a 16-bit qwen3-0.6b (the panels' k-blocks read each weight in runs of
 /// a few KiB; docs/BENCHMARKS.md), so both copies stay once a prefill has packed the panels.
-fn panels_only(cpu: &Context) -> bool {
-    cpu.batch_invariant
+///
+/// F32 weights split for the AMX tiles ([`CpuOptions::amx_float`](crate::CpuOptions::amx_float))
+/// take the tiles at every number of rows too: their sums are not the row dots' (about 1e-5 of
+/// the terms apart), and one path keeps a row's result the same alone or batched (an embedding
+/// of a short text, a decode step against its prefill). A one-row product there streams the
+/// split panels (the size of the file's rows) at about the speed of the row dots.
+fn panels_only(cpu: &Context, ty: GgmlType) -> bool {
+    cpu.batch_invariant || (cpu.amx_float && ty == GgmlType::F32)
 }
 
 /// `x · Wᵀ (+ bias)`; with `gelu` (dense products only, see [`is_dense`]) the exact GELU of
@@ -178,12 +184,17 @@ pub(crate) fn matmul(
         return CpuTensor::new(y, m, n);
     }
     if is_dense(cpu, x, lin) {
-        let packed = w.dense_packed(&cpu.team, panels_only(cpu))?;
+        let isa = Isa::for_level(cpu.simd);
+        let packed = w.dense_packed(
+            &cpu.team,
+            panels_only(cpu, w.ty),
+            (cpu.amx_float && w.ty == GgmlType::F32).then_some(isa),
+        )?;
         let bias = match &lin.bias {
             Some(b) => Some(b.vector("matmul bias")?),
             None => None,
         };
-        let exec = Exec::new(Isa::for_level(cpu.simd), &cpu.team, cpu.bf16_dot);
+        let exec = Exec::new(isa, &cpu.team, cpu.bf16_dot);
         let y = sgemm::sgemm(exec, &x.data, m, packed, bias, gelu)?;
         return CpuTensor::new(y, m, n);
     }

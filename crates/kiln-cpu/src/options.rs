@@ -52,6 +52,15 @@ pub struct CpuOptions {
     /// results of every other level, bit for bit). Default on; `KILN_BF16_DOT=0` turns it off in
     /// the CLI.
     pub bf16_dot: bool,
+    /// Products of F32 weights with at least a few activation rows (prefill, encoders, and
+    /// every product in batch-invariant mode) on Intel AMX BF16 tiles, where the CPU has
+    /// AMX-BF16, the SIMD level is AVX-512 and the operating system grants the tiles: each
+    /// operand split into two BF16 parts (`hi + lo`, 16 significant bits), three tile products
+    /// per pair of parts, f32 sums (within 3·10⁻⁵ of the sum of the terms' magnitudes at worst,
+    /// see `sgemm::amx`), several times the f32 kernels' speed. Off, or on other CPUs: the f32
+    /// kernels (exact products). Default on; `KILN_AMX_FLOAT=0` turns it off in the CLI, as
+    /// `KILN_AMX=0` turns off every tile product.
+    pub amx_float: bool,
     /// The element type of the KV caches the backend makes (`Backend::kv_zeros`): f16 (half the
     /// memory, and half the bytes decode attention reads) or f32 (exactly the keys and values
     /// the model computed).
@@ -66,6 +75,7 @@ impl Default for CpuOptions {
             interleave: INTERLEAVE_TYPES.to_vec(),
             batch_invariant: false,
             bf16_dot: true,
+            amx_float: true,
             kv_dtype: KvDtype::default(),
         }
     }

@@ -52,6 +52,9 @@ use kiln_core::GgmlType;
 use crate::kernels::SimdLevel;
 use crate::team::Team;
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod amx;
+
 /// Rows of the register tile (activation rows per micro-kernel call).
 pub(crate) const MR: usize = 6;
 /// Columns of the register tile (weight rows per packed panel): two ymm registers.
@@ -203,6 +206,9 @@ enum Panels {
     F32(Vec<PanelRow>),
     F16(Vec<F16Row>),
     Bf16(Vec<Bf16Row>),
+    /// F32 weights split into BF16 parts for the AMX tiles (`amx`).
+    #[cfg(target_arch = "x86_64")]
+    Split(amx::SplitPanels),
 }
 
 impl std::fmt::Debug for PackedWeight {
@@ -214,7 +220,24 @@ impl std::fmt::Debug for PackedWeight {
 impl PackedWeight {
     /// Packs `n` rows of `k` elements of type `ty` (F32, F16 or BF16, `row_bytes` each, as
     /// stored in the file). Panels are filled in parallel on `team`.
+    #[cfg(test)]
     pub(crate) fn pack(
+        team: &Team,
+        ty: GgmlType,
+        bytes: &[u8],
+        n: usize,
+        k: usize,
+        row_bytes: usize,
+    ) -> std::result::Result<Self, String> {
+        Self::pack_for(Isa::Scalar, false, team, ty, bytes, n, k, row_bytes)
+    }
+
+    /// [`PackedWeight::pack`], or with `split` an F32 weight split into BF16 parts for the AMX
+    /// products (`amx`) where they are available to `isa`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn pack_for(
+        isa: Isa,
+        split: bool,
         team: &Team,
         ty: GgmlType,
         bytes: &[u8],
@@ -236,6 +259,17 @@ impl PackedWeight {
                 bytes.len()
             ));
         }
+        #[cfg(target_arch = "x86_64")]
+        if split && ty == GgmlType::F32 {
+            if let Some(p) = amx::SplitPanels::pack(isa, team, bytes, n, k, row_bytes) {
+                return Ok(PackedWeight {
+                    n,
+                    k,
+                    panels: Panels::Split(p),
+                });
+            }
+        }
+        let _ = (isa, split);
         let panels = match ty {
             GgmlType::F16 => Panels::F16(pack_halves(team, bytes, n, k, row_bytes)),
             GgmlType::BF16 => Panels::Bf16(pack_halves(team, bytes, n, k, row_bytes)),
@@ -263,6 +297,8 @@ impl PackedWeight {
             Panels::F32(r) => std::mem::size_of_val(&r[..]),
             Panels::F16(r) => std::mem::size_of_val(&r[..]),
             Panels::Bf16(r) => std::mem::size_of_val(&r[..]),
+            #[cfg(target_arch = "x86_64")]
+            Panels::Split(p) => p.bytes(),
         }
     }
 }
@@ -360,13 +396,18 @@ impl Plan {
     /// The blocking of `[m, k] · [n, k]ᵀ` for a kernel that packs activations (`packs`) or reads
     /// them in place.
     pub(crate) fn new(m: usize, n: usize, k: usize, packs: bool) -> Plan {
+        Plan::with_rows(m, n, k, packs, MR)
+    }
+
+    /// [`Plan::new`] with m-blocks of a multiple of `unit` rows (the kernel's tile height).
+    fn with_rows(m: usize, n: usize, k: usize, packs: bool, unit: usize) -> Plan {
         let (m1, n1, k1) = (m.max(1), n.max(1), k.max(1));
         // Equal k-blocks (the last one shorter by less than one step per block).
         let kc = k1.div_ceil(k1.div_ceil(KC_MAX));
         // Equal m-blocks of whole register tiles, as many as `M_TASKS` while they keep at least
         // `MC_MIN` rows, more when `MC_MAX` asks for it.
         let m_target = m1.div_ceil(MC_MAX).max(M_TASKS.min(m1.div_ceil(MC_MIN)));
-        let mc = m1.div_ceil(m_target).next_multiple_of(MR);
+        let mc = m1.div_ceil(m_target).next_multiple_of(unit);
         let m_blocks = m1.div_ceil(mc);
         let panels = n1.div_ceil(NR);
         // n-blocks of at most `NC_BYTES_MAX` when the kernel reads activations in place (an even
@@ -513,6 +554,8 @@ pub(crate) fn sgemm(
             bf16_dot::run(exec, &plan, x, rows, bias, gelu, &out)
         }
         Panels::Bf16(rows) => run_tasks(exec, &plan, x, rows, bias, gelu, &out),
+        #[cfg(target_arch = "x86_64")]
+        Panels::Split(p) => amx::run(exec, x, (m, n, k), p, bias, gelu, &out),
     }
     // Every element has been written: the tasks' rectangles cover `y` (`Plan::task`), and a
     // task's first k-block stores every element of each tile of its rectangle
@@ -1726,8 +1769,24 @@ mod tests {
     /// f32 terms (k products, then the bias): `γ_{k+2} · (Σ|x·w| + |bias|)`, γ_j = j·u/(1 - j·u)
     /// with u = 2⁻²⁴; blocking and FMA only tighten it. A wrong index is off by O(1).
     fn check(y: &[f32], x: &[f32], w: &[f32], bias: Option<&[f32]>, m: usize, n: usize, k: usize) {
+        check_within(y, x, w, bias, (m, n, k), gamma(k + 2));
+    }
+
+    /// γ_j = j·u/(1 - j·u), u = 2⁻²⁴: the bound of a chain of `j` f32 roundings.
+    fn gamma(j: usize) -> f64 {
         let u = f64::powi(2.0, -24);
-        let gamma = (k + 2) as f64 * u / (1.0 - (k + 2) as f64 * u);
+        j as f64 * u / (1.0 - j as f64 * u)
+    }
+
+    /// [`check`] with the bound `rel · (Σ|x·w| + |bias|)`.
+    fn check_within(
+        y: &[f32],
+        x: &[f32],
+        w: &[f32],
+        bias: Option<&[f32]>,
+        (m, n, k): (usize, usize, usize),
+        rel: f64,
+    ) {
         for r in 0..m {
             for c in 0..n {
                 let (mut sum, mut mag) = (0.0f64, 0.0f64);
@@ -1742,7 +1801,7 @@ mod tests {
                 }
                 let got = y[r * n + c] as f64;
                 assert!(
-                    (got - sum).abs() <= gamma * mag + f64::MIN_POSITIVE,
+                    (got - sum).abs() <= rel * mag + f64::MIN_POSITIVE,
                     "[{m}, {k}] x [{n}, {k}]ᵀ at ({r}, {c}): {got} vs {sum}"
                 );
             }
@@ -1816,7 +1875,7 @@ mod tests {
             let get = |panel: usize, step: usize, c: usize| match &h.panels {
                 Panels::F16(r) => block(r, k, panel, 0, k)[step].get(c),
                 Panels::Bf16(r) => block(r, k, panel, 0, k)[step].get(c),
-                Panels::F32(_) => panic!("{ty} packed as f32"),
+                _ => panic!("{ty} not packed in 16 bits"),
             };
             for panel in 0..2 {
                 for step in 0..k {
@@ -2086,5 +2145,102 @@ mod tests {
         assert!(run(3, None).is_err());
         assert!(run(2, Some(&[0.0; 3])).is_err());
         assert!(run(2, Some(&[0.0; 4])).is_ok());
+    }
+
+    #[test]
+    fn split_parts_hold_sixteen_significant_bits() {
+        let bf = |b: u16| f32::from_bits(u32::from(b) << 16);
+        for (i, v) in values(4096, 41).into_iter().enumerate() {
+            let v = v * f32::powi(2.0, i as i32 % 40 - 20);
+            let (hi, lo) = amx_split(v);
+            let err = (f64::from(v) - f64::from(bf(hi)) - f64::from(bf(lo))).abs();
+            assert!(
+                err <= f64::powi(2.0, -17) * f64::from(v).abs(),
+                "{v}: {hi:#x} {lo:#x}"
+            );
+            assert_eq!(bf(hi), half::bf16::from_f32(v).to_f32(), "{v}: hi");
+        }
+        // A BF16 value is its hi part alone.
+        assert_eq!(amx_split(1.5), (0x3fc0, 0));
+        assert_eq!(amx_split(-0.0), (0x8000, 0));
+    }
+
+    /// The split of `v` (`amx::split`, portable, so the test runs on every host).
+    fn amx_split(v: f32) -> (u16, u16) {
+        let hi = half::bf16::from_f32(v);
+        let lo = half::bf16::from_f32(v - hi.to_f32());
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(amx::split(v), (hi.to_bits(), lo.to_bits()));
+        (hi.to_bits(), lo.to_bits())
+    }
+
+    /// The split products (where this host grants AMX-BF16 tiles): within their bound of f64
+    /// (`2⁻¹⁵·(1 + 2⁻⁸) + γ_{3k+2}` of the terms' magnitudes), on edges of m, n and k, with
+    /// bias and GELU; the same bits on one thread and two, and for each row alone.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn amx_split_products_are_within_their_bound_and_invariant() {
+        if !amx::available(Isa::Avx512) {
+            eprintln!("skipped: this host has no AMX-BF16 tiles granted (or no AVX-512 BF16)");
+            return;
+        }
+        let (one, two) = (team(1), team(2));
+        for (i, &(m, n, k)) in [
+            (1, 1, 1),
+            (3, 17, 31),
+            (32, 32, 32),
+            (33, 48, 33),
+            (70, 100, 384),
+            (64, 16, 1543),
+            (200, 50, 64),
+            (97, 1152, 384),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let w = values(n * k, 3 + i as u64);
+            let x = values(m * k, 50 + i as u64);
+            let bias = values(n, 90 + i as u64);
+            let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let packed =
+                PackedWeight::pack_for(Isa::Avx512, true, &one, GgmlType::F32, &bytes, n, k, 4 * k)
+                    .unwrap();
+            assert!(matches!(packed.panels, Panels::Split(_)), "split packing");
+            assert_eq!(
+                packed.bytes(),
+                n.div_ceil(NR) * NR * k.next_multiple_of(32) * 4
+            );
+            let rel = f64::powi(2.0, -15) * (1.0 + f64::powi(2.0, -8)) + gamma(3 * k + 2);
+            let e = |t| exec(t, Isa::Avx512);
+            let plain = sgemm(e(&one), &x, m, &packed, Some(&bias), false).unwrap();
+            check_within(&plain, &x, &w, Some(&bias), (m, n, k), rel);
+            let gelu = sgemm(e(&two), &x, m, &packed, Some(&bias), true).unwrap();
+            for (g, p) in gelu.iter().zip(&plain) {
+                assert_eq!(
+                    g.to_bits(),
+                    crate::math::gelu(*p).to_bits(),
+                    "[{m}, {n}, {k}] gelu"
+                );
+            }
+            let y2 = sgemm(e(&two), &x, m, &packed, None, false).unwrap();
+            check_within(&y2, &x, &w, None, (m, n, k), rel);
+            for r in [0, m / 2, m - 1] {
+                let alone =
+                    sgemm(e(&one), &x[r * k..(r + 1) * k], 1, &packed, None, false).unwrap();
+                assert_eq!(
+                    alone,
+                    y2[r * n..(r + 1) * n],
+                    "[{m}, {n}, {k}] row {r} alone"
+                );
+            }
+            let y1 = sgemm(e(&one), &x, m, &packed, None, false).unwrap();
+            assert_eq!(y1, y2, "[{m}, {n}, {k}]: one thread vs two");
+        }
+        // Without the request (or for other types) the f32 panels.
+        let bytes = vec![0u8; 4 * 16 * 8];
+        let p = PackedWeight::pack_for(Isa::Avx512, false, &one, GgmlType::F32, &bytes, 16, 8, 32);
+        assert!(matches!(p.unwrap().panels, Panels::F32(_)));
+        let p = PackedWeight::pack_for(Isa::Avx2, true, &one, GgmlType::F32, &bytes, 16, 8, 32);
+        assert!(matches!(p.unwrap().panels, Panels::F32(_)));
     }
 }

@@ -11,7 +11,7 @@ use kiln_backend::{shape_err, GptqMatrix, Result, WeightData};
 use kiln_core::{GgmlType, SharedBytes};
 
 use crate::kernels;
-use crate::sgemm::PackedWeight;
+use crate::sgemm::{Isa, PackedWeight};
 use crate::team::Team;
 
 /// A weight on the CPU: a zero-copy view of the file's bytes (quantized blocks stay quantized).
@@ -28,6 +28,10 @@ pub struct CpuWeight {
     /// BF16 kept in 16 bits, widened in registers); the error is kept so every later call
     /// reports it.
     pub(crate) packed: OnceLock<std::result::Result<PackedWeight, String>>,
+    /// An F32 matrix split into BF16 parts for the AMX tiles (`sgemm::amx`), made on first use
+    /// by a backend with [`CpuOptions::amx_float`](crate::CpuOptions::amx_float) (kept apart
+    /// from `packed`, so that backends of both settings can share a weight).
+    pub(crate) split: OnceLock<std::result::Result<PackedWeight, String>>,
     /// A GPTQ 4-bit matrix (then `ty` is I32, the checkpoint's word type, and `bytes` empty).
     pub(crate) gptq: Option<Arc<GptqMatrix>>,
     /// The matrix in an interleaved layout (`kernels::interleave`), which every product and
@@ -162,25 +166,37 @@ impl CpuWeight {
     /// The weight packed for the dense GEMM, for float types: packed on first use (on `team`),
     /// then shared by every call. With `release_rows` (every product of this backend reads the
     /// panels), the pages of the file's rows are handed back once packed: they are read again
-    /// only by an embedding lookup, which faults in just the rows it takes.
-    pub(crate) fn dense_packed(&self, team: &Team, release_rows: bool) -> Result<&PackedWeight> {
-        self.packed
-            .get_or_init(|| {
-                let packed = PackedWeight::pack(
-                    team,
-                    self.ty,
-                    &self.bytes,
-                    self.n_rows,
-                    self.row_len,
-                    self.row_bytes,
-                );
-                if release_rows && packed.is_ok() {
-                    self.bytes.release_pages();
-                }
-                packed
-            })
-            .as_ref()
-            .map_err(|e| shape_err("dense matmul", e.clone()))
+    /// only by an embedding lookup, which faults in just the rows it takes. With `split`, an F32
+    /// weight split for the AMX tiles where `isa` has them (`PackedWeight::pack_for`).
+    pub(crate) fn dense_packed(
+        &self,
+        team: &Team,
+        release_rows: bool,
+        split: Option<Isa>,
+    ) -> Result<&PackedWeight> {
+        let lock = if split.is_some() {
+            &self.split
+        } else {
+            &self.packed
+        };
+        lock.get_or_init(|| {
+            let packed = PackedWeight::pack_for(
+                split.unwrap_or(Isa::Scalar),
+                split.is_some(),
+                team,
+                self.ty,
+                &self.bytes,
+                self.n_rows,
+                self.row_len,
+                self.row_bytes,
+            );
+            if release_rows && packed.is_ok() {
+                self.bytes.release_pages();
+            }
+            packed
+        })
+        .as_ref()
+        .map_err(|e| shape_err("dense matmul", e.clone()))
     }
 
     /// Whether this weight is held in an interleaved layout (see
@@ -224,11 +240,12 @@ mod tests {
                 bytes,
                 values: None,
                 packed: OnceLock::new(),
+                split: OnceLock::new(),
                 gptq: None,
                 interleaved: None,
             };
-            w.dense_packed(&team, release_rows).unwrap();
-            w.dense_packed(&team, release_rows).unwrap();
+            w.dense_packed(&team, release_rows, None).unwrap();
+            w.dense_packed(&team, release_rows, None).unwrap();
             assert_eq!(released.load(Ordering::SeqCst), usize::from(release_rows));
             // The rows read the same after the release (a lookup faults them in again).
             assert_eq!(w.row_bytes_of(3)[..4], 24f32.to_le_bytes());

@@ -17,9 +17,11 @@
 //! error ≤ 2^-11) the prompt logits must stay within `F16_KV_TOL = 3e-3 · max|logit|` (measured:
 //! 4e-4 to 1.0e-3, printed by each test).
 //!
-//! All of that runs with exact f32 products ([`exact`]: `CpuOptions::bf16_dot` off). The
-//! defaults, where the CPU has AVX512_BF16, also round activations to BF16 in products of BF16
-//! weights (as llama.cpp does); with them the prompt logits of every family must stay within
+//! All of that runs with exact f32 products ([`exact`]: `CpuOptions::bf16_dot` and
+//! `CpuOptions::amx_float` off). The defaults, where the CPU has AVX512_BF16, also round
+//! activations to BF16 in products of BF16 weights (as llama.cpp does), and where the OS grants
+//! AMX tiles split the prefill's F32 products into BF16 parts (`kiln_cpu`'s `sgemm::amx`); with
+//! them the prompt logits of every family must stay within
 //! `DEFAULTS_TOL = 3e-2 · max|logit|` (measured on the BF16 fixtures: up to 1.2e-2; greedy
 //! tokens may then differ, the fixtures' margins being small).
 
@@ -37,11 +39,12 @@ const LOGIT_TOL: f32 = 1e-5;
 const F16_KV_TOL: f32 = 3e-3;
 const DEFAULTS_TOL: f32 = 3e-2;
 
-/// A backend of `threads` threads with exact f32 products of BF16 weights (the reference's
-/// arithmetic), otherwise the defaults.
+/// A backend of `threads` threads with exact f32 products of BF16 and F32 weights (the
+/// reference's arithmetic), otherwise the defaults.
 fn exact(threads: usize) -> CpuBackend {
     CpuBackend::with_options(&CpuOptions {
         bf16_dot: false,
+        amx_float: false,
         ..CpuOptions::threads(threads)
     })
     .unwrap()
@@ -146,6 +149,7 @@ fn check_family(family: &str, format: Format) {
     let b = CpuBackend::with_options(&CpuOptions {
         kv_dtype: KvDtype::F32,
         bf16_dot: false,
+        amx_float: false,
         ..CpuOptions::threads(2)
     })
     .unwrap();

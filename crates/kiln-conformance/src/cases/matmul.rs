@@ -61,6 +61,11 @@ pub fn candidates(
     if is_float(ty) {
         let e = reference::product_expected(x, dims, w, bias, None, tolerance::float_product(k));
         out.push(("f32 activations".into(), e));
+        if claims.split_products && ty == GgmlType::F32 {
+            let e =
+                reference::product_expected(x, dims, w, bias, None, tolerance::split_product(k));
+            out.push(("split BF16 products".into(), e));
+        }
         return out;
     }
     let mag = reference::quant_magnitude(ty, w_bytes, w);

@@ -64,6 +64,8 @@ mod kv_elem;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use x86::amx::{cpu_has_amx_bf16, SplitTiles, SPLIT_TILE_BYTES};
 
 /// The instruction sets a kernel may use, each level including the ones before it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

@@ -265,6 +265,137 @@ pub(super) unsafe fn store(c: usize, dst: *mut u8, stride: usize) {
     }
 }
 
+/// Whether CPUID reports AMX-BF16 (leaf 7, EDX bit 22), which the float products' tiles
+/// (`tdpbf16ps`) need beside the grant of [`granted`].
+pub(crate) fn cpu_has_amx_bf16() -> bool {
+    let max = std::arch::x86_64::__cpuid(0).eax;
+    max >= 7 && std::arch::x86_64::__cpuid_count(7, 0).edx & (1 << 22) != 0
+}
+
+/// The float products' configuration: all eight tiles 16 rows of 64 bytes (sums: 16 × 16 f32;
+/// operands: 16 rows of 16 BF16 pairs).
+const SPLIT_CONFIG: Config = {
+    let mut c = Config::new();
+    let mut t = 0;
+    while t < 8 {
+        c = c.tile(t, 16, 64);
+        t += 1;
+    }
+    c
+};
+
+/// Bytes of one operand tile of the float products: 16 rows of 64 bytes.
+pub(crate) const SPLIT_TILE_BYTES: usize = 1024;
+
+/// The tiles of the calling thread configured for the float products (`crate::sgemm::amx`),
+/// from [`SplitTiles::begin`] until dropped (which releases them). Not `Send`: the tile state
+/// belongs to the thread that loaded it.
+pub(crate) struct SplitTiles(std::marker::PhantomData<*const ()>);
+
+impl SplitTiles {
+    /// Configures the calling thread's tiles.
+    ///
+    /// # Safety
+    /// [`granted`] and [`cpu_has_amx_bf16`] returned true.
+    pub(crate) unsafe fn begin() -> SplitTiles {
+        // SAFETY: the caller vouches for the grant.
+        unsafe { SPLIT_CONFIG.load() };
+        SplitTiles(std::marker::PhantomData)
+    }
+
+    /// The 32 × 32 sums of two 16-row halves of activations by two 16-column weight panels over
+    /// `chunks` chunks of 32 k-steps, each value split in two BF16 parts (`hi`, `lo`): per chunk
+    /// `hi·lo`, `hi·hi`, then `lo·hi` are added to the sums (`tdpbf16ps`: each BF16 product
+    /// exact, added into the f32 sum in order of k). Written to `out`, 32 rows of 32 f32
+    /// (`[r][c]`: half `r / 16`, panel `c / 16`).
+    ///
+    /// Activations: `a[h]` is the hi part of the first row of half `h` at k = 0, rows `stride`
+    /// bytes apart, 32 BF16 values (64 bytes) per chunk; each row's lo part starts `lo` bytes
+    /// after its hi part. Weights: `b[j]` is panel `j`'s first chunk, chunk `c` its hi tile at
+    /// `b[j] + 2c·1024` and its lo tile 1024 bytes after (16 rows of 16 column pairs of k-steps
+    /// `2i, 2i + 1`, the layout `tdpbf16ps` multiplies).
+    ///
+    /// # Safety
+    /// Every row of every operand tile named above is readable.
+    #[inline(always)]
+    pub(crate) unsafe fn block(
+        &self,
+        chunks: usize,
+        a: [*const u8; 2],
+        lo: usize,
+        stride: usize,
+        b: [*const u8; 2],
+        out: &mut [[f32; 32]; 32],
+    ) {
+        // SAFETY: the configuration is loaded (`self` exists on this thread), the caller
+        // vouches for the operands, and `out` holds 32 rows of 128 bytes.
+        unsafe {
+            zero_pair(0);
+            zero_pair(1);
+            for c in 0..chunks {
+                let (a0, a1) = (a[0].add(64 * c), a[1].add(64 * c));
+                let b0 = b[0].add(2 * SPLIT_TILE_BYTES * c);
+                let b1 = b[1].add(2 * SPLIT_TILE_BYTES * c);
+                split_chunk([a0, a1, a0.add(lo), a1.add(lo)], stride, [b0, b1]);
+            }
+            let base = out.as_mut_ptr().cast::<u8>();
+            store(0, base, 128);
+            store(1, base.add(64), 128);
+            store(2, base.add(16 * 128), 128);
+            store(3, base.add(16 * 128 + 64), 128);
+        }
+    }
+}
+
+impl Drop for SplitTiles {
+    fn drop(&mut self) {
+        // SAFETY: `begin` loaded a configuration on this thread, so the grant was made.
+        unsafe { release() };
+    }
+}
+
+/// One chunk of [`SplitTiles::block`]: `hi·lo`, `hi·hi`, then `lo·hi` into every sum, eight
+/// tile loads for twelve products. Each load is placed right after the last product that reads
+/// the tile it overwrites, so it can overlap the products that follow.
+///
+/// # Safety
+/// The float products' configuration is loaded on this thread; `a` holds the hi rows of both
+/// halves then their lo rows (16 rows `stride` bytes apart, 64 bytes each), `b` each panel's
+/// hi tile with its lo tile 1024 bytes after it, all readable.
+#[inline(always)]
+unsafe fn split_chunk(a: [*const u8; 4], stride: usize, b: [*const u8; 2]) {
+    // SAFETY: the caller vouches for the configuration and the memory.
+    unsafe {
+        asm!(
+            "tileloadd tmm4, [{a0} + {sa}*1]",
+            "tileloadd tmm6, [{b0} + {sb}*1 + 1024]",
+            "tileloadd tmm5, [{a1} + {sa}*1]",
+            "tileloadd tmm7, [{b1} + {sb}*1 + 1024]",
+            "tdpbf16ps tmm0, tmm4, tmm6",
+            "tdpbf16ps tmm2, tmm5, tmm6",
+            "tileloadd tmm6, [{b0} + {sb}*1]",
+            "tdpbf16ps tmm1, tmm4, tmm7",
+            "tdpbf16ps tmm3, tmm5, tmm7",
+            "tileloadd tmm7, [{b1} + {sb}*1]",
+            "tdpbf16ps tmm0, tmm4, tmm6",
+            "tdpbf16ps tmm1, tmm4, tmm7",
+            "tileloadd tmm4, [{a0l} + {sa}*1]",
+            "tdpbf16ps tmm2, tmm5, tmm6",
+            "tdpbf16ps tmm3, tmm5, tmm7",
+            "tileloadd tmm5, [{a1l} + {sa}*1]",
+            "tdpbf16ps tmm0, tmm4, tmm6",
+            "tdpbf16ps tmm1, tmm4, tmm7",
+            "tdpbf16ps tmm2, tmm5, tmm6",
+            "tdpbf16ps tmm3, tmm5, tmm7",
+            a0 = in(reg) a[0], a1 = in(reg) a[1], a0l = in(reg) a[2], a1l = in(reg) a[3],
+            b0 = in(reg) b[0], b1 = in(reg) b[1], sa = in(reg) stride, sb = in(reg) 64usize,
+            out("tmm0") _, out("tmm1") _, out("tmm2") _, out("tmm3") _,
+            out("tmm4") _, out("tmm5") _, out("tmm6") _, out("tmm7") _,
+            options(nostack, readonly),
+        )
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
