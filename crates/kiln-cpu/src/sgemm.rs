@@ -218,8 +218,7 @@ impl std::fmt::Debug for PackedWeight {
 }
 
 impl PackedWeight {
-    /// Packs `n` rows of `k` elements of type `ty` (F32, F16 or BF16, `row_bytes` each, as
-    /// stored in the file). Panels are filled in parallel on `team`.
+    /// [`PackedWeight::pack_for`] without the split: the f32 kernels' panels.
     #[cfg(test)]
     pub(crate) fn pack(
         team: &Team,
@@ -232,8 +231,10 @@ impl PackedWeight {
         Self::pack_for(Isa::Scalar, false, team, ty, bytes, n, k, row_bytes)
     }
 
-    /// [`PackedWeight::pack`], or with `split` an F32 weight split into BF16 parts for the AMX
-    /// products (`amx`) where they are available to `isa`.
+    /// Packs `n` rows of `k` elements of type `ty` (F32, F16 or BF16, `row_bytes` each, as
+    /// stored in the file), in parallel on `team`: panels for the f32 kernels, or with `split` an
+    /// F32 weight split into BF16 parts for the AMX products (`amx`) where they are available to
+    /// `isa`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn pack_for(
         isa: Isa,

@@ -241,14 +241,14 @@ fn task(
             unsafe { tiles.block(w.chunks, a, 2 * k32, 2 * row_len, b, &mut sums) };
             let c0 = panel * NR;
             let cols = ((second - panel + 1) * NR).min(plan.n - c0);
-            write(out, &sums, (row, rows), (c0, cols), bias, gelu);
+            store(out, &sums, (row, rows), (c0, cols), bias, gelu);
         }
     }
     drop(tiles);
 }
 
 /// Rows `[r0, r0 + rows)`, columns `[c0, c0 + cols)` of `y` from `sums` (`+ bias[c]`, then GELU).
-fn write(
+fn store(
     out: &Out,
     sums: &[[f32; 2 * NR]; ROWS],
     (r0, rows): (usize, usize),
@@ -269,16 +269,16 @@ fn write(
     );
     // SAFETY: the assert proves every row's `cols` elements inside `y`; this task alone
     // accesses them (see `Out`).
-    unsafe { write_avx512(out, sums, (r0, rows), (c0, cols), bias, gelu) }
+    unsafe { store_avx512(out, sums, (r0, rows), (c0, cols), bias, gelu) }
 }
 
-/// [`write`]'s stores: each row's two halves through masked AVX-512 loads and stores (the GELU
+/// [`store`]'s stores: each row's two halves through masked AVX-512 loads and stores (the GELU
 /// through a 16-value row, which `gelu_slice` compiles to vector code here).
 ///
 /// # Safety
-/// As checked by [`write`]; the CPU has AVX-512 F/BW (`available`).
+/// As checked by [`store`]; the CPU has AVX-512 F/BW (`available`).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-unsafe fn write_avx512(
+unsafe fn store_avx512(
     out: &Out,
     sums: &[[f32; 2 * NR]; ROWS],
     (r0, rows): (usize, usize),
