@@ -622,8 +622,14 @@ impl Out {
 
     /// Whether the `rows × cols` tile at `(r0, c0)` lies inside the buffer.
     fn tile_fits(&self, r0: usize, c0: usize, rows: usize, cols: usize) -> bool {
-        (1..=MR).contains(&rows)
-            && (1..=NR).contains(&cols)
+        (1..=MR).contains(&rows) && (1..=NR).contains(&cols) && self.block_fits(r0, c0, rows, cols)
+    }
+
+    /// Whether the `rows × cols` block at `(r0, c0)` (at least one of each) lies inside the
+    /// buffer.
+    fn block_fits(&self, r0: usize, c0: usize, rows: usize, cols: usize) -> bool {
+        rows >= 1
+            && cols >= 1
             && c0 + cols <= self.ld
             && (r0 + rows - 1)
                 .checked_mul(self.ld)

@@ -25,8 +25,10 @@
 //! split per call: row `r` holds its hi parts then its lo parts, each padded with zeros to the
 //! chunks (`2·k32` values a row); the rows are padded to whole blocks of 32 (padding rows give
 //! sums that are never stored). A task computes blocks of 32 rows by two panels over all of
-//! `k` in the tiles (no k-blocks), row group by row group, and stores each block through its
-//! epilogue (bias, GELU) once.
+//! `k` in the tiles (no k-blocks), row group by row group. A block's sums start from the bias
+//! (one 64-byte row loaded into all 16 rows of a tile: stride 0), so the bias is the first term
+//! of each sum rather than added after it; a whole block of a product without GELU is stored
+//! from the tiles straight into `y`, others through a scratch block (GELU, edges).
 
 use half::bf16;
 
@@ -223,6 +225,7 @@ fn task(
     // SAFETY: `w` exists, so `available` said yes (the grant and AMX-BF16).
     let tiles = unsafe { SplitTiles::begin() };
     let mut sums = [[0.0f32; 2 * NR]; ROWS];
+    let mut init = [0.0f32; 2 * NR];
     for row in (r0..r1).step_by(ROWS) {
         let a = [
             xs[row * row_len..].as_ptr().cast::<u8>(),
@@ -235,41 +238,58 @@ fn task(
                 w.blocks[panel * per_panel..].as_ptr().cast::<u8>(),
                 w.blocks[second * per_panel..].as_ptr().cast::<u8>(),
             ];
-            // SAFETY: the assert proves rows `row .. row + 32` of `xs` (each `row_len` values:
-            // hi parts at 0, lo parts `2·k32` bytes on, `w.chunks` chunks of 64 bytes each) and
-            // both panels' `2·w.chunks` tiles readable.
-            unsafe { tiles.block(w.chunks, a, 2 * k32, 2 * row_len, b, &mut sums) };
             let c0 = panel * NR;
             let cols = ((second - panel + 1) * NR).min(plan.n - c0);
-            store(out, &sums, (row, rows), (c0, cols), bias, gelu);
+            if let Some(bias) = bias {
+                // Zeros past the last column: the block computes them, the store drops them.
+                init[..cols].copy_from_slice(&bias[c0..c0 + cols]);
+                init[cols..].fill(0.0);
+            }
+            // A whole block of a product without GELU goes from the tiles straight to `y`.
+            let direct = !gelu && rows == ROWS && cols == 2 * NR;
+            let dst = if direct {
+                assert!(
+                    out.block_fits(row, c0, ROWS, 2 * NR),
+                    "split block out of bounds"
+                );
+                // SAFETY: `block_fits` proves the 32 × 32 block inside `y`.
+                (
+                    unsafe { out.ptr.add(row * out.ld + c0) }.cast::<u8>(),
+                    4 * out.ld,
+                )
+            } else {
+                (sums.as_mut_ptr().cast::<u8>(), 4 * 2 * NR)
+            };
+            // SAFETY: the assert above proves rows `row .. row + 32` of `xs` (each `row_len`
+            // values: hi parts at 0, lo parts `2·k32` bytes on, `w.chunks` chunks of 64 bytes
+            // each) and both panels' `2·w.chunks` tiles readable; `dst` is `sums` or a block
+            // of `y` that this task alone accesses (see `Out`).
+            unsafe { tiles.block(w.chunks, a, 2 * k32, 2 * row_len, b, &init, dst) };
+            if !direct {
+                store(out, &sums, (row, rows), (c0, cols), gelu);
+            }
         }
     }
     drop(tiles);
 }
 
-/// Rows `[r0, r0 + rows)`, columns `[c0, c0 + cols)` of `y` from `sums` (`+ bias[c]`, then GELU).
+/// Rows `[r0, r0 + rows)`, columns `[c0, c0 + cols)` of `y` from `sums` (GELU'd with `gelu`).
 fn store(
     out: &Out,
     sums: &[[f32; 2 * NR]; ROWS],
     (r0, rows): (usize, usize),
     (c0, cols): (usize, usize),
-    bias: Option<&[f32]>,
     gelu: bool,
 ) {
     assert!(
         (1..=ROWS).contains(&rows)
             && (1..=2 * NR).contains(&cols)
-            && c0 + cols <= out.ld
-            && (r0 + rows - 1)
-                .checked_mul(out.ld)
-                .and_then(|v| v.checked_add(c0 + cols))
-                .is_some_and(|end| end <= out.len)
-            && bias.is_none_or(|b| b.len() >= c0 + cols),
+            && out.block_fits(r0, c0, rows, cols),
         "split store out of bounds"
     );
     // SAFETY: the assert proves every row's `cols` elements inside `y`; this task alone
     // accesses them (see `Out`).
-    unsafe { store_avx512(out, sums, (r0, rows), (c0, cols), bias, gelu) }
+    unsafe { store_avx512(out, sums, (r0, rows), (c0, cols), gelu) }
 }
 
 /// [`store`]'s stores: each row's two halves through masked AVX-512 loads and stores (the GELU
@@ -283,22 +303,14 @@ unsafe fn store_avx512(
     sums: &[[f32; 2 * NR]; ROWS],
     (r0, rows): (usize, usize),
     (c0, cols): (usize, usize),
-    bias: Option<&[f32]>,
     gelu: bool,
 ) {
     use std::arch::x86_64::*;
     for h in 0..cols.div_ceil(NR) {
         let lanes = (cols - h * NR).min(NR);
         let mask: __mmask16 = if lanes == NR { !0 } else { (1u16 << lanes) - 1 };
-        let b = match bias {
-            Some(b) => _mm512_maskz_loadu_ps(mask, b.as_ptr().add(c0 + h * NR)),
-            None => _mm512_setzero_ps(),
-        };
         for (i, s) in sums.iter().take(rows).enumerate() {
             let mut v = _mm512_loadu_ps(s.as_ptr().add(h * NR));
-            if bias.is_some() {
-                v = _mm512_add_ps(v, b);
-            }
             if gelu {
                 let mut row = [0.0f32; NR];
                 _mm512_storeu_ps(row.as_mut_ptr(), v);

@@ -173,8 +173,8 @@ pub(super) unsafe fn release() {
     };
 }
 
-/// Loads tile `t` (4..8: the operands, A in 4 and 5 and B in 6 and 7) from `base`, rows `stride`
-/// bytes apart.
+/// Loads tile `t` (4..8: the operands, A in 4 and 5 and B in 6 and 7; 0..4: sums, for the
+/// float products' starting values) from `base`, rows `stride` bytes apart.
 ///
 /// # Safety
 /// A configuration is loaded on this thread (tile `t` as the caller expects), and every row of
@@ -192,6 +192,10 @@ pub(super) unsafe fn load(t: usize, base: *const u8, stride: usize) {
         };
     }
     match t {
+        0 => arm!("tmm0"),
+        1 => arm!("tmm1"),
+        2 => arm!("tmm2"),
+        3 => arm!("tmm3"),
         4 => arm!("tmm4"),
         5 => arm!("tmm5"),
         6 => arm!("tmm6"),
@@ -304,10 +308,11 @@ impl SplitTiles {
     }
 
     /// The 32 × 32 sums of two 16-row halves of activations by two 16-column weight panels over
-    /// `chunks` chunks of 32 k-steps, each value split in two BF16 parts (`hi`, `lo`): per chunk
+    /// `chunks` chunks of 32 k-steps, each value split in two BF16 parts (`hi`, `lo`), started
+    /// from `init` (each row of the block starts as `init[c]`: the bias, or zeros): per chunk
     /// `hi·lo`, `hi·hi`, then `lo·hi` are added to the sums (`tdpbf16ps`: each BF16 product
-    /// exact, added into the f32 sum in order of k). Written to `out`, 32 rows of 32 f32
-    /// (`[r][c]`: half `r / 16`, panel `c / 16`).
+    /// exact, added into the f32 sum in order of k). Stored at `out`, 32 rows of 32 f32 with
+    /// rows `ld` bytes apart (row `r`, column `c`: half `r / 16`, panel `c / 16`).
     ///
     /// Activations: `a[h]` is the hi part of the first row of half `h` at k = 0, rows `stride`
     /// bytes apart, 32 BF16 values (64 bytes) per chunk; each row's lo part starts `lo` bytes
@@ -316,8 +321,10 @@ impl SplitTiles {
     /// `2i, 2i + 1`, the layout `tdpbf16ps` multiplies).
     ///
     /// # Safety
-    /// Every row of every operand tile named above is readable.
+    /// Every row of every operand tile named above is readable, and the 32 rows of 128 bytes at
+    /// `out` are writable and not accessed by another thread.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn block(
         &self,
         chunks: usize,
@@ -325,24 +332,28 @@ impl SplitTiles {
         lo: usize,
         stride: usize,
         b: [*const u8; 2],
-        out: &mut [[f32; 32]; 32],
+        init: &[f32; 32],
+        (out, ld): (*mut u8, usize),
     ) {
-        // SAFETY: the configuration is loaded (`self` exists on this thread), the caller
-        // vouches for the operands, and `out` holds 32 rows of 128 bytes.
+        // SAFETY: the configuration is loaded (`self` exists on this thread), `init` is 128
+        // readable bytes (each tile reads one 64-byte row 16 times: stride 0), and the caller
+        // vouches for the operands and `out`.
         unsafe {
-            zero_pair(0);
-            zero_pair(1);
+            let init = init.as_ptr().cast::<u8>();
+            load(0, init, 0);
+            load(1, init.add(64), 0);
+            load(2, init, 0);
+            load(3, init.add(64), 0);
             for c in 0..chunks {
                 let (a0, a1) = (a[0].add(64 * c), a[1].add(64 * c));
                 let b0 = b[0].add(2 * SPLIT_TILE_BYTES * c);
                 let b1 = b[1].add(2 * SPLIT_TILE_BYTES * c);
                 split_chunk([a0, a1, a0.add(lo), a1.add(lo)], stride, [b0, b1]);
             }
-            let base = out.as_mut_ptr().cast::<u8>();
-            store(0, base, 128);
-            store(1, base.add(64), 128);
-            store(2, base.add(16 * 128), 128);
-            store(3, base.add(16 * 128 + 64), 128);
+            store(0, out, ld);
+            store(1, out.add(64), ld);
+            store(2, out.add(16 * ld), ld);
+            store(3, out.add(16 * ld + 64), ld);
         }
     }
 }
