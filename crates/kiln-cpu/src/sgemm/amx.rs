@@ -22,9 +22,9 @@
 //! **Layouts.** Weights, packed once ([`SplitPanels`]): per panel of [`NR`] output columns, per
 //! chunk of 32 k-steps, a hi tile then a lo tile, each 16 rows of 16 column pairs (row `i`,
 //! column `c`: steps `2i` and `2i + 1` of weight row `c`), zero past `n` and `k`. Activations,
-//! split per call: row `r` holds its hi parts then its lo parts, each padded with zeros to the
-//! chunks (`2·k32` values a row); the rows are padded to whole blocks of 32 (padding rows give
-//! sums that are never stored). A task computes blocks of 32 rows by two panels over all of
+//! split by each task for its rows into a buffer of its thread: a row holds its hi parts then
+//! its lo parts, each padded with zeros to the chunks (`2·k32` values a row); the rows are padded
+//! to whole blocks of 32 (padding rows give sums that are never stored). A task computes blocks of 32 rows by two panels over all of
 //! `k` in the tiles (no k-blocks), row group by row group. A block's sums start from the bias
 //! (one 64-byte row loaded into all 16 rows of a tile: stride 0), so the bias is the first term
 //! of each sum rather than added after it; a whole block of a product without GELU is stored
@@ -40,8 +40,6 @@ use crate::team::Team;
 const CHUNK: usize = 32;
 /// Rows per block: two tiles of 16.
 const ROWS: usize = 32;
-/// Activation values below which the split runs on the calling thread.
-const PARALLEL_SPLIT_MIN: usize = 64 * 1024;
 
 /// Whether F32 products can run on the split BF16 tiles with `isa`: the AVX-512 kernel level,
 /// CPUID's AMX-BF16 and AVX512_BF16, and the tile state granted to this process
@@ -114,12 +112,17 @@ impl SplitPanels {
 }
 
 thread_local! {
-    /// The calling thread's split activations of its current product (grown, never shrunk).
+    /// Each thread's split activations of its current task (grown, never shrunk).
     static XSPLIT: std::cell::RefCell<Vec<u16>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// `y = x · Wᵀ (+ bias)`, GELU'd with `gelu`, for `x` of `m` rows of `k` and the packed `w` of
-/// `n` rows, as [`super::sgemm`] runs it.
+/// `n` rows, as [`super::sgemm`] runs it. Each task splits its own rows into a buffer of its
+/// thread (about `MC_MAX` rows: 144 KiB at k = 384, which stays in L2 for the tile loads), and
+/// tasks take whole widths (the plan of a kernel that packs activations: no n-blocks), so each
+/// row is split once. Splitting all of `x` up front wrote it out and read it back through
+/// memory (7 % of an embedding run); per task with 1 MiB n-blocks it was split up to three
+/// times (13 %); whole-width tasks measured 4-10 % faster than either on MiniLM.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn run(
     exec: Exec<'_>,
@@ -139,29 +142,24 @@ pub(super) fn run(
         "split product out of bounds"
     );
     let row_len = 2 * k32;
-    let len = m.next_multiple_of(ROWS) * row_len;
-    XSPLIT.with_borrow_mut(|buf| {
-        if buf.len() < len {
-            buf.resize(len, 0);
-        }
-        let xs = &mut buf[..len];
-        let rows = &mut xs[..m * row_len];
-        let split_rows = |i: usize, dst: &mut [u16]| {
-            for (j, row) in dst.chunks_exact_mut(row_len).enumerate() {
-                let r = i * ROWS + j;
+    let plan = Plan::with_rows(m, n, k, true, ROWS);
+    each_task(exec, &plan, |t| {
+        XSPLIT.with_borrow_mut(|buf| {
+            let (r0, r1, _, _) = plan.task(t);
+            let len = (r1 - r0).next_multiple_of(ROWS) * row_len;
+            if buf.len() < len {
+                buf.resize(len, 0);
+            }
+            // Rows past `r1` keep stale values: their sums are never stored.
+            for (j, row) in buf[..(r1 - r0) * row_len]
+                .chunks_exact_mut(row_len)
+                .enumerate()
+            {
+                let r = r0 + j;
                 split_row(&x[r * k..(r + 1) * k], row);
             }
-        };
-        if exec.team.threads() > 1 && m * k >= PARALLEL_SPLIT_MIN {
-            exec.team.for_each_chunk(rows, ROWS * row_len, split_rows);
-        } else {
-            rows.chunks_mut(ROWS * row_len)
-                .enumerate()
-                .for_each(|(i, c)| split_rows(i, c));
-        }
-        let xs = &*xs;
-        let plan = Plan::with_rows(m, n, k, false, ROWS);
-        each_task(exec, &plan, |t| task(&plan, t, xs, k32, w, bias, gelu, out));
+            task(&plan, t, &buf[..len], k32, w, bias, gelu, out)
+        })
     });
 }
 
@@ -201,7 +199,8 @@ unsafe fn split_avx512(src: &[f32], hi: &mut [u16], lo: &mut [u16]) {
 }
 
 /// Task `t` of `plan`: blocks of 32 rows by two panels (the last panel alone where the task has
-/// an odd count), row group by row group, each over all of `k` in the tiles.
+/// an odd count), row group by row group, each over all of `k` in the tiles; `xs` holds the
+/// task's rows split, from its first (`plan.task(t).0`).
 #[allow(clippy::too_many_arguments)]
 fn task(
     plan: &Plan,
@@ -217,9 +216,7 @@ fn task(
     let row_len = 2 * k32;
     let per_panel = 2 * w.chunks;
     assert!(
-        r0 % ROWS == 0
-            && r1.next_multiple_of(ROWS) * row_len <= xs.len()
-            && p1 * per_panel <= w.blocks.len(),
+        (r1 - r0).next_multiple_of(ROWS) * row_len <= xs.len() && p1 * per_panel <= w.blocks.len(),
         "split task out of bounds"
     );
     // SAFETY: `w` exists, so `available` said yes (the grant and AMX-BF16).
@@ -228,8 +225,8 @@ fn task(
     let mut init = [0.0f32; 2 * NR];
     for row in (r0..r1).step_by(ROWS) {
         let a = [
-            xs[row * row_len..].as_ptr().cast::<u8>(),
-            xs[(row + ROWS / 2) * row_len..].as_ptr().cast::<u8>(),
+            xs[(row - r0) * row_len..].as_ptr().cast::<u8>(),
+            xs[(row - r0 + ROWS / 2) * row_len..].as_ptr().cast::<u8>(),
         ];
         let rows = (r1 - row).min(ROWS);
         for panel in (p0..p1).step_by(2) {
@@ -260,7 +257,7 @@ fn task(
             } else {
                 (sums.as_mut_ptr().cast::<u8>(), 4 * 2 * NR)
             };
-            // SAFETY: the assert above proves rows `row .. row + 32` of `xs` (each `row_len`
+            // SAFETY: the assert above proves rows `row - r0 .. row - r0 + 32` of `xs` (each `row_len`
             // values: hi parts at 0, lo parts `2·k32` bytes on, `w.chunks` chunks of 64 bytes
             // each) and both panels' `2·w.chunks` tiles readable; `dst` is `sums` or a block
             // of `y` that this task alone accesses (see `Out`).
