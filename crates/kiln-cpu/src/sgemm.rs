@@ -1537,26 +1537,10 @@ mod bf16_dot {
     fn to_bf16(x: &[f32]) -> Vec<u16> {
         let mut dst = vec![0u16; x.len()];
         // SAFETY: `run` is only reached with `Exec::bf16_dot`, which `Exec::new` sets only where
-        // the CPU has AVX-512 F/BW and AVX512_BF16; the lengths are equal.
-        unsafe { convert(x, &mut dst) };
+        // the CPU has AVX512_BF16 and `isa` is `Isa::Avx512` (AVX-512 F/BW/VL/DQ); the lengths
+        // are equal.
+        unsafe { super::amx::split_avx512(x, &mut dst, None) };
         dst
-    }
-
-    /// # Safety
-    /// The CPU has AVX-512 F, BW and BF16; `dst.len() == src.len()`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    unsafe fn convert(src: &[f32], dst: &mut [u16]) {
-        let n = src.len();
-        let mut i = 0;
-        while i < n {
-            // The tail through a masked load, so every value takes the same instruction.
-            let lanes = (n - i).min(16);
-            let mask: __mmask16 = if lanes == 16 { !0 } else { (1u16 << lanes) - 1 };
-            let v = _mm512_maskz_loadu_ps(mask, src.as_ptr().add(i));
-            let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(v));
-            _mm256_mask_storeu_epi16(dst.as_mut_ptr().add(i).cast(), mask, h);
-            i += 16;
-        }
     }
 
     /// Every k-block of the rectangle `plan.task(t)`, in tiles of two weight panels by twelve

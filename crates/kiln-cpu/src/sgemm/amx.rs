@@ -170,30 +170,34 @@ fn split_row(src: &[f32], dst: &mut [u16]) {
     let (hi, lo) = dst.split_at_mut(k32);
     // SAFETY: `SplitPanels` exist only where `available` said yes, which checks AVX-512 F (the
     // kernel level) and AVX512_BF16; the lengths are checked above.
-    unsafe { split_avx512(src, hi, lo) };
+    unsafe { split_avx512(src, hi, Some(lo)) };
     hi[src.len()..].fill(0);
     lo[src.len()..].fill(0);
 }
 
-/// The BF16 parts of `src` into the first `src.len()` values of `hi` and `lo`, as [`split`]
-/// makes them for normal values (`vcvtneps2bf16` also flushes subnormals to zero).
+/// The BF16 parts of `src` into the first `src.len()` values of `hi` and (where given) `lo`, as
+/// [`split`] makes them for normal values (`vcvtneps2bf16` rounds to nearest even and also
+/// flushes subnormals to zero); without `lo`, each value rounded to BF16 once (`bf16_dot`).
 ///
 /// # Safety
 /// The CPU has AVX-512 F, BW, VL and BF16; `hi` and `lo` hold at least `src.len()` values.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-unsafe fn split_avx512(src: &[f32], hi: &mut [u16], lo: &mut [u16]) {
+pub(super) unsafe fn split_avx512(src: &[f32], hi: &mut [u16], mut lo: Option<&mut [u16]>) {
     use std::arch::x86_64::*;
     let n = src.len();
     let mut i = 0;
     while i < n {
+        // The tail through a masked load, so every value takes the same instruction.
         let lanes = (n - i).min(16);
         let mask: __mmask16 = if lanes == 16 { !0 } else { (1u16 << lanes) - 1 };
         let v = _mm512_maskz_loadu_ps(mask, src.as_ptr().add(i));
         let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(v));
-        let wide = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-        let l: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(_mm512_sub_ps(v, wide)));
         _mm256_mask_storeu_epi16(hi.as_mut_ptr().add(i).cast(), mask, h);
-        _mm256_mask_storeu_epi16(lo.as_mut_ptr().add(i).cast(), mask, l);
+        if let Some(lo) = lo.as_deref_mut() {
+            let wide = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+            let l: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(_mm512_sub_ps(v, wide)));
+            _mm256_mask_storeu_epi16(lo.as_mut_ptr().add(i).cast(), mask, l);
+        }
         i += 16;
     }
 }
