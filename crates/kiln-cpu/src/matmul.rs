@@ -153,7 +153,13 @@ pub(crate) fn is_dense(cpu: &Context, x: &CpuTensor, lin: &Linear<CpuBackend>) -
 /// of a short text, a decode step against its prefill). A one-row product there streams the
 /// split panels (the size of the file's rows) at about the speed of the row dots.
 fn panels_only(cpu: &Context, ty: GgmlType) -> bool {
-    cpu.batch_invariant || (cpu.amx_float && ty == GgmlType::F32)
+    cpu.batch_invariant || splits(cpu, ty)
+}
+
+/// Whether products of `ty` weights run on the AMX split tiles (F32 weights, with
+/// [`CpuOptions::amx_float`](crate::CpuOptions::amx_float) resolved on for this backend).
+fn splits(cpu: &Context, ty: GgmlType) -> bool {
+    cpu.amx_float && ty == GgmlType::F32
 }
 
 /// `x · Wᵀ (+ bias)`; with `gelu` (dense products only, see [`is_dense`]) the exact GELU of
@@ -188,7 +194,7 @@ pub(crate) fn matmul(
         let packed = w.dense_packed(
             &cpu.team,
             panels_only(cpu, w.ty),
-            (cpu.amx_float && w.ty == GgmlType::F32).then_some(isa),
+            splits(cpu, w.ty).then_some(isa),
         )?;
         let bias = match &lin.bias {
             Some(b) => Some(b.vector("matmul bias")?),

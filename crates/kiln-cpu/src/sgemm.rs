@@ -228,17 +228,15 @@ impl PackedWeight {
         k: usize,
         row_bytes: usize,
     ) -> std::result::Result<Self, String> {
-        Self::pack_for(Isa::Scalar, false, team, ty, bytes, n, k, row_bytes)
+        Self::pack_for(None, team, ty, bytes, n, k, row_bytes)
     }
 
     /// Packs `n` rows of `k` elements of type `ty` (F32, F16 or BF16, `row_bytes` each, as
-    /// stored in the file), in parallel on `team`: panels for the f32 kernels, or with `split` an
-    /// F32 weight split into BF16 parts for the AMX products (`amx`) where they are available to
-    /// `isa`.
-    #[allow(clippy::too_many_arguments)]
+    /// stored in the file), in parallel on `team`: panels for the f32 kernels, or with
+    /// `split = Some(isa)` an F32 weight split into BF16 parts for the AMX products (`amx`) where
+    /// they are available to `isa`.
     pub(crate) fn pack_for(
-        isa: Isa,
-        split: bool,
+        split: Option<Isa>,
         team: &Team,
         ty: GgmlType,
         bytes: &[u8],
@@ -261,7 +259,7 @@ impl PackedWeight {
             ));
         }
         #[cfg(target_arch = "x86_64")]
-        if split && ty == GgmlType::F32 {
+        if let Some(isa) = split.filter(|_| ty == GgmlType::F32) {
             if let Some(p) = amx::SplitPanels::pack(isa, team, bytes, n, k, row_bytes) {
                 return Ok(PackedWeight {
                     n,
@@ -270,7 +268,8 @@ impl PackedWeight {
                 });
             }
         }
-        let _ = (isa, split);
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = split;
         let panels = match ty {
             GgmlType::F16 => Panels::F16(pack_halves(team, bytes, n, k, row_bytes)),
             GgmlType::BF16 => Panels::Bf16(pack_halves(team, bytes, n, k, row_bytes)),
@@ -2194,7 +2193,7 @@ mod tests {
             let bias = values(n, 90 + i as u64);
             let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
             let packed =
-                PackedWeight::pack_for(Isa::Avx512, true, &one, GgmlType::F32, &bytes, n, k, 4 * k)
+                PackedWeight::pack_for(Some(Isa::Avx512), &one, GgmlType::F32, &bytes, n, k, 4 * k)
                     .unwrap();
             assert!(matches!(packed.panels, Panels::Split(_)), "split packing");
             assert_eq!(
@@ -2229,9 +2228,9 @@ mod tests {
         }
         // Without the request (or for other types) the f32 panels.
         let bytes = vec![0u8; 4 * 16 * 8];
-        let p = PackedWeight::pack_for(Isa::Avx512, false, &one, GgmlType::F32, &bytes, 16, 8, 32);
+        let p = PackedWeight::pack_for(None, &one, GgmlType::F32, &bytes, 16, 8, 32);
         assert!(matches!(p.unwrap().panels, Panels::F32(_)));
-        let p = PackedWeight::pack_for(Isa::Avx2, true, &one, GgmlType::F32, &bytes, 16, 8, 32);
+        let p = PackedWeight::pack_for(Some(Isa::Avx2), &one, GgmlType::F32, &bytes, 16, 8, 32);
         assert!(matches!(p.unwrap().panels, Panels::F32(_)));
     }
 }

@@ -181,8 +181,7 @@ impl CpuWeight {
         };
         lock.get_or_init(|| {
             let packed = PackedWeight::pack_for(
-                split.unwrap_or(Isa::Scalar),
-                split.is_some(),
+                split,
                 team,
                 self.ty,
                 &self.bytes,

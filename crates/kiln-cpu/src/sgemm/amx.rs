@@ -15,17 +15,18 @@
 //! is the same chain of instructions for any thread count and whatever the other rows of the
 //! call are (tested), so the products stay thread- and batch-invariant.
 //!
-//! **Why.** One `tdpbf16ps` does 16 × 16 × 32 multiply-adds; three of them per 32 k-steps of
-//! 32 × 32 sums take ~1/5 of the cycles that the AVX-512 FMA kernel needs for the same f32
-//! product on a Sapphire/Emerald Rapids core.
+//! **Why.** One `tdpbf16ps` does 16 × 16 × 32 multiply-adds: three of them per 32 k-steps of
+//! 32 × 32 sums would take ~1/5 of the cycles of the AVX-512 FMA kernel. The tile loads bound
+//! it instead (eight per twelve products, each ~3 products' time on an Emerald Rapids VM):
+//! measured 1.4-1.9× the f32 kernel's GFLOP/s (docs/BENCHMARKS.md).
 //!
 //! **Layouts.** Weights, packed once ([`SplitPanels`]): per panel of [`NR`] output columns, per
 //! chunk of 32 k-steps, a hi tile then a lo tile, each 16 rows of 16 column pairs (row `i`,
 //! column `c`: steps `2i` and `2i + 1` of weight row `c`), zero past `n` and `k`. Activations,
 //! split by each task for its rows into a buffer of its thread: a row holds its hi parts then
 //! its lo parts, each padded with zeros to the chunks (`2·k32` values a row); the rows are padded
-//! to whole blocks of 32 (padding rows give sums that are never stored). A task computes blocks of 32 rows by two panels over all of
-//! `k` in the tiles (no k-blocks), row group by row group. A block's sums start from the bias
+//! to whole blocks of 32 (padding rows give sums that are never stored). A task computes blocks
+//! of 32 rows by two panels over all of `k` in the tiles (no k-blocks), row group by row group. A block's sums start from the bias
 //! (one 64-byte row loaded into all 16 rows of a tile: stride 0), so the bias is the first term
 //! of each sum rather than added after it; a whole block of a product without GELU is stored
 //! from the tiles straight into `y`, others through a scratch block (GELU, edges).
@@ -261,9 +262,9 @@ fn task(
             } else {
                 (sums.as_mut_ptr().cast::<u8>(), 4 * 2 * NR)
             };
-            // SAFETY: the assert above proves rows `row - r0 .. row - r0 + 32` of `xs` (each `row_len`
-            // values: hi parts at 0, lo parts `2·k32` bytes on, `w.chunks` chunks of 64 bytes
-            // each) and both panels' `2·w.chunks` tiles readable; `dst` is `sums` or a block
+            // SAFETY: the assert above proves rows `row - r0 .. row - r0 + 32` of `xs` (each
+            // `row_len` values: hi parts at 0, lo parts `2·k32` bytes on, `w.chunks` chunks of 64
+            // bytes each) and both panels' `2·w.chunks` tiles readable; `dst` is `sums` or a block
             // of `y` that this task alone accesses (see `Out`).
             unsafe { tiles.block(w.chunks, a, 2 * k32, 2 * row_len, b, &init, dst) };
             if !direct {
