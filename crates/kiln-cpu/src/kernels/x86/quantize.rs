@@ -197,14 +197,23 @@ unsafe fn q8_k_avx2(blocks: usize, x: *const f32, y: *mut u8) {
         let src = x.add(i * QK_K);
         let out = y.add(i * Q8K);
 
-        let mut amax_v = _mm256_setzero_ps();
-        for k in 0..QK_K / 8 {
-            amax_v = _mm256_max_ps(amax_v, abs(load8(src.add(8 * k))));
+        // Four running maxima: one chain of 32 dependent `max`es was the pass's latency.
+        let mut amax_v = [_mm256_setzero_ps(); 4];
+        for k in (0..QK_K / 8).step_by(4) {
+            for (j, m) in amax_v.iter_mut().enumerate() {
+                *m = _mm256_max_ps(*m, abs(load8(src.add(8 * (k + j)))));
+            }
         }
-        let amax = hmax_ps(amax_v);
+        let amax = hmax_ps(_mm256_max_ps(
+            _mm256_max_ps(amax_v[0], amax_v[1]),
+            _mm256_max_ps(amax_v[2], amax_v[3]),
+        ));
 
-        let mut qs = [0i8; QK_K];
+        let qs_out = out.add(offset_of!(BlockQ8K, qs));
         let mut d = 0.0f32;
+        // Per 32 quants (`g`), their 8 sums of 4 in i32 lanes: 0..4 the 16-quant group `2g`,
+        // 4..8 the group `2g + 1` (exact: at most 4 * 128).
+        let mut quads = [_mm256_setzero_si256(); QK_K / 32];
         if amax != 0.0 {
             // The scale follows the signed value of the first element of largest magnitude.
             let target = _mm256_set1_ps(amax);
@@ -221,27 +230,53 @@ unsafe fn q8_k_avx2(blocks: usize, x: *const f32, y: *mut u8) {
             }
             let iscale = -127.0 / max;
             let scale = _mm256_set1_ps(iscale);
-            for (g, chunk) in qs.chunks_exact_mut(32).enumerate() {
+            let ones8 = _mm256_set1_epi8(1);
+            let ones16 = _mm256_set1_epi16(1);
+            // With a finite maximum and scale every product is within 127 (plus rounding) of
+            // zero, where the conversion needs no clamp; otherwise clamp as `as i8` does.
+            let plain = amax.is_finite() && iscale.is_finite();
+            for (g, quad) in quads.iter_mut().enumerate() {
                 let p = src.add(32 * g);
-                let q = [0, 8, 16, 24]
-                    .map(|o| saturating_i8(round_half_even(_mm256_mul_ps(load8(p.add(o)), scale))));
-                _mm256_storeu_si256(chunk.as_mut_ptr().cast(), pack_i8(q));
+                let q = [0, 8, 16, 24].map(|o| {
+                    let v = round_half_even(_mm256_mul_ps(load8(p.add(o)), scale));
+                    if plain {
+                        _mm256_cvtps_epi32(v)
+                    } else {
+                        saturating_i8(v)
+                    }
+                });
+                let bytes = pack_i8(q);
+                _mm256_storeu_si256(qs_out.add(32 * g).cast(), bytes);
+                // 1 x each signed quant, pairs to i16, then pairs of those to i32.
+                *quad = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, bytes), ones16);
             }
             d = 1.0 / iscale;
+        } else {
+            qs_out.write_bytes(0, QK_K);
         }
 
         out.add(offset_of!(BlockQ8K, d))
             .cast::<u32>()
             .write_unaligned(d.to_bits().to_le());
-        let qs_out = out.add(offset_of!(BlockQ8K, qs));
-        qs_out.copy_from_nonoverlapping(qs.as_ptr().cast(), QK_K);
+        // Each half of `c` holds the sums of one group per 32 quants: the low half groups 0, 2,
+        // 4, 6 (of `quads[0..4]`), the high half 1, 3, 5, 7; `e` the same for groups 8..16.
+        let c = _mm256_hadd_epi32(
+            _mm256_hadd_epi32(quads[0], quads[1]),
+            _mm256_hadd_epi32(quads[2], quads[3]),
+        );
+        let e = _mm256_hadd_epi32(
+            _mm256_hadd_epi32(quads[4], quads[5]),
+            _mm256_hadd_epi32(quads[6], quads[7]),
+        );
+        let in_order = |v: __m256i| {
+            let (even, odd) = (_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+            (_mm_unpacklo_epi32(even, odd), _mm_unpackhi_epi32(even, odd))
+        };
+        let (c0, c1) = in_order(c);
+        let (e0, e1) = in_order(e);
+        // Sums of 16 quants (at most 2048 in magnitude) fit an i16: the packs do not saturate.
         let bsums_out = out.add(offset_of!(BlockQ8K, bsums));
-        for (j, group) in qs.chunks_exact(16).enumerate() {
-            let sum: i16 = group.iter().map(|&q| i16::from(q)).sum();
-            bsums_out
-                .add(2 * j)
-                .cast::<i16>()
-                .write_unaligned(sum.to_le());
-        }
+        _mm_storeu_si128(bsums_out.cast(), _mm_packs_epi32(c0, c1));
+        _mm_storeu_si128(bsums_out.add(16).cast(), _mm_packs_epi32(e0, e1));
     }
 }
