@@ -395,24 +395,40 @@ pub fn activation_terms(act_ty: GgmlType, a: &[u8], cols: usize) -> ActivationTe
     if act_ty == GgmlType::Q8_K && cols >= 2 * AMX_TILE_ROWS && super::amx_granted() {
         terms.tiles = amx_tiles(a, cols);
     }
+    // Each block's f16 scale gathered as bits and widened in one slice conversion (F16C where
+    // the CPU has it; one call per block was most of this function's time), and the sums in
+    // loops of fixed length, which vectorize.
     match act_ty {
         GgmlType::Q8_0 => {
+            const QS: usize = 32;
+            const { assert!(Q8_0.block == 2 + QS) };
+            let n = a.len() / Q8_0.block;
+            terms.sums.reserve_exact(n);
+            let mut scale_bits = Vec::with_capacity(n);
             for block in a.chunks_exact(Q8_0.block) {
-                let sum: i32 = block[2..].iter().map(|&q| i32::from(q as i8)).sum();
-                terms.sums.push(sum);
-                terms
-                    .scales
-                    .push(half::f16::from_le_bytes([block[0], block[1]]).to_f32());
+                let (d, qs) = block.split_at(2);
+                let qs: &[u8; QS] = qs.try_into().unwrap();
+                terms.sums.push(sum_i8(qs));
+                scale_bits.push(u16::from_le_bytes([d[0], d[1]]));
             }
+            use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+            terms.scales = vec![0.0; n];
+            scale_bits
+                .reinterpret_cast::<half::f16>()
+                .convert_to_f32_slice(&mut terms.scales);
         }
         GgmlType::Q8_K => {
+            let n = a.len() / q4_k::A_BLOCK;
+            terms
+                .sums
+                .reserve_exact(n * (q4_k::MIN_PAIRS.len() + q6_k::SCALE_PAIRS.len()));
+            terms.scales.reserve_exact(n);
             for block in a.chunks_exact(q4_k::A_BLOCK) {
                 terms
                     .scales
                     .push(f32::from_le_bytes(block[..4].try_into().unwrap()));
-                let bsum = |g: usize| {
-                    i16::from_le_bytes(block[q4_k::A_BSUMS + 2 * g..][..2].try_into().unwrap())
-                };
+                let bsums: &[u8; 32] = block[q4_k::A_BSUMS..][..32].try_into().unwrap();
+                let bsum = |g: usize| i16::from_le_bytes([bsums[2 * g], bsums[2 * g + 1]]);
                 // A sub-block's sum of 32 codes of at most 128 fits an i16 (4096).
                 let sub = |j: usize| bsum(2 * j).wrapping_add(bsum(2 * j + 1)) as u16;
                 let pair = |lo: u16, hi: u16| (u32::from(lo) | (u32::from(hi) << 16)) as i32;
@@ -429,6 +445,30 @@ pub fn activation_terms(act_ty: GgmlType, a: &[u8], cols: usize) -> ActivationTe
     terms
 }
 
+/// The sum of 32 signed bytes. On x86-64 (SSE2, always there): biased to unsigned, summed by
+/// `psadbw`, the bias taken off; the compiler kept the plain loop scalar, a byte at a time.
+#[inline]
+fn sum_i8(qs: &[u8; 32]) -> i32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::*;
+        // SAFETY: SSE2 is part of x86-64; the two loads read the 32 bytes of `qs`.
+        unsafe {
+            let bias = _mm_set1_epi8(i8::MIN);
+            let lo = _mm_xor_si128(_mm_loadu_si128(qs.as_ptr().cast()), bias);
+            let hi = _mm_xor_si128(_mm_loadu_si128(qs.as_ptr().add(16).cast()), bias);
+            let zero = _mm_setzero_si128();
+            let s = _mm_add_epi64(_mm_sad_epu8(lo, zero), _mm_sad_epu8(hi, zero));
+            let biased = _mm_cvtsi128_si64(s) + _mm_cvtsi128_si64(_mm_unpackhi_epi64(s, s));
+            biased as i32 - 128 * 32
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        qs.iter().map(|&q| i32::from(q as i8)).sum()
+    }
+}
+
 /// The AMX tiles of `cols` Q8_K rows `a` (see [`ActivationTerms`]); none where the rows are not
 /// whole super-blocks of equal length.
 fn amx_tiles(a: &[u8], cols: usize) -> Vec<TileLine> {
@@ -438,13 +478,15 @@ fn amx_tiles(a: &[u8], cols: usize) -> Vec<TileLine> {
     }
     let blocks = row / q4_k::A_BLOCK;
     let runs = q4_k::QK_K / TILE_QUANTS;
-    let mut tiles = vec![TileLine([0; 64]); cols / AMX_TILE_ROWS * blocks * runs * TILE_LINES];
-    for (t, tile) in tiles.chunks_exact_mut(TILE_LINES).enumerate() {
+    let n = cols / AMX_TILE_ROWS * blocks * runs;
+    // Pushed line by line: filling a zeroed vector first wrote every byte twice.
+    let mut tiles = Vec::with_capacity(n * TILE_LINES);
+    for t in 0..n {
         let (chunk, rest) = (t / (blocks * runs), t % (blocks * runs));
         let (b, run) = (rest / runs, rest % runs);
-        for (j, line) in tile.iter_mut().enumerate() {
+        for j in 0..TILE_LINES {
             let at = (chunk * AMX_TILE_ROWS + j) * row + b * q4_k::A_BLOCK + 4 + TILE_QUANTS * run;
-            line.0.copy_from_slice(&a[at..at + TILE_QUANTS]);
+            tiles.push(TileLine(a[at..at + TILE_QUANTS].try_into().unwrap()));
         }
     }
     tiles
