@@ -10,7 +10,6 @@
 use std::arch::x86_64::*;
 use std::mem::{offset_of, size_of};
 
-use half::f16;
 use kiln_quant::blocks::{BlockQ8K, BlockQ8_0, BlockQ8_1, QK8_0, QK8_1, QK_K};
 
 use super::{blocks_of, hsum_epi32_128};
@@ -79,6 +78,22 @@ fn round_half_away(v: __m256) -> __m256 {
     _mm256_add_ps(t, step)
 }
 
+/// [`round_half_away`] for |v| ≤ 256: `floor(|v| + (0.5 − 2⁻²⁵))` with `v`'s sign, checked
+/// against `f32::round` for every f32 in `0..=256` (the constant just below 0.5 keeps the
+/// largest float below a half from rounding up to 1 in the addition, and a true half still
+/// rounds up to the next integer there). Five instructions where the general form takes eight.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn round_half_away_small(v: __m256) -> __m256 {
+    let sign = _mm256_and_ps(v, _mm256_set1_ps(-0.0));
+    let below_half = _mm256_set1_ps(f32::from_bits(0.5f32.to_bits() - 1));
+    let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(_mm256_add_ps(
+        abs(v),
+        below_half,
+    ));
+    _mm256_or_ps(r, sign)
+}
+
 /// Rust's `v as i8` (or `(v as i32).clamp(-128, 127)`) for an integral `v`: saturating at -128
 /// and 127, NaN to 0. Only matters when the inverse scale overflows (a block of subnormals), where
 /// the products are infinite or NaN.
@@ -118,8 +133,11 @@ fn pack_i8(q: [__m256i; 4]) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn write_f16(p: *mut u8, v: f32) {
+    // F16C's conversion, to nearest even: `f16::from_f32`'s bits (which takes the same
+    // instruction, behind a run-time check and a call, where the CPU has it).
+    let h = _mm_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT }>(_mm_set_ss(v));
     p.cast::<u16>()
-        .write_unaligned(f16::from_f32(v).to_bits().to_le());
+        .write_unaligned((_mm_extract_epi16::<0>(h) as u16).to_le());
 }
 
 /// One Q8_0/Q8_1 block: the scale `d`, and the 32 quants as i32 lanes (already written at `qs`).
@@ -141,7 +159,14 @@ unsafe fn q8_block32(x: *const f32, qs: *mut u8) -> (f32, [__m256i; 4]) {
     ));
     let d = amax / 127.0;
     let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
-    let q = v.map(|v| saturating_i8(round_half_away(_mm256_mul_ps(v, id))));
+    // With a normal (or zero) scale each product is within 127 (plus rounding) of zero, where
+    // `round_half_away_small` is exact and the conversion needs no clamp; otherwise (subnormal
+    // or non-finite blocks) the general rounding and `as i8`'s clamp.
+    let q = if d.is_normal() || d == 0.0 {
+        v.map(|v| _mm256_cvtps_epi32(round_half_away_small(_mm256_mul_ps(v, id))))
+    } else {
+        v.map(|v| saturating_i8(round_half_away(_mm256_mul_ps(v, id))))
+    };
     _mm256_storeu_si256(qs.cast(), pack_i8(q));
     (d, q)
 }
