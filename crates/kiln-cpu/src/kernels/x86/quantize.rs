@@ -305,3 +305,65 @@ unsafe fn q8_k_avx2(blocks: usize, x: *const f32, y: *mut u8) {
         _mm_storeu_si128(bsums_out.add(16).cast(), _mm_packs_epi32(e0, e1));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `round_half_away_small` is `f32::round` for every f32 of magnitude up to 256, both signs
+    /// (about 2.3·10⁹ values, 8 a vector).
+    #[test]
+    fn small_rounding_is_round_for_every_float_up_to_256() {
+        if !super::super::cpu_has_avx2_fma_f16c() {
+            eprintln!("skipped: no AVX2+FMA+F16C");
+            return;
+        }
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn first_difference(top: u32, sign: u32) -> Option<f32> {
+            let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            let mut bits = 0u32;
+            while bits <= top {
+                let v = _mm256_castsi256_ps(_mm256_or_si256(
+                    _mm256_add_epi32(_mm256_set1_epi32(bits as i32), lanes),
+                    _mm256_set1_epi32(sign as i32),
+                ));
+                let fast = round_half_away_small(v);
+                let want = round_half_away(v);
+                let same = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(fast, want));
+                // Equal values of different zero signs are fine (both convert to 0).
+                if same != 0xff {
+                    let lane = (!same).trailing_zeros();
+                    return Some(f32::from_bits((bits + lane) | sign));
+                }
+                bits += 8;
+            }
+            None
+        }
+        let top = 256.0f32.to_bits();
+        for sign in [0, 0x8000_0000] {
+            // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
+            let bad = unsafe { first_difference(top, sign) };
+            assert_eq!(bad, None, "first value where the two roundings differ");
+        }
+        // The general form is `f32::round` (its own tests compare the quantizers with the
+        // reference); spot-check the values where a plain `+ 0.5` goes wrong.
+        for v in [
+            0.5f32,
+            -0.5,
+            0.49999997,
+            -0.49999997,
+            1.5,
+            2.5,
+            126.5,
+            127.49999,
+        ] {
+            // SAFETY: as above.
+            let r = unsafe {
+                let mut out = [0f32; 8];
+                _mm256_storeu_ps(out.as_mut_ptr(), round_half_away_small(_mm256_set1_ps(v)));
+                out[0]
+            };
+            assert_eq!(r, v.round(), "{v}");
+        }
+    }
+}
