@@ -395,9 +395,9 @@ pub fn activation_terms(act_ty: GgmlType, a: &[u8], cols: usize) -> ActivationTe
     if act_ty == GgmlType::Q8_K && cols >= 2 * AMX_TILE_ROWS && super::amx_granted() {
         terms.tiles = amx_tiles(a, cols);
     }
-    // Each block's f16 scale gathered as bits and widened in one slice conversion (F16C where
-    // the CPU has it; one call per block was most of this function's time), and the sums in
-    // loops of fixed length, which vectorize.
+    // Q8_0: each block's f16 scale gathered as bits and widened in one slice conversion (F16C
+    // where the CPU has it; a conversion call per block cost more than the block's sum), the
+    // sums by `sum_i8`. Both formats push into vectors reserved to their final length.
     match act_ty {
         GgmlType::Q8_0 => {
             const QS: usize = 32;
