@@ -15,6 +15,9 @@
  * reads "AVX2" under it. What it cannot hide: instructions compiled in unconditionally, and
  * glibc's own string functions (the dynamic loader reads CPUID before any preload runs).
  *
+ * A program that later installs its own SIGSEGV handler and then runs CPUID dies of the fault
+ * (Python's faulthandler, when enabled, is one); ONNX Runtime and PyTorch do not.
+ *
  * Needs a CPU (or hypervisor) with CPUID faulting: the "cpuid_fault" flag in /proc/cpuinfo.
  * Without it the constructor says so on stderr and the process exits with status 97, rather
  * than measure an uncapped peer by mistake.
