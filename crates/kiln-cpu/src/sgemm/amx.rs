@@ -26,10 +26,11 @@
 //! split by each task for its rows into a buffer of its thread: a row holds its hi parts then
 //! its lo parts, each padded with zeros to the chunks (`2·k32` values a row); the rows are padded
 //! to whole blocks of 32 (padding rows give sums that are never stored). A task computes blocks
-//! of 32 rows by two panels over all of `k` in the tiles (no k-blocks), row group by row group. A block's sums start from the bias
-//! (one 64-byte row loaded into all 16 rows of a tile: stride 0), so the bias is the first term
-//! of each sum rather than added after it; a whole block of a product without GELU is stored
-//! from the tiles straight into `y`, others through a scratch block (GELU, edges).
+//! of 32 rows by two panels over all of `k` in the tiles (no k-blocks), row group by row group.
+//! A block's sums start from the bias (one 64-byte row loaded into all 16 rows of a tile:
+//! stride 0), so the bias is the first term of each sum rather than added after it; a whole
+//! block of a product without GELU is stored from the tiles straight into `y`, others through a
+//! scratch block (GELU, edges).
 
 use half::bf16;
 
