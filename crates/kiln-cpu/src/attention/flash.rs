@@ -156,20 +156,26 @@ fn attend_keys_impl<const ISA: u8, E: KvElem>(
             }
         }
         kernels::scores::<ISA, E>(&qs[..n], &keys[..nk], &mut s);
-        let mut alpha = [1.0f32; BLOCK];
+        // The online-softmax update in three passes (see `softmax_max`): each vector's new
+        // maximum, then every vector's rescaling factor at once, then each one's weights.
+        let mut seen = [false; BLOCK];
+        let mut new_max = st.max;
         for (m, x) in b.queries.iter().enumerate() {
             let (a, z) = (x.lo.max(t0), x.hi.min(t1));
             if a >= z {
                 s[m] = [0.0; TILE];
             } else {
-                alpha[m] = softmax_update(
-                    job,
-                    &mut s[m],
-                    a - t0,
-                    z - t0,
-                    &mut st.max[m],
-                    &mut st.sum[m],
-                );
+                seen[m] = true;
+                new_max[m] = softmax_max::<ISA, E>(job, &mut s[m], a - t0, z - t0, st.max[m]);
+            }
+        }
+        let alpha = rescale_factors(&seen, &st.max, &new_max);
+        for (m, x) in b.queries.iter().enumerate() {
+            if seen[m] {
+                let (a, z) = (x.lo.max(t0) - t0, x.hi.min(t1) - t0);
+                let tile_sum = softmax_weights::<ISA>(&mut s[m], a, z, new_max[m]);
+                st.max[m] = new_max[m];
+                st.sum[m] = st.sum[m].mul_add(alpha[m], tile_sum);
             }
         }
         kernels::weighted_values::<ISA, E>(&mut st.acc[..n * hd], &alpha, &s, &values[..nk], hd);
@@ -188,18 +194,21 @@ const TILE_INDICES: [u32; TILE] = {
     v
 };
 
-/// Turns one vector's raw scores `s` of a tile into weights, given that it sees tile keys
-/// `[a, z)` (non-empty): scale and soft-cap, raise its running maximum, `s = e^(s − max)` inside
-/// `[a, z)` and 0 outside, and rescale its sum. Returns the factor `e^(old max − new max)` by
-/// which its accumulator must be multiplied.
+/// The first pass of one vector's online-softmax update over a tile, where it sees tile keys
+/// `[a, z)` (non-empty): scales and soft-caps its raw scores `s` in place and returns its new
+/// running maximum, the larger of `max` and the largest score inside `[a, z)` (NaN skipped).
+///
+/// The update is split in passes so that the work of one vector is vector code: this one, then
+/// [`rescale_factors`] for the whole block (one `e^x` per vector, in vector lanes instead of one
+/// scalar chain each), then [`softmax_weights`]. Each vector's values go through the same
+/// operations in the same order as in one pass.
 #[inline(always)]
-fn softmax_update<E>(
+fn softmax_max<const ISA: u8, E>(
     job: &Job<'_, E>,
     s: &mut [f32; TILE],
     a: usize,
     z: usize,
-    max: &mut f32,
-    sum: &mut f32,
+    max: f32,
 ) -> f32 {
     for v in s.iter_mut() {
         *v *= job.scale;
@@ -209,51 +218,59 @@ fn softmax_update<E>(
             *v = cap * math::tanh(*v / cap);
         }
     }
-    // Whether key `j` of the tile is inside `[a, z)`: one unsigned compare against a constant
-    // vector of indices (vectorizes; `j >= a && j < z` over an enumeration did not).
-    let (from, len) = (a as u32, (z - a) as u32);
-    let inside = |j: u32| j.wrapping_sub(from) < len;
+    let inside = inside(a, z);
     // The largest score inside `[a, z)` (NaN skipped; −inf where there is none) by a fixed
-    // pairwise tree, which vectorizes (a running maximum is a chain of scalar selects). Among
-    // equal values it may pick another zero sign than a running maximum would: `e^(v − max)`
-    // is the same for both.
+    // pairwise tree (`kernels::tile_max`). Among equal values it may pick another zero sign
+    // than a running maximum would: `e^(v − max)` is the same for both.
     let mut tops = [f32::NEG_INFINITY; TILE];
     for ((t, &v), &j) in tops.iter_mut().zip(s.iter()).zip(&TILE_INDICES) {
         if inside(j) && !v.is_nan() {
             *t = v;
         }
     }
-    let mut width = TILE;
-    while width > 1 {
-        width /= 2;
-        for j in 0..width {
-            tops[j] = if tops[j + width] > tops[j] {
-                tops[j + width]
-            } else {
-                tops[j]
-            };
+    let tile_max = kernels::tile_max::<ISA>(&tops);
+    if tile_max > max {
+        tile_max
+    } else {
+        max
+    }
+}
+
+/// Whether key `j` of the tile is inside `[a, z)`: one unsigned compare against a constant
+/// vector of indices (vectorizes; `j >= a && j < z` over an enumeration did not).
+#[inline(always)]
+fn inside(a: usize, z: usize) -> impl Fn(u32) -> bool {
+    let (from, len) = (a as u32, (z - a) as u32);
+    move |j: u32| j.wrapping_sub(from) < len
+}
+
+/// The factor `e^(old max − new max)` by which each vector's sum and accumulator are rescaled,
+/// 1 for the vectors that saw no key of the tile. `new ≥ old` (or both infinite), so the
+/// exponent is ≤ 0 or NaN, where `exp_nonpositive` has `exp`'s bits; without `exp`'s overflow
+/// branch the loop is vector code over the block.
+#[inline(always)]
+fn rescale_factors(seen: &[bool; BLOCK], old: &[f32; BLOCK], new: &[f32; BLOCK]) -> [f32; BLOCK] {
+    let mut alpha = [1.0f32; BLOCK];
+    for (((f, &seen), &old), &new) in alpha.iter_mut().zip(seen).zip(old).zip(new) {
+        let e = math::exp_nonpositive(old - new);
+        if seen {
+            *f = e;
         }
     }
-    let tile_max = tops[0];
-    let new_max = if tile_max > *max { tile_max } else { *max };
-    let alpha = math::exp(*max - new_max);
-    let mut tile_sum = [0.0f32; TILE];
-    // Inside `[a, z)`, `v − new_max ≤ 0` (or NaN), where `exp_nonpositive` has `exp`'s bits;
-    // outside, its value is discarded. Without `exp`'s overflow branch the loop vectorizes.
-    for ((v, t), &j) in s.iter_mut().zip(&mut tile_sum).zip(&TILE_INDICES) {
-        let e = math::exp_nonpositive(*v - new_max);
-        *v = if inside(j) { e } else { 0.0 };
-        *t = *v;
-    }
-    // A fixed pairwise tree over the tile (halves, then quarters, ...).
-    let mut width = TILE;
-    while width > 1 {
-        width /= 2;
-        for j in 0..width {
-            tile_sum[j] += tile_sum[j + width];
-        }
-    }
-    *max = new_max;
-    *sum = sum.mul_add(alpha, tile_sum[0]);
     alpha
+}
+
+/// The last pass of one vector's update (see [`softmax_max`]): `s = e^(s − max)` inside
+/// `[a, z)` and 0 outside, where `max` is its new running maximum; returns the tile's sum of
+/// them by a fixed pairwise tree (`kernels::tile_sum`).
+#[inline(always)]
+fn softmax_weights<const ISA: u8>(s: &mut [f32; TILE], a: usize, z: usize, max: f32) -> f32 {
+    let inside = inside(a, z);
+    // Inside `[a, z)`, `v − max ≤ 0` (or NaN), where `exp_nonpositive` has `exp`'s bits;
+    // outside, its value is discarded. Without `exp`'s overflow branch the loop vectorizes.
+    for (v, &j) in s.iter_mut().zip(&TILE_INDICES) {
+        let e = math::exp_nonpositive(*v - max);
+        *v = if inside(j) { e } else { 0.0 };
+    }
+    kernels::tile_sum::<ISA>(s)
 }

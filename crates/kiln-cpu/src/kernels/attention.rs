@@ -140,6 +140,53 @@ fn dot<E: KvElem>(q: &[f32], k: &[E]) -> f32 {
     sum
 }
 
+/// The sum of a tile's values by a fixed pairwise tree: halves (`t[j] + t[j + TILE/2]`), then
+/// quarters, down to one value. The x86 bodies run the same additions, one vector per level.
+#[inline(always)]
+pub(crate) fn tile_sum<const ISA: u8>(t: &[f32; TILE]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if ISA != ATTN_PORTABLE {
+        // SAFETY: `ATTN_AVX2` and `ATTN_AVX512` instances run only inside functions built with
+        // AVX2 (at least) on a CPU that has it; `t` holds the 16 values the body reads.
+        return unsafe { x86::tile_sum(t) };
+    }
+    let mut t = *t;
+    let mut width = TILE;
+    while width > 1 {
+        width /= 2;
+        for j in 0..width {
+            t[j] += t[j + width];
+        }
+    }
+    t[0]
+}
+
+/// The largest of a tile's values by the same tree as [`tile_sum`], each step `if t[j + w] >
+/// t[j] { t[j + w] } else { t[j] }` (what `maxps` computes with the upper value first). For
+/// values without NaN (the callers replace them), where the tree may pick another zero sign
+/// than a running maximum would.
+#[inline(always)]
+pub(crate) fn tile_max<const ISA: u8>(t: &[f32; TILE]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if ISA != ATTN_PORTABLE {
+        // SAFETY: as in `tile_sum`.
+        return unsafe { x86::tile_max(t) };
+    }
+    let mut t = *t;
+    let mut width = TILE;
+    while width > 1 {
+        width /= 2;
+        for j in 0..width {
+            t[j] = if t[j + width] > t[j] {
+                t[j + width]
+            } else {
+                t[j]
+            };
+        }
+    }
+    t[0]
+}
+
 /// `acc[m] = alpha[m] · acc[m] + Σ_j p[m][j] · values[j]` for the block's vectors (`acc` holds
 /// their rows of `hd`), the sum in key order with fused multiply-adds. The AVX2 kernel takes
 /// sixteen head dims of four vectors at a time, the AVX-512 kernel 32 (or 16) of eight (the
@@ -186,5 +233,94 @@ pub(crate) fn weighted_values<const ISA: u8, E: KvElem>(
             }
             *o = sum;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Tiles whose trees meet every ordering question: mixed signs and magnitudes (so the
+    /// association order changes the rounded sum), zeros of both signs in every position, the
+    /// infinities, subnormals and ties.
+    fn tiles() -> Vec<[f32; TILE]> {
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let mut out = Vec::new();
+        for _ in 0..2000 {
+            out.push(std::array::from_fn(|_| {
+                let r = next();
+                let mag = f32::from_bits(((r >> 32) as u32 & 0x007f_ffff) | 0x3f80_0000) - 1.0;
+                let scale = [1.0, 1e-3, 1e3, 1e7, 1e-40][(r % 5) as usize];
+                if r & 32 == 0 {
+                    mag * scale
+                } else {
+                    -mag * scale
+                }
+            }));
+        }
+        let specials = [
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            1e-45,
+            -1e-45,
+            1.0,
+        ];
+        for i in 0..4000usize {
+            out.push(std::array::from_fn(|j| {
+                specials[(i.wrapping_mul(2_654_435_761) >> (j % 7)).wrapping_add(j) % 7]
+            }));
+        }
+        out
+    }
+
+    /// The x86 trees give the portable tree's bits on every tile (the same additions and
+    /// comparisons in the same order), sums and maxima alike.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn tile_trees_give_the_portable_bits() {
+        if !is_x86_feature_detected!("avx2") {
+            return;
+        }
+        #[target_feature(enable = "avx2")]
+        fn vector(t: &[f32; TILE]) -> (f32, f32) {
+            (tile_sum::<ATTN_AVX2>(t), tile_max::<ATTN_AVX2>(t))
+        }
+        for t in tiles() {
+            let portable = (tile_sum::<ATTN_PORTABLE>(&t), tile_max::<ATTN_PORTABLE>(&t));
+            // SAFETY: the CPU has AVX2 (checked above).
+            let x86 = unsafe { vector(&t) };
+            assert_eq!(
+                (portable.0.to_bits(), portable.1.to_bits()),
+                (x86.0.to_bits(), x86.1.to_bits()),
+                "{t:?}"
+            );
+        }
+    }
+
+    /// The portable tree is the pairwise one the module promises (halves first), not a
+    /// running sum: the two differ on this tile.
+    #[test]
+    fn tile_sum_adds_halves_first() {
+        let mut t = [0.0f32; TILE];
+        t[0] = 1e8;
+        t[TILE / 2] = -1e8;
+        t[1] = 1.0;
+        t[2] = 1.0;
+        let running = t.iter().fold(0.0f32, |a, &v| a + v);
+        assert_eq!(tile_sum::<ATTN_PORTABLE>(&t), 2.0);
+        assert_ne!(running, 2.0);
+        let mut m = [f32::NEG_INFINITY; TILE];
+        m[TILE / 2] = 0.0;
+        m[0] = -0.0;
+        // `0 > -0` is false, so the lower `-0` stays, as `maxps(upper, lower)` keeps it.
+        assert_eq!(tile_max::<ATTN_PORTABLE>(&m).to_bits(), (-0.0f32).to_bits());
     }
 }

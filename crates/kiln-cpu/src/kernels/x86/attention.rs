@@ -97,6 +97,37 @@ unsafe fn tile<const M: usize, const J: usize, E: KvElem, const B: usize, const 
     }
 }
 
+// The trees below are written for a tile of 16.
+const _: () = assert!(crate::kernels::TILE == 16);
+
+/// `kernels::attention::tile_sum`: `t[j] + t[j + 8]`, then `+ [j + 4]`, `+ [j + 2]`, `+ [j + 1]`,
+/// one vector addition per level.
+///
+/// # Safety
+/// The CPU has AVX2; only called (inlined) from functions built with it.
+#[inline(always)]
+pub(in crate::kernels) unsafe fn tile_sum(t: &[f32; 16]) -> f32 {
+    let p = t.as_ptr();
+    let h8 = _mm256_add_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)));
+    let h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps::<1>(h8));
+    let h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+    _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)))
+}
+
+/// `kernels::attention::tile_max` by the tree of [`tile_sum`]: each step `maxps(upper, lower)`,
+/// which is `upper > lower ? upper : lower`.
+///
+/// # Safety
+/// As [`tile_sum`].
+#[inline(always)]
+pub(in crate::kernels) unsafe fn tile_max(t: &[f32; 16]) -> f32 {
+    let p = t.as_ptr();
+    let h8 = _mm256_max_ps(_mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p));
+    let h4 = _mm_max_ps(_mm256_extractf128_ps::<1>(h8), _mm256_castps256_ps128(h8));
+    let h2 = _mm_max_ps(_mm_movehl_ps(h4, h4), h4);
+    _mm_cvtss_f32(_mm_max_ss(_mm_movehdup_ps(h2), h2))
+}
+
 /// For the `n` rows of `hd` at `acc` and the 16-value chunks of a head: `acc = alpha[m] ·
 /// acc + Σ_j p[m][j] · v[j]` over `j < v.len()` in order. Chunks outer, groups of four
 /// vectors inner: the chunk of each value row in use stays in L1 while the block passes it.
