@@ -18,6 +18,12 @@ const _: () = assert!(TILE.is_power_of_two());
 const STAGE: usize = 4;
 /// Tiles ahead at which decode requests its K/V rows (see [`attend_keys`]).
 const AHEAD: usize = 4;
+/// Fewest vectors in a block for which an f16 cache's tile is widened to f32 once, before the
+/// kernels run it. The kernels widen each row they load, once per call of a few vectors (4 in
+/// the score kernels, 4 or 8 in the value kernels), so a prefill block of 32 vectors widened
+/// each key row 8 times; `vcvtph2ps` shares a port with the multiply-adds. Widening is exact:
+/// the kernels compute the same bits from either.
+const WIDEN_MIN_VECTORS: usize = 8;
 
 /// Runs block `b` over the positions `keys`, each vector limited to the keys it sees, updating
 /// `st`; with the kernels of `isa` (which exists only where the CPU has it). `stream`: these K/V
@@ -117,6 +123,13 @@ fn attend_keys_impl<const ISA: u8, E: KvElem>(
         Some(_) => vec![0.0f32; 2 * TILE * hd],
         None => Vec::new(),
     };
+    // An f16 cache's tile, widened once for the whole block (see `WIDEN_MIN_VECTORS`).
+    let widen = job.blocks.is_none() && size_of::<E>() < 4 && n >= WIDEN_MIN_VECTORS;
+    let mut wide = if widen {
+        vec![0.0f32; 2 * TILE * hd]
+    } else {
+        Vec::new()
+    };
     let mut t0 = from;
     while t0 < to {
         let t1 = (t0 + TILE).min(to);
@@ -155,7 +168,23 @@ fn attend_keys_impl<const ISA: u8, E: KvElem>(
                 kernels::prefetch_rows(&[job.head_row(job.k, kvh, j), job.head_row(job.v, kvh, j)]);
             }
         }
-        kernels::scores::<ISA, E>(&qs[..n], &keys[..nk], &mut s);
+        let mut wide_keys: [&[f32]; TILE] = [&[]; TILE];
+        let mut wide_values: [&[f32]; TILE] = [&[]; TILE];
+        if widen {
+            let (ks, vs) = wide.split_at_mut(TILE * hd);
+            for j in 0..nk {
+                kernels::widen::<ISA, E>(keys[j], &mut ks[j * hd..(j + 1) * hd]);
+                kernels::widen::<ISA, E>(values[j], &mut vs[j * hd..(j + 1) * hd]);
+            }
+            let (ks, vs) = wide.split_at(TILE * hd);
+            for j in 0..nk {
+                wide_keys[j] = &ks[j * hd..(j + 1) * hd];
+                wide_values[j] = &vs[j * hd..(j + 1) * hd];
+            }
+            kernels::scores::<ISA, f32>(&qs[..n], &wide_keys[..nk], &mut s);
+        } else {
+            kernels::scores::<ISA, E>(&qs[..n], &keys[..nk], &mut s);
+        }
         // The online-softmax update in three passes (see `softmax_max`): each vector's new
         // maximum, then every vector's rescaling factor at once, then each one's weights.
         let mut seen = [false; BLOCK];
@@ -178,7 +207,12 @@ fn attend_keys_impl<const ISA: u8, E: KvElem>(
                 st.sum[m] = st.sum[m].mul_add(alpha[m], tile_sum);
             }
         }
-        kernels::weighted_values::<ISA, E>(&mut st.acc[..n * hd], &alpha, &s, &values[..nk], hd);
+        let acc = &mut st.acc[..n * hd];
+        if widen {
+            kernels::weighted_values::<ISA, f32>(acc, &alpha, &s, &wide_values[..nk], hd);
+        } else {
+            kernels::weighted_values::<ISA, E>(acc, &alpha, &s, &values[..nk], hd);
+        }
         t0 = t1;
     }
 }

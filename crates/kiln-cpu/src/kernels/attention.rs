@@ -140,6 +140,28 @@ fn dot<E: KvElem>(q: &[f32], k: &[E]) -> f32 {
     sum
 }
 
+/// `dst[i] = src[i]` widened to f32 (exactly), eight at a time with `KvElem::load8` in the x86
+/// bodies.
+#[inline(always)]
+pub(crate) fn widen<const ISA: u8, E: KvElem>(src: &[E], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len(), "widen: bad operands");
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if ISA != ATTN_PORTABLE {
+        let (sc, _) = src.as_chunks::<8>();
+        let (dc, _) = dst.as_chunks_mut::<8>();
+        for (s, d) in sc.iter().zip(dc) {
+            // SAFETY: `ATTN_AVX2` and `ATTN_AVX512` instances run only inside functions built
+            // with AVX2, FMA and F16C on a CPU that has them; each chunk holds 8 elements.
+            unsafe { std::arch::x86_64::_mm256_storeu_ps(d.as_mut_ptr(), E::load8(s.as_ptr())) };
+        }
+        done = sc.len() * 8;
+    }
+    for (d, x) in dst[done..].iter_mut().zip(&src[done..]) {
+        *d = x.get();
+    }
+}
+
 /// The sum of a tile's values by a fixed pairwise tree: halves (`t[j] + t[j + TILE/2]`), then
 /// quarters, down to one value. The x86 bodies run the same additions, one vector per level.
 #[inline(always)]
