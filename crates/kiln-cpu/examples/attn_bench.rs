@@ -1,9 +1,9 @@
-//! Causal attention on Gemma 3 270M's shape (4 query heads sharing 1 KV head of 256): kiln's
-//! tiled kernel (over an f32 and an f16 cache) against the row-at-a-time kernel it replaced
-//! (f32), in the same run.
+//! Causal attention on Gemma 3 270M's shape (4 query heads sharing 1 KV head of 256) or another:
+//! kiln's tiled kernel (over an f32 and an f16 cache) against the row-at-a-time kernel it
+//! replaced (f32), in the same run.
 //!
-//! `cargo run --release -p kiln-cpu --example attn_bench [threads] [rounds]` (2 threads and 7
-//! rounds by default). Prefill of 512 rows at position 0 (no window, and Gemma's window of
+//! `cargo run --release -p kiln-cpu --example attn_bench [threads] [rounds] [heads kv_heads
+//! head_dim]` (2 threads, 7 rounds and Gemma's shape by default; `32 8 64` is llama-3.2-1b's). Prefill of 512 rows at position 0 (no window, and Gemma's window of
 //! 512) and decode of one row over 512, 2048 and 8192 cached keys. Each round times the old
 //! kernel, then the new one over each cache (alternating, so that load from other processes hits
 //! all alike); the best round of each is reported. Repeated calls find their cache in L2/L3: this
@@ -17,10 +17,6 @@ use kiln_backend::{AttentionParams, Backend, KvDtype};
 use kiln_cpu::kernels::simd_level;
 use kiln_cpu::{CpuKv, CpuTensor};
 use rayon::prelude::*;
-
-const HEADS: usize = 4;
-const KV_HEADS: usize = 1;
-const HEAD_DIM: usize = 256;
 
 fn values(len: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -38,6 +34,10 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let threads = args.next().and_then(|s| s.parse().ok()).unwrap_or(2);
     let rounds = args.next().and_then(|s| s.parse().ok()).unwrap_or(7);
+    let mut shape = args.filter_map(|s| s.parse::<usize>().ok());
+    let heads = shape.next().unwrap_or(4);
+    let kv_heads = shape.next().unwrap_or(1);
+    let head_dim = shape.next().unwrap_or(256);
     let b = common::backend(threads);
     // The old kernel ran on the backend's rayon pool of `threads` threads; this one has as many.
     let pool = rayon::ThreadPoolBuilder::new()
@@ -46,7 +46,7 @@ fn main() {
         .unwrap();
     let avx2 = simd_level().has_avx2();
     println!(
-        "attention, {HEADS} heads / {KV_HEADS} kv head of {HEAD_DIM}, {threads} threads, {:?}; best of {rounds}",
+        "attention, {heads} heads / {kv_heads} kv heads of {head_dim}, {threads} threads, {:?}; best of {rounds}",
         simd_level()
     );
     println!(
@@ -64,28 +64,28 @@ fn main() {
     for (name, rows, q_pos, window) in cases {
         let n_kv = q_pos + rows;
         let p = AttentionParams {
-            n_heads: HEADS,
-            n_kv_heads: KV_HEADS,
-            head_dim: HEAD_DIM,
-            scale: 1.0 / (HEAD_DIM as f32).sqrt(),
+            n_heads: heads,
+            n_kv_heads: kv_heads,
+            head_dim,
+            scale: 1.0 / (head_dim as f32).sqrt(),
             sliding_window: window,
             softcap: None,
         };
         let q = b
-            .tensor_from_f32(&values(rows * HEADS * HEAD_DIM, 1), rows, HEADS * HEAD_DIM)
+            .tensor_from_f32(&values(rows * heads * head_dim, 1), rows, heads * head_dim)
             .unwrap();
         let k = b
             .tensor_from_f32(
-                &values(n_kv * KV_HEADS * HEAD_DIM, 2),
+                &values(n_kv * kv_heads * head_dim, 2),
                 n_kv,
-                KV_HEADS * HEAD_DIM,
+                kv_heads * head_dim,
             )
             .unwrap();
         let v = b
             .tensor_from_f32(
-                &values(n_kv * KV_HEADS * HEAD_DIM, 3),
+                &values(n_kv * kv_heads * head_dim, 3),
                 n_kv,
-                KV_HEADS * HEAD_DIM,
+                kv_heads * head_dim,
             )
             .unwrap();
         // Score/value pairs: each costs 4 flops per head dim (two multiply-adds).
@@ -95,9 +95,9 @@ fn main() {
                 pos + 1 - window.map_or(0, |w| (pos + 1).saturating_sub(w))
             })
             .sum();
-        let flops = (4 * HEADS * HEAD_DIM * pairs) as f64;
+        let flops = (4 * heads * head_dim * pairs) as f64;
         let cache = |t: &CpuTensor, dtype| {
-            CpuKv::from_f32(&b.to_f32(t).unwrap(), n_kv, KV_HEADS * HEAD_DIM, dtype).unwrap()
+            CpuKv::from_f32(&b.to_f32(t).unwrap(), n_kv, kv_heads * head_dim, dtype).unwrap()
         };
         let caches = [KvDtype::F32, KvDtype::F16].map(|d| (cache(&k, d), cache(&v, d)));
         // Agreement first (the unit tests hold the new kernel to 1e-5 of the output over the
