@@ -172,15 +172,7 @@ pub(crate) fn tile_sum<const ISA: u8>(t: &[f32; TILE]) -> f32 {
         // AVX2 (at least) on a CPU that has it; `t` holds the 16 values the body reads.
         return unsafe { x86::tile_sum(t) };
     }
-    let mut t = *t;
-    let mut width = TILE;
-    while width > 1 {
-        width /= 2;
-        for j in 0..width {
-            t[j] += t[j + width];
-        }
-    }
-    t[0]
+    tree(*t, |lower, upper| lower + upper)
 }
 
 /// The largest of a tile's values by the same tree as [`tile_sum`], each step `if t[j + w] >
@@ -194,16 +186,18 @@ pub(crate) fn tile_max<const ISA: u8>(t: &[f32; TILE]) -> f32 {
         // SAFETY: as in `tile_sum`.
         return unsafe { x86::tile_max(t) };
     }
-    let mut t = *t;
+    tree(*t, |lower, upper| if upper > lower { upper } else { lower })
+}
+
+/// The fixed pairwise tree of [`tile_sum`] and [`tile_max`]: `t[j] = op(t[j], t[j + w])` for
+/// `j < w`, with `w` half the tile, then a quarter, down to 1; then `t[0]`.
+#[inline(always)]
+fn tree(mut t: [f32; TILE], op: impl Fn(f32, f32) -> f32) -> f32 {
     let mut width = TILE;
     while width > 1 {
         width /= 2;
         for j in 0..width {
-            t[j] = if t[j + width] > t[j] {
-                t[j + width]
-            } else {
-                t[j]
-            };
+            t[j] = op(t[j], t[j + width]);
         }
     }
     t[0]
