@@ -7,8 +7,9 @@
 //! the vector loop stays put, and kiln's prefill on tiles swings with them.
 //!
 //! `cargo run --release -p kiln-cpu --example unit_steadiness [SECONDS] [RUNS]` (2 and 3 by
-//! default). AMX runs only where CPUID reports AMX-INT8 and Linux grants the tile data; the
-//! vector loop only where the CPU has AVX-512 VNNI.
+//! default). AMX runs only where kiln itself would use it (`kiln_cpu::kernels::amx_granted`:
+//! CPUID reports AMX-INT8, `KILN_AMX` allows it and Linux grants the tile data); the vector loop
+//! only where the CPU has AVX-512 VNNI.
 
 #[cfg(target_arch = "x86_64")]
 use std::time::Instant;
@@ -18,16 +19,19 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let secs: f64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(2.0);
     let runs: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(3);
-    let amx = amx::request();
+    // kiln's own grant (CPUID, `KILN_AMX`, then the request to Linux, once per process).
+    let amx = kiln_cpu::kernels::amx_granted();
     let vnni = std::arch::is_x86_feature_detected!("avx512vnni");
-    if let Err(e) = &amx {
-        println!("no AMX: {e}");
+    if !amx {
+        println!(
+            "no AMX: the CPU lacks AMX-INT8, KILN_AMX refuses it or the OS refused the tile data"
+        );
     }
     if !vnni {
         println!("no AVX-512 VNNI");
     }
     for run in 0..runs {
-        if amx.is_ok() {
+        if amx {
             // SAFETY: the tile data was granted and the CPU has AMX-INT8.
             let ns = slices(secs, 80_000, || unsafe { amx::products(20_000) });
             report(run, "tdpbssd", &ns);
@@ -83,30 +87,10 @@ mod amx {
     #[repr(C, align(64))]
     struct Config([u8; 64]);
 
-    /// Asks Linux for the tile data (`arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA)`).
-    pub fn request() -> Result<(), String> {
-        let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
-        if edx & (1 << 24) == 0 || edx & (1 << 25) == 0 {
-            return Err("CPUID reports no AMX-TILE/AMX-INT8".into());
-        }
-        let ret: i64;
-        // SAFETY: arch_prctl(ARCH_REQ_XCOMP_PERM, 18) only changes which state components the
-        // process may use; the syscall clobbers rcx and r11.
-        unsafe {
-            asm!("syscall", inlateout("rax") 158i64 => ret, in("rdi") 0x1023u64,
-                 in("rsi") 18u64, lateout("rcx") _, lateout("r11") _, options(nostack));
-        }
-        if ret == 0 {
-            Ok(())
-        } else {
-            Err(format!("the OS refused the tile data (errno {})", -ret))
-        }
-    }
-
     /// `n` rounds of four independent tile products on zeroed tiles.
     ///
     /// # Safety
-    /// [`request`] succeeded.
+    /// `kiln_cpu::kernels::amx_granted()` returned true.
     pub unsafe fn products(n: usize) {
         let mut c = Config([0; 64]);
         c.0[0] = 1;
