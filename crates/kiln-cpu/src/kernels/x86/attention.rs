@@ -258,8 +258,13 @@ unsafe fn tile512<E: KvElem, const B: usize, const T: usize>(
     let mut acc = [[_mm512_setzero_ps(); PAIRS512]; MQ512];
     for c in 0..n8 {
         // SAFETY (loop): `c < n8`: each load reads values `[8c, 8c + 8)` of its row.
-        let kv: [__m512; PAIRS512] =
-            std::array::from_fn(|p| E::load8x2(kp[2 * p].add(8 * c), kp[2 * p + 1].add(8 * c)));
+        // A plain loop, not `std::array::from_fn`: in the dev profile (debug assertions on, as
+        // the tests build it) that closure is not inlined, so it loses this function's target
+        // features and calls the f16 widening intrinsics out of line, halving the speed.
+        let mut kv = [_mm512_setzero_ps(); PAIRS512];
+        for (p, kv) in kv.iter_mut().enumerate() {
+            *kv = E::load8x2(kp[2 * p].add(8 * c), kp[2 * p + 1].add(8 * c));
+        }
         for m in 0..MQ512 {
             let qv = _mm512_broadcast_f32x8(_mm256_loadu_ps(qp[m].add(8 * c)));
             for p in 0..PAIRS512 {
@@ -374,7 +379,11 @@ unsafe fn chunk512<const M: usize, const W: usize, E: KvElem, const B: usize, co
         }
     }
     for (j, &row) in v.iter().enumerate() {
-        let vj: [__m512; W] = std::array::from_fn(|h| E::load16(row.add(d + 16 * h)));
+        // A plain loop for the reason given in `tile512`.
+        let mut vj = [_mm512_setzero_ps(); W];
+        for (h, vh) in vj.iter_mut().enumerate() {
+            *vh = E::load16(row.add(d + 16 * h));
+        }
         for (m, sm) in s.iter_mut().enumerate() {
             let w = _mm512_set1_ps(p[m0 + m][j]);
             for (x, vh) in sm.iter_mut().zip(&vj) {
