@@ -3,8 +3,10 @@
 //! `cargo run --release -p kiln-cpu --example dense_bench [threads] [reps]` (threads: the
 //! multi-threaded setting besides 1, default 2; reps: timed rounds, default 7).
 //!
-//! The peak is a register-only loop of independent 256-bit FMAs on one thread (and on `threads`
-//! threads at once, which shows whether the cores share their FMA units). Each shape is timed in
+//! The peak is a register-only loop of independent FMAs on one thread (and on `threads` threads at
+//! once, which shows whether the cores share their FMA units), 512-bit where kiln's SIMD level is
+//! AVX-512 (its GEMM kernel is then the zmm one; Zen 4 splits a zmm FMA in two, Zen 5 and Intel
+//! Xeons do not) and 256-bit otherwise. Each shape is timed in
 //! interleaved rounds (kiln 1 thread, gemm 1 thread, kiln N, gemm N, repeated), so that the noise
 //! of a shared host falls on all variants alike; the best and the median round are printed.
 
@@ -33,7 +35,11 @@ fn main() {
 
     let peak1 = fma_peak(1);
     let peak_n = fma_peak(threads);
-    println!("FMA peak (register-only loop): 1 thread {peak1:.1} GFLOP/s, {threads} threads {peak_n:.1} GFLOP/s");
+    let bits = if wide() { 512 } else { 256 };
+    println!(
+        "FMA peak (register-only loop, {bits}-bit): 1 thread {peak1:.1} GFLOP/s, {threads} threads \
+         {peak_n:.1} GFLOP/s"
+    );
     println!("GFLOP/s, best (median) of {reps} rounds; ratio = kiln / gemm crate, best rounds");
 
     let kiln1 = common::backend(1);
@@ -164,9 +170,16 @@ fn gemm_crate(x: &[f32], w: &[f32], m: usize, k: usize, n: usize, threads: usize
     y
 }
 
+/// Whether the peak loop runs in zmm registers: kiln's SIMD level (which honours `KILN_SIMD`) has
+/// AVX-512, as its GEMM kernel then does.
+fn wide() -> bool {
+    kiln_cpu::kernels::simd_level().has_avx512()
+}
+
 /// Best GFLOP/s of a register-only FMA loop on `threads` threads at once (5 rounds of ~0.1 s).
 fn fma_peak(threads: usize) -> f64 {
     const ITERS: u64 = 20_000_000;
+    let lanes: u64 = if wide() { 16 } else { 8 };
     let mut best = 0.0f64;
     for _ in 0..5 {
         let t0 = Instant::now();
@@ -176,8 +189,8 @@ fn fma_peak(threads: usize) -> f64 {
         for h in handles {
             std::hint::black_box(h.join().unwrap());
         }
-        // 12 chains of 8-lane FMAs, 2 flops each.
-        let flops = (ITERS * 12 * 8 * 2 * threads as u64) as f64;
+        // 12 chains of `lanes`-lane FMAs, 2 flops each.
+        let flops = (ITERS * 12 * lanes * 2 * threads as u64) as f64;
         best = best.max(flops / t0.elapsed().as_secs_f64() / 1e9);
     }
     best
@@ -185,6 +198,10 @@ fn fma_peak(threads: usize) -> f64 {
 
 #[cfg(target_arch = "x86_64")]
 fn fma_loop(iters: u64) -> f32 {
+    if wide() {
+        // SAFETY: kiln's level has AVX-512 F only where the CPU does.
+        return unsafe { fma_loop_avx512(iters) };
+    }
     if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
         return f32::NAN;
     }
@@ -195,6 +212,22 @@ fn fma_loop(iters: u64) -> f32 {
 #[cfg(not(target_arch = "x86_64"))]
 fn fma_loop(_iters: u64) -> f32 {
     f32::NAN
+}
+
+/// [`fma_loop_avx2`] in zmm registers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn fma_loop_avx512(iters: u64) -> f32 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm512_set1_ps(0.0); 12];
+    let a = _mm512_set1_ps(std::hint::black_box(0.999_999));
+    let b = _mm512_set1_ps(std::hint::black_box(1e-7));
+    for _ in 0..iters {
+        for r in acc.iter_mut() {
+            *r = _mm512_fmadd_ps(*r, a, b);
+        }
+    }
+    acc.iter().map(|&r| _mm512_reduce_add_ps(r)).sum()
 }
 
 /// 12 independent accumulator chains (enough to cover the FMA latency on two pipes).
