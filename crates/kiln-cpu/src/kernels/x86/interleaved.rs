@@ -20,9 +20,9 @@
 //! arithmetic per byte, and the requests only cost there). The measurements behind each choice
 //! are in docs/BENCHMARKS.md.
 //!
-//! Decode (one activation row): on Intel CPUs each block's bytes are also requested
-//! `super::row_prefetch_distance` (4 KB) ahead; there the hardware prefetcher alone left the
-//! stream at half the memory's rate.
+//! Decode (one activation row): on Intel CPUs and AMD Zen 5 each block's bytes are also
+//! requested `super::row_prefetch_distance` (4 KB) ahead; there the hardware prefetcher alone
+//! left the stream at half the memory's rate.
 //!
 //! **AMX.** Where the operating system grants the tiles (`super::amx`), a Q4_K or Q6_K product of
 //! at least 32 activation rows runs 16 rows at a time on the tiles ([`amx_q4_k`], [`amx_q6_k`])
