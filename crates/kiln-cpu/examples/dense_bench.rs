@@ -172,8 +172,14 @@ fn gemm_crate(x: &[f32], w: &[f32], m: usize, k: usize, n: usize, threads: usize
 
 /// Whether the peak loop runs in zmm registers: kiln's SIMD level (which honours `KILN_SIMD`) has
 /// AVX-512, as its GEMM kernel then does.
+/// Whether the backend runs its AVX-512 kernels: the CPU's level under `KILN_SIMD`'s cap, as
+/// `common::backend` sets it.
 fn wide() -> bool {
-    kiln_cpu::kernels::simd_level().has_avx512()
+    kiln_cpu::CpuOptions::default()
+        .with_settings(std::env::var("KILN_SIMD").ok().as_deref(), None)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .simd_level()
+        .has_avx512()
 }
 
 /// Best GFLOP/s of a register-only FMA loop on `threads` threads at once (5 rounds of ~0.1 s).

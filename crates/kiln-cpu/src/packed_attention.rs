@@ -198,20 +198,20 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
         pack_rows(isa, &rows, panel);
     }
     let values = sized(&mut s.values, dim_panels * n_pad * MR, 0.0);
-    for (c, panel) in values.chunks_exact_mut(n_pad * MR).enumerate() {
-        let (d0, width) = (c * MR, MR.min(hd - c * MR));
-        for (j, step) in panel.chunks_exact_mut(MR).enumerate() {
-            let src = if j < n {
-                &b.v[row(j)][d0..d0 + width]
-            } else {
-                &[]
-            };
-            match <&[f32; MR]>::try_from(src) {
-                // A fixed-size copy: `copy_from_slice` of a run-time length is a `memcpy` call.
-                Ok(full) => step.copy_from_slice(full),
-                Err(_) => {
+    // Key by key (its row read once), each dim panel's step of it: panel `c`, step `j` at
+    // `c·n_pad·MR + j·MR`. Steps past the sequence and dims past `hd` are zero.
+    for j in 0..n_pad {
+        let src = if j < n { &b.v[row(j)] } else { zeros };
+        for c in 0..dim_panels {
+            let at = c * n_pad * MR + j * MR;
+            let step = &mut values[at..at + MR];
+            let d0 = c * MR;
+            match src.get(d0..d0 + MR) {
+                // `d0..d0 + MR`: a fixed-size copy, not a `memcpy` call.
+                Some(full) => step.copy_from_slice(full),
+                None => {
                     for (r, x) in step.iter_mut().enumerate() {
-                        *x = src.get(r).copied().unwrap_or(0.0);
+                        *x = src.get(d0 + r).copied().unwrap_or(0.0);
                     }
                 }
             }
@@ -229,8 +229,6 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
         // Lanes past the sequence stand for its last query (zero query, its window): they are
         // computed but never stored.
         let query = |lane: usize| i0 + lane.min(nq - 1);
-        // Dim by dim, so that each step is written whole (lane by lane, each store went to
-        // another cache line: 16 % of this function's time on MiniLM).
         let srcs: [&[f32]; NR] = std::array::from_fn(|lane| {
             if lane < nq {
                 &b.q[row(i0 + lane)]
@@ -238,11 +236,7 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
                 zeros
             }
         });
-        for (d, step) in queries.iter_mut().enumerate() {
-            for (x, src) in step.0.iter_mut().zip(&srcs) {
-                *x = src[d] * b.scale;
-            }
-        }
+        fill_queries(isa, &srcs, b.scale, queries);
         // Whole key panels [j0, j1) that some query of the group can see, and the keys
         // [all_lo, all_hi) that every query of it sees.
         let (lo, all_hi) = visible(i0);
@@ -279,12 +273,235 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
         // The visible keys of each dim panel, two panels per call as above.
         let steps = |c: usize| &values[c * n_pad * MR + j0 * MR..c * n_pad * MR + j1 * MR];
         fma_tiles(isa, j1 - j0, dim_panels, steps, rows, sums);
-        for (lane, &inv) in inv.iter().enumerate().take(nq) {
+        let mut dsts: [Option<&mut [f32]>; NR] = std::array::from_fn(|lane| {
             // SAFETY: this task is the only one that writes the head's columns of the
-            // sequence's rows, and it holds one such row at a time.
-            let dst = unsafe { out.slice(row(i0 + lane)) };
-            for (x, d) in dst.iter_mut().zip(sums.iter()) {
-                *x = d.0[lane] * inv;
+            // sequence's rows, and the lanes name distinct rows.
+            (lane < nq).then(|| unsafe { out.slice(row(i0 + lane)) })
+        });
+        store_outputs(isa, &sums[..hd], &inv, &mut dsts);
+    }
+}
+
+/// The query group as a weight panel: `queries[d].0[lane] = scale · srcs[lane][d]` for every
+/// `d < queries.len()` (each source at least that long). One multiply per element in every
+/// build, so the bits do not depend on the level; the SIMD builds transpose 16 × 16 (AVX-512) or
+/// 8 × 8 (AVX2) blocks in registers where the head dim is a multiple of the block, instead of
+/// gathering one value per row for each lane.
+fn fill_queries(isa: Isa, srcs: &[&[f32]; NR], scale: f32, queries: &mut [PanelRow]) {
+    let hd = queries.len();
+    assert!(srcs.iter().all(|r| r.len() >= hd), "short query row");
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: the levels exist only where the CPU has them; the assert proves every source
+        // holds `hd` values, and `queries` has `hd` rows.
+        if isa == Isa::Avx512 && hd.is_multiple_of(16) {
+            return unsafe { x86::queries16(srcs, scale, queries) };
+        }
+        if matches!(isa, Isa::Avx2 | Isa::Avx512) && hd.is_multiple_of(8) {
+            return unsafe { x86::queries8(srcs, scale, queries) };
+        }
+    }
+    let _ = isa;
+    // Dim by dim, so that each step is written whole (lane by lane, each store went to
+    // another cache line: 16 % of this function's time on MiniLM).
+    for (d, step) in queries.iter_mut().enumerate() {
+        for (x, src) in step.0.iter_mut().zip(srcs) {
+            *x = src[d] * scale;
+        }
+    }
+}
+
+/// The group's outputs: `dsts[lane][d] = sums[d].0[lane] · inv[lane]` for every
+/// `d < sums.len()` and every lane with a destination (each at least that long). One multiply
+/// per element in every build, as in [`fill_queries`], whose blocks it transposes back.
+fn store_outputs(
+    isa: Isa,
+    sums: &[PanelRow],
+    inv: &[f32; NR],
+    dsts: &mut [Option<&mut [f32]>; NR],
+) {
+    let hd = sums.len();
+    assert!(
+        dsts.iter().flatten().all(|d| d.len() >= hd),
+        "short output row"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: as in `fill_queries`; the assert proves every destination holds `hd` values.
+        if isa == Isa::Avx512 && hd.is_multiple_of(16) {
+            return unsafe { x86::outputs16(sums, inv, dsts) };
+        }
+        if matches!(isa, Isa::Avx2 | Isa::Avx512) && hd.is_multiple_of(8) {
+            return unsafe { x86::outputs8(sums, inv, dsts) };
+        }
+    }
+    let _ = isa;
+    for (lane, dst) in dsts.iter_mut().enumerate() {
+        if let Some(dst) = dst {
+            for (x, d) in dst.iter_mut().zip(sums) {
+                *x = d.0[lane] * inv[lane];
+            }
+        }
+    }
+}
+
+/// Register transposes for [`fill_queries`] and [`store_outputs`].
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use crate::sgemm::{PanelRow, NR};
+
+    /// Rows `r[i]` of an 8 × 8 block as columns: `out[c][i] = r[i][c]`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+        // Pairs of rows interleaved, then quads (within each 128-bit half), then the halves.
+        let mut t = [_mm256_setzero_ps(); 8];
+        for i in 0..4 {
+            t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+        }
+        // u[4h + j]: rows 4h..4h + 4 of columns j (low half) and j + 4 (high half).
+        let mut u = [_mm256_setzero_ps(); 8];
+        for h in 0..2 {
+            let (lo, hi) = (t[4 * h], t[4 * h + 1]);
+            let (lo2, hi2) = (t[4 * h + 2], t[4 * h + 3]);
+            u[4 * h] = _mm256_shuffle_ps::<0x44>(lo, lo2);
+            u[4 * h + 1] = _mm256_shuffle_ps::<0xEE>(lo, lo2);
+            u[4 * h + 2] = _mm256_shuffle_ps::<0x44>(hi, hi2);
+            u[4 * h + 3] = _mm256_shuffle_ps::<0xEE>(hi, hi2);
+        }
+        let mut out = [_mm256_setzero_ps(); 8];
+        for j in 0..4 {
+            out[j] = _mm256_permute2f128_ps::<0x20>(u[j], u[4 + j]);
+            out[j + 4] = _mm256_permute2f128_ps::<0x31>(u[j], u[4 + j]);
+        }
+        out
+    }
+
+    /// Rows `r[i]` of a 16 × 16 block as columns: `out[c][i] = r[i][c]`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
+        let mut t = [_mm512_setzero_ps(); 16];
+        for i in 0..8 {
+            t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+        }
+        // u[4q + j]: in 128-bit lane `l`, rows 4q..4q + 4 of column 4l + j.
+        let mut u = [_mm512_setzero_ps(); 16];
+        for q in 0..4 {
+            let (lo, hi) = (t[4 * q], t[4 * q + 1]);
+            let (lo2, hi2) = (t[4 * q + 2], t[4 * q + 3]);
+            u[4 * q] = _mm512_shuffle_ps::<0x44>(lo, lo2);
+            u[4 * q + 1] = _mm512_shuffle_ps::<0xEE>(lo, lo2);
+            u[4 * q + 2] = _mm512_shuffle_ps::<0x44>(hi, hi2);
+            u[4 * q + 3] = _mm512_shuffle_ps::<0xEE>(hi, hi2);
+        }
+        let mut out = [_mm512_setzero_ps(); 16];
+        for j in 0..4 {
+            // Lanes 0 and 2 / 1 and 3 of rows 0..8, then of rows 8..16.
+            let v = _mm512_shuffle_f32x4::<0x88>(u[j], u[4 + j]);
+            let w = _mm512_shuffle_f32x4::<0xDD>(u[j], u[4 + j]);
+            let v2 = _mm512_shuffle_f32x4::<0x88>(u[8 + j], u[12 + j]);
+            let w2 = _mm512_shuffle_f32x4::<0xDD>(u[8 + j], u[12 + j]);
+            out[j] = _mm512_shuffle_f32x4::<0x88>(v, v2);
+            out[8 + j] = _mm512_shuffle_f32x4::<0xDD>(v, v2);
+            out[4 + j] = _mm512_shuffle_f32x4::<0x88>(w, w2);
+            out[12 + j] = _mm512_shuffle_f32x4::<0xDD>(w, w2);
+        }
+        out
+    }
+
+    /// `super::fill_queries` in 8 × 8 blocks.
+    ///
+    /// # Safety
+    /// AVX2 and FMA; every source holds `queries.len()` values, a multiple of 8.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn queries8(srcs: &[&[f32]; NR], scale: f32, queries: &mut [PanelRow]) {
+        let s = _mm256_set1_ps(scale);
+        for d0 in (0..queries.len()).step_by(8) {
+            for l0 in [0, 8] {
+                let mut r = [_mm256_setzero_ps(); 8];
+                for (i, r) in r.iter_mut().enumerate() {
+                    *r = _mm256_mul_ps(_mm256_loadu_ps(srcs[l0 + i].as_ptr().add(d0)), s);
+                }
+                for (i, c) in transpose8(r).into_iter().enumerate() {
+                    _mm256_store_ps(queries[d0 + i].0.as_mut_ptr().add(l0), c);
+                }
+            }
+        }
+    }
+
+    /// `super::fill_queries` in 16 × 16 blocks.
+    ///
+    /// # Safety
+    /// AVX-512 F; every source holds `queries.len()` values, a multiple of 16.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    pub(super) unsafe fn queries16(srcs: &[&[f32]; NR], scale: f32, queries: &mut [PanelRow]) {
+        let s = _mm512_set1_ps(scale);
+        for d0 in (0..queries.len()).step_by(16) {
+            let mut r = [_mm512_setzero_ps(); 16];
+            for (r, src) in r.iter_mut().zip(srcs) {
+                *r = _mm512_mul_ps(_mm512_loadu_ps(src.as_ptr().add(d0)), s);
+            }
+            for (i, c) in transpose16(r).into_iter().enumerate() {
+                _mm512_store_ps(queries[d0 + i].0.as_mut_ptr(), c);
+            }
+        }
+    }
+
+    /// `super::store_outputs` in 8 × 8 blocks.
+    ///
+    /// # Safety
+    /// AVX2 and FMA; `sums.len()` is a multiple of 8 and every destination holds that many.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn outputs8(
+        sums: &[PanelRow],
+        inv: &[f32; NR],
+        dsts: &mut [Option<&mut [f32]>; NR],
+    ) {
+        for l0 in [0, 8] {
+            let iv = _mm256_loadu_ps(inv.as_ptr().add(l0));
+            for d0 in (0..sums.len()).step_by(8) {
+                let mut r = [_mm256_setzero_ps(); 8];
+                for (i, r) in r.iter_mut().enumerate() {
+                    *r = _mm256_mul_ps(_mm256_load_ps(sums[d0 + i].0.as_ptr().add(l0)), iv);
+                }
+                for (c, dst) in transpose8(r).into_iter().zip(&mut dsts[l0..l0 + 8]) {
+                    if let Some(dst) = dst {
+                        _mm256_storeu_ps(dst.as_mut_ptr().add(d0), c);
+                    }
+                }
+            }
+        }
+    }
+
+    /// `super::store_outputs` in 16 × 16 blocks.
+    ///
+    /// # Safety
+    /// AVX-512 F; `sums.len()` is a multiple of 16 and every destination holds that many.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    pub(super) unsafe fn outputs16(
+        sums: &[PanelRow],
+        inv: &[f32; NR],
+        dsts: &mut [Option<&mut [f32]>; NR],
+    ) {
+        let iv = _mm512_loadu_ps(inv.as_ptr());
+        for d0 in (0..sums.len()).step_by(16) {
+            let mut r = [_mm512_setzero_ps(); 16];
+            for (i, r) in r.iter_mut().enumerate() {
+                *r = _mm512_mul_ps(_mm512_load_ps(sums[d0 + i].0.as_ptr()), iv);
+            }
+            for (c, dst) in transpose16(r).into_iter().zip(dsts.iter_mut()) {
+                if let Some(dst) = dst {
+                    _mm512_storeu_ps(dst.as_mut_ptr().add(d0), c);
+                }
             }
         }
     }

@@ -271,8 +271,9 @@ pub fn attention_many<B: Backend>(t: &Target<B>) {
 
 /// `(lens, n_heads, head_dim)` of the packed cases: lengths that are not whole tiles, a single
 /// token and an empty sequence; head sizes of 16 and 40.
-pub(crate) const PACKED: [(&[usize], usize, usize); 3] = [
+pub(crate) const PACKED: [(&[usize], usize, usize); 4] = [
     (&[5, 1, 0, 70, 130, 64], 3, 16),
+    (&[17, 40], 2, 32),
     (&[5, 1, 0, 70, 130, 64], 2, 40),
     (&[1], 4, 8),
 ];
