@@ -187,14 +187,12 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
     (0..PREFETCH_PANELS).for_each(prefetch);
     for (p, panel) in keys.chunks_exact_mut(hd * MR).enumerate() {
         prefetch(p + PREFETCH_PANELS);
-        let rows: [&[f32]; MR] = std::array::from_fn(|r| {
-            let j = p * MR + r;
-            if j < n {
-                &b.k[row(j)]
-            } else {
-                zeros
+        let mut rows: [&[f32]; MR] = [zeros; MR];
+        for (r, src) in rows.iter_mut().enumerate() {
+            if p * MR + r < n {
+                *src = &b.k[row(p * MR + r)];
             }
-        });
+        }
         pack_rows(isa, &rows, panel);
     }
     let values = sized(&mut s.values, dim_panels * n_pad * MR, 0.0);
@@ -229,13 +227,12 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
         // Lanes past the sequence stand for its last query (zero query, its window): they are
         // computed but never stored.
         let query = |lane: usize| i0 + lane.min(nq - 1);
-        let srcs: [&[f32]; NR] = std::array::from_fn(|lane| {
-            if lane < nq {
-                &b.q[row(i0 + lane)]
-            } else {
-                zeros
-            }
-        });
+        // Plain loops, not `array::from_fn`: its closures stayed calls here (as in the key
+        // panels above).
+        let mut srcs: [&[f32]; NR] = [zeros; NR];
+        for (lane, src) in srcs.iter_mut().enumerate().take(nq) {
+            *src = &b.q[row(i0 + lane)];
+        }
         fill_queries(isa, &srcs, b.scale, queries);
         // Whole key panels [j0, j1) that some query of the group can see, and the keys
         // [all_lo, all_hi) that every query of it sees.
@@ -246,7 +243,12 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
         let panel = |i: usize| &keys[(j0 / MR + i) * hd * MR..(j0 / MR + i + 1) * hd * MR];
         fma_tiles(isa, hd, (j1 - j0) / MR, panel, queries, &mut scores[j0..j1]);
         let rows = &mut scores[j0..j1];
-        let windows: [(usize, usize); NR] = std::array::from_fn(|lane| visible(query(lane)));
+        let mut windows = [(0, n); NR];
+        if b.radius.is_some() {
+            for (lane, w) in windows.iter_mut().enumerate() {
+                *w = visible(query(lane));
+            }
+        }
         for (j, r) in (j0..j1).zip(rows.iter_mut()) {
             if j < all_lo || j >= all_hi {
                 for (x, &(l, h)) in r.0.iter_mut().zip(&windows) {
@@ -273,11 +275,12 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
         // The visible keys of each dim panel, two panels per call as above.
         let steps = |c: usize| &values[c * n_pad * MR + j0 * MR..c * n_pad * MR + j1 * MR];
         fma_tiles(isa, j1 - j0, dim_panels, steps, rows, sums);
-        let mut dsts: [Option<&mut [f32]>; NR] = std::array::from_fn(|lane| {
+        let mut dsts: [Option<&mut [f32]>; NR] = [const { None }; NR];
+        for (lane, dst) in dsts.iter_mut().enumerate().take(nq) {
             // SAFETY: this task is the only one that writes the head's columns of the
             // sequence's rows, and the lanes name distinct rows.
-            (lane < nq).then(|| unsafe { out.slice(row(i0 + lane)) })
-        });
+            *dst = Some(unsafe { out.slice(row(i0 + lane)) });
+        }
         store_outputs(isa, &sums[..hd], &inv, &mut dsts);
     }
 }
@@ -287,6 +290,7 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
 /// build, so the bits do not depend on the level; the SIMD builds transpose 16 × 16 (AVX-512) or
 /// 8 × 8 (AVX2) blocks in registers where the head dim is a multiple of the block, instead of
 /// gathering one value per row for each lane.
+#[inline(always)]
 fn fill_queries(isa: Isa, srcs: &[&[f32]; NR], scale: f32, queries: &mut [PanelRow]) {
     let hd = queries.len();
     assert!(srcs.iter().all(|r| r.len() >= hd), "short query row");
@@ -314,6 +318,7 @@ fn fill_queries(isa: Isa, srcs: &[&[f32]; NR], scale: f32, queries: &mut [PanelR
 /// The group's outputs: `dsts[lane][d] = sums[d].0[lane] · inv[lane]` for every
 /// `d < sums.len()` and every lane with a destination (each at least that long). One multiply
 /// per element in every build, as in [`fill_queries`], whose blocks it transposes back.
+#[inline(always)]
 fn store_outputs(
     isa: Isa,
     sums: &[PanelRow],
