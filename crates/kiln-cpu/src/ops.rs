@@ -114,6 +114,11 @@ impl RopeTables {
 /// Rows per parallel task for cheap row-wise ops (small batches stay on one thread).
 const ROWS_PER_TASK: usize = 16;
 
+/// How many rows ahead [`layer_norm`] requests its inputs. MiniLM's 128-token batches (rows of
+/// 384) on a Zen 5 host, 2 threads: the norm's samples in `perf` fell from 1,116-1,123 to 912-919
+/// at 4 (893-997 at 8); the whole forward 0.7 % faster.
+const NORM_PREFETCH_ROWS: usize = 4;
+
 /// A new tensor of `x`'s shape whose row `i` is written by `f(i, x.row(i), out_row)`, with
 /// [`ROWS_PER_TASK`] rows per pool task when the tensor is large enough to split.
 fn map_rows(
@@ -225,6 +230,16 @@ pub(crate) fn layer_norm(
     }
     let avx2 = cpu.avx2();
     Ok(map_rows(cpu, x, |row, xr, out_row| {
+        // The inputs' rows `NORM_PREFETCH_ROWS` further on, requested now: an encoder's norm
+        // reads two tensors that have left L2 (the product just made and the residual), and
+        // waited on them line by line.
+        if row + NORM_PREFETCH_ROWS < x.rows {
+            let ahead = row + NORM_PREFETCH_ROWS;
+            crate::kernels::prefetch_rows::<f32>(&[x.row(ahead)]);
+            if let Some(r) = residual {
+                crate::kernels::prefetch_rows::<f32>(&[r.row(ahead)]);
+            }
+        }
         layer_norm_row(avx2, xr, residual.map(|r| r.row(row)), w, b, eps, out_row)
     }))
 }
