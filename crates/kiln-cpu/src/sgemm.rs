@@ -603,6 +603,35 @@ struct Out {
 unsafe impl Sync for Out {}
 
 impl Out {
+    /// Requests the cache lines of the `rows × cols` block at `(r0, c0)` (inside the buffer)
+    /// before a kernel computes it. Where `y` is larger than the last-level cache its lines
+    /// come from memory when the tile is stored (a store needs the line first), and the stores
+    /// of a tile waited on them: requested before the tile's k-loop, they arrive during it.
+    /// MiniLM's FFN products at m = 4096 (a 25 MB `y`) on a Zen 5 host: the AVX-512 kernel
+    /// went from 84-87 % to 89-90 % of the FMA peak on one thread, 465-475 to 490-497 GFLOP/s on
+    /// two (`examples/dense_bench`), and the 128-token embedding bench 2-4 % faster. The AVX2
+    /// kernel (half the arithmetic rate, its stores less exposed) measured the same either way.
+    #[inline(always)]
+    fn prefetch_block(&self, r0: usize, c0: usize, rows: usize, cols: usize) {
+        #[cfg(target_arch = "x86_64")]
+        for i in 0..rows {
+            let at = (r0 + i) * self.ld + c0;
+            // Every 64-byte line of the row's `cols` values: one request per 16 values, and
+            // the last value's line (a row that does not start on a line ends on one more).
+            for c in (0..cols).step_by(NR).chain(cols.checked_sub(1)) {
+                // SAFETY: a prefetch is a hint: it never faults and changes no memory (and the
+                // address lies inside the buffer by the caller's bound).
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                        self.ptr.wrapping_add(at + c).cast(),
+                    )
+                };
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (r0, c0, rows, cols);
+    }
+
     /// Whether every `MR × NR` sub-tile of the wide `rows × cols` tile at `(r0, c0)` (up to
     /// `2·MR × 2·NR`, as the AVX-512 kernels store it) lies inside the buffer.
     fn wide_tile_fits(&self, r0: usize, c0: usize, rows: usize, cols: usize) -> bool {
@@ -1230,6 +1259,7 @@ mod avx2 {
         cols: usize,
         ep: Epilogue<'_>,
     ) {
+        out.prefetch_block(r0, c0, rows, cols);
         let acc = accumulate(kc, a, b);
         if rows == MR && cols == NR {
             let bias = ep.bias.map(|v| v.as_ptr());
@@ -1390,6 +1420,7 @@ mod avx512 {
         cols: usize,
         ep: Epilogue<'_>,
     ) {
+        out.prefetch_block(r0, c0, rows, cols);
         let acc = accumulate_wide::<P, MP, NP>(kc, *a, b0, b1);
         store(&acc, out, r0, c0, rows, cols, ep);
     }
