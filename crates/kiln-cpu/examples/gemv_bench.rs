@@ -39,6 +39,10 @@ const CASES: &[(&str, GgmlType, usize, usize, usize)] = &[
         128,
     ),
     ("Q8_0 attn_v 256x640 x512", GgmlType::Q8_0, 256, 640, 512),
+    // llama-3.2-1b's shapes (Q4_K_M): its largest products, and a 2048-square one.
+    ("Q4_K ffn_up 8192x2048 x16", GgmlType::Q4_K, 8192, 2048, 16),
+    ("Q6_K ffn_down 2048x8192 x8", GgmlType::Q6_K, 2048, 8192, 8),
+    ("Q4_K attn_q 2048x2048 x32", GgmlType::Q4_K, 2048, 2048, 32),
     // One copy, so in cache after the first round: the kernels' compute rate, and (16 rows)
     // the fixed cost of a product.
     ("Q8_0 in cache 1024x640", GgmlType::Q8_0, 1024, 640, 1),
