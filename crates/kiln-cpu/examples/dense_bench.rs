@@ -170,10 +170,8 @@ fn gemm_crate(x: &[f32], w: &[f32], m: usize, k: usize, n: usize, threads: usize
     y
 }
 
-/// Whether the peak loop runs in zmm registers: kiln's SIMD level (which honours `KILN_SIMD`) has
-/// AVX-512, as its GEMM kernel then does.
-/// Whether the backend runs its AVX-512 kernels: the CPU's level under `KILN_SIMD`'s cap, as
-/// `common::backend` sets it.
+/// Whether the peak loop runs in zmm registers: the backend runs its AVX-512 GEMM kernel, i.e.
+/// the CPU's level under `KILN_SIMD`'s cap (as `common::backend` sets it) has AVX-512.
 fn wide() -> bool {
     kiln_cpu::CpuOptions::default()
         .with_settings(std::env::var("KILN_SIMD").ok().as_deref(), None)
