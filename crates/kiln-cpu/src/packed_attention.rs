@@ -1,37 +1,44 @@
 //! Bidirectional attention over a packed batch of variable-length sequences (encoders).
 //!
 //! Work is split into tasks of (sequence, head), and each task computes its head of its sequence
-//! with the `MR × NR` FMA micro-kernel of the GEMM ([`crate::sgemm`]), in transposed form so that
-//! neither the scores nor the probabilities are ever transposed:
+//! in blocks of [`QB`] queries, each block's two products as register tiles of the GEMM's shape
+//! ([`crate::sgemm`]: rows broadcast from memory, 16-column panels loaded, one FMA chain per sum):
 //!
-//! 1. **Once per task**, keys are packed as activation panels of [`MR`] keys × `head_dim` steps
-//!    and values as activation panels of [`MR`] head dims × `keys` steps (a copy, not a
-//!    transpose: six neighbouring dims of one key are one step).
-//! 2. **Per group of [`NR`] queries**, the scaled queries become one weight panel (`head_dim`
-//!    rows of 16 queries). Each micro-kernel call over a key panel gives six rows of `Sᵀ`: one
-//!    key, its scores against the 16 queries (two key panels per call where the group sees two:
-//!    twelve independent sums keep the FMA units busy where six leave their latency exposed).
-//!    The softmax then runs down the columns of `Sᵀ`, one query per SIMD lane (vertical max, `exp`, vertical sum: no horizontal reductions),
-//!    in place, which leaves `Pᵀ` in exactly the weight-panel layout the second product wants.
-//! 3. One micro-kernel call per value panel (two, paired as above) gives `(P V)ᵀ` for six dims ×
-//!    16 queries, stored transposed into the output scaled by each query's `1 / Σ`.
+//! 1. **Once per task**, the keys become panels of 16 keys (`head_dim` rows, row `d` holding dim
+//!    `d` of the 16 keys, scaled by the softmax scale: a transpose, in 16 × 16 or 8 × 8 register
+//!    blocks where the head dim allows) and the values panels of 16 dims (row `j` holding key
+//!    `j`'s 16 dims: a copy). Keys and dims past the sequence and the head are zero.
+//! 2. **Per block**, `S = Q (scale · K)ᵀ` over the key panels that some query of the block sees,
+//!    the query rows read in place: 12 rows × 32 keys per call (24 zmm sums). Each row of `S` is
+//!    then one query's scores: -∞ off its window, its maximum (16 lanes, then a fixed tree),
+//!    `exp`, and its sum (16 lane sums over the panels in order, then the same tree), in place,
+//!    which leaves `P` in rows the second product reads in place.
+//! 3. `P V` over the same keys, 12 rows × 32 dims per call, and each output row scaled by its
+//!    query's `1 / Σ` on the way into `out`. A last block of 6 queries or fewer takes 6-row tiles.
+//!
+//! With the queries as rows (an earlier version held 16 queries in the lanes of each score
+//! vector, so that the softmax ran down the columns), the tiles have the GEMM's 12 × 32 shape
+//! (24 FMAs to 14 loads, against 12 to 13 for 6 keys × 16 queries), the head dim needs no
+//! padding to a multiple of 6, and nothing is transposed on the way out; the price is a
+//! horizontal reduction per query row for the maximum and the sum, which a short sequence feels
+//! (docs/BENCHMARKS.md has the figures).
 //!
 //! Nothing is computed across sequences, so packing wastes no work on padding, and the score
-//! buffer is `keys × NR`: long sequences never materialise an `L × L` matrix. Scratch buffers
+//! buffer is `QB × keys`: long sequences never materialise an `L × L` matrix. Scratch buffers
 //! live as long as a worker's run of tasks, and each task writes its rows of its head's columns
 //! straight into the output (those rectangles are disjoint and cover it).
 //!
 //! Each output element is produced by one task with a fixed instruction sequence that depends
-//! only on its sequence (the scalar fallback uses `f32::mul_add` in the micro-kernel's order,
-//! the AVX-512 build the same chains in 16-lane registers, and the softmax is the same
-//! element-wise code in every build), so results do not depend on the thread count, the SIMD
-//! level or on what else is in the batch.
+//! only on its sequence (the portable build uses `f32::mul_add` in the kernels' order, the AVX2
+//! and AVX-512 builds the same chains in 8- or 16-lane registers, and the softmax is the same
+//! element-wise code with the same 16-lane trees in every build), so results do not depend on
+//! the thread count, the SIMD level or on what else is in the batch.
 
 use kiln_backend::{shape_err, PackedAttentionParams, Result};
 
 use crate::context::Context;
 use crate::kernels::prefetch_rows;
-use crate::sgemm::{fma_tiles, pack_rows, Isa, PanelRow, MR, NR};
+use crate::sgemm::{Isa, PanelRow, MR, NR};
 use crate::team::Disjoint;
 use crate::tensor::CpuTensor;
 
@@ -89,8 +96,8 @@ pub(crate) fn packed_attention(
     CpuTensor::new(data, total, cols)
 }
 
-/// Key panels whose rows of q, k and v are requested ahead of the copies (see `attend_impl`).
-const PREFETCH_PANELS: usize = 4;
+/// Query rows per block: the rows of the AVX-512 tile (two of the GEMM's [`MR`]).
+const QB: usize = 2 * MR;
 
 /// One task: one head of one sequence of the packed tensors.
 struct Block<'a> {
@@ -113,17 +120,16 @@ struct Block<'a> {
 /// A worker's buffers, reused from task to task (each task overwrites what it reads).
 #[derive(Default)]
 struct Scratch {
-    /// Key panels: panel `p`, step `d` holds dim `d` of keys `p·MR .. p·MR + MR`.
-    keys: Vec<f32>,
-    /// Value panels: panel `c`, step `j` holds dims `c·MR .. c·MR + MR` of key `j`.
-    values: Vec<f32>,
-    /// The query group as a weight panel: row `d` holds `scale · q[d]` of its 16 queries.
-    queries: Vec<PanelRow>,
-    /// `Sᵀ`, then `Pᵀ`: row `j` holds key `j`'s scores (probabilities) for the 16 queries.
-    scores: Vec<PanelRow>,
-    /// `(P V)ᵀ` of the group: row `d` holds dim `d` of the 16 queries' outputs.
-    sums: Vec<PanelRow>,
-    /// A zero key, for the rows of the last key panel past the sequence.
+    /// Key panels: panel `p`, row `d` holds `scale · k[d]` of keys `16p .. 16p + 16`.
+    keys: Vec<PanelRow>,
+    /// Value panels: panel `c`, row `j` holds dims `16c .. 16c + 16` of key `j`.
+    values: Vec<PanelRow>,
+    /// The block's scores, then its probabilities: row `i` (`ld` apart) holds query `i`'s
+    /// against every key.
+    scores: Vec<f32>,
+    /// The block's `P V`: row `i` holds query `i`'s unnormalised output.
+    sums: Vec<f32>,
+    /// A zero row, for the keys and dims of the last panels past the sequence or the head.
     zeros: Vec<f32>,
 }
 
@@ -166,50 +172,50 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
     if n == 0 {
         return;
     }
-    let key_panels = n.div_ceil(MR);
-    let n_pad = key_panels * MR;
-    let dim_panels = hd.div_ceil(MR);
+    let key_panels = n.div_ceil(NR);
+    let ld = key_panels * NR;
+    let dim_panels = hd.div_ceil(NR);
+    let dl = dim_panels * NR;
     let row = |r: usize| {
         let at = (b.row0 + r) * b.cols + b.col0;
         at..at + hd
     };
     // Only ever grown with zeros, never written.
-    let zeros = &*sized(&mut s.zeros, hd, 0.0);
-    let keys = sized(&mut s.keys, key_panels * hd * MR, 0.0);
-    // The head's rows of q, k and v are pieces of rows a few KiB apart, rarely in cache (MiniLM's
-    // batch of 32 x 256 tokens makes 12 MB of each): requested a few key panels ahead, so that
-    // the copies below do not wait for one miss after another.
+    let zeros = &*sized(&mut s.zeros, dl, 0.0);
+    // The head's rows of k and v are pieces of rows a few KiB apart, rarely in cache (MiniLM's
+    // batch of 32 x 256 tokens makes 12 MB of each): the next panel's are requested while this
+    // one is copied, so that the copies do not wait for one miss after another.
     let prefetch = |p: usize| {
-        for j in (p * MR).min(n)..((p + 1) * MR).min(n) {
-            prefetch_rows::<f32>(&[&b.k[row(j)], &b.v[row(j)], &b.q[row(j)]]);
+        for j in (p * NR).min(n)..((p + 1) * NR).min(n) {
+            prefetch_rows::<f32>(&[&b.k[row(j)], &b.v[row(j)]]);
         }
     };
-    (0..PREFETCH_PANELS).for_each(prefetch);
-    for (p, panel) in keys.chunks_exact_mut(hd * MR).enumerate() {
-        prefetch(p + PREFETCH_PANELS);
-        let mut rows: [&[f32]; MR] = [zeros; MR];
-        for (r, src) in rows.iter_mut().enumerate() {
-            if p * MR + r < n {
-                *src = &b.k[row(p * MR + r)];
+    prefetch(0);
+    let keys = sized(&mut s.keys, key_panels * hd, PanelRow([0.0; NR]));
+    let values = sized(&mut s.values, dim_panels * ld, PanelRow([0.0; NR]));
+    for p in 0..key_panels {
+        prefetch(p + 1);
+        // Plain loops, not `array::from_fn`: its closures stayed calls here.
+        let mut srcs: [&[f32]; NR] = [zeros; NR];
+        for (lane, src) in srcs.iter_mut().enumerate() {
+            if p * NR + lane < n {
+                *src = &b.k[row(p * NR + lane)];
             }
         }
-        pack_rows(isa, &rows, panel);
-    }
-    let values = sized(&mut s.values, dim_panels * n_pad * MR, 0.0);
-    // Key by key (its row read once), each dim panel's step of it: panel `c`, step `j` at
-    // `c·n_pad·MR + j·MR`. Steps past the sequence and dims past `hd` are zero.
-    for j in 0..n_pad {
-        let src = if j < n { &b.v[row(j)] } else { zeros };
-        for c in 0..dim_panels {
-            let at = c * n_pad * MR + j * MR;
-            let step = &mut values[at..at + MR];
-            let d0 = c * MR;
-            match src.get(d0..d0 + MR) {
-                // `d0..d0 + MR`: a fixed-size copy, not a `memcpy` call.
-                Some(full) => step.copy_from_slice(full),
-                None => {
-                    for (r, x) in step.iter_mut().enumerate() {
-                        *x = src.get(d0 + r).copied().unwrap_or(0.0);
+        transpose_panel(isa, &srcs, b.scale, &mut keys[p * hd..(p + 1) * hd]);
+        // Key by key (its row read once), each dim panel's row of it.
+        for (lane, src) in srcs.iter_mut().enumerate() {
+            let j = p * NR + lane;
+            *src = if j < n { &b.v[row(j)] } else { zeros };
+            for c in 0..dim_panels {
+                let dst = &mut values[c * ld + j].0;
+                match src.get(c * NR..(c + 1) * NR) {
+                    // A fixed-size copy, not a `memcpy` call.
+                    Some(full) => dst.copy_from_slice(full),
+                    None => {
+                        for (e, x) in dst.iter_mut().enumerate() {
+                            *x = src.get(c * NR + e).copied().unwrap_or(0.0);
+                        }
                     }
                 }
             }
@@ -219,143 +225,209 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
         Some(r) => (i.saturating_sub(r), (i + r + 1).min(n)),
         None => (0, n),
     };
-    let queries = sized(&mut s.queries, hd, PanelRow([0.0; NR]));
-    let scores = sized(&mut s.scores, n_pad, PanelRow([0.0; NR]));
-    let sums = sized(&mut s.sums, dim_panels * MR, PanelRow([0.0; NR]));
-    for i0 in (0..n).step_by(NR) {
-        let nq = NR.min(n - i0);
-        // Lanes past the sequence stand for its last query (zero query, its window): they are
-        // computed but never stored.
-        let query = |lane: usize| i0 + lane.min(nq - 1);
-        // Plain loops, not `array::from_fn`: its closures stayed calls here (as in the key
-        // panels above).
-        let mut srcs: [&[f32]; NR] = [zeros; NR];
-        for (lane, src) in srcs.iter_mut().enumerate().take(nq) {
-            *src = &b.q[row(i0 + lane)];
+    let scores = sized(&mut s.scores, QB * ld, 0.0);
+    let sums = sized(&mut s.sums, QB * dl, 0.0);
+    let mut i0 = 0;
+    while i0 < n {
+        // Blocks of QB queries; a last one of MR or fewer takes the 6-row tile.
+        let rows = if n - i0 <= MR { MR } else { QB };
+        let nq = rows.min(n - i0);
+        // The next block's query rows, read in place by the products below.
+        for i in (i0 + QB..n).take(QB) {
+            prefetch_rows::<f32>(&[&b.q[row(i)]]);
         }
-        fill_queries(isa, &srcs, b.scale, queries);
-        // Whole key panels [j0, j1) that some query of the group can see, and the keys
-        // [all_lo, all_hi) that every query of it sees.
-        let (lo, all_hi) = visible(i0);
-        let (all_lo, hi) = visible(query(NR - 1));
-        let (j0, j1) = (lo / MR * MR, hi.div_ceil(MR) * MR);
-        // Key panels [j0 / MR, j1 / MR), two per call (twelve sums in flight).
-        let panel = |i: usize| &keys[(j0 / MR + i) * hd * MR..(j0 / MR + i + 1) * hd * MR];
-        fma_tiles(isa, hd, (j1 - j0) / MR, panel, queries, &mut scores[j0..j1]);
-        let rows = &mut scores[j0..j1];
-        let mut windows = [(0, n); NR];
-        if b.radius.is_some() {
-            for (lane, w) in windows.iter_mut().enumerate() {
-                *w = visible(query(lane));
+        // Rows past the sequence stand for its last query: computed, never stored.
+        let mut queries: [&[f32]; QB] = [zeros; QB];
+        for (i, q) in queries.iter_mut().enumerate() {
+            *q = &b.q[row(i0 + i.min(nq - 1))];
+        }
+        // The whole key panels that some query of the block sees: keys [c0, c1).
+        let (lo, _) = visible(i0);
+        let (_, hi) = visible(i0 + nq - 1);
+        let (c0, c1) = (lo / NR * NR, hi.div_ceil(NR) * NR);
+        let mut c = c0;
+        while c < c1 {
+            let np = if c + 2 * NR <= c1 { 2 } else { 1 };
+            let panel = |j: usize| &keys[(c / NR + j.min(np - 1)) * hd..][..hd];
+            let b = [panel(0), panel(1)];
+            block_products(isa, hd, rows, &queries, b, np, &mut scores[c..], ld);
+            c += np * NR;
+        }
+        // Softmax along each query's row: -∞ off its window, the row's maximum, `exp`, and the
+        // sum of the row in 16 lanes (panel after panel) reduced by a fixed tree. Step by step
+        // over the block's rows: each row's steps form one chain of dependent instructions, and
+        // a short row (a sentence) left the out-of-order window little else to run.
+        let mut lanes = [[f32::NEG_INFINITY; NR]; QB];
+        for (i, lane_max) in lanes.iter_mut().enumerate().take(nq) {
+            let (l, h) = visible(i0 + i);
+            let r = &mut scores[i * ld + c0..i * ld + c1];
+            for x in &mut r[..l - c0] {
+                *x = f32::NEG_INFINITY;
             }
-        }
-        for (j, r) in (j0..j1).zip(rows.iter_mut()) {
-            if j < all_lo || j >= all_hi {
-                for (x, &(l, h)) in r.0.iter_mut().zip(&windows) {
-                    if j < l || j >= h {
-                        *x = f32::NEG_INFINITY;
-                    }
+            for x in &mut r[h - c0..] {
+                *x = f32::NEG_INFINITY;
+            }
+            let mut max = [f32::NEG_INFINITY; NR];
+            for panel in r.chunks_exact(NR) {
+                for (m, &x) in max.iter_mut().zip(panel) {
+                    *m = if x > *m { x } else { *m };
                 }
             }
+            *lane_max = max;
         }
-        let mut max = [f32::NEG_INFINITY; NR];
-        for r in rows.iter() {
-            for (m, &x) in max.iter_mut().zip(&r.0) {
-                *m = if x > *m { x } else { *m };
+        let maxima = lanes.map(|v| lane_reduce(v, |a, b| if b > a { b } else { a }));
+        for (i, (lane_sums, &m)) in lanes.iter_mut().zip(&maxima).enumerate().take(nq) {
+            // Summed in a local (in registers), not through the array.
+            let mut sums = [0.0f32; NR];
+            for panel in scores[i * ld + c0..i * ld + c1].chunks_exact_mut(NR) {
+                for (x, t) in panel.iter_mut().zip(sums.iter_mut()) {
+                    *x = crate::math::exp_nonpositive(*x - m);
+                    *t += *x;
+                }
             }
+            *lane_sums = sums;
         }
-        let mut total = [0.0f32; NR];
-        for r in rows.iter_mut() {
-            for ((x, &m), t) in r.0.iter_mut().zip(&max).zip(total.iter_mut()) {
-                *x = crate::math::exp_nonpositive(*x - m);
-                *t += *x;
-            }
+        // Rows past the sequence: a total of 1 (never used).
+        let mut totals = [1.0f32; QB];
+        for (t, sums) in totals.iter_mut().zip(&lanes).take(nq) {
+            *t = lane_reduce(*sums, |a, b| a + b);
         }
-        let inv = total.map(|t| 1.0 / t);
-        // The visible keys of each dim panel, two panels per call as above.
-        let steps = |c: usize| &values[c * n_pad * MR + j0 * MR..c * n_pad * MR + j1 * MR];
-        fma_tiles(isa, j1 - j0, dim_panels, steps, rows, sums);
-        let mut dsts: [Option<&mut [f32]>; NR] = [const { None }; NR];
-        for (lane, dst) in dsts.iter_mut().enumerate().take(nq) {
+        let inv = totals.map(|t| 1.0 / t);
+        // `P V` over the same keys, two dim panels per call.
+        let mut probs: [&[f32]; QB] = [zeros; QB];
+        for (i, p) in probs.iter_mut().enumerate() {
+            let r = i.min(nq - 1) * ld;
+            *p = &scores[r + c0..r + c1];
+        }
+        let mut d = 0;
+        while d < dl {
+            let np = if d + 2 * NR <= dl { 2 } else { 1 };
+            let panel = |j: usize| &values[(d / NR + j.min(np - 1)) * ld + c0..][..c1 - c0];
+            let b = [panel(0), panel(1)];
+            block_products(isa, c1 - c0, rows, &probs, b, np, &mut sums[d..], dl);
+            d += np * NR;
+        }
+        for (i, &inv) in inv.iter().enumerate().take(nq) {
             // SAFETY: this task is the only one that writes the head's columns of the
-            // sequence's rows, and the lanes name distinct rows.
-            *dst = Some(unsafe { out.slice(row(i0 + lane)) });
+            // sequence's rows.
+            let dst = unsafe { out.slice(row(i0 + i)) };
+            for (y, &x) in dst.iter_mut().zip(&sums[i * dl..i * dl + hd]) {
+                *y = x * inv;
+            }
         }
-        store_outputs(isa, &sums[..hd], &inv, &mut dsts);
+        i0 += nq;
     }
 }
 
-/// The query group as a weight panel: `queries[d].0[lane] = scale · srcs[lane][d]` for every
-/// `d < queries.len()` (each source at least that long). One multiply per element in every
-/// build, so the bits do not depend on the level; the SIMD builds transpose 16 × 16 (AVX-512) or
-/// 8 × 8 (AVX2) blocks in registers where the head dim is a multiple of the block, instead of
+/// `op` over 16 lanes by a fixed tree (halves combined lane by lane), the same in every build.
+#[inline(always)]
+fn lane_reduce(mut v: [f32; NR], op: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut w = NR / 2;
+    while w > 0 {
+        for e in 0..w {
+            v[e] = op(v[e], v[e + w]);
+        }
+        w /= 2;
+    }
+    v[0]
+}
+
+/// `out[i·ld + 16j + c] = Σ_p a[i][p] · b[j][p].0[c]` for the first `rows` ([`QB`] or [`MR`])
+/// rows `i`, the `np` (1 or 2) weight panels `j` and their 16 columns `c`, over `p < kc`: one fused multiply-add per
+/// step in order of `p`, from zero, for every sum and at every level (identical bits). The
+/// AVX-512 kernel holds all `QB × 16·np` sums in registers (24 zmm at two panels: per step two
+/// panel loads and twelve broadcasts from the rows in place feed 24 FMAs); the AVX2 one runs 6 ×
+/// 16 sub-tiles (12 ymm); the portable one `f32::mul_add` loops. Panics when a row holds fewer
+/// than `kc` values, a used panel fewer than `kc` rows, or `out` is too short.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn block_products(
+    isa: Isa,
+    kc: usize,
+    rows: usize,
+    a: &[&[f32]; QB],
+    b: [&[PanelRow]; 2],
+    np: usize,
+    out: &mut [f32],
+    ld: usize,
+) {
+    assert!(
+        (rows == MR || rows == QB)
+            && (1..=2).contains(&np)
+            && a[..rows].iter().all(|r| r.len() >= kc)
+            && b[..np].iter().all(|p| p.len() >= kc)
+            && out.len() >= (rows - 1) * ld + np * NR,
+        "block_products out of bounds"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        let src: [*const f32; QB] = std::array::from_fn(|i| a[i].as_ptr());
+        let panels = [b[0].as_ptr(), b[np - 1].as_ptr()];
+        let out = out.as_mut_ptr();
+        // SAFETY: the levels exist only where the CPU has them (and the callers are built with
+        // their features, `attend`); the assert proves every row holds `kc` values, the panels
+        // `kc` rows, and `out` every stored row's `16·np` values at `ld` apart.
+        unsafe {
+            match (isa, rows, np) {
+                (Isa::Avx512, MR, 1) => return x86::block512::<MR, 1>(kc, &src, panels, out, ld),
+                (Isa::Avx512, MR, _) => return x86::block512::<MR, 2>(kc, &src, panels, out, ld),
+                (Isa::Avx512, _, 1) => return x86::block512::<QB, 1>(kc, &src, panels, out, ld),
+                (Isa::Avx512, _, _) => return x86::block512::<QB, 2>(kc, &src, panels, out, ld),
+                (Isa::Avx2, _, _) => return x86::block256(kc, rows, &src, panels, np, out, ld),
+                (Isa::Scalar, _, _) => {}
+            }
+        }
+    }
+    for (i, r) in a.iter().enumerate().take(rows) {
+        for (j, panel) in b[..np].iter().enumerate() {
+            let mut acc = [0.0f32; NR];
+            for (&x, w) in r[..kc].iter().zip(&panel[..kc]) {
+                for (s, &w) in acc.iter_mut().zip(&w.0) {
+                    *s = x.mul_add(w, *s);
+                }
+            }
+            out[i * ld + j * NR..][..NR].copy_from_slice(&acc);
+        }
+    }
+}
+
+/// A panel from 16 rows: `panel[d].0[lane] = scale · srcs[lane][d]` for every
+/// `d < panel.len()` (each source at least that long). One multiply per element in every build,
+/// so the bits do not depend on the level; the SIMD builds transpose 16 × 16 (AVX-512) or 8 × 8
+/// (AVX2) blocks in registers where the head dim is a multiple of the block, instead of
 /// gathering one value per row for each lane.
 #[inline(always)]
-fn fill_queries(isa: Isa, srcs: &[&[f32]; NR], scale: f32, queries: &mut [PanelRow]) {
-    let hd = queries.len();
-    assert!(srcs.iter().all(|r| r.len() >= hd), "short query row");
+fn transpose_panel(isa: Isa, srcs: &[&[f32]; NR], scale: f32, panel: &mut [PanelRow]) {
+    let hd = panel.len();
+    assert!(srcs.iter().all(|r| r.len() >= hd), "short key row");
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: the levels exist only where the CPU has them; the assert proves every source
-        // holds `hd` values, and `queries` has `hd` rows.
+        // holds `hd` values, and `panel` has `hd` rows.
         if isa == Isa::Avx512 && hd.is_multiple_of(16) {
-            return unsafe { x86::queries16(srcs, scale, queries) };
+            return unsafe { x86::panel16(srcs, scale, panel) };
         }
         if matches!(isa, Isa::Avx2 | Isa::Avx512) && hd.is_multiple_of(8) {
-            return unsafe { x86::queries8(srcs, scale, queries) };
+            return unsafe { x86::panel8(srcs, scale, panel) };
         }
     }
     let _ = isa;
-    // Dim by dim, so that each step is written whole (lane by lane, each store went to
-    // another cache line: 16 % of this function's time on MiniLM).
-    for (d, step) in queries.iter_mut().enumerate() {
+    // Dim by dim, so that each row is written whole (lane by lane, each store went to another
+    // cache line).
+    for (d, step) in panel.iter_mut().enumerate() {
         for (x, src) in step.0.iter_mut().zip(srcs) {
             *x = src[d] * scale;
         }
     }
 }
 
-/// The group's outputs: `dsts[lane][d] = sums[d].0[lane] · inv[lane]` for every
-/// `d < sums.len()` and every lane with a destination (each at least that long). One multiply
-/// per element in every build, as in [`fill_queries`], whose blocks it transposes back.
-#[inline(always)]
-fn store_outputs(
-    isa: Isa,
-    sums: &[PanelRow],
-    inv: &[f32; NR],
-    dsts: &mut [Option<&mut [f32]>; NR],
-) {
-    let hd = sums.len();
-    assert!(
-        dsts.iter().flatten().all(|d| d.len() >= hd),
-        "short output row"
-    );
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: as in `fill_queries`; the assert proves every destination holds `hd` values.
-        if isa == Isa::Avx512 && hd.is_multiple_of(16) {
-            return unsafe { x86::outputs16(sums, inv, dsts) };
-        }
-        if matches!(isa, Isa::Avx2 | Isa::Avx512) && hd.is_multiple_of(8) {
-            return unsafe { x86::outputs8(sums, inv, dsts) };
-        }
-    }
-    let _ = isa;
-    for (lane, dst) in dsts.iter_mut().enumerate() {
-        if let Some(dst) = dst {
-            for (x, d) in dst.iter_mut().zip(sums) {
-                *x = d.0[lane] * inv[lane];
-            }
-        }
-    }
-}
-
-/// Register transposes for [`fill_queries`] and [`store_outputs`].
+/// The products' kernels and the register transposes of [`transpose_panel`].
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 
-    use crate::sgemm::{PanelRow, NR};
+    use super::QB;
+    use crate::sgemm::{PanelRow, MR, NR};
 
     /// Rows `r[i]` of an 8 × 8 block as columns: `out[c][i] = r[i][c]`.
     #[inline]
@@ -419,13 +491,13 @@ mod x86 {
         out
     }
 
-    /// `super::fill_queries` in 8 × 8 blocks.
+    /// `super::transpose_panel` in 8 × 8 blocks.
     ///
     /// # Safety
     /// AVX2 and FMA; every source holds `queries.len()` values, a multiple of 8.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn queries8(srcs: &[&[f32]; NR], scale: f32, queries: &mut [PanelRow]) {
+    pub(super) unsafe fn panel8(srcs: &[&[f32]; NR], scale: f32, queries: &mut [PanelRow]) {
         let s = _mm256_set1_ps(scale);
         for d0 in (0..queries.len()).step_by(8) {
             for l0 in [0, 8] {
@@ -440,13 +512,13 @@ mod x86 {
         }
     }
 
-    /// `super::fill_queries` in 16 × 16 blocks.
+    /// `super::transpose_panel` in 16 × 16 blocks.
     ///
     /// # Safety
     /// AVX-512 F; every source holds `queries.len()` values, a multiple of 16.
     #[inline]
     #[target_feature(enable = "avx2,fma,avx512f")]
-    pub(super) unsafe fn queries16(srcs: &[&[f32]; NR], scale: f32, queries: &mut [PanelRow]) {
+    pub(super) unsafe fn panel16(srcs: &[&[f32]; NR], scale: f32, queries: &mut [PanelRow]) {
         let s = _mm512_set1_ps(scale);
         for d0 in (0..queries.len()).step_by(16) {
             let mut r = [_mm512_setzero_ps(); 16];
@@ -459,53 +531,76 @@ mod x86 {
         }
     }
 
-    /// `super::store_outputs` in 8 × 8 blocks.
+    /// `super::block_products` on AVX-512 with `R` rows and `NP` panels: the `R × 16·NP` sums
+    /// in registers.
     ///
     /// # Safety
-    /// AVX2 and FMA; `sums.len()` is a multiple of 8 and every destination holds that many.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn outputs8(
-        sums: &[PanelRow],
-        inv: &[f32; NR],
-        dsts: &mut [Option<&mut [f32]>; NR],
+    /// AVX-512 F and FMA, and the caller built with them (this is inlined); `a[i]` points to
+    /// `kc` readable values for `i < R`, `b[j]` to `kc` rows for `j < NP`, and `out` holds the
+    /// rows `i·ld .. i·ld + 16·NP` for `i < R`.
+    #[inline(always)]
+    pub(super) unsafe fn block512<const R: usize, const NP: usize>(
+        kc: usize,
+        a: &[*const f32; QB],
+        b: [*const PanelRow; 2],
+        out: *mut f32,
+        ld: usize,
     ) {
-        for l0 in [0, 8] {
-            let iv = _mm256_loadu_ps(inv.as_ptr().add(l0));
-            for d0 in (0..sums.len()).step_by(8) {
-                let mut r = [_mm256_setzero_ps(); 8];
-                for (i, r) in r.iter_mut().enumerate() {
-                    *r = _mm256_mul_ps(_mm256_load_ps(sums[d0 + i].0.as_ptr().add(l0)), iv);
+        let mut acc = [[_mm512_setzero_ps(); NP]; R];
+        for p in 0..kc {
+            let mut w = [_mm512_setzero_ps(); NP];
+            for (j, w) in w.iter_mut().enumerate() {
+                *w = _mm512_load_ps(b[j].add(p).cast());
+            }
+            for (sums, row) in acc.iter_mut().zip(a) {
+                let x = _mm512_set1_ps(*row.add(p));
+                for (s, w) in sums.iter_mut().zip(&w) {
+                    *s = _mm512_fmadd_ps(x, *w, *s);
                 }
-                for (c, dst) in transpose8(r).into_iter().zip(&mut dsts[l0..l0 + 8]) {
-                    if let Some(dst) = dst {
-                        _mm256_storeu_ps(dst.as_mut_ptr().add(d0), c);
-                    }
-                }
+            }
+        }
+        for (i, sums) in acc.iter().enumerate() {
+            for (j, s) in sums.iter().enumerate() {
+                _mm512_storeu_ps(out.add(i * ld + j * NR), *s);
             }
         }
     }
 
-    /// `super::store_outputs` in 16 × 16 blocks.
+    /// `super::block_products` on AVX2: 6 × 16 sub-tiles, each sum the same FMA chain as on
+    /// AVX-512.
     ///
     /// # Safety
-    /// AVX-512 F; `sums.len()` is a multiple of 16 and every destination holds that many.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,avx512f")]
-    pub(super) unsafe fn outputs16(
-        sums: &[PanelRow],
-        inv: &[f32; NR],
-        dsts: &mut [Option<&mut [f32]>; NR],
+    /// As [`block512`]'s, with AVX2 and FMA, `rows` (a multiple of 6) rows and `np` (1 or 2)
+    /// panels.
+    #[inline(always)]
+    pub(super) unsafe fn block256(
+        kc: usize,
+        rows: usize,
+        a: &[*const f32; QB],
+        b: [*const PanelRow; 2],
+        np: usize,
+        out: *mut f32,
+        ld: usize,
     ) {
-        let iv = _mm512_loadu_ps(inv.as_ptr());
-        for d0 in (0..sums.len()).step_by(16) {
-            let mut r = [_mm512_setzero_ps(); 16];
-            for (i, r) in r.iter_mut().enumerate() {
-                *r = _mm512_mul_ps(_mm512_load_ps(sums[d0 + i].0.as_ptr()), iv);
-            }
-            for (c, dst) in transpose16(r).into_iter().zip(dsts.iter_mut()) {
-                if let Some(dst) = dst {
-                    _mm512_storeu_ps(dst.as_mut_ptr().add(d0), c);
+        for (j, panel) in b.iter().enumerate().take(np) {
+            let panel = panel.cast::<f32>();
+            for (h, rows) in a[..rows].chunks_exact(MR).enumerate() {
+                let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+                for p in 0..kc {
+                    let w = [
+                        _mm256_load_ps(panel.add(p * NR)),
+                        _mm256_load_ps(panel.add(p * NR + 8)),
+                    ];
+                    for (sums, row) in acc.iter_mut().zip(rows) {
+                        let x = _mm256_broadcast_ss(&*row.add(p));
+                        sums[0] = _mm256_fmadd_ps(x, w[0], sums[0]);
+                        sums[1] = _mm256_fmadd_ps(x, w[1], sums[1]);
+                    }
+                }
+                for (i, sums) in acc.iter().enumerate() {
+                    let at = out.add((h * MR + i) * ld + j * NR);
+                    _mm256_storeu_ps(at, sums[0]);
+                    _mm256_storeu_ps(at.add(8), sums[1]);
                 }
             }
         }

@@ -846,7 +846,7 @@ fn pack_activations(
 /// Packs six rows as one activation panel: `dst[p·MR + i] = rows[i][p]` for
 /// `p < dst.len() / MR` (each row at least that long); the GEMM's full panels and attention's
 /// query and probability panels.
-pub(crate) fn pack_rows(isa: Isa, rows: &[&[f32]; MR], dst: &mut [f32]) {
+fn pack_rows(isa: Isa, rows: &[&[f32]; MR], dst: &mut [f32]) {
     let kc = dst.len() / MR;
     assert!(rows.iter().all(|r| r.len() >= kc), "short activation row");
     match isa {
@@ -860,116 +860,6 @@ pub(crate) fn pack_rows(isa: Isa, rows: &[&[f32]; MR], dst: &mut [f32]) {
                 }
             }
         }
-    }
-}
-
-/// The `MR × NR` sums `Σ_p a[p·MR + i] · b[p][c]` over `kc` steps, one fused multiply-add per
-/// step in order of `p`, written to `out[i][c]` (each row stored whole, straight from the
-/// registers: returning an array that the caller then copied made packed attention about 10 %
-/// slower in `examples/attention_bench.rs`): the AVX2 micro-kernel, or `f32::mul_add` in the
-/// same order (identical bits) elsewhere. Panics when `a` has fewer than `kc·MR` values, `b`
-/// fewer than `kc` rows or `out` fewer than `MR`. With `Isa::Avx512` the caller must itself be
-/// built with AVX-512 F (packed attention's `attend` is): elsewhere every intrinsic stays a
-/// function call, which measured 3-5× slower on MiniLM.
-#[inline(always)]
-pub(crate) fn fma_tile(isa: Isa, kc: usize, a: &[f32], b: &[PanelRow], out: &mut [PanelRow]) {
-    assert!(
-        a.len() >= kc * MR && b.len() >= kc && out.len() >= MR,
-        "fma_tile out of bounds"
-    );
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => {
-            use std::arch::x86_64::_mm512_store_ps;
-            // SAFETY: `Isa::Avx512` exists only where the CPU has AVX-512 F and FMA (callers
-            // inline this into a build with AVX-512 enabled, or the intrinsics are calls); the
-            // assert proves `a` and `b` hold `kc` steps and `out` `MR` rows; each store writes
-            // one 16-float row (aligned: `PanelRow` is a 64-byte line).
-            unsafe {
-                let acc = avx512::accumulate(kc, a.as_ptr(), b.as_ptr());
-                for (row, v) in out.iter_mut().zip(acc) {
-                    _mm512_store_ps(row.0.as_mut_ptr(), v);
-                }
-            }
-        }
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => {
-            use std::arch::x86_64::_mm256_store_ps;
-            // SAFETY: `Isa::Avx2` exists only where the CPU has AVX2 and FMA; the assert proves
-            // `a` and `b` hold `kc` steps and `out` `MR` rows; each store writes 8 floats inside
-            // a 16-float row (32-byte aligned: `PanelRow` is a 64-byte line).
-            unsafe {
-                let acc = avx2::accumulate(kc, a.as_ptr(), b.as_ptr());
-                for (i, row) in out.iter_mut().take(MR).enumerate() {
-                    _mm256_store_ps(row.0.as_mut_ptr(), acc[2 * i]);
-                    _mm256_store_ps(row.0.as_mut_ptr().add(8), acc[2 * i + 1]);
-                }
-            }
-        }
-        Isa::Scalar => {
-            let sums = &mut out[..MR];
-            for row in sums.iter_mut() {
-                row.0 = [0.0; NR];
-            }
-            for (ap, bp) in a.chunks_exact(MR).zip(&b[..kc]) {
-                for (row, &av) in sums.iter_mut().zip(ap) {
-                    for (c, &bv) in row.0.iter_mut().zip(&bp.0) {
-                        *c = av.mul_add(bv, *c);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// [`fma_tile`] for two activation panels `a[0]` and `a[1]` against the same weight block, into
-/// `out[..MR]` and `out[MR..2·MR]`: the same sums, bit for bit (each the same FMA chain). The
-/// AVX-512 kernel keeps all twelve rows' sums in registers at once, which hides the FMA latency
-/// that six independent sums leave exposed; the others call [`fma_tile`] twice. Panics as
-/// [`fma_tile`] does, or when `out` has fewer than `2·MR` rows.
-#[inline(always)]
-fn fma_tile_pair(isa: Isa, kc: usize, a: [&[f32]; 2], b: &[PanelRow], out: &mut [PanelRow]) {
-    assert!(
-        a.iter().all(|a| a.len() >= kc * MR) && b.len() >= kc && out.len() >= 2 * MR,
-        "fma_tile_pair out of bounds"
-    );
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 {
-        use std::arch::x86_64::_mm512_store_ps;
-        // SAFETY: as in `fma_tile`; the assert proves both panels hold `kc` steps, `b` `kc` rows
-        // and `out` `2·MR` rows.
-        unsafe {
-            let acc = avx512::accumulate_pair(kc, [a[0].as_ptr(), a[1].as_ptr()], b.as_ptr());
-            for (row, v) in out.iter_mut().zip(acc.iter().flatten()) {
-                _mm512_store_ps(row.0.as_mut_ptr(), *v);
-            }
-        }
-        return;
-    }
-    let (first, second) = out.split_at_mut(MR);
-    fma_tile(isa, kc, a[0], b, first);
-    fma_tile(isa, kc, a[1], b, second);
-}
-
-/// [`fma_tile`] for `count` activation panels `a(0), a(1), …` against the same weight block,
-/// panel `i` into `out[i·MR .. (i + 1)·MR]`: two panels per [`fma_tile_pair`] call while two
-/// remain (the same sums, bit for bit), then the odd one. Panics as they do.
-#[inline(always)]
-pub(crate) fn fma_tiles<'a>(
-    isa: Isa,
-    kc: usize,
-    count: usize,
-    a: impl Fn(usize) -> &'a [f32],
-    b: &[PanelRow],
-    out: &mut [PanelRow],
-) {
-    let mut i = 0;
-    while i + 2 <= count {
-        fma_tile_pair(isa, kc, [a(i), a(i + 1)], b, &mut out[i * MR..(i + 2) * MR]);
-        i += 2;
-    }
-    if i < count {
-        fma_tile(isa, kc, a(i), b, &mut out[i * MR..(i + 1) * MR]);
     }
 }
 
@@ -1304,51 +1194,7 @@ mod avx2 {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{store_tile, Epilogue, Out, Panel, PanelRow, MR, NR};
-
-    /// The sums of one 6 × 16 tile: `acc[i]` holds `Σ_p a[p·MR + i] · b[p]`, one FMA per step
-    /// in order `p = 0, 1, …`, as `super::avx2::accumulate` (identical bits) in half the
-    /// registers and instructions.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512 F and FMA; `a` points to `kc·MR` readable values and `b` to `kc`
-    /// rows. Only called from functions built with AVX-512 F, into which it is inlined.
-    #[inline(always)]
-    pub(crate) unsafe fn accumulate(kc: usize, a: *const f32, b: *const PanelRow) -> [__m512; MR] {
-        let mut acc = [_mm512_setzero_ps(); MR];
-        let b = b.cast::<f32>();
-        for p in 0..kc {
-            let w = _mm512_load_ps(b.add(p * NR));
-            for (i, s) in acc.iter_mut().enumerate() {
-                *s = _mm512_fmadd_ps(_mm512_set1_ps(*a.add(p * MR + i)), w, *s);
-            }
-        }
-        acc
-    }
-
-    /// [`accumulate`] of two activation panels against one weight block: twelve independent
-    /// sums, each the same FMA chain as there (identical bits).
-    ///
-    /// # Safety
-    /// As [`accumulate`]'s, for both panels.
-    #[inline(always)]
-    pub(crate) unsafe fn accumulate_pair(
-        kc: usize,
-        a: [*const f32; 2],
-        b: *const PanelRow,
-    ) -> [[__m512; MR]; 2] {
-        let mut acc = [[_mm512_setzero_ps(); MR]; 2];
-        let b = b.cast::<f32>();
-        for p in 0..kc {
-            let w = _mm512_load_ps(b.add(p * NR));
-            for (sums, a) in acc.iter_mut().zip(a) {
-                for (i, s) in sums.iter_mut().enumerate() {
-                    *s = _mm512_fmadd_ps(_mm512_set1_ps(*a.add(p * MR + i)), w, *s);
-                }
-            }
-        }
-        acc
-    }
+    use super::{store_tile, Epilogue, Out, Panel, MR, NR};
 
     /// The sums of [`tile`], by value (kept in registers: with the accumulators in a variable
     /// that the stores later borrow, every FMA was followed by a store to the stack).
