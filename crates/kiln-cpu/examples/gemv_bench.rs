@@ -47,6 +47,9 @@ const CASES: &[(&str, GgmlType, usize, usize, usize)] = &[
     // the fixed cost of a product.
     ("Q8_0 in cache 1024x640", GgmlType::Q8_0, 1024, 640, 1),
     ("Q8_0 in cache 16x640", GgmlType::Q8_0, 16, 640, 1),
+    // The one-row k-quant kernels' compute rate (llama-3.2-1b's row length).
+    ("Q4_K in cache 512x2048", GgmlType::Q4_K, 512, 2048, 1),
+    ("Q6_K in cache 512x2048", GgmlType::Q6_K, 512, 2048, 1),
 ];
 
 fn main() {
