@@ -249,8 +249,8 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
         while c < c1 {
             let np = if c + 2 * NR <= c1 { 2 } else { 1 };
             let panel = |j: usize| &keys[(c / NR + j.min(np - 1)) * hd..][..hd];
-            let b = [panel(0), panel(1)];
-            block_products(isa, hd, rows, &queries, b, np, &mut scores[c..], ld);
+            let panels = [panel(0), panel(1)];
+            block_products(isa, hd, rows, &queries, panels, np, &mut scores[c..], ld);
             c += np * NR;
         }
         // Softmax along each query's row: -∞ off its window, the row's maximum, `exp`, and the
@@ -303,8 +303,8 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
         while d < dl {
             let np = if d + 2 * NR <= dl { 2 } else { 1 };
             let panel = |j: usize| &values[(d / NR + j.min(np - 1)) * ld + c0..][..c1 - c0];
-            let b = [panel(0), panel(1)];
-            block_products(isa, c1 - c0, rows, &probs, b, np, &mut sums[d..], dl);
+            let panels = [panel(0), panel(1)];
+            block_products(isa, c1 - c0, rows, &probs, panels, np, &mut sums[d..], dl);
             d += np * NR;
         }
         for (i, &inv) in inv.iter().enumerate().take(nq) {
