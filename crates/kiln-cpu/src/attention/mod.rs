@@ -133,7 +133,18 @@ fn attention_over(
     let data = &q.data;
     match (&k_cache.data, &v_cache.data) {
         (KvData::F32(k), KvData::F32(v)) => Ok(run(cpu, q, Job::new(data, k, v, layout), p)),
-        (KvData::F16(k), KvData::F16(v)) => Ok(run(cpu, q, Job::new(data, k, v, layout), p)),
+        (KvData::F16(k), KvData::F16(v)) => {
+            use half::slice::HalfFloatSliceExt;
+            let job = Job::new(data, k, v, layout);
+            let widen = |j: usize, k: &mut [f32], v: &mut [f32]| {
+                job.cache_row(job.k, j).convert_to_f32_slice(k);
+                job.cache_row(job.v, j).convert_to_f32_slice(v);
+            };
+            Ok(match widened(cpu, &job, q.rows, widen) {
+                Some(wide) => wide.run(cpu, q, layout, p),
+                None => run(cpu, q, job, p),
+            })
+        }
         (KvData::Blocks { ty, words: k }, KvData::Blocks { ty: tv, words: v }) if ty == tv => {
             ty.check_whole_blocks("attention", "heads", hd)?;
             let blocks = BlockRows {
@@ -142,11 +153,26 @@ fn attention_over(
                 v: word_bytes(v),
                 row_bytes: ty.row_bytes(k_cache.cols),
             };
-            let layout = Layout {
-                blocks: Some(blocks),
-                ..layout
+            let job = Job::<f32>::new(
+                data,
+                &[],
+                &[],
+                Layout {
+                    blocks: Some(blocks),
+                    ..layout
+                },
+            );
+            let dequantize = |j: usize, k: &mut [f32], v: &mut [f32]| {
+                let heads = k.chunks_exact_mut(hd).zip(v.chunks_exact_mut(hd));
+                for (kvh, (k, v)) in heads.enumerate() {
+                    job.dequantize_head(&blocks, false, kvh, j, k);
+                    job.dequantize_head(&blocks, true, kvh, j, v);
+                }
             };
-            Ok(run::<f32>(cpu, q, Job::new(data, &[], &[], layout), p))
+            Ok(match widened(cpu, &job, q.rows, dequantize) {
+                Some(wide) => wide.run(cpu, q, layout, p),
+                None => run(cpu, q, job, p),
+            })
         }
         _ => Err(shape_err(
             "attention",
@@ -213,6 +239,74 @@ fn run<E: KvElem>(cpu: &Context, q: &CpuTensor, job: Job<'_, E>, p: &AttentionPa
         rows: q.rows,
         cols: q.cols,
     }
+}
+
+/// Most bytes of f32 keys and values that a prefill makes of a 16-bit or block cache up front
+/// (see [`widened`]): llama-3.1-8b's 4096 positions; longer ones keep the tile-by-tile
+/// conversion rather than add more to the peak memory.
+const WIDEN_MAX_BYTES: usize = 32 << 20;
+
+/// The keys and values a prefill's queries see, as f32 logical rows `[0, hi)` of every head
+/// (rows below the first visible one are left unspecified and never read).
+struct Widened {
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+impl Widened {
+    /// The prefill as an f32 job over these rows (contiguous: no block table), the buffers then
+    /// given back to the pool.
+    fn run(
+        self,
+        cpu: &Context,
+        q: &CpuTensor,
+        layout: Layout<'_>,
+        p: &AttentionParams,
+    ) -> CpuTensor {
+        let layout = Layout {
+            pages: None,
+            blocks: None,
+            ..layout
+        };
+        let out = run(cpu, q, Job::new(&q.data, &self.k, &self.v, layout), p);
+        crate::buffers::give(self.k);
+        crate::buffers::give(self.v);
+        out
+    }
+}
+
+/// For a prefill (not batch-invariant mode, whose rows run one by one) over an f16 or block
+/// cache: the rows its queries see, each filled once by `fill(j, keys, values)` (logical row `j`,
+/// every head); `None` for a decode, or when both would take more than [`WIDEN_MAX_BYTES`].
+///
+/// Otherwise each block of query vectors widens (f16, `flash`'s `WIDEN_MIN_VECTORS`) or
+/// dequantizes each tile it visits, so a prefill converted every key as many times as there are
+/// blocks that see it: llama-3.2-1b's 512-row prefill attention took 7-9 % longer over an f16
+/// cache than over an f32 one (`examples/attn_bench`), and takes the same time now; in its
+/// 2048-token prefill attention's share of the samples fell from 26.7 to 24.7 %. Widening is
+/// exact and the kernels compute the same bits from a widened or dequantized tile as from these
+/// rows, so the results are those of the 16-bit or block job (tested).
+fn widened<E>(
+    cpu: &Context,
+    job: &Job<'_, E>,
+    rows: usize,
+    fill: impl Fn(usize, &mut [f32], &mut [f32]),
+) -> Option<Widened> {
+    // (No heads or no rows: `run` returns the empty output before any block.)
+    if cpu.batch_invariant || job.group == 0 || rows <= rows_per_task(job.group) {
+        return None;
+    }
+    let (lo, hi) = (job.visible(0).0, job.visible(rows - 1).1);
+    let len = hi * job.kv_cols;
+    if 2 * len * size_of::<f32>() > WIDEN_MAX_BYTES {
+        return None;
+    }
+    let (mut k, mut v) = (crate::buffers::take(len), crate::buffers::take(len));
+    for j in lo..hi {
+        let at = j * job.kv_cols..(j + 1) * job.kv_cols;
+        fill(j, &mut k[at.clone()], &mut v[at]);
+    }
+    Some(Widened { k, v })
 }
 
 /// Query rows per prefill task: as many as fill one block with their GQA groups (at least one).

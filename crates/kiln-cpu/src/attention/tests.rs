@@ -389,3 +389,41 @@ fn an_empty_window_gives_zeros() {
         assert!(got.data.iter().all(|&x| x == 0.0));
     }
 }
+
+/// A prefill over an f16 or block cache reads the rows its queries see widened to f32 once
+/// (`widened`): the bits of the same rows run one at a time (batch-invariant mode, which takes
+/// each row through the decode kernels over the cache as stored), at every SIMD level.
+#[test]
+fn prefills_over_converted_rows_give_the_bits_of_rows_one_by_one() {
+    let one_by_one = |level| {
+        let mut o = CpuOptions::threads(2).simd_cap(level);
+        o.batch_invariant = true;
+        CpuBackend::with_options(&o).unwrap()
+    };
+    let mut levels = vec![SimdLevel::Scalar];
+    if simd_level() != SimdLevel::Scalar {
+        levels.extend([SimdLevel::Avx2, simd_level()]);
+    }
+    for level in levels {
+        let prefill = CpuBackend::with_options(&CpuOptions::threads(2).simd_cap(level)).unwrap();
+        let rows = one_by_one(level);
+        for (window, q_pos, n) in [(None, 0, 70), (Some(9), 5, 41), (None, 33, 20)] {
+            let p = params((8, 2), 64, window, None);
+            let n_kv = q_pos + n;
+            let q = tensor(values(n * 8 * 64, 7), n, 8 * 64);
+            for dtype in KvDtype::ALL {
+                let kv = |seed| cache(&values(n_kv * 2 * 64, seed), n_kv, 2 * 64, dtype);
+                let (k, v) = (kv(8), kv(9));
+                let a = attention(&prefill.cx, &q, &k, &v, q_pos, n_kv, &p).unwrap();
+                let b = attention(&rows.cx, &q, &k, &v, q_pos, n_kv, &p).unwrap();
+                assert!(
+                    a.data
+                        .iter()
+                        .zip(&b.data)
+                        .all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{dtype} {level:?} window {window:?} at {q_pos}: prefill and rows differ"
+                );
+            }
+        }
+    }
+}
