@@ -117,7 +117,8 @@ fn attend_keys_impl<const ISA: u8, E: KvElem>(
     for (d, x) in qs.iter_mut().zip(&b.queries) {
         *d = x.q;
     }
-    let mut s = [[0.0f32; TILE]; BLOCK];
+    let mut scores = Scores([[0.0f32; TILE]; BLOCK]);
+    let s = &mut scores.0;
     // A block cache's tile, dequantized: TILE rows of keys, then TILE of values.
     let mut scratch = match job.blocks {
         Some(_) => vec![0.0f32; 2 * TILE * hd],
@@ -181,9 +182,9 @@ fn attend_keys_impl<const ISA: u8, E: KvElem>(
                 wide_keys[j] = &ks[j * hd..(j + 1) * hd];
                 wide_values[j] = &vs[j * hd..(j + 1) * hd];
             }
-            kernels::scores::<ISA, f32>(&qs[..n], &wide_keys[..nk], &mut s);
+            kernels::scores::<ISA, f32>(&qs[..n], &wide_keys[..nk], s);
         } else {
-            kernels::scores::<ISA, E>(&qs[..n], &keys[..nk], &mut s);
+            kernels::scores::<ISA, E>(&qs[..n], &keys[..nk], s);
         }
         // The online-softmax update in three passes (see `softmax_max`): each vector's new
         // maximum, then every vector's rescaling factor at once, then each one's weights.
@@ -209,13 +210,21 @@ fn attend_keys_impl<const ISA: u8, E: KvElem>(
         }
         let acc = &mut st.acc[..n * hd];
         if widen {
-            kernels::weighted_values::<ISA, f32>(acc, &alpha, &s, &wide_values[..nk], hd);
+            kernels::weighted_values::<ISA, f32>(acc, &alpha, s, &wide_values[..nk], hd);
         } else {
-            kernels::weighted_values::<ISA, E>(acc, &alpha, &s, &values[..nk], hd);
+            kernels::weighted_values::<ISA, E>(acc, &alpha, s, &values[..nk], hd);
         }
         t0 = t1;
     }
 }
+
+/// A block's scores of one tile, each vector's row one 64-byte line. As a plain array on the
+/// stack its rows sat wherever the stack's random start put them: in three processes out of
+/// four each 16-lane row straddled two lines, and llama-3.2-1b's 512-row prefill attention took
+/// 13.1-13.7 ms instead of 9.7-10.5 (`examples/attn_bench 1 3 32 8 64`, one speed or the other
+/// for a process's life; with address randomization off, always the slow one).
+#[repr(C, align(64))]
+struct Scores([[f32; TILE]; BLOCK]);
 
 /// `0, 1, …, TILE − 1`: the keys' indices in a tile, as a vector the masks compare against.
 const TILE_INDICES: [u32; TILE] = {
