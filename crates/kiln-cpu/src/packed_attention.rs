@@ -333,8 +333,9 @@ fn lane_reduce(mut v: [f32; NR], op: impl Fn(f32, f32) -> f32) -> f32 {
 }
 
 /// `out[i·ld + 16j + c] = Σ_p a[i][p] · b[j][p].0[c]` for the first `rows` ([`QB`] or [`MR`])
-/// rows `i`, the `np` (1 or 2) weight panels `j` and their 16 columns `c`, over `p < kc`: one fused multiply-add per
-/// step in order of `p`, from zero, for every sum and at every level (identical bits). The
+/// rows `i`, the `np` (1 or 2) weight panels `j` and their 16 columns `c`, over `p < kc`: one
+/// fused multiply-add per step in order of `p`, from zero, for every sum and at every level
+/// (identical bits). The
 /// AVX-512 kernel holds all `QB × 16·np` sums in registers (24 zmm at two panels: per step two
 /// panel loads and twelve broadcasts from the rows in place feed 24 FMAs); the AVX2 one runs 6 ×
 /// 16 sub-tiles (12 ymm); the portable one `f32::mul_add` loops. Panics when a row holds fewer
@@ -494,19 +495,19 @@ mod x86 {
     /// `super::transpose_panel` in 8 × 8 blocks.
     ///
     /// # Safety
-    /// AVX2 and FMA; every source holds `queries.len()` values, a multiple of 8.
+    /// AVX2 and FMA; every source holds `panel.len()` values, a multiple of 8.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn panel8(srcs: &[&[f32]; NR], scale: f32, queries: &mut [PanelRow]) {
+    pub(super) unsafe fn panel8(srcs: &[&[f32]; NR], scale: f32, panel: &mut [PanelRow]) {
         let s = _mm256_set1_ps(scale);
-        for d0 in (0..queries.len()).step_by(8) {
+        for d0 in (0..panel.len()).step_by(8) {
             for l0 in [0, 8] {
                 let mut r = [_mm256_setzero_ps(); 8];
                 for (i, r) in r.iter_mut().enumerate() {
                     *r = _mm256_mul_ps(_mm256_loadu_ps(srcs[l0 + i].as_ptr().add(d0)), s);
                 }
                 for (i, c) in transpose8(r).into_iter().enumerate() {
-                    _mm256_store_ps(queries[d0 + i].0.as_mut_ptr().add(l0), c);
+                    _mm256_store_ps(panel[d0 + i].0.as_mut_ptr().add(l0), c);
                 }
             }
         }
@@ -515,18 +516,18 @@ mod x86 {
     /// `super::transpose_panel` in 16 × 16 blocks.
     ///
     /// # Safety
-    /// AVX-512 F; every source holds `queries.len()` values, a multiple of 16.
+    /// AVX-512 F; every source holds `panel.len()` values, a multiple of 16.
     #[inline]
     #[target_feature(enable = "avx2,fma,avx512f")]
-    pub(super) unsafe fn panel16(srcs: &[&[f32]; NR], scale: f32, queries: &mut [PanelRow]) {
+    pub(super) unsafe fn panel16(srcs: &[&[f32]; NR], scale: f32, panel: &mut [PanelRow]) {
         let s = _mm512_set1_ps(scale);
-        for d0 in (0..queries.len()).step_by(16) {
+        for d0 in (0..panel.len()).step_by(16) {
             let mut r = [_mm512_setzero_ps(); 16];
             for (r, src) in r.iter_mut().zip(srcs) {
                 *r = _mm512_mul_ps(_mm512_loadu_ps(src.as_ptr().add(d0)), s);
             }
             for (i, c) in transpose16(r).into_iter().enumerate() {
-                _mm512_store_ps(queries[d0 + i].0.as_mut_ptr(), c);
+                _mm512_store_ps(panel[d0 + i].0.as_mut_ptr(), c);
             }
         }
     }

@@ -3,7 +3,9 @@
 //! table maps it); the kernels see rows only through `Job::head_row`, so both give the same bits.
 //! Its rows hold f32 or f16 values (`crate::kv`); one generic kernel reads both, widening each
 //! element exactly as it loads it (F16C's `vcvtph2ps` eight at a time, `half`'s conversion in the
-//! portable code), so an f16 cache computes the same operations on the values it holds.
+//! portable code), so an f16 cache computes the same operations on the values it holds. A
+//! prefill over an f16 or Q8_0/Q4_0 cache first converts the rows its queries see to f32 once
+//! (`widened`) and runs over those: the same values, so the same bits.
 //!
 //! The query vectors that share a KV head (the heads of a GQA group, for one or more query rows)
 //! are taken `BLOCK` at a time; a block walks its keys `TILE` at a time (the tile shape of
