@@ -1,7 +1,8 @@
 //! Throughput of the dense float matmul path at encoder shapes, against the `gemm` crate and the
 //! machine's FMA peak, all in the same run:
-//! `cargo run --release -p kiln-cpu --example dense_bench [threads] [reps]` (threads: the
-//! multi-threaded setting besides 1, default 2; reps: timed rounds, default 7).
+//! `cargo run --release -p kiln-cpu --example dense_bench [threads] [reps] [MxKxN,..]` (threads:
+//! the multi-threaded setting besides 1, default 2; reps: timed rounds, default 7; shapes: `m`
+//! activation rows, `k` inputs, `n` outputs each, default a set of encoder shapes).
 //!
 //! The peak is a register-only loop of independent FMAs on one thread (and on `threads` threads at
 //! once, which shows whether the cores share their FMA units), 512-bit where kiln's SIMD level is
@@ -32,6 +33,19 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let threads: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(2);
     let reps: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(7);
+    let shapes: Vec<(usize, usize, usize)> = match args.next() {
+        Some(list) => list
+            .split(',')
+            .map(|s| {
+                let d: Vec<usize> = s.split('x').filter_map(|v| v.parse().ok()).collect();
+                match d[..] {
+                    [m, k, n] if m > 0 && k > 0 && n > 0 => (m, k, n),
+                    _ => panic!("shape {s:?} is not MxKxN"),
+                }
+            })
+            .collect(),
+        None => SHAPES.to_vec(),
+    };
 
     let peak1 = fma_peak(1);
     let peak_n = fma_peak(threads);
@@ -53,7 +67,7 @@ fn main() {
         .build()
         .unwrap();
 
-    for &(m, k, n) in SHAPES {
+    for &(m, k, n) in &shapes {
         let w: Vec<f32> = (0..n * k)
             .map(|i| ((i * 7 % 17) as f32 - 8.0) * 0.01)
             .collect();
@@ -66,8 +80,9 @@ fn main() {
         };
         let x: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.1 - 0.6).collect();
         let flops = 2.0 * (m * n * k) as f64;
-        // Enough calls per round for ~20 ms of work at 100 GFLOP/s.
-        let calls = ((2e9 / flops) as usize).clamp(1, 200);
+        // Enough calls per round for ~50 ms of work at 100 GFLOP/s, and at least three: one
+        // call of a few milliseconds mostly timed the team's wake-up.
+        let calls = ((5e9 / flops) as usize).clamp(3, 500);
 
         let kiln = |b: &CpuBackend| {
             let lin = Linear::<CpuBackend> {

@@ -23,6 +23,9 @@
 //! horizontal reduction per query row for the maximum and the sum, which a short sequence feels
 //! (docs/BENCHMARKS.md has the figures).
 //!
+//! Steps 1-3 are [`fill_panels`] and [`attend_block`], which the decoders' prefill shares
+//! (`crate::attention`'s row form: causal rows, GQA, windows and soft caps on the same tiles).
+//!
 //! Nothing is computed across sequences, so packing wastes no work on padding, and the score
 //! buffer is `QB × keys`: long sequences never materialise an `L × L` matrix. Scratch buffers
 //! live as long as a worker's run of tasks, and each task writes its rows of its head's columns
@@ -97,7 +100,7 @@ pub(crate) fn packed_attention(
 }
 
 /// Query rows per block: the rows of the AVX-512 tile (two of the GEMM's [`MR`]).
-const QB: usize = 2 * MR;
+pub(crate) const QB: usize = 2 * MR;
 
 /// One task: one head of one sequence of the packed tensors.
 struct Block<'a> {
@@ -124,17 +127,14 @@ struct Scratch {
     keys: Vec<PanelRow>,
     /// Value panels: panel `c`, row `j` holds dims `16c .. 16c + 16` of key `j`.
     values: Vec<PanelRow>,
-    /// The block's scores, then its probabilities: row `i` (`ld` apart) holds query `i`'s
-    /// against every key.
-    scores: Vec<f32>,
-    /// The block's `P V`: row `i` holds query `i`'s unnormalised output.
-    sums: Vec<f32>,
+    /// The blocks' scores and sums.
+    block: BlockScratch,
     /// A zero row, for the keys and dims of the last panels past the sequence or the head.
     zeros: Vec<f32>,
 }
 
 /// `v` with length `len`; its values are unspecified (callers overwrite what they read).
-fn sized<T: Copy>(v: &mut Vec<T>, len: usize, fill: T) -> &mut [T] {
+pub(crate) fn sized<T: Copy>(v: &mut Vec<T>, len: usize, fill: T) -> &mut [T] {
     v.resize(len, fill);
     &mut v[..len]
 }
@@ -175,13 +175,12 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
     let key_panels = n.div_ceil(NR);
     let ld = key_panels * NR;
     let dim_panels = hd.div_ceil(NR);
-    let dl = dim_panels * NR;
     let row = |r: usize| {
         let at = (b.row0 + r) * b.cols + b.col0;
         at..at + hd
     };
     // Only ever grown with zeros, never written.
-    let zeros = &*sized(&mut s.zeros, dl, 0.0);
+    let zeros = &*sized(&mut s.zeros, dim_panels * NR, 0.0);
     // The head's rows of k and v are pieces of rows a few KiB apart, rarely in cache (MiniLM's
     // batch of 32 x 256 tokens makes 12 MB of each): the next panel's are requested while this
     // one is copied, so that the copies do not wait for one miss after another.
@@ -193,20 +192,100 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
     prefetch(0);
     let keys = sized(&mut s.keys, key_panels * hd, PanelRow([0.0; NR]));
     let values = sized(&mut s.values, dim_panels * ld, PanelRow([0.0; NR]));
-    for p in 0..key_panels {
-        prefetch(p + 1);
+    let key = |j: usize| (j < n).then(|| &b.k[row(j)]);
+    let value = |j: usize| (j < n).then(|| &b.v[row(j)]);
+    fill_panels(
+        isa,
+        hd,
+        b.scale,
+        zeros,
+        key,
+        value,
+        |p| prefetch(p + 1),
+        keys,
+        values,
+    );
+    let visible = |i: usize| match b.radius {
+        Some(r) => (i.saturating_sub(r), (i + r + 1).min(n)),
+        None => (0, n),
+    };
+    let panels = Panels {
+        isa,
+        hd,
+        keys,
+        values,
+        ld,
+        softcap: None,
+    };
+    let mut i0 = 0;
+    while i0 < n {
+        let nq = QB.min(n - i0);
+        // The next block's query rows, read in place by the products.
+        for i in (i0 + QB..n).take(QB) {
+            prefetch_rows::<f32>(&[&b.q[row(i)]]);
+        }
+        // Rows past the sequence stand for its last query: computed, never stored.
+        let mut queries: [&[f32]; QB] = [zeros; QB];
+        for (i, q) in queries.iter_mut().enumerate() {
+            *q = &b.q[row(i0 + i.min(nq - 1))];
+        }
+        let store = |i: usize, sums: &[f32], inv: f32| {
+            // SAFETY: this task is the only one that writes the head's columns of the
+            // sequence's rows.
+            let dst = unsafe { out.slice(row(i0 + i)) };
+            for (y, &x) in dst.iter_mut().zip(sums) {
+                *y = x * inv;
+            }
+        };
+        attend_block(
+            &panels,
+            &queries,
+            nq,
+            |i| visible(i0 + i),
+            &mut s.block,
+            store,
+        );
+        i0 += nq;
+    }
+}
+
+/// Keys `16·panels` as key and value panels (see [`Panels`]; `panels = keys.len() / hd`):
+/// key `j`'s rows are `key(j)` and `value(j)`, at least `hd` values each (`None`: a key no query
+/// sees, whose entries are then zero). `before(p)` runs before panel `p` is filled (a hook for
+/// prefetches). `zeros` holds `16·⌈hd / 16⌉` zeros, `values` `⌈hd / 16⌉` panels of
+/// `16·panels` rows.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn fill_panels<'a>(
+    isa: Isa,
+    hd: usize,
+    scale: f32,
+    zeros: &'a [f32],
+    key: impl Fn(usize) -> Option<&'a [f32]>,
+    value: impl Fn(usize) -> Option<&'a [f32]>,
+    before: impl Fn(usize),
+    keys: &mut [PanelRow],
+    values: &mut [PanelRow],
+) {
+    let panels = keys.len() / hd;
+    let (ld, dim_panels) = (panels * NR, hd.div_ceil(NR));
+    assert!(
+        zeros.len() >= dim_panels * NR && values.len() >= dim_panels * ld,
+        "fill_panels: short buffers"
+    );
+    for p in 0..panels {
+        before(p);
         // Plain loops, not `array::from_fn`: its closures stayed calls here.
         let mut srcs: [&[f32]; NR] = [zeros; NR];
         for (lane, src) in srcs.iter_mut().enumerate() {
-            if p * NR + lane < n {
-                *src = &b.k[row(p * NR + lane)];
+            if let Some(r) = key(p * NR + lane) {
+                *src = r;
             }
         }
-        transpose_panel(isa, &srcs, b.scale, &mut keys[p * hd..(p + 1) * hd]);
+        transpose_panel(isa, &srcs, scale, &mut keys[p * hd..(p + 1) * hd]);
         // Key by key (its row read once), each dim panel's row of it.
-        for (lane, src) in srcs.iter_mut().enumerate() {
-            let j = p * NR + lane;
-            *src = if j < n { &b.v[row(j)] } else { zeros };
+        for j in p * NR..(p + 1) * NR {
+            let src = &value(j).unwrap_or(zeros)[..hd];
             for c in 0..dim_panels {
                 let dst = &mut values[c * ld + j].0;
                 match src.get(c * NR..(c + 1) * NR) {
@@ -221,101 +300,162 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
             }
         }
     }
-    let visible = |i: usize| match b.radius {
-        Some(r) => (i.saturating_sub(r), (i + r + 1).min(n)),
-        None => (0, n),
-    };
-    let scores = sized(&mut s.scores, QB * ld, 0.0);
+}
+
+/// The keys and values that blocks of queries attend to, as panels on a grid of 16 keys (key
+/// `j` of the grid in lane `j % 16` of key panel `j / 16`).
+#[derive(Clone, Copy)]
+pub(crate) struct Panels<'a> {
+    pub(crate) isa: Isa,
+    pub(crate) hd: usize,
+    /// Key panel `p`: `hd` rows, row `d` holding dim `d` of keys `16p .. 16p + 16`, multiplied
+    /// by the softmax scale.
+    pub(crate) keys: &'a [PanelRow],
+    /// Value panel `c`: `ld` rows, row `j` holding dims `16c .. 16c + 16` of key `j`.
+    pub(crate) values: &'a [PanelRow],
+    /// Keys on the grid (a multiple of 16): the rows of a value panel.
+    pub(crate) ld: usize,
+    /// `s = cap · tanh(s / cap)` on each (scaled) score before the softmax.
+    pub(crate) softcap: Option<f32>,
+}
+
+/// The buffers of [`attend_block`], reused from block to block.
+#[derive(Default)]
+pub(crate) struct BlockScratch {
+    /// The block's scores, then its probabilities: row `i` holds query `i`'s against the keys
+    /// the block spans.
+    scores: Vec<f32>,
+    /// The block's `P V`: row `i` holds query `i`'s unnormalised output.
+    sums: Vec<f32>,
+}
+
+/// One block of `nq` (≤ [`QB`]) query rows against `panels`: `queries[i]` (≥ `hd` values; the
+/// rows past `nq` repeat the last, computed and never stored) sees the grid's keys
+/// `visible(i) = [l, h)`, which start and end no earlier than the previous row's. `store(i, o,
+/// inv)` receives row `i`'s unnormalised output `o` (`hd` values) and `1 / Σ` (0 for a row that
+/// sees no key, whose output is then 0).
+///
+/// `S = Q Kᵀ` over the whole key panels that some row sees (12 rows × 32 keys per call, or
+/// 6-row tiles for a block of 6 rows or fewer); then along each row of `S`: the soft cap, -∞
+/// off the row's keys, its maximum (16 lanes, then a fixed tree), `exp` and the sum (16 lane
+/// sums over the panels in order, then the same tree), in place, which leaves `P` in rows that
+/// `P V` (12 rows × 32 dims per call) reads in place. Each output depends on its row's values
+/// and keys only, never on the other rows of the block: a key outside the row's range weighs 0
+/// and adds an exact zero to each sum.
+#[inline(always)]
+pub(crate) fn attend_block(
+    panels: &Panels<'_>,
+    queries: &[&[f32]; QB],
+    nq: usize,
+    visible: impl Fn(usize) -> (usize, usize),
+    s: &mut BlockScratch,
+    mut store: impl FnMut(usize, &[f32], f32),
+) {
+    let Panels {
+        isa,
+        hd,
+        keys,
+        values,
+        ld,
+        softcap,
+    } = *panels;
+    let rows = if nq <= MR { MR } else { QB };
+    let dl = hd.div_ceil(NR) * NR;
+    // The whole key panels that some query of the block sees: keys [c0, c1), `span` of them.
+    let (lo, _) = visible(0);
+    let (_, hi) = visible(nq - 1);
+    let (c0, c1) = (lo / NR * NR, hi.div_ceil(NR) * NR);
+    let span = c1 - c0;
     let sums = sized(&mut s.sums, QB * dl, 0.0);
-    let mut i0 = 0;
-    while i0 < n {
-        // Blocks of QB queries; a last one of MR or fewer takes the 6-row tile.
-        let rows = if n - i0 <= MR { MR } else { QB };
-        let nq = rows.min(n - i0);
-        // The next block's query rows, read in place by the products below.
-        for i in (i0 + QB..n).take(QB) {
-            prefetch_rows::<f32>(&[&b.q[row(i)]]);
+    if span == 0 {
+        // No row sees a key.
+        sums[..hd].fill(0.0);
+        for i in 0..nq {
+            store(i, &sums[..hd], 0.0);
         }
-        // Rows past the sequence stand for its last query: computed, never stored.
-        let mut queries: [&[f32]; QB] = [zeros; QB];
-        for (i, q) in queries.iter_mut().enumerate() {
-            *q = &b.q[row(i0 + i.min(nq - 1))];
-        }
-        // The whole key panels that some query of the block sees: keys [c0, c1).
-        let (lo, _) = visible(i0);
-        let (_, hi) = visible(i0 + nq - 1);
-        let (c0, c1) = (lo / NR * NR, hi.div_ceil(NR) * NR);
-        let mut c = c0;
-        while c < c1 {
-            let np = if c + 2 * NR <= c1 { 2 } else { 1 };
-            let panel = |j: usize| &keys[(c / NR + j.min(np - 1)) * hd..][..hd];
-            let panels = [panel(0), panel(1)];
-            block_products(isa, hd, rows, &queries, panels, np, &mut scores[c..], ld);
-            c += np * NR;
-        }
-        // Softmax along each query's row: -∞ off its window, the row's maximum, `exp`, and the
-        // sum of the row in 16 lanes (panel after panel) reduced by a fixed tree. Step by step
-        // over the block's rows: each row's steps form one chain of dependent instructions, and
-        // a short row (a sentence) left the out-of-order window little else to run.
-        let mut lanes = [[f32::NEG_INFINITY; NR]; QB];
-        for (i, lane_max) in lanes.iter_mut().enumerate().take(nq) {
-            let (l, h) = visible(i0 + i);
-            let r = &mut scores[i * ld + c0..i * ld + c1];
-            for x in &mut r[..l - c0] {
-                *x = f32::NEG_INFINITY;
-            }
-            for x in &mut r[h - c0..] {
-                *x = f32::NEG_INFINITY;
-            }
-            let mut max = [f32::NEG_INFINITY; NR];
-            for panel in r.chunks_exact(NR) {
-                for (m, &x) in max.iter_mut().zip(panel) {
-                    *m = if x > *m { x } else { *m };
-                }
-            }
-            *lane_max = max;
-        }
-        let maxima = lanes.map(|v| lane_reduce(v, |a, b| if b > a { b } else { a }));
-        for (i, (lane_sums, &m)) in lanes.iter_mut().zip(&maxima).enumerate().take(nq) {
-            // Summed in a local (in registers), not through the array.
-            let mut sums = [0.0f32; NR];
-            for panel in scores[i * ld + c0..i * ld + c1].chunks_exact_mut(NR) {
-                for (x, t) in panel.iter_mut().zip(sums.iter_mut()) {
-                    *x = crate::math::exp_nonpositive(*x - m);
-                    *t += *x;
-                }
-            }
-            *lane_sums = sums;
-        }
-        // Rows past the sequence: a total of 1 (never used).
-        let mut totals = [1.0f32; QB];
-        for (t, sums) in totals.iter_mut().zip(&lanes).take(nq) {
-            *t = lane_reduce(*sums, |a, b| a + b);
-        }
-        let inv = totals.map(|t| 1.0 / t);
-        // `P V` over the same keys, two dim panels per call.
-        let mut probs: [&[f32]; QB] = [zeros; QB];
-        for (i, p) in probs.iter_mut().enumerate() {
-            let r = i.min(nq - 1) * ld;
-            *p = &scores[r + c0..r + c1];
-        }
-        let mut d = 0;
-        while d < dl {
-            let np = if d + 2 * NR <= dl { 2 } else { 1 };
-            let panel = |j: usize| &values[(d / NR + j.min(np - 1)) * ld + c0..][..c1 - c0];
-            let panels = [panel(0), panel(1)];
-            block_products(isa, c1 - c0, rows, &probs, panels, np, &mut sums[d..], dl);
-            d += np * NR;
-        }
-        for (i, &inv) in inv.iter().enumerate().take(nq) {
-            // SAFETY: this task is the only one that writes the head's columns of the
-            // sequence's rows.
-            let dst = unsafe { out.slice(row(i0 + i)) };
-            for (y, &x) in dst.iter_mut().zip(&sums[i * dl..i * dl + hd]) {
-                *y = x * inv;
+        return;
+    }
+    let scores = sized(&mut s.scores, QB * span, 0.0);
+    let mut c = c0;
+    while c < c1 {
+        let np = if c + 2 * NR <= c1 { 2 } else { 1 };
+        let panel = |j: usize| &keys[(c / NR + j.min(np - 1)) * hd..][..hd];
+        let panels = [panel(0), panel(1)];
+        block_products(
+            isa,
+            hd,
+            rows,
+            queries,
+            panels,
+            np,
+            &mut scores[c - c0..],
+            span,
+        );
+        c += np * NR;
+    }
+    // Softmax along each query's row: -∞ off its keys, the row's maximum, `exp`, and the sum of
+    // the row in 16 lanes (panel after panel) reduced by a fixed tree. Step by step over the
+    // block's rows: each row's steps form one chain of dependent instructions, and a short row
+    // (a sentence) left the out-of-order window little else to run.
+    let mut lanes = [[f32::NEG_INFINITY; NR]; QB];
+    for (i, lane_max) in lanes.iter_mut().enumerate().take(nq) {
+        let (l, h) = visible(i);
+        let r = &mut scores[i * span..(i + 1) * span];
+        if let Some(cap) = softcap {
+            for x in &mut r[l - c0..h - c0] {
+                *x = cap * crate::math::tanh(*x / cap);
             }
         }
-        i0 += nq;
+        for x in &mut r[..l - c0] {
+            *x = f32::NEG_INFINITY;
+        }
+        for x in &mut r[h - c0..] {
+            *x = f32::NEG_INFINITY;
+        }
+        let mut max = [f32::NEG_INFINITY; NR];
+        for panel in r.chunks_exact(NR) {
+            for (m, &x) in max.iter_mut().zip(panel) {
+                *m = if x > *m { x } else { *m };
+            }
+        }
+        *lane_max = max;
+    }
+    let maxima = lanes.map(|v| lane_reduce(v, |a, b| if b > a { b } else { a }));
+    for (i, (lane_sums, &m)) in lanes.iter_mut().zip(&maxima).enumerate().take(nq) {
+        // A row that sees no key: every weight `e^-∞ = 0` (not `e^(−∞ + ∞)`).
+        let m = if m == f32::NEG_INFINITY { 0.0 } else { m };
+        // Summed in a local (in registers), not through the array.
+        let mut sums = [0.0f32; NR];
+        for panel in scores[i * span..(i + 1) * span].chunks_exact_mut(NR) {
+            for (x, t) in panel.iter_mut().zip(sums.iter_mut()) {
+                *x = crate::math::exp_nonpositive(*x - m);
+                *t += *x;
+            }
+        }
+        *lane_sums = sums;
+    }
+    // Rows past the block: a total of 1 (never used).
+    let mut totals = [1.0f32; QB];
+    for (t, sums) in totals.iter_mut().zip(&lanes).take(nq) {
+        *t = lane_reduce(*sums, |a, b| a + b);
+    }
+    let inv = totals.map(|t| if t > 0.0 { 1.0 / t } else { 0.0 });
+    // `P V` over the same keys, two dim panels per call.
+    let mut probs: [&[f32]; QB] = [&scores[..span]; QB];
+    for (i, p) in probs.iter_mut().enumerate() {
+        let r = i.min(nq - 1) * span;
+        *p = &scores[r..r + span];
+    }
+    let mut d = 0;
+    while d < dl {
+        let np = if d + 2 * NR <= dl { 2 } else { 1 };
+        let panel = |j: usize| &values[(d / NR + j.min(np - 1)) * ld + c0..][..span];
+        let panels = [panel(0), panel(1)];
+        block_products(isa, span, rows, &probs, panels, np, &mut sums[d..], dl);
+        d += np * NR;
+    }
+    for (i, &inv) in inv.iter().enumerate().take(nq) {
+        store(i, &sums[i * dl..i * dl + hd], inv);
     }
 }
 

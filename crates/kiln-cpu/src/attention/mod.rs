@@ -5,7 +5,7 @@
 //! element exactly as it loads it (F16C's `vcvtph2ps` eight at a time, `half`'s conversion in the
 //! portable code), so an f16 cache computes the same operations on the values it holds. A
 //! prefill over an f16 or Q8_0/Q4_0 cache first converts the rows its queries see to f32 once
-//! (`widened`) and runs over those: the same values, so the same bits.
+//! (`widened`) and runs over those: the same values, so the bits of an f32 cache holding them.
 //!
 //! The query vectors that share a KV head (the heads of a GQA group, for one or more query rows)
 //! are taken `BLOCK` at a time; a block walks its keys `TILE` at a time (the tile shape of
@@ -18,11 +18,17 @@
 //! or 8 × 32 in 512-bit registers). Neither the `[n, n_kv]` score matrix nor a full score row
 //! is ever built: a block's state is its maxima, sums and `BLOCK × head_dim` accumulators.
 //!
-//! Work is split one of two ways, both fixed by the shape alone:
+//! Work is split one of three ways, each fixed by the shape alone:
 //!
-//! - **Prefill** (more query rows than one block holds; `prefill`): one task per
-//!   [`rows_per_task`] query rows, computing every head of its rows over each vector's whole key
-//!   range.
+//! - **Prefill in row form** (more query rows than one block holds, over f32 keys and values:
+//!   an f32 cache, or the rows `widened` made; not in batch-invariant mode; `rows`): the key and
+//!   value panels of the encoders' packed attention, made once per call, and one task per (KV
+//!   head, 12 query rows) with the queries as the rows of 12 × 32 register tiles and a whole
+//!   score row per query. About 1.6× the flash loop's speed; each row's result depends on its
+//!   own query and keys only, so a prompt prefilled in chunks gives the bits of a whole one.
+//!   Calls whose keys span more than 8192 positions keep the flash loop below.
+//! - **Prefill** (the same calls otherwise; `prefill`): one task per [`rows_per_task`] query
+//!   rows, computing every head of its rows over each vector's whole key range.
 //! - **Decode** (the query rows fit one block; `decode`): one task per (KV head, part of the
 //!   keys), the positions cut on a fixed grid of `decode::PART` (flash-decoding), so a long
 //!   cache is read by all threads at once. Each part keeps its own maxima, sums and
@@ -42,9 +48,14 @@
 //!   by it (no `−inf − −inf`), and a vector that sees no key at all (a window of 0) gets zeros,
 //!   as the empty sum does.
 //!
+//! The row form sums in another order than the flash loop, so a prefill's rows are not the bits
+//! of the same rows run as decodes; batch-invariant mode, which promises those, runs each row as
+//! a decode.
+//!
 //! Files: `job` holds the operands and shape of a call and a block's online-softmax state,
-//! `flash` the tile loop of one block over its keys, `prefill` and `decode` the two splits into
-//! tasks; this module the entry points, which check the operands and pick the split.
+//! `flash` the tile loop of one block over its keys, `prefill` and `decode` its two splits into
+//! tasks, `rows` the row-form prefill; this module the entry points, which check the operands
+//! and pick the split.
 
 use kiln_backend::{shape_err, AttentionParams, KvPages, Result};
 
@@ -62,6 +73,7 @@ mod decode;
 mod flash;
 mod job;
 mod prefill;
+mod rows;
 #[cfg(test)]
 mod tests;
 
@@ -134,7 +146,7 @@ fn attention_over(
     };
     let data = &q.data;
     match (&k_cache.data, &v_cache.data) {
-        (KvData::F32(k), KvData::F32(v)) => Ok(run(cpu, q, Job::new(data, k, v, layout), p)),
+        (KvData::F32(k), KvData::F32(v)) => Ok(run_f32(cpu, q, Job::new(data, k, v, layout), p)),
         (KvData::F16(k), KvData::F16(v)) => {
             use half::slice::HalfFloatSliceExt;
             let job = Job::new(data, k, v, layout);
@@ -184,6 +196,19 @@ fn attention_over(
                 v_cache.dtype()
             ),
         )),
+    }
+}
+
+/// [`run`] over f32 keys and values: a prefill in row form (`rows`) where it applies.
+fn run_f32(cpu: &Context, q: &CpuTensor, job: Job<'_, f32>, p: &AttentionParams) -> CpuTensor {
+    let isa = Isa::for_level(cpu.simd);
+    match rows::prefill(cpu, isa, &job, p.n_kv_heads, q.rows) {
+        Some(data) => CpuTensor {
+            data,
+            rows: q.rows,
+            cols: q.cols,
+        },
+        None => run(cpu, q, job, p),
     }
 }
 
@@ -270,7 +295,7 @@ impl Widened {
             blocks: None,
             ..layout
         };
-        let out = run(cpu, q, Job::new(&q.data, &self.k, &self.v, layout), p);
+        let out = run_f32(cpu, q, Job::new(&q.data, &self.k, &self.v, layout), p);
         crate::buffers::give(self.k);
         crate::buffers::give(self.v);
         out
@@ -286,8 +311,9 @@ impl Widened {
 /// blocks that see it: llama-3.2-1b's 512-row prefill attention took 7-9 % longer over an f16
 /// cache than over an f32 one (`examples/attn_bench`), and takes the same time now; in its
 /// 2048-token prefill attention's share of the samples fell from 26.7 to 24.7 %. Widening is
-/// exact and the kernels compute the same bits from a widened or dequantized tile as from these
-/// rows, so the results are those of the 16-bit or block job (tested).
+/// exact, so the results are those of a prefill over an f32 cache of the same values (tested):
+/// the row form (`rows`) where it applies, else the flash loop, which computes the same bits
+/// from a widened or dequantized tile as from these rows.
 fn widened<E>(
     cpu: &Context,
     job: &Job<'_, E>,

@@ -1,6 +1,6 @@
-//! The flash kernel against the row-at-a-time reference, on every SIMD level and thread count,
-//! over contiguous and paged caches of every element type (the block types where heads hold
-//! whole blocks).
+//! The flash kernel and the row-form prefill against the row-at-a-time reference, on every SIMD
+//! level and thread count, over contiguous and paged caches of every element type (the block
+//! types where heads hold whole blocks).
 
 use kiln_backend::{AttentionParams, KvDtype, KvPages};
 
@@ -391,22 +391,15 @@ fn an_empty_window_gives_zeros() {
 }
 
 /// A prefill over an f16 or block cache reads the rows its queries see widened to f32 once
-/// (`widened`): the bits of the same rows run one at a time (batch-invariant mode, which takes
-/// each row through the decode kernels over the cache as stored), at every SIMD level.
+/// (`widened`): the bits of a prefill over an f32 cache of the same values, at every SIMD level.
 #[test]
-fn prefills_over_converted_rows_give_the_bits_of_rows_one_by_one() {
-    let one_by_one = |level| {
-        let mut o = CpuOptions::threads(2).simd_cap(level);
-        o.batch_invariant = true;
-        CpuBackend::with_options(&o).unwrap()
-    };
+fn prefills_over_converted_rows_give_the_bits_of_an_f32_cache() {
     let mut levels = vec![SimdLevel::Scalar];
     if simd_level() != SimdLevel::Scalar {
         levels.extend([SimdLevel::Avx2, simd_level()]);
     }
     for level in levels {
-        let prefill = CpuBackend::with_options(&CpuOptions::threads(2).simd_cap(level)).unwrap();
-        let rows = one_by_one(level);
+        let be = CpuBackend::with_options(&CpuOptions::threads(2).simd_cap(level)).unwrap();
         for (window, q_pos, n) in [(None, 0, 70), (Some(9), 5, 41), (None, 33, 20)] {
             let p = params((8, 2), 64, window, None);
             let n_kv = q_pos + n;
@@ -414,16 +407,53 @@ fn prefills_over_converted_rows_give_the_bits_of_rows_one_by_one() {
             for dtype in KvDtype::ALL {
                 let kv = |seed| cache(&values(n_kv * 2 * 64, seed), n_kv, 2 * 64, dtype);
                 let (k, v) = (kv(8), kv(9));
-                let a = attention(&prefill.cx, &q, &k, &v, q_pos, n_kv, &p).unwrap();
-                let b = attention(&rows.cx, &q, &k, &v, q_pos, n_kv, &p).unwrap();
+                let f32_cache = |c: &CpuKv| cache(&c.to_f32(), n_kv, 2 * 64, KvDtype::F32);
+                let (k32, v32) = (f32_cache(&k), f32_cache(&v));
+                let a = attention(&be.cx, &q, &k, &v, q_pos, n_kv, &p).unwrap();
+                let b = attention(&be.cx, &q, &k32, &v32, q_pos, n_kv, &p).unwrap();
                 assert!(
                     a.data
                         .iter()
                         .zip(&b.data)
                         .all(|(x, y)| x.to_bits() == y.to_bits()),
-                    "{dtype} {level:?} window {window:?} at {q_pos}: prefill and rows differ"
+                    "{dtype} {level:?} window {window:?} at {q_pos}: differs from the f32 cache"
                 );
             }
+        }
+    }
+}
+
+/// A prefill's rows do not depend on the other rows of the call (the row form, `rows`): a prompt
+/// prefilled in two chunks gives the bits of the whole, on every backend.
+#[test]
+fn a_prefill_in_chunks_gives_the_bits_of_a_whole_one() {
+    for be in backends() {
+        for (heads, window, softcap) in [((4, 1), None, None), ((2, 2), Some(30), Some(40.0))] {
+            let p = params(heads, 64, window, softcap);
+            let (n, split) = (110, 45);
+            let q = tensor(values(n * p.n_heads * 64, 3), n, p.n_heads * 64);
+            let kv_cols = p.n_kv_heads * 64;
+            let k = cache(&values(n * kv_cols, 4), n, kv_cols, KvDtype::F32);
+            let v = cache(&values(n * kv_cols, 5), n, kv_cols, KvDtype::F32);
+            let whole = attention(&be.cx, &q, &k, &v, 0, n, &p).unwrap();
+            let part = |r0: usize, r1: usize| {
+                let q = tensor(q.data[r0 * q.cols..r1 * q.cols].to_vec(), r1 - r0, q.cols);
+                attention(&be.cx, &q, &k, &v, r0, r1, &p)
+                    .unwrap()
+                    .data
+                    .clone()
+            };
+            let chunks = [part(0, split), part(split, n)].concat();
+            assert!(
+                whole
+                    .data
+                    .iter()
+                    .zip(&chunks)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{p:?} on {:?}/{}: the chunks differ from the whole",
+                be.simd(),
+                be.threads()
+            );
         }
     }
 }
