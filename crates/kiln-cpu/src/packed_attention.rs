@@ -37,6 +37,8 @@
 //! element-wise code with the same 16-lane trees in every build), so results do not depend on
 //! the thread count, the SIMD level or on what else is in the batch.
 
+use std::ops::Range;
+
 use kiln_backend::{shape_err, PackedAttentionParams, Result};
 
 use crate::context::Context;
@@ -181,30 +183,12 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
     };
     // Only ever grown with zeros, never written.
     let zeros = &*sized(&mut s.zeros, dim_panels * NR, 0.0);
-    // The head's rows of k and v are pieces of rows a few KiB apart, rarely in cache (MiniLM's
-    // batch of 32 x 256 tokens makes 12 MB of each): the next panel's are requested while this
-    // one is copied, so that the copies do not wait for one miss after another.
-    let prefetch = |p: usize| {
-        for j in (p * NR).min(n)..((p + 1) * NR).min(n) {
-            prefetch_rows::<f32>(&[&b.k[row(j)], &b.v[row(j)]]);
-        }
-    };
-    prefetch(0);
     let keys = sized(&mut s.keys, key_panels * hd, PanelRow([0.0; NR]));
     let values = sized(&mut s.values, dim_panels * ld, PanelRow([0.0; NR]));
-    let key = |j: usize| (j < n).then(|| &b.k[row(j)]);
-    let value = |j: usize| (j < n).then(|| &b.v[row(j)]);
-    fill_panels(
-        isa,
-        hd,
-        b.scale,
-        zeros,
-        key,
-        value,
-        |p| prefetch(p + 1),
-        keys,
-        values,
-    );
+    let key = |j: usize| &b.k[row(j)];
+    let value = |j: usize| &b.v[row(j)];
+    let rows = (0..n, key, value);
+    fill_panels(isa, hd, b.scale, zeros, rows, keys, values);
     let visible = |i: usize| match b.radius {
         Some(r) => (i.saturating_sub(r), (i + r + 1).min(n)),
         None => (0, n),
@@ -229,41 +213,41 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
         for (i, q) in queries.iter_mut().enumerate() {
             *q = &b.q[row(i0 + i.min(nq - 1))];
         }
-        let store = |i: usize, sums: &[f32], inv: f32| {
+        let mut seen = [(0, 0); QB];
+        for (i, v) in seen.iter_mut().enumerate() {
+            *v = visible(i0 + i.min(nq - 1));
+        }
+        let inv = attend_block(&panels, &queries, nq, &seen, &mut s.block);
+        for (i, &inv) in inv.iter().enumerate().take(nq) {
             // SAFETY: this task is the only one that writes the head's columns of the
             // sequence's rows.
             let dst = unsafe { out.slice(row(i0 + i)) };
-            for (y, &x) in dst.iter_mut().zip(sums) {
+            for (y, &x) in dst.iter_mut().zip(s.block.output(i, hd)) {
                 *y = x * inv;
             }
-        };
-        attend_block(
-            &panels,
-            &queries,
-            nq,
-            |i| visible(i0 + i),
-            &mut s.block,
-            store,
-        );
+        }
         i0 += nq;
     }
 }
 
 /// Keys `16·panels` as key and value panels (see [`Panels`]; `panels = keys.len() / hd`):
-/// key `j`'s rows are `key(j)` and `value(j)`, at least `hd` values each (`None`: a key no query
-/// sees, whose entries are then zero). `before(p)` runs before panel `p` is filled (a hook for
-/// prefetches). `zeros` holds `16·⌈hd / 16⌉` zeros, `values` `⌈hd / 16⌉` panels of
-/// `16·panels` rows.
+/// `rows = (seen, key, value)`: key `j`'s rows are `key(j)` and `value(j)`, `hd` values each,
+/// for `j` in `seen`; the entries of the others are zero. The rows of the next panel are
+/// requested while one is filled: rows of a head are pieces of rows a few KiB apart, rarely in
+/// cache (MiniLM's batch of 32 x 256 tokens makes 12 MB of each), and the copies would wait
+/// for one miss after another. `zeros` holds `16·⌈hd / 16⌉` zeros, `values` `⌈hd / 16⌉`
+/// panels of `16·panels` rows.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn fill_panels<'a>(
     isa: Isa,
     hd: usize,
     scale: f32,
     zeros: &'a [f32],
-    key: impl Fn(usize) -> Option<&'a [f32]>,
-    value: impl Fn(usize) -> Option<&'a [f32]>,
-    before: impl Fn(usize),
+    (seen, key, value): (
+        Range<usize>,
+        impl Fn(usize) -> &'a [f32],
+        impl Fn(usize) -> &'a [f32],
+    ),
     keys: &mut [PanelRow],
     values: &mut [PanelRow],
 ) {
@@ -273,19 +257,25 @@ pub(crate) fn fill_panels<'a>(
         zeros.len() >= dim_panels * NR && values.len() >= dim_panels * ld,
         "fill_panels: short buffers"
     );
+    for j in seen.start..seen.end.min(NR) {
+        prefetch_rows::<f32>(&[key(j), value(j)]);
+    }
     for p in 0..panels {
-        before(p);
+        for j in ((p + 1) * NR).max(seen.start)..((p + 2) * NR).min(seen.end) {
+            prefetch_rows::<f32>(&[key(j), value(j)]);
+        }
         // Plain loops, not `array::from_fn`: its closures stayed calls here.
         let mut srcs: [&[f32]; NR] = [zeros; NR];
         for (lane, src) in srcs.iter_mut().enumerate() {
-            if let Some(r) = key(p * NR + lane) {
-                *src = r;
+            if seen.contains(&(p * NR + lane)) {
+                *src = key(p * NR + lane);
             }
         }
         transpose_panel(isa, &srcs, scale, &mut keys[p * hd..(p + 1) * hd]);
         // Key by key (its row read once), each dim panel's row of it.
-        for j in p * NR..(p + 1) * NR {
-            let src = &value(j).unwrap_or(zeros)[..hd];
+        for (lane, src) in srcs.iter_mut().enumerate() {
+            let j = p * NR + lane;
+            *src = if seen.contains(&j) { value(j) } else { zeros };
             for c in 0..dim_panels {
                 let dst = &mut values[c * ld + j].0;
                 match src.get(c * NR..(c + 1) * NR) {
@@ -325,15 +315,29 @@ pub(crate) struct BlockScratch {
     /// The block's scores, then its probabilities: row `i` holds query `i`'s against the keys
     /// the block spans.
     scores: Vec<f32>,
-    /// The block's `P V`: row `i` holds query `i`'s unnormalised output.
+    /// The block's `P V`: row `i` (`dl` apart) holds query `i`'s unnormalised output.
     sums: Vec<f32>,
+    dl: usize,
 }
+
+impl BlockScratch {
+    /// Row `i`'s unnormalised output (`hd` values) from the last [`attend_block`].
+    #[inline(always)]
+    pub(crate) fn output(&self, i: usize, hd: usize) -> &[f32] {
+        &self.sums[i * self.dl..i * self.dl + hd]
+    }
+}
+
+/// Per row of a block, 16 lanes of its maximum, then of its sum: one cache line a row (aligned:
+/// the stack does not guarantee it).
+#[repr(C, align(64))]
+struct Lanes([[f32; NR]; QB]);
 
 /// One block of `nq` (≤ [`QB`]) query rows against `panels`: `queries[i]` (≥ `hd` values; the
 /// rows past `nq` repeat the last, computed and never stored) sees the grid's keys
-/// `visible(i) = [l, h)`, which start and end no earlier than the previous row's. `store(i, o,
-/// inv)` receives row `i`'s unnormalised output `o` (`hd` values) and `1 / Σ` (0 for a row that
-/// sees no key, whose output is then 0).
+/// `visible(i) = [l, h)` (not empty), which start and end no earlier than the previous row's.
+/// Returns each row's `1 / Σ` and leaves its unnormalised output in `s`
+/// ([`BlockScratch::output`]).
 ///
 /// `S = Q Kᵀ` over the whole key panels that some row sees (12 rows × 32 keys per call, or
 /// 6-row tiles for a block of 6 rows or fewer); then along each row of `S`: the soft cap, -∞
@@ -342,15 +346,48 @@ pub(crate) struct BlockScratch {
 /// `P V` (12 rows × 32 dims per call) reads in place. Each output depends on its row's values
 /// and keys only, never on the other rows of the block: a key outside the row's range weighs 0
 /// and adds an exact zero to each sum.
-#[inline(always)]
 pub(crate) fn attend_block(
     panels: &Panels<'_>,
     queries: &[&[f32]; QB],
     nq: usize,
-    visible: impl Fn(usize) -> (usize, usize),
+    visible: &[(usize, usize); QB],
     s: &mut BlockScratch,
-    mut store: impl FnMut(usize, &[f32], f32),
-) {
+) -> [f32; QB] {
+    let args = (panels, queries, nq, visible, s);
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn avx2(args: BlockArgs<'_, '_>) -> [f32; QB] {
+            block_impl(args)
+        }
+        #[target_feature(enable = "avx2,fma,avx512f")]
+        unsafe fn avx512(args: BlockArgs<'_, '_>) -> [f32; QB] {
+            block_impl(args)
+        }
+        match panels.isa {
+            // SAFETY: `Isa::Avx2` exists only where the CPU has AVX2 and FMA.
+            Isa::Avx2 => return unsafe { avx2(args) },
+            // SAFETY: `Isa::Avx512` exists only where the CPU has AVX-512 F, AVX2 and FMA.
+            Isa::Avx512 => return unsafe { avx512(args) },
+            Isa::Scalar => {}
+        }
+    }
+    block_impl(args)
+}
+
+/// The arguments of [`attend_block`].
+type BlockArgs<'a, 'b> = (
+    &'a Panels<'b>,
+    &'a [&'b [f32]; QB],
+    usize,
+    &'a [(usize, usize); QB],
+    &'a mut BlockScratch,
+);
+
+/// [`attend_block`] in the build of its caller (a standalone function per instruction set: the
+/// same code for the encoders and the decoders).
+#[inline(always)]
+fn block_impl((panels, queries, nq, visible, s): BlockArgs<'_, '_>) -> [f32; QB] {
     let Panels {
         isa,
         hd,
@@ -362,20 +399,18 @@ pub(crate) fn attend_block(
     let rows = if nq <= MR { MR } else { QB };
     let dl = hd.div_ceil(NR) * NR;
     // The whole key panels that some query of the block sees: keys [c0, c1), `span` of them.
-    let (lo, _) = visible(0);
-    let (_, hi) = visible(nq - 1);
+    let (lo, hi) = (visible[0].0, visible[nq - 1].1);
     let (c0, c1) = (lo / NR * NR, hi.div_ceil(NR) * NR);
     let span = c1 - c0;
-    let sums = sized(&mut s.sums, QB * dl, 0.0);
-    if span == 0 {
-        // No row sees a key.
-        sums[..hd].fill(0.0);
-        for i in 0..nq {
-            store(i, &sums[..hd], 0.0);
-        }
-        return;
+    s.dl = dl;
+    if s.sums.len() < QB * dl {
+        s.sums.resize(QB * dl, 0.0);
     }
-    let scores = sized(&mut s.scores, QB * span, 0.0);
+    let sums = &mut s.sums[..QB * dl];
+    if s.scores.len() < QB * span {
+        s.scores.resize(QB * span, 0.0);
+    }
+    let scores = &mut s.scores[..QB * span];
     let mut c = c0;
     while c < c1 {
         let np = if c + 2 * NR <= c1 { 2 } else { 1 };
@@ -397,9 +432,10 @@ pub(crate) fn attend_block(
     // the row in 16 lanes (panel after panel) reduced by a fixed tree. Step by step over the
     // block's rows: each row's steps form one chain of dependent instructions, and a short row
     // (a sentence) left the out-of-order window little else to run.
-    let mut lanes = [[f32::NEG_INFINITY; NR]; QB];
+    let mut lanes = Lanes([[f32::NEG_INFINITY; NR]; QB]);
+    let lanes = &mut lanes.0;
     for (i, lane_max) in lanes.iter_mut().enumerate().take(nq) {
-        let (l, h) = visible(i);
+        let (l, h) = visible[i];
         let r = &mut scores[i * span..(i + 1) * span];
         if let Some(cap) = softcap {
             for x in &mut r[l - c0..h - c0] {
@@ -423,7 +459,6 @@ pub(crate) fn attend_block(
     let maxima = lanes.map(|v| lane_reduce(v, |a, b| if b > a { b } else { a }));
     for (i, (lane_sums, &m)) in lanes.iter_mut().zip(&maxima).enumerate().take(nq) {
         // A row that sees no key: every weight `e^-∞ = 0` (not `e^(−∞ + ∞)`).
-        let m = if m == f32::NEG_INFINITY { 0.0 } else { m };
         // Summed in a local (in registers), not through the array.
         let mut sums = [0.0f32; NR];
         for panel in scores[i * span..(i + 1) * span].chunks_exact_mut(NR) {
@@ -436,10 +471,10 @@ pub(crate) fn attend_block(
     }
     // Rows past the block: a total of 1 (never used).
     let mut totals = [1.0f32; QB];
-    for (t, sums) in totals.iter_mut().zip(&lanes).take(nq) {
+    for (t, sums) in totals.iter_mut().zip(lanes.iter()).take(nq) {
         *t = lane_reduce(*sums, |a, b| a + b);
     }
-    let inv = totals.map(|t| if t > 0.0 { 1.0 / t } else { 0.0 });
+    let inv = totals.map(|t| 1.0 / t);
     // `P V` over the same keys, two dim panels per call.
     let mut probs: [&[f32]; QB] = [&scores[..span]; QB];
     for (i, p) in probs.iter_mut().enumerate() {
@@ -454,9 +489,7 @@ pub(crate) fn attend_block(
         block_products(isa, span, rows, &probs, panels, np, &mut sums[d..], dl);
         d += np * NR;
     }
-    for (i, &inv) in inv.iter().enumerate().take(nq) {
-        store(i, &sums[i * dl..i * dl + hd], inv);
-    }
+    inv
 }
 
 /// `op` over 16 lanes by a fixed tree (halves combined lane by lane), the same in every build.

@@ -24,7 +24,7 @@
 //!   an f32 cache, or the rows `widened` made; not in batch-invariant mode; `rows`): the key and
 //!   value panels of the encoders' packed attention, made once per call, and one task per (KV
 //!   head, 12 query rows) with the queries as the rows of 12 × 32 register tiles and a whole
-//!   score row per query. About 1.6× the flash loop's speed; each row's result depends on its
+//!   score row per query. 1.5-1.8× the flash loop's speed; each row's result depends on its
 //!   own query and keys only, so a prompt prefilled in chunks gives the bits of a whole one.
 //!   Calls whose keys span more than 8192 positions keep the flash loop below.
 //! - **Prefill** (the same calls otherwise; `prefill`): one task per [`rows_per_task`] query

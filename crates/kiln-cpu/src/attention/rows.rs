@@ -15,9 +15,9 @@
 //!
 //! Against the flash loop (`super::flash`: a dot product per score, reduced across lanes, and
 //! an online softmax tile by tile) this does 24 FMAs per 14 loads in both products and no
-//! horizontal sum per score: llama-3.2-1b's 512-row prefill attention takes 6.4-6.8 ms on one
-//! Zen 5 thread instead of 10.5 (1.4× at the AVX2 level; `examples/attn_bench`, figures in
-//! docs/BENCHMARKS.md). Its sums run in another order, so its results are
+//! horizontal sum per score: llama-3.2-1b's 512-row prefill attention takes 5.7-6.0 ms on one
+//! Zen 5 thread instead of 10.5 (AVX2 level: 10.8-11.0 instead of 16.3-16.6;
+//! `examples/attn_bench`, figures in docs/BENCHMARKS.md). Its sums run in another order, so its results are
 //! not the flash loop's bits; they are still one fixed sequence of operations per output
 //! element that depends on the element's own query row and keys only: the same for any thread
 //! count, at every SIMD level (the products' chains and the softmax's trees are the same in
@@ -46,8 +46,9 @@ const PARALLEL_MIN_VALUES: usize = 1 << 14;
 
 /// The prefill of `rows` query rows in row form, or `None` where it does not apply: in
 /// batch-invariant mode (rows run one by one as decodes), for calls that the flash loop takes
-/// as a decode (no more rows than one block holds), over a block cache, or when the keys span
-/// more than [`MAX_KEYS`] or [`MAX_PANEL_BYTES`].
+/// as a decode (no more rows than one block holds), over a block cache, with a window of 0
+/// (rows that see no key), or when the keys span more than [`MAX_KEYS`] or
+/// [`MAX_PANEL_BYTES`].
 pub(super) fn prefill(
     cpu: &Context,
     isa: Isa,
@@ -56,8 +57,10 @@ pub(super) fn prefill(
     rows: usize,
 ) -> Option<Vec<f32>> {
     let (hd, group) = (job.hd, job.group);
+    // (A window of 0 leaves rows without keys, which the whole-row softmax does not take.)
     if cpu.batch_invariant
         || job.blocks.is_some()
+        || job.window == Some(0)
         || hd == 0
         || group == 0
         || rows <= rows_per_task(group)
@@ -79,10 +82,10 @@ pub(super) fn prefill(
     let parallel = panels.len() * NR >= PARALLEL_MIN_VALUES;
     for_each_chunk(cpu, &mut panels, per_head, parallel, |kvh, head| {
         let (keys, values) = head.split_at_mut(key_rows);
-        let seen = |j: usize| (lo..hi).contains(&(g0 + j));
-        let key = |j: usize| seen(j).then(|| job.head_row(job.k, kvh, g0 + j));
-        let value = |j: usize| seen(j).then(|| job.head_row(job.v, kvh, g0 + j));
-        fill_panels(isa, hd, job.scale, &zeros, key, value, |_| {}, keys, values);
+        let key = |j: usize| job.head_row(job.k, kvh, g0 + j);
+        let value = |j: usize| job.head_row(job.v, kvh, g0 + j);
+        let rows = (lo - g0..hi - g0, key, value);
+        fill_panels(isa, hd, job.scale, &zeros, rows, keys, values);
     });
 
     let mut data = crate::buffers::take(rows * job.q_cols);
@@ -130,31 +133,9 @@ struct Task<'a, 'j> {
     out: &'a Disjoint<'a, f32>,
 }
 
-/// Every query head of KV head `kvh` for the block of rows from `i0`, into `task.out`.
+/// Every query head of KV head `kvh` for the block of rows from `i0`, into `task.out` (the
+/// block's products and softmax run in `attend_block`'s build for the instruction set).
 fn attend(task: &Task<'_, '_>, kvh: usize, i0: usize, s: &mut BlockScratch) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn avx2(task: &Task<'_, '_>, kvh: usize, i0: usize, s: &mut BlockScratch) {
-            attend_impl(task, kvh, i0, s)
-        }
-        #[target_feature(enable = "avx2,fma,avx512f")]
-        unsafe fn avx512(task: &Task<'_, '_>, kvh: usize, i0: usize, s: &mut BlockScratch) {
-            attend_impl(task, kvh, i0, s)
-        }
-        match task.isa {
-            // SAFETY: `Isa::Avx2` exists only where the CPU has AVX2 and FMA.
-            Isa::Avx2 => return unsafe { avx2(task, kvh, i0, s) },
-            // SAFETY: `Isa::Avx512` exists only where the CPU has AVX-512 F, AVX2 and FMA.
-            Isa::Avx512 => return unsafe { avx512(task, kvh, i0, s) },
-            Isa::Scalar => {}
-        }
-    }
-    attend_impl(task, kvh, i0, s)
-}
-
-#[inline(always)]
-fn attend_impl(task: &Task<'_, '_>, kvh: usize, i0: usize, s: &mut BlockScratch) {
     let job = task.job;
     let (hd, g0) = (job.hd, task.g0);
     let head = &task.panels[kvh * task.per_head..(kvh + 1) * task.per_head];
@@ -169,10 +150,11 @@ fn attend_impl(task: &Task<'_, '_>, kvh: usize, i0: usize, s: &mut BlockScratch)
     };
     let nq = QB.min(task.rows - i0);
     // Row `i` of the block sees the grid's keys `[l, h)`.
-    let visible = |i: usize| {
-        let (l, h) = job.visible(i0 + i);
-        (l - g0, h - g0)
-    };
+    let mut visible = [(0, 0); QB];
+    for (i, v) in visible.iter_mut().enumerate() {
+        let (l, h) = job.visible(i0 + i.min(nq - 1));
+        *v = (l - g0, h - g0);
+    }
     for h in kvh * job.group..(kvh + 1) * job.group {
         let col = h * hd;
         // Rows past the call stand for its last one: computed, never stored.
@@ -181,15 +163,15 @@ fn attend_impl(task: &Task<'_, '_>, kvh: usize, i0: usize, s: &mut BlockScratch)
             let at = (i0 + i.min(nq - 1)) * job.q_cols + col;
             *q = &job.q[at..at + hd];
         }
-        let store = |i: usize, sums: &[f32], inv: f32| {
+        let inv = attend_block(&panels, &queries, nq, &visible, s);
+        for (i, &inv) in inv.iter().enumerate().take(nq) {
             let at = (i0 + i) * job.q_cols + col;
             // SAFETY: the task of (KV head, block) is the only one that writes the columns
             // of the group's heads in the block's rows.
             let dst = unsafe { task.out.slice(at..at + hd) };
-            for (y, &x) in dst.iter_mut().zip(sums) {
+            for (y, &x) in dst.iter_mut().zip(s.output(i, hd)) {
                 *y = x * inv;
             }
-        };
-        attend_block(&panels, &queries, nq, visible, s, store);
+        }
     }
 }
