@@ -217,8 +217,9 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
         for (i, v) in seen.iter_mut().enumerate() {
             *v = visible(i0 + i.min(nq - 1));
         }
-        let inv = attend_block(&panels, &queries, nq, &seen, &mut s.block);
-        for (i, &inv) in inv.iter().enumerate().take(nq) {
+        let totals = attend_block(&panels, &queries, nq, &seen, &mut s.block);
+        for (i, &t) in totals.sum.iter().enumerate().take(nq) {
+            let inv = 1.0 / t;
             // SAFETY: this task is the only one that writes the head's columns of the
             // sequence's rows.
             let dst = unsafe { out.slice(row(i0 + i)) };
@@ -328,6 +329,13 @@ impl BlockScratch {
     }
 }
 
+/// What [`attend_block`] returns: per row of the block, the largest score and the sum of the
+/// weights `e^(s − max)` (rows past the block: unspecified).
+pub(crate) struct Totals {
+    pub(crate) max: [f32; QB],
+    pub(crate) sum: [f32; QB],
+}
+
 /// Per row of a block, 16 lanes of its maximum, then of its sum: one cache line a row (aligned:
 /// the stack does not guarantee it).
 #[repr(C, align(64))]
@@ -336,8 +344,8 @@ struct Lanes([[f32; NR]; QB]);
 /// One block of `nq` (≤ [`QB`]) query rows against `panels`: `queries[i]` (≥ `hd` values; the
 /// rows past `nq` repeat the last, computed and never stored) sees the grid's keys
 /// `visible(i) = [l, h)` (not empty), which start and end no earlier than the previous row's.
-/// Returns each row's `1 / Σ` and leaves its unnormalised output in `s`
-/// ([`BlockScratch::output`]).
+/// Returns each row's largest score `m` and `Σ e^(s − m)` over its keys, and leaves its
+/// unnormalised output `Σ e^(s − m) v` in `s` ([`BlockScratch::output`]).
 ///
 /// `S = Q Kᵀ` over the whole key panels that some row sees (12 rows × 32 keys per call, or
 /// 6-row tiles for a block of 6 rows or fewer); then along each row of `S`: the soft cap, -∞
@@ -352,16 +360,16 @@ pub(crate) fn attend_block(
     nq: usize,
     visible: &[(usize, usize); QB],
     s: &mut BlockScratch,
-) -> [f32; QB] {
+) -> Totals {
     let args = (panels, queries, nq, visible, s);
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx2,fma")]
-        unsafe fn avx2(args: BlockArgs<'_, '_>) -> [f32; QB] {
+        unsafe fn avx2(args: BlockArgs<'_, '_>) -> Totals {
             block_impl(args)
         }
         #[target_feature(enable = "avx2,fma,avx512f")]
-        unsafe fn avx512(args: BlockArgs<'_, '_>) -> [f32; QB] {
+        unsafe fn avx512(args: BlockArgs<'_, '_>) -> Totals {
             block_impl(args)
         }
         match panels.isa {
@@ -387,7 +395,7 @@ type BlockArgs<'a, 'b> = (
 /// [`attend_block`] in the build of its caller (a standalone function per instruction set: the
 /// same code for the encoders and the decoders).
 #[inline(always)]
-fn block_impl((panels, queries, nq, visible, s): BlockArgs<'_, '_>) -> [f32; QB] {
+fn block_impl((panels, queries, nq, visible, s): BlockArgs<'_, '_>) -> Totals {
     let Panels {
         isa,
         hd,
@@ -474,7 +482,6 @@ fn block_impl((panels, queries, nq, visible, s): BlockArgs<'_, '_>) -> [f32; QB]
     for (t, sums) in totals.iter_mut().zip(lanes.iter()).take(nq) {
         *t = lane_reduce(*sums, |a, b| a + b);
     }
-    let inv = totals.map(|t| 1.0 / t);
     // `P V` over the same keys, two dim panels per call.
     let mut probs: [&[f32]; QB] = [&scores[..span]; QB];
     for (i, p) in probs.iter_mut().enumerate() {
@@ -489,7 +496,10 @@ fn block_impl((panels, queries, nq, visible, s): BlockArgs<'_, '_>) -> [f32; QB]
         block_products(isa, span, rows, &probs, panels, np, &mut sums[d..], dl);
         d += np * NR;
     }
-    inv
+    Totals {
+        max: maxima,
+        sum: totals,
+    }
 }
 
 /// `op` over 16 lanes by a fixed tree (halves combined lane by lane), the same in every build.
@@ -571,7 +581,7 @@ fn block_products(
 /// (AVX2) blocks in registers where the head dim is a multiple of the block, instead of
 /// gathering one value per row for each lane.
 #[inline(always)]
-fn transpose_panel(isa: Isa, srcs: &[&[f32]; NR], scale: f32, panel: &mut [PanelRow]) {
+pub(crate) fn transpose_panel(isa: Isa, srcs: &[&[f32]; NR], scale: f32, panel: &mut [PanelRow]) {
     let hd = panel.len();
     assert!(srcs.iter().all(|r| r.len() >= hd), "short key row");
     #[cfg(target_arch = "x86_64")]

@@ -20,7 +20,7 @@ const STAGE: usize = 4;
 const AHEAD: usize = 4;
 /// Fewest vectors in a block for which an f16 cache's tile is widened to f32 once, before the
 /// kernels run it. The kernels widen each row they load, once per call of a few vectors (4 in
-/// the score kernels, 4 or 8 in the value kernels), so a prefill block of 32 vectors widened
+/// the score kernels, 4 or 8 in the value kernels), so a block of 32 vectors widened
 /// each key row 8 times; `vcvtph2ps` shares a port with the multiply-adds. Widening is exact:
 /// the kernels compute the same bits from either.
 const WIDEN_MIN_VECTORS: usize = 8;
@@ -41,8 +41,9 @@ const WIDEN_MIN_VECTORS: usize = 8;
 ///   stage's rows are on their way.
 ///
 /// Together they make a decode step's attention faster than the prefetches alone
-/// (`examples/decode_segments` compares the two). Prefill blocks share their rows through the
-/// cache, so they pass `stream = false`: the extra reads and prefetches only slow them down.
+/// (`examples/decode_segments` compares the two). Every caller is a decode now (prefills take
+/// the row form, `super::rows`) and passes `true`; blocks whose rows are already in cache
+/// would pass `false`: the extra reads and prefetches only slow them down.
 pub(super) fn attend_keys<E: KvElem>(
     isa: Isa,
     job: &Job<'_, E>,

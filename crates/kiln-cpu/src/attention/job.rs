@@ -108,12 +108,6 @@ impl<'a, E> Job<'a, E> {
         }
     }
 
-    /// Logical row `j` (position `j`) of a cache, every head.
-    pub(super) fn cache_row<'c>(&self, cache: &'c [E], j: usize) -> &'c [E] {
-        let at = self.physical(j) * self.kv_cols;
-        &cache[at..at + self.kv_cols]
-    }
-
     /// Logical row `j` (position `j`) of head `kvh` of a cache.
     #[inline(always)]
     pub(super) fn head_row<'c>(&self, cache: &'c [E], kvh: usize, j: usize) -> &'c [E] {
@@ -173,11 +167,5 @@ impl State {
             sum: [0.0; BLOCK],
             acc: vec![0.0; vectors * hd],
         }
-    }
-
-    pub(super) fn reset(&mut self) {
-        self.max = [f32::NEG_INFINITY; BLOCK];
-        self.sum = [0.0; BLOCK];
-        self.acc.fill(0.0);
     }
 }

@@ -336,7 +336,15 @@ fn long_caches_split_into_parts_match_the_reference() {
         for window in [None, Some(5), Some(300)] {
             for softcap in [None, Some(50.0)] {
                 let p = params(heads, 64, window, softcap);
-                for (q_pos, rows) in [(255, 1), (256, 1), (700, 1), (1000, 2), (600, 9)] {
+                // (4090, 20): a prefill whose keys cross the row form's chunk of 4096.
+                for (q_pos, rows) in [
+                    (255, 1),
+                    (256, 1),
+                    (700, 1),
+                    (1000, 2),
+                    (600, 9),
+                    (4090, 20),
+                ] {
                     check(&b, &p, q_pos, rows, (q_pos + rows) as u64);
                 }
             }
@@ -430,30 +438,34 @@ fn a_prefill_in_chunks_gives_the_bits_of_a_whole_one() {
     for be in backends() {
         for (heads, window, softcap) in [((4, 1), None, None), ((2, 2), Some(30), Some(40.0))] {
             let p = params(heads, 64, window, softcap);
-            let (n, split) = (110, 45);
-            let q = tensor(values(n * p.n_heads * 64, 3), n, p.n_heads * 64);
-            let kv_cols = p.n_kv_heads * 64;
-            let k = cache(&values(n * kv_cols, 4), n, kv_cols, KvDtype::F32);
-            let v = cache(&values(n * kv_cols, 5), n, kv_cols, KvDtype::F32);
-            let whole = attention(&be.cx, &q, &k, &v, 0, n, &p).unwrap();
-            let part = |r0: usize, r1: usize| {
-                let q = tensor(q.data[r0 * q.cols..r1 * q.cols].to_vec(), r1 - r0, q.cols);
-                attention(&be.cx, &q, &k, &v, r0, r1, &p)
-                    .unwrap()
-                    .data
-                    .clone()
-            };
-            let chunks = [part(0, split), part(split, n)].concat();
-            assert!(
-                whole
-                    .data
-                    .iter()
-                    .zip(&chunks)
-                    .all(|(x, y)| x.to_bits() == y.to_bits()),
-                "{p:?} on {:?}/{}: the chunks differ from the whole",
-                be.simd(),
-                be.threads()
-            );
+            // Rows `[q0, n)` whole and split at `split` (the second case's keys cross the row
+            // form's chunk of 4096 positions).
+            for (q0, n, split) in [(0, 110, 45), (4030, 4140, 4080)] {
+                let q = tensor(values((n - q0) * p.n_heads * 64, 3), n - q0, p.n_heads * 64);
+                let kv_cols = p.n_kv_heads * 64;
+                let k = cache(&values(n * kv_cols, 4), n, kv_cols, KvDtype::F32);
+                let v = cache(&values(n * kv_cols, 5), n, kv_cols, KvDtype::F32);
+                let whole = attention(&be.cx, &q, &k, &v, q0, n, &p).unwrap();
+                let part = |r0: usize, r1: usize| {
+                    let rows = q.data[(r0 - q0) * q.cols..(r1 - q0) * q.cols].to_vec();
+                    let q = tensor(rows, r1 - r0, q.cols);
+                    attention(&be.cx, &q, &k, &v, r0, r1, &p)
+                        .unwrap()
+                        .data
+                        .clone()
+                };
+                let chunks = [part(q0, split), part(split, n)].concat();
+                assert!(
+                    whole
+                        .data
+                        .iter()
+                        .zip(&chunks)
+                        .all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{p:?} from {q0} on {:?}/{}: the chunks differ from the whole",
+                    be.simd(),
+                    be.threads()
+                );
+            }
         }
     }
 }
