@@ -23,8 +23,10 @@
 //! horizontal reduction per query row for the maximum and the sum, which a short sequence feels
 //! (docs/BENCHMARKS.md has the figures).
 //!
-//! Steps 1-3 are [`fill_panels`] and [`attend_block`], which the decoders' prefill shares
-//! (`crate::attention`'s row form: causal rows, GQA, windows and soft caps on the same tiles).
+//! Step 1 is [`fill_panels`], steps 2-3 [`attend_block`], which the decoders' prefill shares
+//! with [`transpose_panel`] (`crate::attention`'s row form: causal rows, GQA, windows and soft
+//! caps on the same tiles; it fills its panels itself, converting the cache's rows as it
+//! copies them).
 //!
 //! Nothing is computed across sequences, so packing wastes no work on padding, and the score
 //! buffer is `QB × keys`: long sequences never materialise an `L × L` matrix. Scratch buffers
@@ -136,7 +138,7 @@ struct Scratch {
 }
 
 /// `v` with length `len`; its values are unspecified (callers overwrite what they read).
-pub(crate) fn sized<T: Copy>(v: &mut Vec<T>, len: usize, fill: T) -> &mut [T] {
+fn sized<T: Copy>(v: &mut Vec<T>, len: usize, fill: T) -> &mut [T] {
     v.resize(len, fill);
     &mut v[..len]
 }
@@ -239,7 +241,7 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
 /// for one miss after another. `zeros` holds `16·⌈hd / 16⌉` zeros, `values` `⌈hd / 16⌉`
 /// panels of `16·panels` rows.
 #[inline(always)]
-pub(crate) fn fill_panels<'a>(
+fn fill_panels<'a>(
     isa: Isa,
     hd: usize,
     scale: f32,

@@ -47,7 +47,7 @@ pub(super) fn decode<E: KvElem>(
             let (kvh, (from, to)) = (t / parts.len(), parts[t % parts.len()]);
             for (st, b) in states.iter_mut().zip(job.blocks(kvh, 0, rows)) {
                 let keys = from.max(b.lo)..to.min(b.hi);
-                attend_keys(isa, job, &b, keys, true, st);
+                attend_keys(isa, job, &b, keys, st);
             }
         },
     );

@@ -26,10 +26,10 @@ const AHEAD: usize = 4;
 const WIDEN_MIN_VECTORS: usize = 8;
 
 /// Runs block `b` over the positions `keys`, each vector limited to the keys it sees, updating
-/// `st`; with the kernels of `isa` (which exists only where the CPU has it). `stream`: these K/V
-/// rows are read by this block alone (decode), so they come from memory, not from cache (a
-/// decode step streams every weight between two visits of a layer's cache). Two things then
-/// bring them in:
+/// `st`; with the kernels of `isa` (which exists only where the CPU has it). Every caller is a
+/// decode (prefills take the row form, `super::rows`), whose K/V rows are read by this block
+/// alone, so they come from memory, not from cache (a decode step streams every weight between
+/// two visits of a layer's cache). Two things bring them in (an f32 or f16 cache):
 ///
 /// - **A sequential read of each stage.** Before the tiles of each stage of [`STAGE`] tiles are
 ///   computed, one load per cache line walks the stage's key and value rows in order, which the
@@ -41,26 +41,23 @@ const WIDEN_MIN_VECTORS: usize = 8;
 ///   stage's rows are on their way.
 ///
 /// Together they make a decode step's attention faster than the prefetches alone
-/// (`examples/decode_segments` compares the two). Every caller is a decode now (prefills take
-/// the row form, `super::rows`) and passes `true`; blocks whose rows are already in cache
-/// would pass `false`: the extra reads and prefetches only slow them down.
+/// (`examples/decode_segments` compares the two).
 pub(super) fn attend_keys<E: KvElem>(
     isa: Isa,
     job: &Job<'_, E>,
     b: &Block<'_>,
     keys: Range<usize>,
-    stream: bool,
     st: &mut State,
 ) {
     match isa {
         // SAFETY: `Isa::Avx2` exists only where the CPU has AVX2, FMA and F16C (the levels
         // from `SimdLevel::Avx2` up).
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { attend_keys_avx2(job, b, keys, stream, st) },
+        Isa::Avx2 => unsafe { attend_keys_avx2(job, b, keys, st) },
         // SAFETY: `Isa::Avx512` exists only where the CPU has AVX-512 F/BW/VL/DQ as well.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { attend_keys_avx512(job, b, keys, stream, st) },
-        Isa::Scalar => attend_keys_impl::<ATTN_PORTABLE, E>(job, b, keys, stream, st),
+        Isa::Avx512 => unsafe { attend_keys_avx512(job, b, keys, st) },
+        Isa::Scalar => attend_keys_impl::<ATTN_PORTABLE, E>(job, b, keys, st),
     }
 }
 
@@ -75,10 +72,9 @@ unsafe fn attend_keys_avx2<E: KvElem>(
     job: &Job<'_, E>,
     b: &Block<'_>,
     keys: Range<usize>,
-    stream: bool,
     st: &mut State,
 ) {
-    attend_keys_impl::<ATTN_AVX2, E>(job, b, keys, stream, st)
+    attend_keys_impl::<ATTN_AVX2, E>(job, b, keys, st)
 }
 
 /// [`attend_keys_impl`] built with AVX-512 F/BW/VL/DQ as well: its kernels take their 512-bit
@@ -93,10 +89,9 @@ unsafe fn attend_keys_avx512<E: KvElem>(
     job: &Job<'_, E>,
     b: &Block<'_>,
     keys: Range<usize>,
-    stream: bool,
     st: &mut State,
 ) {
-    attend_keys_impl::<ATTN_AVX512, E>(job, b, keys, stream, st)
+    attend_keys_impl::<ATTN_AVX512, E>(job, b, keys, st)
 }
 
 /// See [`attend_keys`]. `ISA` selects the kernels' bodies (`kernels::ATTN_*`): the intrinsic
@@ -109,7 +104,6 @@ fn attend_keys_impl<const ISA: u8, E: KvElem>(
         start: from,
         end: to,
     }: Range<usize>,
-    stream: bool,
     st: &mut State,
 ) {
     let (hd, kvh) = (job.hd, b.kvh);
@@ -157,7 +151,7 @@ fn attend_keys_impl<const ISA: u8, E: KvElem>(
             }
         }
         // (A block cache's rows were just read in order by the dequantization.)
-        if stream && job.blocks.is_none() {
+        if job.blocks.is_none() {
             // A new stage's rows, read in order.
             if (t0 - from).is_multiple_of(STAGE * TILE) {
                 let rows = (t0..(t0 + STAGE * TILE).min(to))

@@ -135,24 +135,13 @@ fn attention_over(
         blocks: None,
     };
     let data = &q.data;
-    let isa = Isa::for_level(cpu.simd);
-    let out = |data| CpuTensor {
-        data,
-        rows: q.rows,
-        cols: q.cols,
-    };
     match (&k_cache.data, &v_cache.data) {
         (KvData::F32(k), KvData::F32(v)) => {
             let job = Job::new(data, k, v, layout);
             let read = |kvh: usize, j: usize, values: bool, row: &mut [f32]| {
                 row.copy_from_slice(job.head_row(if values { job.v } else { job.k }, kvh, j));
             };
-            Ok(
-                match rows::prefill(cpu, isa, &job, p.n_kv_heads, q.rows, &read) {
-                    Some(data) => out(data),
-                    None => run(cpu, q, job, p),
-                },
-            )
+            Ok(prefill_or_run(cpu, q, job, p, &read))
         }
         (KvData::F16(k), KvData::F16(v)) => {
             use half::slice::HalfFloatSliceExt;
@@ -161,12 +150,7 @@ fn attention_over(
                 let cache = if values { job.v } else { job.k };
                 job.head_row(cache, kvh, j).convert_to_f32_slice(row);
             };
-            Ok(
-                match rows::prefill(cpu, isa, &job, p.n_kv_heads, q.rows, &read) {
-                    Some(data) => out(data),
-                    None => run(cpu, q, job, p),
-                },
-            )
+            Ok(prefill_or_run(cpu, q, job, p, &read))
         }
         (KvData::Blocks { ty, words: k }, KvData::Blocks { ty: tv, words: v }) if ty == tv => {
             ty.check_whole_blocks("attention", "heads", hd)?;
@@ -188,12 +172,7 @@ fn attention_over(
             let read = |kvh: usize, j: usize, values: bool, row: &mut [f32]| {
                 job.dequantize_head(&blocks, values, kvh, j, row);
             };
-            Ok(
-                match rows::prefill(cpu, isa, &job, p.n_kv_heads, q.rows, &read) {
-                    Some(data) => out(data),
-                    None => run(cpu, q, job, p),
-                },
-            )
+            Ok(prefill_or_run(cpu, q, job, p, &read))
         }
         _ => Err(shape_err(
             "attention",
@@ -203,6 +182,25 @@ fn attention_over(
                 v_cache.dtype()
             ),
         )),
+    }
+}
+
+/// A prefill in row form (reading the cache through `read`) where it applies, else [`run`].
+fn prefill_or_run<E: KvElem + Sync>(
+    cpu: &Context,
+    q: &CpuTensor,
+    job: Job<'_, E>,
+    p: &AttentionParams,
+    read: &rows::ReadRow<'_>,
+) -> CpuTensor {
+    let isa = Isa::for_level(cpu.simd);
+    match rows::prefill(cpu, isa, &job, p.n_kv_heads, q.rows, read) {
+        Some(data) => CpuTensor {
+            data,
+            rows: q.rows,
+            cols: q.cols,
+        },
+        None => run(cpu, q, job, p),
     }
 }
 
@@ -255,6 +253,6 @@ fn run<E: KvElem>(cpu: &Context, q: &CpuTensor, job: Job<'_, E>, p: &AttentionPa
 
 /// The most query rows a decode takes: as many as fill one block with their GQA groups (at
 /// least one). More rows are a prefill, which takes the row form (`rows`).
-fn rows_per_task(group: usize) -> usize {
+fn max_decode_rows(group: usize) -> usize {
     (BLOCK / group).max(1)
 }

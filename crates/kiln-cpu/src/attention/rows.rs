@@ -33,7 +33,7 @@
 //! therefore gives the bits of a whole one.
 
 use super::job::Job;
-use super::rows_per_task;
+use super::max_decode_rows;
 use crate::context::{for_each_chunk, Context};
 use crate::math;
 use crate::packed_attention::{attend_block, transpose_panel, BlockScratch, Panels, QB};
@@ -64,7 +64,7 @@ pub(super) fn prefill<E: Sync>(
     read: &ReadRow<'_>,
 ) -> Option<Vec<f32>> {
     let (hd, group) = (job.hd, job.group);
-    if cpu.batch_invariant || hd == 0 || group == 0 || rows <= rows_per_task(group) {
+    if cpu.batch_invariant || hd == 0 || group == 0 || rows <= max_decode_rows(group) {
         return None;
     }
     let mut data = crate::buffers::take(rows * job.q_cols);
