@@ -202,6 +202,42 @@ fn the_table_names_the_tests_the_roofline_and_the_peak() {
     }
 }
 
+/// A prompt test prefills in passes of `--ubatch` tokens (512 by default, as the engine does; a
+/// prompt that is not a multiple of it ends on a short pass), or in one pass with 0, and says
+/// which in its JSON row (a decoder fixture, on the CPU).
+#[test]
+fn prompt_tests_prefill_in_passes_of_the_ubatch() {
+    let fixture =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/decoders/llama");
+    let row = |ubatch: Option<&str>| {
+        let mut args = vec![
+            "bench",
+            "-m",
+            fixture.to_str().unwrap(),
+            "--backend",
+            "cpu",
+            "-p",
+            "40",
+            "-n",
+            "0",
+            "-r",
+            "1",
+            "--json",
+        ];
+        if let Some(u) = ubatch {
+            args.extend(["--ubatch", u]);
+        }
+        let rows: Value = serde_json::from_str(&common::run_ok(&args, "")).unwrap();
+        let row = rows.as_array().unwrap()[0].clone();
+        assert_eq!(row["test"], "pp40", "{row}");
+        positive(&row["tps_mean"], "tps_mean");
+        row["n_ubatch"].as_u64().unwrap()
+    };
+    assert_eq!(row(Some("16")), 16);
+    assert_eq!(row(Some("0")), 40, "0: the whole prompt in one pass");
+    assert_eq!(row(None), 40, "the default 512 covers a 40-token prompt");
+}
+
 /// `kiln bench --backend vulkan` times the passes on a Vulkan device (a decoder fixture: lavapipe
 /// in CI is slow): one row per test, named after the device, with no CPU roofline.
 #[test]

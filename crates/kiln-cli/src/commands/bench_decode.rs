@@ -3,8 +3,9 @@
 //!
 //! Tests (each runs once untimed as a warm-up, then `-r` timed repetitions; caches are made
 //! before the clock starts and emptied before every run):
-//! - `ppP`: one forward pass over P token ids on an empty KV cache, logits of the last token
-//!   only; t/s = P / time. The ids are what llama-bench feeds: BOS first when the model adds
+//! - `ppP`: P token ids prefilled on an empty KV cache in forward passes of `--ubatch` tokens
+//!   (512 by default, as `kiln run` and `kiln serve` prefill and as llama-bench's `-ub`; 0 = the
+//!   whole prompt in one pass), logits of the last token only; t/s = P / time. The ids are what llama-bench feeds: BOS first when the model adds
 //!   one, then ids drawn with a fixed seed from the normal vocabulary (no control, unused or
 //!   byte tokens), the same ids in every repetition.
 //! - `tgN` at batch B: N decode steps from an empty cache, the first token BOS (llama-bench's tg
@@ -143,7 +144,7 @@ pub struct DecodeBenchArgs {
     /// what it is batched with), to measure what that costs.
     #[arg(long)]
     batch_invariant: bool,
-    /// Prompt lengths: test ppP is one forward pass over P tokens (0 = no prompt tests).
+    /// Prompt lengths: test ppP prefills P tokens (0 = no prompt tests).
     #[arg(
         short = 'p',
         long = "n-prompt",
@@ -152,6 +153,10 @@ pub struct DecodeBenchArgs {
         default_value = "512"
     )]
     n_prompt: Vec<usize>,
+    /// Prompt tokens per forward pass of the ppP tests, as the engine prefills (llama-bench's
+    /// `-ub`); 0 = the whole prompt in one pass (its activations then grow with P).
+    #[arg(long, value_name = "U", default_value_t = crate::PREFILL_CHUNK)]
+    ubatch: usize,
     /// Decode lengths: test tgN is N one-token steps from an empty context (0 = no decode tests).
     #[arg(
         short = 'n',
@@ -403,6 +408,7 @@ pub fn run(a: DecodeBenchArgs) -> Result<()> {
             info: &info,
             cost: &cost,
             reps: a.repetitions,
+            ubatch: a.ubatch,
             threads: t,
             pages,
             peak_reset,
@@ -454,7 +460,7 @@ pub fn run(a: DecodeBenchArgs) -> Result<()> {
     if a.json {
         let out: Vec<Value> = rows
             .iter()
-            .map(|r| row_json(r, &a.model.model, &info, peak, a.repetitions))
+            .map(|r| row_json(r, &a.model.model, &info, peak, a.repetitions, a.ubatch))
             .collect();
         println!("{}", Value::Array(out));
     } else {
@@ -572,6 +578,8 @@ struct RunContext<'a> {
     info: &'a super::bench_report::ModelInfo,
     cost: &'a kiln_engine::plan::ModelCost,
     reps: u32,
+    /// Prompt tokens per forward pass (0: all).
+    ubatch: usize,
     threads: usize,
     pages: Pages,
     peak_reset: bool,
@@ -598,7 +606,7 @@ fn run_tests<B: Bench>(
     for &test in c.tests {
         // Probes beside the runs only where the peak mark can be kept clear of them.
         let mut side = (c.peak_reset && bandwidth.is_some()).then(|| SideProbes::new(t, c.pages));
-        let (samples, beside_bw) = measure(m, &ids, test, c.reps, side.as_mut())?;
+        let (samples, beside_bw) = measure(m, &ids, test, c, side.as_mut())?;
         *side_peak = (*side_peak).max(side.and_then(|s| s.peak));
         let (mean, sd) = mean_sd(&samples);
         eprintln!(
@@ -628,16 +636,16 @@ fn run_tests<B: Bench>(
     Ok(rows)
 }
 
-/// t/s of `reps` timed runs of `test`, after one untimed run; with `side` (decode tests), the
+/// t/s of `c.reps` timed runs of `test`, after one untimed run; with `side` (decode tests), the
 /// bandwidth before the first timed run and after each (`reps + 1` figures).
 fn measure<B: Bench>(
     m: &Loaded<B>,
     ids: &TestIds,
     test: Test,
-    reps: u32,
+    c: &RunContext<'_>,
     mut side: Option<&mut SideProbes>,
 ) -> Result<(Vec<f64>, Vec<f64>)> {
-    let (b, model) = (&m.backend, &m.model);
+    let (b, model, reps) = (&m.backend, &m.model, c.reps);
     let what = || format!("running {}", test.name());
     let mut samples = Vec::with_capacity(reps as usize);
     let mut beside = Vec::new();
@@ -646,7 +654,8 @@ fn measure<B: Bench>(
             let prompt = ids.prompt(p);
             let mut cache = model.new_cache(b, p).with_context(what)?;
             for rep in 0..=reps {
-                let secs = time_prompt(b, model, &prompt, &mut cache).with_context(what)?;
+                let secs =
+                    time_prompt(b, model, &prompt, c.ubatch, &mut cache).with_context(what)?;
                 if rep > 0 {
                     samples.push(p as f64 / secs.max(1e-9));
                 }
@@ -674,18 +683,27 @@ fn measure<B: Bench>(
     Ok((samples, beside))
 }
 
-/// Seconds of one prompt pass (last token's logits) over `prompt` on the emptied `cache`.
+/// Seconds of prefilling `prompt` on the emptied `cache` in passes of `ubatch` tokens (0: one
+/// pass), and the last token's logits.
 fn time_prompt<B: Bench>(
     b: &B,
     model: &Decoder<B>,
     prompt: &[u32],
+    ubatch: usize,
     cache: &mut KvCache<B>,
 ) -> Result<f64> {
     cache.clear();
+    let per_pass = if ubatch == 0 { prompt.len() } else { ubatch };
     let t0 = Instant::now();
-    let hidden = model.forward(b, prompt, cache)?;
-    let n = prompt.len();
-    let last = b.rows(&hidden, n.saturating_sub(1)..n)?;
+    let mut last = None;
+    for part in prompt.chunks(per_pass.max(1)) {
+        let hidden = model.forward(b, part, cache)?;
+        let n = part.len();
+        last = Some(b.rows(&hidden, n - 1..n)?);
+    }
+    let Some(last) = last else {
+        bail!("a prompt test needs at least one token");
+    };
     let logits = model.logits(b, &last)?;
     std::hint::black_box(b.argmax_rows(&logits)?);
     Ok(t0.elapsed().as_secs_f64())
@@ -761,11 +779,12 @@ fn row_json(
     info: &super::bench_report::ModelInfo,
     peak: Option<u64>,
     reps: u32,
+    ubatch: usize,
 ) -> Value {
     let (mean, sd) = mean_sd(&r.samples);
-    let (n_prompt, n_gen) = match r.test {
-        Test::Prompt(p) => (p, 0),
-        Test::Gen { n, .. } => (0, n),
+    let (n_prompt, n_gen, n_ubatch) = match r.test {
+        Test::Prompt(p) => (p, 0, if ubatch == 0 { p } else { ubatch.min(p) }),
+        Test::Gen { n, .. } => (0, n, 1),
     };
     let mut v = json!({
         "test": r.test.name(),
@@ -776,6 +795,7 @@ fn row_json(
         "samples": r.samples,
         "n_prompt": n_prompt,
         "n_gen": n_gen,
+        "n_ubatch": n_ubatch,
         "tokens": r.test.tokens(),
         "repetitions": reps,
         "model": model,
