@@ -20,8 +20,8 @@ use kiln_core::GgmlType;
 
 use kiln_cpu::kernels::{
     activation_terms, amx_granted, gemm_fn, gemm_fn_invariant, gemv_fn, has_interleaved_layout,
-    interleave, interleaved_gemm_fn, interleaved_row, panel_key, quantize_fn, rows_exact_fn,
-    simd_level, strided_gemm_fn, SimdLevel, INTERLEAVE_ROWS,
+    interleave, interleaved_gemm_fn, interleaved_gemm_fn_gfni, interleaved_row, panel_key,
+    quantize_fn, rows_exact_fn, simd_level, strided_gemm_fn, SimdLevel, INTERLEAVE_ROWS,
 };
 
 mod common;
@@ -1021,6 +1021,43 @@ fn amx_products_have_the_vnni_bits() {
                         }
                     }
                 }
+            }
+        }
+    }
+}
+
+/// The Q6_K product that makes its codes with GFNI gives the bits of the one with shifts and
+/// masks, at every number of activation rows (one, a chunk of 8 and past it, and the 32 and more
+/// that AMX tiles take where granted), on weights whose codes use every bit pattern.
+#[test]
+fn q6_k_products_through_gfni_give_the_bits_of_the_shifts() {
+    if !vnni_available("q6_k_products_through_gfni_give_the_bits_of_the_shifts") {
+        return;
+    }
+    if !std::arch::is_x86_feature_detected!("gfni") {
+        println!("q6_k_products_through_gfni_give_the_bits_of_the_shifts: skipped, no GFNI");
+        return;
+    }
+    let ty = GgmlType::Q6_K;
+    let level = SimdLevel::Avx512Vnni;
+    let with = interleaved_gemm_fn_gfni(ty, level, true).unwrap();
+    let without = interleaved_gemm_fn_gfni(ty, level, false).unwrap();
+    let mut rng = Rng::new(61);
+    for &k in interleaved_widths(ty) {
+        let rows = 2 * INTERLEAVE_ROWS;
+        for w in &weight_sets(ty, rows, k, &[0xff, 0x80, 0x7f, 0x00], &mut rng) {
+            let mut il = vec![0u8; w.len()];
+            interleave(ty, level, k, w, &mut il);
+            for cols in [1, 3, 8, 9, 33] {
+                let a = activations(ty, cols, k, &mut rng);
+                let terms = activation_terms(act_type(ty), &a, cols);
+                let run = |gemm: kiln_cpu::kernels::InterleavedGemmFn| {
+                    let mut out = vec![0f32; cols * rows];
+                    // SAFETY: `out` holds `cols` rows of `rows` outputs; `il` whole groups.
+                    unsafe { gemm(k, &il, rows, &a, &terms, cols, out.as_mut_ptr(), rows) };
+                    out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+                };
+                assert_eq!(run(with), run(without), "k={k} cols {cols}");
             }
         }
     }

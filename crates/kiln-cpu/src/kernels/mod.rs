@@ -51,9 +51,9 @@ pub(crate) use attention::{
     ATTN_AVX512, ATTN_PORTABLE, BLOCK, TILE,
 };
 pub use interleaved::{
-    activation_terms, has_interleaved_layout, interleave, interleaved_gemm_fn, interleaved_row,
-    interleaved_uses_amx, interleaved_uses_terms, ActivationTerms, InterleavedGemmFn,
-    INTERLEAVE_ROWS,
+    activation_terms, has_interleaved_layout, interleave, interleaved_gemm_fn,
+    interleaved_gemm_fn_gfni, interleaved_row, interleaved_uses_amx, interleaved_uses_terms,
+    ActivationTerms, InterleavedGemmFn, INTERLEAVE_ROWS,
 };
 pub(crate) use kv_elem::KvElem;
 

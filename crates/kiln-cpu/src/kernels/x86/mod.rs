@@ -61,6 +61,22 @@ pub(super) fn cpu_has_avx512() -> bool {
         && is_x86_feature_detected!("avx512dq")
 }
 
+/// Whether the VNNI kernels may use GFNI's bit-matrix transforms (the Q6_K one does: the same
+/// bits in fewer instructions): the CPU has GFNI and `KILN_GFNI` is not `0`, `off`, `false` or
+/// `no`. Read once per process.
+pub(super) fn gfni_usable() -> bool {
+    static USABLE: OnceLock<bool> = OnceLock::new();
+    *USABLE.get_or_init(|| {
+        let refused = std::env::var("KILN_GFNI").is_ok_and(|v| {
+            matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "0" | "off" | "false" | "no"
+            )
+        });
+        !refused && is_x86_feature_detected!("gfni")
+    })
+}
+
 /// Whether this CPU also runs the VNNI tile kernels (`gemm::*_vnni`): AVX-512 F, BW, VL and VNNI.
 pub(super) fn cpu_has_avx512_vnni() -> bool {
     is_x86_feature_detected!("avx512f")
