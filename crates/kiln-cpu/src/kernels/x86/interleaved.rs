@@ -161,8 +161,8 @@ pub(in crate::kernels) fn interleaved_gemm_fn(
         GgmlType::Q8_0 => Some(gemm::<Q8>),
         GgmlType::Q5_0 => Some(gemm::<Q5>),
         GgmlType::Q4_K => Some(gemm::<Q4K>),
-        GgmlType::Q6_K if gfni && is_x86_feature_detected!("gfni") => Some(gemm::<Q6KGfni>),
-        GgmlType::Q6_K => Some(gemm::<Q6K>),
+        GgmlType::Q6_K if gfni && is_x86_feature_detected!("gfni") => Some(gemm::<Q6K<true>>),
+        GgmlType::Q6_K => Some(gemm::<Q6K<false>>),
         _ => None,
     }
 }
@@ -273,33 +273,22 @@ impl Format for Q4K {
     amx_kernel!(amx_q4_k);
 }
 
-/// Q6_K (its own kernel, [`chunk_q6_k`]).
-struct Q6K;
+/// Q6_K (its own kernel, [`chunk_q6_k`]; with `GFNI`, [`chunk_q6_k_gfni`], only where the CPU
+/// has GFNI: the same bits).
+struct Q6K<const GFNI: bool>;
 
-impl Format for Q6K {
+impl<const GFNI: bool> Format for Q6K<GFNI> {
     const BLOCKING: Blocking = q6_k::BLOCKING;
     const GROUP_BLOCK: usize = q6_k::BLOCK * INTERLEAVE_ROWS;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn chunk<const M: usize>(c: &Chunk) {
-        chunk_q6_k::<M>(c)
-    }
-
-    amx_kernel!(amx_q6_k);
-}
-
-/// Q6_K where the CPU has GFNI ([`chunk_q6_k_gfni`]; the same bits as [`Q6K`]).
-struct Q6KGfni;
-
-impl Format for Q6KGfni {
-    const BLOCKING: Blocking = q6_k::BLOCKING;
-    const GROUP_BLOCK: usize = q6_k::BLOCK * INTERLEAVE_ROWS;
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn chunk<const M: usize>(c: &Chunk) {
-        chunk_q6_k_gfni::<M>(c)
+        if GFNI {
+            chunk_q6_k_gfni::<M>(c)
+        } else {
+            chunk_q6_k::<M>(c)
+        }
     }
 
     amx_kernel!(amx_q6_k);
