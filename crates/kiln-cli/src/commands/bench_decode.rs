@@ -5,9 +5,10 @@
 //! before the clock starts and emptied before every run):
 //! - `ppP`: P token ids prefilled on an empty KV cache in forward passes of `--ubatch` tokens
 //!   (512 by default, as `kiln run` and `kiln serve` prefill and as llama-bench's `-ub`; 0 = the
-//!   whole prompt in one pass), logits of the last token only; t/s = P / time. The ids are what llama-bench feeds: BOS first when the model adds
-//!   one, then ids drawn with a fixed seed from the normal vocabulary (no control, unused or
-//!   byte tokens), the same ids in every repetition.
+//!   whole prompt in one pass), logits of the last token only; t/s = P / time. The ids are what
+//!   llama-bench feeds: BOS first when the model adds one, then ids drawn with a fixed seed from
+//!   the normal vocabulary (no control, unused or byte tokens), the same ids in every
+//!   repetition.
 //! - `tgN` at batch B: N decode steps from an empty cache, the first token BOS (llama-bench's tg
 //!   starts from a BOS-only context). Each step is one forward pass of one token per sequence
 //!   (B independent sequences with B caches, [`kiln_models::Decoder::forward_batch`]) and the
@@ -693,10 +694,9 @@ fn time_prompt<B: Bench>(
     cache: &mut KvCache<B>,
 ) -> Result<f64> {
     cache.clear();
-    let per_pass = if ubatch == 0 { prompt.len() } else { ubatch };
     let t0 = Instant::now();
     let mut last = None;
-    for part in prompt.chunks(per_pass.max(1)) {
+    for part in prompt.chunks(pass_tokens(ubatch, prompt.len()).max(1)) {
         let hidden = model.forward(b, part, cache)?;
         let n = part.len();
         last = Some(b.rows(&hidden, n - 1..n)?);
@@ -707,6 +707,15 @@ fn time_prompt<B: Bench>(
     let logits = model.logits(b, &last)?;
     std::hint::black_box(b.argmax_rows(&logits)?);
     Ok(t0.elapsed().as_secs_f64())
+}
+
+/// Prompt tokens per forward pass of a `prompt`-token test at `--ubatch` `ubatch` (0: all).
+fn pass_tokens(ubatch: usize, prompt: usize) -> usize {
+    if ubatch == 0 {
+        prompt
+    } else {
+        ubatch.min(prompt)
+    }
 }
 
 /// Seconds of `n` decode steps of `caches.len()` sequences starting from `first`, each step one
@@ -783,7 +792,7 @@ fn row_json(
 ) -> Value {
     let (mean, sd) = mean_sd(&r.samples);
     let (n_prompt, n_gen, n_ubatch) = match r.test {
-        Test::Prompt(p) => (p, 0, if ubatch == 0 { p } else { ubatch.min(p) }),
+        Test::Prompt(p) => (p, 0, pass_tokens(ubatch, p)),
         Test::Gen { n, .. } => (0, n, 1),
     };
     let mut v = json!({

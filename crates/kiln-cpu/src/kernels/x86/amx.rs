@@ -64,13 +64,8 @@ pub(crate) fn decide(
     cpu: bool,
     request: impl FnOnce() -> Result<(), Refusal>,
 ) -> Result<(), Refusal> {
-    if let Some(v) = env {
-        if matches!(
-            v.trim().to_ascii_lowercase().as_str(),
-            "0" | "off" | "false" | "no"
-        ) {
-            return Err(Refusal::Disabled);
-        }
+    if super::env_refuses(env) {
+        return Err(Refusal::Disabled);
     }
     if !cpu {
         return Err(Refusal::NoCpuSupport);

@@ -671,22 +671,16 @@ unsafe fn chunk_q4_k<const M: usize>(c: &Chunk) {
                     );
                 }};
             }
-            if M == 1 {
-                for (j, sum) in sums.iter_mut().enumerate() {
-                    row!(j, sum);
-                }
-            } else {
-                // Unrolled, so that the rows' sums stay in registers (as a loop they went
-                // through the stack at every chunk: 3-6 % of the kernel at 8 or more rows).
-                macro_rules! rows {
-                    ($($j:literal)*) => {$(
-                        if $j < M {
-                            row!($j, &mut sums[$j.min(M - 1)]);
-                        }
-                    )*};
-                }
-                rows!(0 1 2 3 4 5 6 7);
+            // The rows unrolled, so that their sums stay in registers (as a loop they went
+            // through the stack at every chunk: 3-6 % of the kernel at 8 or more rows).
+            macro_rules! rows {
+                ($($j:literal)*) => {$(
+                    if $j < M {
+                        row!($j, &mut sums[$j.min(M - 1)]);
+                    }
+                )*};
             }
+            rows!(0 1 2 3 4 5 6 7);
         }
         let d = _mm512_cvtph_ps(_mm256_loadu_si256(base.cast()));
         let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(q4_k::DMIN).cast()));

@@ -61,19 +61,23 @@ pub(super) fn cpu_has_avx512() -> bool {
         && is_x86_feature_detected!("avx512dq")
 }
 
-/// Whether the VNNI kernels may use GFNI's bit-matrix transforms (the Q6_K one does: the same
-/// bits in fewer instructions): the CPU has GFNI and `KILN_GFNI` is not `0`, `off`, `false` or
-/// `no`. Read once per process.
+/// Whether `KILN_GFNI` lets the VNNI kernels use GFNI's bit-matrix transforms (the Q6_K one does:
+/// the same bits in fewer instructions; `interleaved::interleaved_gemm_fn` hands it out only
+/// where the CPU has GFNI). Read once per process.
 pub(super) fn gfni_usable() -> bool {
     static USABLE: OnceLock<bool> = OnceLock::new();
-    *USABLE.get_or_init(|| {
-        let refused = std::env::var("KILN_GFNI").is_ok_and(|v| {
-            matches!(
-                v.trim().to_ascii_lowercase().as_str(),
-                "0" | "off" | "false" | "no"
-            )
-        });
-        !refused && is_x86_feature_detected!("gfni")
+    *USABLE.get_or_init(|| !env_refuses(std::env::var("KILN_GFNI").ok().as_deref()))
+}
+
+/// Whether the value of a switch such as `KILN_AMX` or `KILN_GFNI` turns its feature off: `0`,
+/// `off`, `false` or `no` (any case, surrounding blanks ignored); unset or anything else leaves
+/// it on.
+pub(super) fn env_refuses(value: Option<&str>) -> bool {
+    value.is_some_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "0" | "off" | "false" | "no"
+        )
     })
 }
 
