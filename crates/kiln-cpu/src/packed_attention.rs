@@ -1,8 +1,13 @@
 //! Bidirectional attention over a packed batch of variable-length sequences (encoders).
 //!
-//! Work is split into tasks of (sequence, head), and each task computes its head of its sequence
-//! in blocks of [`QB`] queries, each block's two products as register tiles of the GEMM's shape
-//! ([`crate::sgemm`]: rows broadcast from memory, 16-column panels loaded, one FMA chain per sum):
+//! Work is split into tasks of consecutive heads of one sequence (all of its heads when there
+//! are enough sequences to keep the threads busy: [`heads_per_task`]), and a task computes each
+//! head in blocks of [`QB`] queries, each block's two products as register tiles of the GEMM's
+//! shape ([`crate::sgemm`]: rows broadcast from memory, 16-column panels loaded, one FMA chain per
+//! sum). While it computes one head, a task requests the next head's key and value rows into L2,
+//! a share per block: step 1 below reads pieces of rows a few KiB apart that the Q/K/V products
+//! left in L3 or memory, and waited on them one after another.
+//!
 //!
 //! 1. **Once per task**, the keys become panels of 16 keys (`head_dim` rows, row `d` holding dim
 //!    `d` of the 16 keys, scaled by the softmax scale: a transpose, in 16 × 16 or 8 × 8 register
@@ -69,17 +74,18 @@ pub(crate) fn packed_attention(
         ));
     }
     let isa = Isa::for_level(cpu.simd);
+    let per_task = heads_per_task(seq_lens.len(), p.n_heads, cpu.team.threads());
     let mut tasks = Vec::new();
     let mut row0 = 0;
     for &len in seq_lens {
-        for head in 0..p.n_heads {
+        for head0 in (0..p.n_heads).step_by(per_task) {
             tasks.push(Block {
                 q: q.data(),
                 k: k.data(),
                 v: v.data(),
                 cols,
                 hd,
-                col0: head * hd,
+                heads: head0..(head0 + per_task).min(p.n_heads),
                 row0,
                 len,
                 scale: p.scale,
@@ -106,7 +112,25 @@ pub(crate) fn packed_attention(
 /// Query rows per block: the rows of the AVX-512 tile (two of the GEMM's [`MR`]).
 pub(crate) const QB: usize = 2 * MR;
 
-/// One task: one head of one sequence of the packed tensors.
+/// Tasks wanted per thread: with fewer (sequence, head) pairs, a task takes fewer heads.
+const TASKS_PER_THREAD: usize = 8;
+
+/// Heads per task: as many consecutive heads of a sequence as leave at least
+/// [`TASKS_PER_THREAD`] tasks a thread (all of them for a batch of 16 or more sequences on two
+/// threads). A task requests the next head's keys and values into L2 while it computes one, so
+/// that filling that head's panels finds them there instead of waiting for one row after
+/// another from L3 or memory; the first head of a task fills without that help. (MiniLM's
+/// 128-token batches on a Zen 5 host: attention 4-17 % faster alone, the whole forward about
+/// 5 %; requesting them into L1 instead measured the same, and the next head's query rows too
+/// 2 % slower: docs/BENCHMARKS.md.)
+fn heads_per_task(seqs: usize, heads: usize, threads: usize) -> usize {
+    let tasks = TASKS_PER_THREAD * threads.max(1);
+    let chunks = tasks.div_ceil(seqs.max(1)).clamp(1, heads.max(1));
+    // Rounded down: at least `chunks` pieces of each sequence's heads.
+    (heads / chunks).max(1)
+}
+
+/// One task: consecutive heads of one sequence of the packed tensors.
 struct Block<'a> {
     q: &'a [f32],
     k: &'a [f32],
@@ -114,8 +138,8 @@ struct Block<'a> {
     /// Row length of q, k and v (all heads).
     cols: usize,
     hd: usize,
-    /// First column of the head.
-    col0: usize,
+    /// The heads, one after the other.
+    heads: Range<usize>,
     /// First row of the sequence.
     row0: usize,
     len: usize,
@@ -167,11 +191,28 @@ fn attend(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
     attend_impl(b, s, out)
 }
 
-/// `softmax(scale · Q Kᵀ) V` for one (sequence, head), into its rows and columns of `out`
-/// (row-major, `b.cols` wide). See the module docs for the steps; keys outside the visible
-/// window of a query (and the padding of the last key panel) get weight 0.
+/// Every head of the task, one after the other ([`attend_head`]).
 #[inline(always)]
 fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
+    for head in b.heads.clone() {
+        let next = (head + 1 < b.heads.end).then(|| (head + 1) * b.hd);
+        attend_head(b, head * b.hd, next, s, out);
+    }
+}
+
+/// `softmax(scale · Q Kᵀ) V` for one (sequence, head), the head's columns starting at `col0`,
+/// into its rows and columns of `out` (row-major, `b.cols` wide). See the module docs for the
+/// steps; keys outside the visible window of a query (and the padding of the last key panel)
+/// get weight 0. With `next` (the first column of the task's next head), the blocks request
+/// that head's key and value rows a share at a time.
+#[inline(always)]
+fn attend_head(
+    b: &Block<'_>,
+    col0: usize,
+    next: Option<usize>,
+    s: &mut Scratch,
+    out: &Disjoint<'_, f32>,
+) {
     let (hd, n, isa) = (b.hd, b.len, b.isa);
     if n == 0 {
         return;
@@ -179,10 +220,14 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
     let key_panels = n.div_ceil(NR);
     let ld = key_panels * NR;
     let dim_panels = hd.div_ceil(NR);
-    let row = |r: usize| {
-        let at = (b.row0 + r) * b.cols + b.col0;
+    let row_at = |r: usize, col0: usize| {
+        let at = (b.row0 + r) * b.cols + col0;
         at..at + hd
     };
+    let row = |r: usize| row_at(r, col0);
+    // The next head's rows requested per block: all of them over the blocks.
+    let per_block = n.div_ceil(n.div_ceil(QB));
+    let mut requested = 0;
     // Only ever grown with zeros, never written.
     let zeros = &*sized(&mut s.zeros, dim_panels * NR, 0.0);
     let keys = sized(&mut s.keys, key_panels * hd, PanelRow([0.0; NR]));
@@ -209,6 +254,12 @@ fn attend_impl(b: &Block<'_>, s: &mut Scratch, out: &Disjoint<'_, f32>) {
         // The next block's query rows, read in place by the products.
         for i in (i0 + QB..n).take(QB) {
             prefetch_rows::<f32>(&[&b.q[row(i)]]);
+        }
+        if let Some(c) = next {
+            for j in requested..(requested + per_block).min(n) {
+                prefetch_rows_l2(&[&b.k[row_at(j, c)], &b.v[row_at(j, c)]]);
+            }
+            requested += per_block;
         }
         // Rows past the sequence stand for its last query: computed, never stored.
         let mut queries: [&[f32]; QB] = [zeros; QB];
@@ -293,6 +344,26 @@ fn fill_panels<'a>(
             }
         }
     }
+}
+
+/// Hints the CPU to bring each cache line of `rows` into L2 (a no-op off x86-64).
+#[inline(always)]
+fn prefetch_rows_l2(rows: &[&[f32]]) {
+    #[cfg(target_arch = "x86_64")]
+    for row in rows {
+        // Every 16 values, and the last one's line (a row that starts inside a line ends in one
+        // more).
+        for line in row.chunks(16).chain(row.last().map(std::slice::from_ref)) {
+            // SAFETY: a prefetch is a hint: it never faults and changes no memory.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                    line.as_ptr().cast(),
+                )
+            };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = rows;
 }
 
 /// The keys and values that blocks of queries attend to, as panels on a grid of 16 keys (key
@@ -789,6 +860,33 @@ mod x86 {
                     _mm256_storeu_ps(at.add(8), sums[1]);
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::heads_per_task;
+
+    #[test]
+    fn tasks_take_whole_sequences_only_when_there_are_enough() {
+        // MiniLM's batch of 32 sequences on two threads: one task per sequence, all 12 heads.
+        assert_eq!(heads_per_task(32, 12, 2), 12);
+        // One sequence: a head per task, as many tasks as heads.
+        assert_eq!(heads_per_task(1, 12, 2), 1);
+        // 4 sequences on 2 threads want 16 tasks: 4 per sequence, 3 heads each.
+        assert_eq!(heads_per_task(4, 12, 2), 3);
+        // Degenerate shapes never give 0 (the tasks' `step_by`).
+        assert_eq!(heads_per_task(0, 0, 0), 1);
+        for (seqs, heads, threads) in [(3, 7, 2), (5, 16, 3), (100, 1, 8), (2, 40, 4)] {
+            let per = heads_per_task(seqs, heads, threads);
+            let tasks = seqs * heads.div_ceil(per);
+            assert!(per >= 1 && per <= heads);
+            // At least 8 tasks a thread where the pairs allow it.
+            assert!(
+                tasks >= (8 * threads).min(seqs * heads),
+                "{seqs} {heads} {threads}"
+            );
         }
     }
 }
