@@ -120,9 +120,9 @@ const TASKS_PER_THREAD: usize = 8;
 /// threads). A task requests the next head's keys and values into L2 while it computes one, so
 /// that filling that head's panels finds them there instead of waiting for one row after
 /// another from L3 or memory; the first head of a task fills without that help. (MiniLM's
-/// 128-token batches on a Zen 5 host: attention 4-17 % faster alone, the whole forward about
-/// 5 %; requesting them into L1 instead measured the same, and the next head's query rows too
-/// 2 % slower: docs/BENCHMARKS.md.)
+/// 128-token batches on a Zen 5 host: attention alone 10-18 % faster on two threads with Q, K
+/// and V evicted first, the whole forward about 5 %; requesting the rows into L1 instead
+/// measured the same, and the next head's query rows too 2 % slower: docs/BENCHMARKS.md.)
 fn heads_per_task(seqs: usize, heads: usize, threads: usize) -> usize {
     let tasks = TASKS_PER_THREAD * threads.max(1);
     let chunks = tasks.div_ceil(seqs.max(1)).clamp(1, heads.max(1));
