@@ -1,7 +1,7 @@
 //! Bidirectional attention over a packed batch of variable-length sequences (encoders).
 //!
 //! Work is split into tasks of consecutive heads of one sequence (all of its heads when there
-//! are enough sequences to keep the threads busy: [`heads_per_task`]), and a task computes each
+//! are enough sequences to keep the threads busy: [`TaskSplit`]), and a task computes each
 //! head in blocks of [`QB`] queries, each block's two products as register tiles of the GEMM's
 //! shape ([`crate::sgemm`]: rows broadcast from memory, 16-column panels loaded, one FMA chain per
 //! sum). While it computes one head, a task requests the next head's key and value rows into L2,
@@ -74,10 +74,11 @@ pub(crate) fn packed_attention(
         ));
     }
     let isa = Isa::for_level(cpu.simd);
-    let per_task = heads_per_task(seq_lens.len(), p.n_heads, cpu.team.threads());
+    let split = TaskSplit::new(seq_lens, p.n_heads, p.radius, cpu.team.threads());
     let mut tasks = Vec::new();
     let mut row0 = 0;
     for &len in seq_lens {
+        let per_task = split.heads_per_task(len);
         for head0 in (0..p.n_heads).step_by(per_task) {
             tasks.push(Block {
                 q: q.data(),
@@ -112,22 +113,57 @@ pub(crate) fn packed_attention(
 /// Query rows per block: the rows of the AVX-512 tile (two of the GEMM's [`MR`]).
 pub(crate) const QB: usize = 2 * MR;
 
-/// Tasks wanted per thread: with fewer (sequence, head) pairs, a task takes fewer heads.
+/// Tasks wanted per thread: a task takes no more than its share of the work for this many tasks
+/// a thread (and at least one head).
 const TASKS_PER_THREAD: usize = 8;
 
-/// Heads per task: as many consecutive heads of a sequence as leave at least
-/// [`TASKS_PER_THREAD`] tasks a thread (all of them for a batch of 16 or more sequences on two
-/// threads). A task requests the next head's keys and values into L2 while it computes one, so
-/// that filling that head's panels finds them there instead of waiting for one row after
-/// another from L3 or memory; the first head of a task fills without that help. (MiniLM's
-/// 128-token batches on a Zen 5 host: attention alone 10-18 % faster on two threads with Q, K
-/// and V evicted first, the whole forward about 5 %; requesting the rows into L1 instead
-/// measured the same, and the next head's query rows too 2 % slower: docs/BENCHMARKS.md.)
-fn heads_per_task(seqs: usize, heads: usize, threads: usize) -> usize {
-    let tasks = TASKS_PER_THREAD * threads.max(1);
-    let chunks = tasks.div_ceil(seqs.max(1)).clamp(1, heads.max(1));
-    // Rounded down: at least `chunks` pieces of each sequence's heads.
-    (heads / chunks).max(1)
+/// How a call's (sequence, head) pairs are grouped into tasks: consecutive heads of one sequence
+/// per task, as many as keep its work (the scores it computes) within the call's work divided
+/// by [`TASKS_PER_THREAD`] tasks a thread. MiniLM's batches of 32 equal sequences on two threads
+/// make one task of all 12 heads per sequence; one sequence makes a task per head; a long
+/// sequence among short ones is split head by head while the short ones stay whole, so that it
+/// is not one thread's alone.
+///
+/// A task requests the next head's keys and values into L2 while it computes one, so that
+/// filling that head's panels finds them there instead of waiting for one row after another
+/// from L3 or memory; the first head of a task fills without that help. (MiniLM's 128-token
+/// batches on a Zen 5 host: attention alone 10-18 % faster on two threads with Q, K and V
+/// evicted first, the whole forward about 5 %; requesting the rows into L1 instead measured the
+/// same, and the next head's query rows too 2 % slower: docs/BENCHMARKS.md.)
+struct TaskSplit {
+    heads: usize,
+    radius: Option<usize>,
+    /// Most work (scores) per task, unless one head is more.
+    target: usize,
+}
+
+impl TaskSplit {
+    fn new(seq_lens: &[usize], heads: usize, radius: Option<usize>, threads: usize) -> TaskSplit {
+        let mut split = TaskSplit {
+            heads: heads.max(1),
+            radius,
+            target: 0,
+        };
+        let total = seq_lens
+            .iter()
+            .fold(0usize, |t, &len| t.saturating_add(split.head_work(len)));
+        let tasks = TASKS_PER_THREAD.saturating_mul(threads.max(1));
+        split.target = total.saturating_mul(split.heads).div_ceil(tasks);
+        split
+    }
+
+    /// Scores of one head of a sequence of `len` tokens (each query against the keys it sees).
+    fn head_work(&self, len: usize) -> usize {
+        let seen = self
+            .radius
+            .map_or(len, |r| r.saturating_mul(2).saturating_add(1).min(len));
+        len.saturating_mul(seen)
+    }
+
+    /// Heads per task of a sequence of `len` tokens: 1 to all.
+    fn heads_per_task(&self, len: usize) -> usize {
+        (self.target / self.head_work(len).max(1)).clamp(1, self.heads)
+    }
 }
 
 /// One task: consecutive heads of one sequence of the packed tensors.
@@ -866,27 +902,48 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
-    use super::heads_per_task;
+    use super::TaskSplit;
+
+    /// Heads per task of each sequence.
+    fn split(lens: &[usize], heads: usize, radius: Option<usize>, threads: usize) -> Vec<usize> {
+        let s = TaskSplit::new(lens, heads, radius, threads);
+        lens.iter().map(|&l| s.heads_per_task(l)).collect()
+    }
 
     #[test]
-    fn tasks_take_whole_sequences_only_when_there_are_enough() {
-        // MiniLM's batch of 32 sequences on two threads: one task per sequence, all 12 heads.
-        assert_eq!(heads_per_task(32, 12, 2), 12);
-        // One sequence: a head per task, as many tasks as heads.
-        assert_eq!(heads_per_task(1, 12, 2), 1);
+    fn tasks_hold_a_share_of_the_work() {
+        // MiniLM's batch of 32 equal sequences on two threads: one task per sequence.
+        assert_eq!(split(&[128; 32], 12, None, 2), vec![12; 32]);
+        // One sequence: a head per task.
+        assert_eq!(split(&[128], 12, None, 2), vec![1]);
         // 4 sequences on 2 threads want 16 tasks: 4 per sequence, 3 heads each.
-        assert_eq!(heads_per_task(4, 12, 2), 3);
+        assert_eq!(split(&[50; 4], 12, None, 2), vec![3; 4]);
+        // A long sequence among short ones goes head by head; the short ones stay whole.
+        let mut lens = vec![10; 31];
+        lens.push(256);
+        let per = split(&lens, 12, None, 2);
+        assert_eq!(per[31], 1);
+        assert!(per[..31].iter().all(|&p| p == 12));
+        // A window bounds a row's keys: long windowed sequences count as their window.
+        assert_eq!(split(&[4096; 32], 12, Some(64), 2), vec![12; 32]);
         // Degenerate shapes never give 0 (the tasks' `step_by`).
-        assert_eq!(heads_per_task(0, 0, 0), 1);
-        for (seqs, heads, threads) in [(3, 7, 2), (5, 16, 3), (100, 1, 8), (2, 40, 4)] {
-            let per = heads_per_task(seqs, heads, threads);
-            let tasks = seqs * heads.div_ceil(per);
-            assert!(per >= 1 && per <= heads);
-            // At least 8 tasks a thread where the pairs allow it.
-            assert!(
-                tasks >= (8 * threads).min(seqs * heads),
-                "{seqs} {heads} {threads}"
-            );
+        assert_eq!(split(&[0, 0], 0, None, 0), vec![1, 1]);
+        assert_eq!(split(&[], 12, None, 2), Vec::<usize>::new());
+        for (lens, heads, threads) in [
+            (vec![3, 70, 5, 1], 7, 2),
+            (vec![40; 5], 16, 3),
+            (vec![1000, 2, 2, 900], 4, 8),
+        ] {
+            let s = TaskSplit::new(&lens, heads, None, threads);
+            for &len in &lens {
+                let per = s.heads_per_task(len);
+                assert!((1..=heads).contains(&per));
+                // No task holds more than its share, unless it is a single head.
+                assert!(
+                    per == 1 || per * s.head_work(len) <= s.target,
+                    "{lens:?} {len}"
+                );
+            }
         }
     }
 }
