@@ -28,7 +28,11 @@
 //!
 //! Decode (one activation row): on Intel CPUs and AMD Zen 5 each block's bytes are also
 //! requested `super::row_prefetch_distance` (4 KB) ahead; there the hardware prefetcher alone
-//! left the stream at half the memory's rate.
+//! left the stream at half the memory's rate. The k-quant kernels request a super-block's lines
+//! a quarter at a time, one quarter before each of its four chunks (Q4_K) or units (Q6_K),
+//! rather than all 36 or 52 at its start: on a Zen 5 host llama-3.2-1b-shape Q4_K_M decode
+//! went 5-9 % faster on two threads and 12 % on one, llama-3.1-8b's 15 % (docs/BENCHMARKS.md,
+//! ninth entry of 2026-12-07).
 //!
 //! **AMX.** Where the operating system grants the tiles (`super::amx`), a Q4_K or Q6_K product of
 //! at least 32 activation rows runs 16 rows at a time on the tiles ([`amx_q4_k`], [`amx_q6_k`])
@@ -631,13 +635,15 @@ unsafe fn chunk_q4_k<const M: usize>(c: &Chunk) {
     };
     for b in 0..c.blocks {
         let base = c.w.add(b * q4_k::GROUP_BLOCK);
-        if row_prefetch > 0 {
-            super::prefetch_at(base, row_prefetch, q4_k::GROUP_BLOCK / 64);
-        }
         let Q4kScales { scales, mins } = q4_k_scales(base);
         let scale = |j: usize| q4_k_scale(&scales, j);
         let mut sums = [_mm512_setzero_si512(); M];
         for ch in 0..4 {
+            // A quarter of the super-block's lines per chunk: the same requests, spread.
+            if row_prefetch > 0 {
+                const PART: usize = q4_k::GROUP_BLOCK / 64 / 4;
+                super::prefetch_at(base.add(64 * PART * ch), row_prefetch, PART);
+            }
             let codes = base.add(q4_k::CODES + 512 * ch);
             let lines: [__m512i; 8] =
                 std::array::from_fn(|v| _mm512_loadu_si512(codes.add(64 * v).cast()));
@@ -897,13 +903,16 @@ unsafe fn chunk_q6_k_impl<const M: usize, const G: bool>(c: &Chunk) {
     };
     for b in 0..c.blocks {
         let base = blocks_at.add(b * q6_k::GROUP_BLOCK);
-        if row_prefetch > 0 {
-            super::prefetch_at(base, row_prefetch, q6_k::GROUP_BLOCK / 64);
-        }
         let scale_lines = q6_k_scale_lines(base);
         let mut sums = [_mm512_setzero_si512(); M];
         for n in 0..2 {
             for jh in 0..2 {
+                if row_prefetch > 0 {
+                    // A quarter of the super-block's lines per unit (see `chunk_q4_k`).
+                    const PART: usize = (q6_k::GROUP_BLOCK / 64).div_ceil(4);
+                    let part = base.add(64 * PART * (2 * n + jh));
+                    super::prefetch_at(part, row_prefetch, PART);
+                }
                 let unit = base.add(q6_k::UNITS + (2 * n + jh) * q6_k::UNIT);
                 for quarter in 0..4 {
                     // Code lines of codes `32 * quarter + 4j..+4` of the half, j = 4jh..4jh + 4:
