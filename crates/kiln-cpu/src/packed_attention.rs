@@ -8,7 +8,6 @@
 //! a share per block: step 1 below reads pieces of rows a few KiB apart that the Q/K/V products
 //! left in L3 or memory, and waited on them one after another.
 //!
-//!
 //! 1. **Once per task**, the keys become panels of 16 keys (`head_dim` rows, row `d` holding dim
 //!    `d` of the 16 keys, scaled by the softmax scale: a transpose, in 16 × 16 or 8 × 8 register
 //!    blocks where the head dim allows) and the values panels of 16 dims (row `j` holding key
@@ -49,7 +48,7 @@ use std::ops::Range;
 use kiln_backend::{shape_err, PackedAttentionParams, Result};
 
 use crate::context::Context;
-use crate::kernels::prefetch_rows;
+use crate::kernels::{prefetch_rows, prefetch_rows_l2};
 use crate::sgemm::{Isa, PanelRow, MR, NR};
 use crate::team::Disjoint;
 use crate::tensor::CpuTensor;
@@ -293,7 +292,7 @@ fn attend_head(
         }
         if let Some(c) = next {
             for j in requested..(requested + per_block).min(n) {
-                prefetch_rows_l2(&[&b.k[row_at(j, c)], &b.v[row_at(j, c)]]);
+                prefetch_rows_l2::<f32>(&[&b.k[row_at(j, c)], &b.v[row_at(j, c)]]);
             }
             requested += per_block;
         }
@@ -380,26 +379,6 @@ fn fill_panels<'a>(
             }
         }
     }
-}
-
-/// Hints the CPU to bring each cache line of `rows` into L2 (a no-op off x86-64).
-#[inline(always)]
-fn prefetch_rows_l2(rows: &[&[f32]]) {
-    #[cfg(target_arch = "x86_64")]
-    for row in rows {
-        // Every 16 values, and the last one's line (a row that starts inside a line ends in one
-        // more).
-        for line in row.chunks(16).chain(row.last().map(std::slice::from_ref)) {
-            // SAFETY: a prefetch is a hint: it never faults and changes no memory.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                    line.as_ptr().cast(),
-                )
-            };
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = rows;
 }
 
 /// The keys and values that blocks of queries attend to, as panels on a grid of 16 keys (key

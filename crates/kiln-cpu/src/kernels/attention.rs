@@ -33,16 +33,29 @@ pub(crate) const TILE: usize = 16;
 /// Hints the CPU to bring each cache line of `rows` into L1 (a no-op off x86-64).
 #[inline(always)]
 pub(crate) fn prefetch_rows<E: KvElem>(rows: &[&[E]]) {
+    prefetch_lines::<E, 3>(rows) // _MM_HINT_T0
+}
+
+/// Hints the CPU to bring each cache line of `rows` into L2 but not L1 (a no-op off x86-64): for
+/// rows wanted a while later, which would only push the current work out of L1.
+#[inline(always)]
+pub(crate) fn prefetch_rows_l2<E: KvElem>(rows: &[&[E]]) {
+    prefetch_lines::<E, 2>(rows) // _MM_HINT_T1
+}
+
+/// Every cache line of `rows`, with the `_mm_prefetch` hint `HINT`: a line per `E::PER_LINE`
+/// values, and the last value's line too when a row does not start on a line (it then ends in
+/// one more).
+#[inline(always)]
+fn prefetch_lines<E: KvElem, const HINT: i32>(rows: &[&[E]]) {
     #[cfg(target_arch = "x86_64")]
     for row in rows {
-        for line in row.chunks(E::PER_LINE) {
+        let unaligned = !(row.as_ptr() as usize).is_multiple_of(64);
+        let tail = row.last().filter(|_| unaligned).map(std::slice::from_ref);
+        for line in row.chunks(E::PER_LINE).chain(tail) {
             // SAFETY: a prefetch is a hint: it never faults and changes no memory (and `line`
             // is a live slice anyway).
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                    line.as_ptr().cast(),
-                )
-            };
+            unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(line.as_ptr().cast()) };
         }
     }
     #[cfg(not(target_arch = "x86_64"))]

@@ -47,8 +47,8 @@ use kiln_core::GgmlType;
 use kiln_quant::QuantError;
 
 pub(crate) use attention::{
-    prefetch_rows, read_rows, scores, tile_max, tile_sum, weighted_values, widen, ATTN_AVX2,
-    ATTN_AVX512, ATTN_PORTABLE, BLOCK, TILE,
+    prefetch_rows, prefetch_rows_l2, read_rows, scores, tile_max, tile_sum, weighted_values, widen,
+    ATTN_AVX2, ATTN_AVX512, ATTN_PORTABLE, BLOCK, TILE,
 };
 pub use interleaved::{
     activation_terms, has_interleaved_layout, interleave, interleaved_gemm_fn,
