@@ -34,6 +34,7 @@ const CASES: &[(&str, GgmlType, usize, usize, usize)] = &[
     ("Q4_K ffn_up 8192x2048", GgmlType::Q4_K, 8192, 2048, 16),
     ("Q6_K ffn_down 2048x8192", GgmlType::Q6_K, 2048, 8192, 8),
     ("Q4_K attn_q 2048x2048", GgmlType::Q4_K, 2048, 2048, 32),
+    ("Q6_K output 128256x2048", GgmlType::Q6_K, 128_256, 2048, 2),
     // One copy, so in cache after the first round: the kernels' compute rate, and (16 rows)
     // the fixed cost of a product.
     ("Q8_0 in cache 1024x640", GgmlType::Q8_0, 1024, 640, 1),
