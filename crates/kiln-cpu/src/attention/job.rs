@@ -108,6 +108,13 @@ impl<'a, E> Job<'a, E> {
         }
     }
 
+    /// Logical row `j` (position `j`) of a cache, every KV head's.
+    #[inline(always)]
+    pub(super) fn row<'c>(&self, cache: &'c [E], j: usize) -> &'c [E] {
+        let at = self.physical(j) * self.kv_cols;
+        &cache[at..at + self.kv_cols]
+    }
+
     /// Logical row `j` (position `j`) of head `kvh` of a cache.
     #[inline(always)]
     pub(super) fn head_row<'c>(&self, cache: &'c [E], kvh: usize, j: usize) -> &'c [E] {

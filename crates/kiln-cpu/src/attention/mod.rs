@@ -27,7 +27,9 @@
 //! `vcvtph2ps` eight at a time, `half`'s conversion in the portable code). Work is one task per
 //! (KV head, part of the keys), the positions cut on a fixed grid of `decode::PART`
 //! (flash-decoding), so a long cache is read by all threads at once. Each part keeps its own
-//! maxima, sums and unnormalized outputs; the parts are combined in key order.
+//! maxima, sums and unnormalized outputs; the parts are combined in key order. A decode over at
+//! most 512 KiB of cache first reads its rows whole, in one stream (`decode::read_whole_rows`),
+//! since a head's slices of them are a pattern the hardware prefetchers follow badly.
 //!
 //! Invariants:
 //!
