@@ -13,11 +13,6 @@ use crate::sgemm::Isa;
 // The fixed pairwise summation tree of `softmax_update` halves the tile down to one sum.
 const _: () = assert!(TILE.is_power_of_two());
 
-/// Tiles whose K/V rows decode reads in one sequential pass before computing them (see
-/// [`attend_keys`]).
-const STAGE: usize = 4;
-/// Tiles ahead at which decode requests its K/V rows (see [`attend_keys`]).
-const AHEAD: usize = 4;
 /// Fewest vectors in a block for which an f16 cache's tile is widened to f32 once, before the
 /// kernels run it. The kernels widen each row they load, once per call of a few vectors (4 in
 /// the score kernels, 4 or 8 in the value kernels), so a block of 32 vectors widened
@@ -27,21 +22,10 @@ const WIDEN_MIN_VECTORS: usize = 8;
 
 /// Runs block `b` over the positions `keys`, each vector limited to the keys it sees, updating
 /// `st`; with the kernels of `isa` (which exists only where the CPU has it). Every caller is a
-/// decode (prefills take the row form, `super::rows`), whose K/V rows are read by this block
-/// alone, so they come from memory, not from cache (a decode step streams every weight between
-/// two visits of a layer's cache). Two things bring them in (an f32 or f16 cache):
-///
-/// - **A sequential read of each stage.** Before the tiles of each stage of [`STAGE`] tiles are
-///   computed, one load per cache line walks the stage's key and value rows in order, which the
-///   hardware prefetchers follow at stream speed. The kernels' own order (three key rows at a
-///   time, then the value rows chunk by chunk across the tile) is not a stream they follow, and
-///   with software prefetches alone a cold cache stays several times slower than a warm one.
-/// - **Prefetch requests [`AHEAD`] tiles on** at each tile (the first tiles' at the start), so
-///   that rows that the reads brought into L2 are in L1 when the kernels use them, and the next
-///   stage's rows are on their way.
-///
-/// Together they make a decode step's attention faster than the prefetches alone
-/// (`examples/decode_segments` compares the two).
+/// decode (prefills take the row form, `super::rows`), which has read the keys' cache rows in
+/// order just before (`super::decode`): they are in the core's caches, and the kernels' own
+/// order (a few key rows at a time, then the value rows chunk by chunk across the tile) finds
+/// them there.
 pub(super) fn attend_keys<E: KvElem>(
     isa: Isa,
     job: &Job<'_, E>,
@@ -148,20 +132,6 @@ fn attend_keys_impl<const ISA: u8, E: KvElem>(
             for j in 0..nk {
                 keys[j] = job.head_row(job.k, kvh, t0 + j);
                 values[j] = job.head_row(job.v, kvh, t0 + j);
-            }
-        }
-        // (A block cache's rows were just read in order by the dequantization.)
-        if job.blocks.is_none() {
-            // A new stage's rows, read in order.
-            if (t0 - from).is_multiple_of(STAGE * TILE) {
-                let rows = (t0..(t0 + STAGE * TILE).min(to))
-                    .flat_map(|j| [job.head_row(job.k, kvh, j), job.head_row(job.v, kvh, j)]);
-                std::hint::black_box(kernels::read_rows(rows));
-            }
-            // The rows AHEAD tiles on (and, at the start, those up to there).
-            let first = if t0 == from { t0 } else { t0 + AHEAD * TILE };
-            for j in first..(t0 + (AHEAD + 1) * TILE).min(to) {
-                kernels::prefetch_rows(&[job.head_row(job.k, kvh, j), job.head_row(job.v, kvh, j)]);
             }
         }
         let mut wide_keys: [&[f32]; TILE] = [&[]; TILE];

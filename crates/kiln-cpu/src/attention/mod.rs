@@ -25,11 +25,11 @@
 //! softmax), and adds the tile's weighted value rows (micro-kernels of 4 vectors × 16 head dims,
 //! or 8 × 32 in 512-bit registers). Elements of an f16 cache are widened as they load (F16C's
 //! `vcvtph2ps` eight at a time, `half`'s conversion in the portable code). Work is one task per
-//! (KV head, part of the keys), the positions cut on a fixed grid of `decode::PART`
-//! (flash-decoding), so a long cache is read by all threads at once. Each part keeps its own
-//! maxima, sums and unnormalized outputs; the parts are combined in key order. A decode over at
-//! most 512 KiB of cache first reads its rows whole, in one stream (`decode::read_whole_rows`),
-//! since a head's slices of them are a pattern the hardware prefetchers follow badly.
+//! part of the keys, every KV head in it, the parts of a length that depends on the number of
+//! keys and the shape only (`decode::part_len`; flash-decoding), so a long cache is read by all
+//! threads at once; a task first reads its part's whole rows in one stream, since a head's
+//! slices of them are a pattern the hardware prefetchers follow badly. Each part keeps its own
+//! maxima, sums and unnormalized outputs; the parts are combined in key order.
 //!
 //! Invariants:
 //!
