@@ -197,7 +197,7 @@ unsafe fn chunk<const M: usize, E: KvElem, const B: usize, const T: usize>(
     }
 }
 
-/// Query vectors per AVX-512 score call.
+/// Query vectors per AVX-512 score call (two where a call has no more).
 const MQ512: usize = 4;
 /// Key pairs per AVX-512 score call (two keys per zmm, eight keys a call).
 const PAIRS512: usize = 4;
@@ -229,7 +229,13 @@ pub(in crate::kernels) unsafe fn scores512<E: KvElem, const B: usize, const T: u
         let mut m = 0;
         while m < q.len() {
             let nm = MQ512.min(q.len() - m);
-            tile512::<E, B, T>(q, k, m, nm, j, nj, n8, s);
+            // Two queries or one (a GQA group of two, a last pair) take a tile of two: a tile
+            // of four would compute two of them twice over.
+            if nm <= 2 {
+                tile512::<E, B, T, 2>(q, k, m, nm, j, nj, n8, s);
+            } else {
+                tile512::<E, B, T, MQ512>(q, k, m, nm, j, nj, n8, s);
+            }
             m += nm;
         }
         j += nj;
@@ -239,11 +245,11 @@ pub(in crate::kernels) unsafe fn scores512<E: KvElem, const B: usize, const T: u
 /// The dots of queries `m0..m0 + nm` and keys `j0..j0 + nj` into `s` (see [`scores512`]).
 ///
 /// # Safety
-/// As [`scores512`], and `1 ≤ nm ≤ MQ512`, `1 ≤ nj ≤ 2·PAIRS512`, `m0 + nm ≤ q.len()`,
+/// As [`scores512`], `QN` even, and `1 ≤ nm ≤ QN`, `1 ≤ nj ≤ 2·PAIRS512`, `m0 + nm ≤ q.len()`,
 /// `j0 + nj ≤ k.len()`.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn tile512<E: KvElem, const B: usize, const T: usize>(
+unsafe fn tile512<E: KvElem, const B: usize, const T: usize, const QN: usize>(
     q: &[*const f32],
     k: &[*const E],
     m0: usize,
@@ -253,9 +259,9 @@ unsafe fn tile512<E: KvElem, const B: usize, const T: usize>(
     n8: usize,
     s: &mut [[f32; T]; B],
 ) {
-    let qp: [*const f32; MQ512] = std::array::from_fn(|m| q[m0 + m.min(nm - 1)]);
+    let qp: [*const f32; QN] = std::array::from_fn(|m| q[m0 + m.min(nm - 1)]);
     let kp: [*const E; 2 * PAIRS512] = std::array::from_fn(|j| k[j0 + j.min(nj - 1)]);
-    let mut acc = [[_mm512_setzero_ps(); PAIRS512]; MQ512];
+    let mut acc = [[_mm512_setzero_ps(); PAIRS512]; QN];
     for c in 0..n8 {
         // SAFETY (loop): `c < n8`: each load reads values `[8c, 8c + 8)` of its row.
         // A plain loop, not `std::array::from_fn`: in the dev profile (debug assertions on, as
@@ -265,7 +271,7 @@ unsafe fn tile512<E: KvElem, const B: usize, const T: usize>(
         for (p, kv) in kv.iter_mut().enumerate() {
             *kv = E::load8x2(kp[2 * p].add(8 * c), kp[2 * p + 1].add(8 * c));
         }
-        for m in 0..MQ512 {
+        for m in 0..QN {
             let qv = _mm512_broadcast_f32x8(_mm256_loadu_ps(qp[m].add(8 * c)));
             for p in 0..PAIRS512 {
                 acc[m][p] = _mm512_fmadd_ps(qv, kv[p], acc[m][p]);
@@ -280,10 +286,10 @@ unsafe fn tile512<E: KvElem, const B: usize, const T: usize>(
             _mm512_shuffle_f32x4::<0xdd>(a, b),
         )
     };
-    let w: [[__m512; 2]; MQ512] =
+    let w: [[__m512; 2]; QN] =
         std::array::from_fn(|m| [halves(acc[m][0], acc[m][1]), halves(acc[m][2], acc[m][3])]);
     // (2) Block `i` of `x[m]`: key `i`'s `h_0 + h_2`, `h_1 + h_3`, then key `4 + i`'s.
-    let x: [__m512; MQ512] = std::array::from_fn(|m| {
+    let x: [__m512; QN] = std::array::from_fn(|m| {
         let (a, b) = (_mm512_castps_pd(w[m][0]), _mm512_castps_pd(w[m][1]));
         _mm512_add_ps(
             _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
@@ -293,7 +299,7 @@ unsafe fn tile512<E: KvElem, const B: usize, const T: usize>(
     // (3) Block `i` of queries `2r`, `2r + 1`: their keys `i` and `4 + i`, then in key order.
     let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     let mask = ((1u16 << nj) - 1) as u8;
-    for r in 0..MQ512 / 2 {
+    for r in 0..QN / 2 {
         let (a, b) = (x[2 * r], x[2 * r + 1]);
         let sum = _mm512_add_ps(
             _mm512_shuffle_ps::<0x88>(a, b),
