@@ -22,10 +22,10 @@ const WIDEN_MIN_VECTORS: usize = 8;
 
 /// Runs block `b` over the positions `keys`, each vector limited to the keys it sees, updating
 /// `st`; with the kernels of `isa` (which exists only where the CPU has it). Every caller is a
-/// decode (prefills take the row form, `super::rows`), which has read the keys' cache rows in
-/// order just before (`super::decode`): they are in the core's caches, and the kernels' own
-/// order (a few key rows at a time, then the value rows chunk by chunk across the tile) finds
-/// them there.
+/// decode (prefills take the row form, `super::rows`), which has read the part's rows of an f32
+/// or f16 cache in order just before (`super::decode`): they are in the core's caches, where the
+/// kernels' own order (a few key rows at a time, then the value rows chunk by chunk across the
+/// tile) finds them. A block cache's rows are read in order by their dequantization here.
 pub(super) fn attend_keys<E: KvElem>(
     isa: Isa,
     job: &Job<'_, E>,
